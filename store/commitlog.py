@@ -1,0 +1,414 @@
+"""The CommitLog: segmented, append-only, CRC-framed; the one write-ahead log.
+
+Files (in ``<data>/commitlog/``)::
+
+    00000000000000000000.log     a segment; the name is the offset of its first byte
+    00000000001073741824.log     next segment; a segment is rolled before a batch would
+                                 push it past ``segment_bytes`` (records never span files)
+    checkpoint                   the last offset known to be fsynced (see ``store.checkpoint``)
+
+Appends go through one named writer thread (``commitlog-writer``) that implements group
+commit: every batch queued while the previous fsync ran is written with one ``write`` and
+covered by one ``fsync``; each caller's future resolves only after that (``flush=sync``).
+With ``flush=async`` futures resolve after the write, and a flush runs every
+``flush_interval_ms``.
+
+Recovery (``open``) scans from the checkpoint to the end, checks every record's magic and
+CRC and truncates a torn tail.  A bad record followed by a valid one is corruption, not a
+torn tail: ``CorruptRecordError`` stops the start-up instead of skipping data.
+
+Thread-safety: ``append`` and the read methods may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from store.checkpoint import OffsetCheckpoint
+from store.clock import Clock
+from store.errors import CorruptRecordError, StorageIOError, Unavailable
+from store.message import HEADER, RECORD_MAGIC, RecordError, check_record
+
+log = logging.getLogger(__name__)
+
+_MAGIC_BYTES = RECORD_MAGIC.to_bytes(4, "big")
+_SCAN_CHUNK = 16 << 20
+
+# A batch preparer is called on the writer thread with the CommitLog offset its first
+# record will have; it returns the encoded records and the value the caller's future gets.
+Prepare = Callable[[int], tuple[list[bytes], Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitLogStats:
+    min_offset: int
+    max_offset: int
+    confirmed_offset: int
+    segments: int
+    appended_batches: int
+    fsyncs: int
+    bytes_on_disk: int
+
+
+@dataclass(slots=True)
+class _Segment:
+    base_offset: int
+    path: str
+    fd: int
+    size: int
+
+
+def _segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}.log"
+
+
+class CommitLog:
+    """Segmented append-only log of CRC-framed records.  Thread-safe."""
+
+    def __init__(
+        self,
+        directory: str,
+        clock: Clock,
+        segment_bytes: int = 1 << 30,
+        flush_sync: bool = True,
+        flush_interval_ms: int = 200,
+    ) -> None:
+        self._dir = directory
+        self._clock = clock
+        self._segment_bytes = segment_bytes
+        self._flush_sync = flush_sync
+        self._flush_interval_ms = flush_interval_ms
+        self._segments: list[_Segment] = []
+        self._bases: list[int] = []
+        self._seg_lock = threading.Lock()  # guards _segments/_bases (roll, retention, read)
+        self._cond = threading.Condition()
+        self._pending: list[tuple[Prepare, Future[Any]]] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._written = 0  # end of the data handed to the OS
+        self._confirmed = 0  # end of the data that dispatchers may read (durable in sync mode)
+        self._flushed = 0  # end of the data known fsynced
+        self._checkpoint = OffsetCheckpoint(os.path.join(directory, "checkpoint"))
+        self._listeners: list[Callable[[int], None]] = []
+        self._batches = 0
+        self._fsyncs = 0
+
+    # ------------------------------------------------------------------ life cycle
+
+    def open(self) -> int:
+        """Recover the log from disk; return the end offset.  Call before ``start``."""
+        os.makedirs(self._dir, exist_ok=True)
+        names = sorted(n for n in os.listdir(self._dir) if n.endswith(".log"))
+        for name in names:
+            path = os.path.join(self._dir, name)
+            fd = os.open(path, os.O_RDWR)
+            seg = _Segment(int(name[:-4]), path, fd, os.fstat(fd).st_size)
+            self._segments.append(seg)
+            self._bases.append(seg.base_offset)
+        if not self._segments:
+            self._new_segment(0)
+        end = self._recover(self._checkpoint.read())
+        self._written = self._confirmed = self._flushed = end
+        self._checkpoint.write(end)
+        return end
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="commitlog-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Refuse new appends, finish queued ones, fsync and write the checkpoint."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._fsync_active()
+        self._checkpoint.write(self._flushed)
+
+    def close(self) -> None:
+        """Close the segment files (after ``stop`` and after the dispatchers stopped)."""
+        with self._seg_lock:
+            for seg in self._segments:
+                os.close(seg.fd)
+            self._segments.clear()
+            self._bases.clear()
+
+    def add_listener(self, callback: Callable[[int], None]) -> None:
+        """``callback(confirmed_offset)`` runs on the writer thread after each batch."""
+        self._listeners.append(callback)
+
+    # ------------------------------------------------------------------ appends
+
+    def append(self, prepare: Prepare) -> Future[Any]:
+        """Queue a batch; the future resolves once it is durable (sync) or written (async)."""
+        fut: Future[Any] = Future()
+        with self._cond:
+            if self._stopping:
+                raise Unavailable("the broker is shutting down")
+            self._pending.append((prepare, fut))
+            self._cond.notify()
+        return fut
+
+    def _run(self) -> None:
+        last_flush_ms = self._clock.monotonic_ms()
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopping:
+                    timeout = None if self._flush_sync else self._flush_interval_ms / 1000
+                    if not self._cond.wait(timeout) and not self._flush_sync:
+                        break
+                batch, self._pending = self._pending, []
+                stopping = self._stopping
+            if batch:
+                try:
+                    self._write_batch(batch)
+                except Exception as exc:  # an I/O failure fails this batch, not the thread
+                    log.exception("commitlog write failed")
+                    err = StorageIOError(f"commitlog write failed: {exc}")
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(err)
+            now = self._clock.monotonic_ms()
+            if not self._flush_sync and now - last_flush_ms >= self._flush_interval_ms:
+                self._fsync_active()
+                last_flush_ms = now
+            if stopping and not batch:
+                return
+
+    def _write_batch(self, batch: list[tuple[Prepare, Future[Any]]]) -> None:
+        offset = self._written
+        chunks: list[bytes] = []
+        done: list[tuple[Future[Any], Any]] = []
+        for prepare, fut in batch:
+            try:
+                records, result = prepare(offset)
+            except Exception as exc:
+                fut.set_exception(exc)
+                continue
+            chunks.extend(records)
+            offset += sum(map(len, records))
+            done.append((fut, result))
+        data = b"".join(chunks)
+        if data:
+            seg = self._active_for(len(data))
+            written = os.write(seg.fd, data)
+            while written < len(data):  # os.write may be partial on huge buffers
+                written += os.write(seg.fd, data[written:])
+            seg.size += len(data)
+            self._written += len(data)
+            if self._flush_sync:
+                os.fdatasync(seg.fd)
+                self._fsyncs += 1
+                self._flushed = self._written
+            self._batches += 1
+        with self._cond:
+            self._confirmed = self._written
+            self._cond.notify_all()
+        for fut, result in done:
+            fut.set_result(result)
+        for callback in self._listeners:
+            callback(self._confirmed)
+        if self._flush_sync and self._batches % 256 == 0:
+            self._checkpoint.write(self._flushed)
+
+    def _active_for(self, nbytes: int) -> _Segment:
+        seg = self._segments[-1]
+        if seg.size > 0 and seg.size + nbytes > self._segment_bytes:
+            self._fsync_active()
+            seg = self._new_segment(self._written)
+        return seg
+
+    def _new_segment(self, base_offset: int) -> _Segment:
+        path = os.path.join(self._dir, _segment_name(base_offset))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        dir_fd = os.open(self._dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        seg = _Segment(base_offset, path, fd, 0)
+        with self._seg_lock:
+            self._segments.append(seg)
+            self._bases.append(base_offset)
+        return seg
+
+    def _fsync_active(self) -> None:
+        with self._seg_lock:
+            seg = self._segments[-1] if self._segments else None
+        if seg is not None and self._flushed < self._written:
+            os.fdatasync(seg.fd)
+            self._fsyncs += 1
+            self._flushed = self._written
+            self._checkpoint.write(self._flushed)
+
+    # ------------------------------------------------------------------ reads
+
+    @property
+    def min_offset(self) -> int:
+        with self._seg_lock:
+            return self._bases[0] if self._bases else 0
+
+    @property
+    def confirmed_offset(self) -> int:
+        """End of the data a dispatcher may read (durable when ``flush=sync``)."""
+        return self._confirmed
+
+    def wait_beyond(self, offset: int, timeout_s: float) -> int:
+        """Block until ``confirmed_offset > offset`` or the timeout; return it."""
+        with self._cond:
+            if self._confirmed <= offset and not self._stopping:
+                self._cond.wait(timeout_s)
+            return self._confirmed
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Read ``size`` bytes at ``offset`` (within one segment)."""
+        seg = self._segment_at(offset)
+        data = os.pread(seg.fd, size, offset - seg.base_offset)
+        if len(data) != size:
+            raise StorageIOError(f"short read at commitlog offset {offset}")
+        return data
+
+    def read_from(self, offset: int, max_bytes: int) -> tuple[int, bytes]:
+        """Read up to ``max_bytes`` of confirmed data starting at ``offset``.
+
+        Returns ``(offset, data)``; the offset moves to the next segment's base when
+        ``offset`` is at the end of one.  The data may end in the middle of a record.
+        """
+        confirmed = self._confirmed
+        with self._seg_lock:
+            i = bisect.bisect_right(self._bases, offset) - 1
+            if i < 0:  # retention removed it; resume at the oldest data
+                i, offset = 0, self._bases[0]
+            seg = self._segments[i]
+            if offset >= seg.base_offset + seg.size and i + 1 < len(self._segments):
+                seg = self._segments[i + 1]
+                offset = seg.base_offset
+        end = min(confirmed, seg.base_offset + seg.size, offset + max_bytes)
+        if end <= offset:
+            return offset, b""
+        return offset, os.pread(seg.fd, end - offset, offset - seg.base_offset)
+
+    def _segment_at(self, offset: int) -> _Segment:
+        with self._seg_lock:
+            i = bisect.bisect_right(self._bases, offset) - 1
+            if i < 0 or offset >= self._segments[i].base_offset + self._segments[i].size:
+                raise StorageIOError(f"commitlog offset {offset} is not on local disk")
+            return self._segments[i]
+
+    # ------------------------------------------------------------------ retention
+
+    def segment_ends(self) -> list[tuple[int, int, float]]:
+        """``(base_offset, end_offset, mtime_s)`` of every sealed (non-active) segment."""
+        with self._seg_lock:
+            sealed = self._segments[:-1]
+        return [(s.base_offset, s.base_offset + s.size, os.path.getmtime(s.path)) for s in sealed]
+
+    def delete_oldest_segment(self) -> int:
+        """Delete the oldest sealed segment; return its size in bytes."""
+        with self._seg_lock:
+            if len(self._segments) < 2:
+                return 0
+            seg = self._segments.pop(0)
+            self._bases.pop(0)
+        os.close(seg.fd)
+        os.unlink(seg.path)
+        return seg.size
+
+    def statistics(self) -> CommitLogStats:
+        with self._seg_lock:
+            segs = list(self._segments)
+        return CommitLogStats(
+            min_offset=segs[0].base_offset if segs else 0,
+            max_offset=self._written,
+            confirmed_offset=self._confirmed,
+            segments=len(segs),
+            appended_batches=self._batches,
+            fsyncs=self._fsyncs,
+            bytes_on_disk=sum(s.size for s in segs),
+        )
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recover(self, checkpoint: int | None) -> int:
+        """Check records from the checkpoint to the end; truncate a torn tail."""
+        start = checkpoint if checkpoint is not None else self._segments[0].base_offset
+        start = max(start, self._segments[0].base_offset)
+        last = self._segments[-1]
+        if start > last.base_offset + last.size:
+            raise CorruptRecordError(
+                last.path, start,
+                f"the checkpoint says {start} bytes were fsynced but the log ends at "
+                f"{last.base_offset + last.size}: committed data is missing",
+            )
+        for i, seg in enumerate(self._segments):
+            if seg.base_offset + seg.size <= start:
+                continue
+            valid_end = self._scan_segment(seg, max(start - seg.base_offset, 0))
+            if valid_end < seg.size:
+                if i != len(self._segments) - 1:
+                    raise CorruptRecordError(seg.path, seg.base_offset + valid_end,
+                                             "bad record in a sealed segment")
+                log.warning("truncating torn tail of %s: %d bytes at offset %d", seg.path,
+                            seg.size - valid_end, seg.base_offset + valid_end)
+                os.ftruncate(seg.fd, valid_end)
+                os.fsync(seg.fd)
+                seg.size = valid_end
+        return last.base_offset + last.size
+
+    def _scan_segment(self, seg: _Segment, pos: int) -> int:
+        """Return the position after the last valid record (raises on mid-file corruption)."""
+        want = _SCAN_CHUNK
+        while pos < seg.size:
+            data = os.pread(seg.fd, min(want, seg.size - pos), pos)
+            p, total = 0, 0
+            while p < len(data):
+                if len(data) - p >= 8:
+                    total = int.from_bytes(data[p + 4 : p + 8])
+                    if len(data) < p + total <= seg.size - pos:
+                        break  # the record continues past this chunk: read on from it
+                try:
+                    p += check_record(data, p)
+                except RecordError as exc:
+                    bad = pos + p
+                    if self._valid_record_after(seg, bad):
+                        raise CorruptRecordError(seg.path, seg.base_offset + bad,
+                                                 str(exc)) from exc
+                    return bad
+            want = max(_SCAN_CHUNK, total) if p == 0 else _SCAN_CHUNK
+            pos += p
+        return pos
+
+    def _valid_record_after(self, seg: _Segment, bad: int) -> bool:
+        """Is there any CRC-valid record after position ``bad`` in this segment?"""
+        pos = bad + 1
+        while pos < seg.size:
+            data = os.pread(seg.fd, min(_SCAN_CHUNK, seg.size - pos), pos)
+            i = data.find(_MAGIC_BYTES)
+            while i >= 0:
+                if self._record_valid_at(seg, pos + i):
+                    return True
+                i = data.find(_MAGIC_BYTES, i + 1)
+            pos += max(len(data) - 3, 1)
+        return False
+
+    def _record_valid_at(self, seg: _Segment, at: int) -> bool:
+        head = os.pread(seg.fd, 8, at)
+        if len(head) < 8:
+            return False
+        total = int.from_bytes(head[4:8])
+        if total < HEADER.size or at + total > seg.size:
+            return False
+        try:
+            check_record(os.pread(seg.fd, total, at), 0)
+        except RecordError:
+            return False
+        return True

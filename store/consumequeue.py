@@ -1,0 +1,179 @@
+"""ConsumeQueue: per topic/queue, a dense array of fixed-size entries pointing into the
+CommitLog.  Entry ``n`` is the message with queue offset ``n``.
+
+Files: ``<data>/consumequeue/<topic>/<queue_id>/<first_queue_offset:020d>.cq``, each
+holding ``entries_per_file`` entries.  Entry layout (big-endian, ``ENTRY.size == 24``)::
+
+    0   8   commit_offset   where the record starts in the CommitLog
+    8   4   record_size
+    12  4   tag_hash        zlib.crc32 of the tag (0 = no tag), for filtering without a read
+    16  8   store_at_ms     for time-based retention and seeking
+
+Writes are ``pwrite`` at ``queue_offset * 24``: idempotent, so a dispatcher replaying the
+CommitLog after a crash rewrites identical bytes instead of appending duplicates.
+
+Thread-safety: one dispatcher thread writes; any thread may read.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import threading
+from dataclasses import dataclass
+
+ENTRY = struct.Struct(">QIIQ")
+assert ENTRY.size == 24
+
+
+@dataclass(frozen=True, slots=True)
+class CqEntry:
+    queue_offset: int
+    commit_offset: int
+    record_size: int
+    tag_hash: int
+    store_at_ms: int
+
+
+class ConsumeQueue:
+    """One topic/queue's entries.  Writer: the dispatcher thread; readers: any thread."""
+
+    def __init__(self, directory: str, entries_per_file: int = 300_000) -> None:
+        self._dir = directory
+        self._per_file = entries_per_file
+        self._fds: dict[int, int] = {}  # first queue offset of a file -> fd
+        self._lock = threading.Lock()
+        self._dirty: set[int] = set()
+        os.makedirs(directory, exist_ok=True)
+        self.min_offset = 0
+        self.max_offset = 0  # one past the last entry
+        self._load()
+
+    def _load(self) -> None:
+        bases = sorted(int(n[:-3]) for n in os.listdir(self._dir) if n.endswith(".cq"))
+        for base in bases:
+            self._fds[base] = os.open(self._path(base), os.O_RDWR)
+        if bases:
+            self.min_offset = bases[0]
+            last = bases[-1]
+            size = os.fstat(self._fds[last]).st_size
+            self.max_offset = last + size // ENTRY.size
+
+    def _path(self, base: int) -> str:
+        return os.path.join(self._dir, f"{base:020d}.cq")
+
+    def _fd(self, base: int, create: bool) -> int | None:
+        fd = self._fds.get(base)
+        if fd is None and create:
+            fd = os.open(self._path(base), os.O_RDWR | os.O_CREAT, 0o644)
+            with self._lock:
+                self._fds[base] = fd
+        return fd
+
+    def put(self, queue_offset: int, commit_offset: int, size: int, tag_hash: int,
+            store_at_ms: int) -> None:
+        base = queue_offset - queue_offset % self._per_file
+        fd = self._fd(base, create=True)
+        assert fd is not None
+        entry = ENTRY.pack(commit_offset, size, tag_hash, store_at_ms)
+        os.pwrite(fd, entry, (queue_offset - base) * ENTRY.size)
+        self._dirty.add(base)
+        if queue_offset >= self.max_offset:
+            self.max_offset = queue_offset + 1
+
+    def put_many(self, entries: list[tuple[int, int, int, int, int]]) -> None:
+        """``(queue_offset, commit_offset, size, tag_hash, store_at_ms)`` in offset order;
+        consecutive entries in one file are written with one ``pwrite``."""
+        i = 0
+        while i < len(entries):
+            first = entries[i][0]
+            base = first - first % self._per_file
+            j = i + 1
+            while (j < len(entries) and entries[j][0] == entries[j - 1][0] + 1
+                   and entries[j][0] < base + self._per_file):
+                j += 1
+            fd = self._fd(base, create=True)
+            assert fd is not None
+            data = b"".join(ENTRY.pack(*e[1:]) for e in entries[i:j])
+            os.pwrite(fd, data, (first - base) * ENTRY.size)
+            self._dirty.add(base)
+            last = entries[j - 1][0]
+            if last >= self.max_offset:
+                self.max_offset = last + 1
+            i = j
+
+    def get(self, queue_offset: int, count: int) -> list[CqEntry]:
+        """Up to ``count`` entries from ``queue_offset`` (fewer at the end of a file)."""
+        if queue_offset < self.min_offset:
+            queue_offset = self.min_offset
+        count = min(count, self.max_offset - queue_offset)
+        if count <= 0:
+            return []
+        base = queue_offset - queue_offset % self._per_file
+        with self._lock:
+            fd = self._fds.get(base)
+        if fd is None:
+            return []
+        count = min(count, base + self._per_file - queue_offset)
+        data = os.pread(fd, count * ENTRY.size, (queue_offset - base) * ENTRY.size)
+        return [
+            CqEntry(queue_offset + i, *ENTRY.unpack_from(data, i * ENTRY.size))
+            for i in range(len(data) // ENTRY.size)
+        ]
+
+    def flush(self) -> None:
+        """fsync every file written since the last flush."""
+        dirty, self._dirty = self._dirty, set()
+        for base in dirty:
+            fd = self._fds.get(base)
+            if fd is not None:
+                os.fdatasync(fd)
+
+    def truncate_beyond(self, commit_end: int) -> int:
+        """Drop trailing entries that point at or past ``commit_end`` (lost CommitLog tail)."""
+        dropped = 0
+        while self.max_offset > self.min_offset:
+            last = self.max_offset - 1
+            entries = self.get(last, 1)
+            if entries and entries[0].commit_offset < commit_end:
+                break
+            base = last - last % self._per_file
+            fd = self._fds[base]
+            os.ftruncate(fd, (last - base) * ENTRY.size)
+            self.max_offset = last
+            dropped += 1
+        return dropped
+
+    def delete_files_before(self, keep_from_queue_offset: int) -> int:
+        """Delete whole files whose entries are all below ``keep_from_queue_offset``."""
+        deleted = 0
+        with self._lock:
+            bases = sorted(self._fds)
+        for base in bases[:-1]:
+            if base + self._per_file > keep_from_queue_offset:
+                break
+            with self._lock:
+                fd = self._fds.pop(base)
+            os.close(fd)
+            os.unlink(self._path(base))
+            self._dirty.discard(base)
+            deleted += 1
+        with self._lock:
+            if self._fds:
+                self.min_offset = max(self.min_offset, min(self._fds))
+        return deleted
+
+    def set_min_offset(self, queue_offset: int) -> None:
+        """Logically expire entries below ``queue_offset`` (retention)."""
+        self.min_offset = max(self.min_offset, min(queue_offset, self.max_offset))
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def destroy(self) -> None:
+        self.close()
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,0 +1,147 @@
+"""Dispatchers: threads that follow the CommitLog and build derived views from it.
+
+A ``Dispatcher`` owns one named thread and a list of ``DispatchHandler``s.  Each handler
+keeps its own durable position (every record before it is reflected in its view); the
+thread reads from the smallest position and hands each handler the records at or past its
+own.  Handlers must be idempotent per record (ConsumeQueue writes by queue offset, index
+puts by key), so replaying after a crash duplicates nothing.
+
+Thread-safety: handlers are called only from the dispatcher's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from store.clock import Clock
+from store.commitlog import CommitLog
+from store.message import DispatchInfo, decode_dispatch_infos, record_size_at
+
+log = logging.getLogger(__name__)
+
+_READ_BYTES = 8 << 20
+
+
+class DispatchHandler(Protocol):
+    name: str
+
+    def position(self) -> int:
+        """CommitLog offset up to which this handler's view is complete."""
+        ...
+
+    def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
+        """Apply ``records`` (all at or past ``position()``); afterwards the position may
+        be ``end_offset`` once the view is made durable (see ``flush``)."""
+        ...
+
+    def flush(self) -> None:
+        """Make the view durable and persist the position."""
+        ...
+
+
+class Dispatcher:
+    """Follows the CommitLog on a named thread and feeds its handlers."""
+
+    def __init__(
+        self,
+        name: str,
+        commitlog: CommitLog,
+        handlers: list[DispatchHandler],
+        clock: Clock,
+        flush_interval_ms: int = 1000,
+    ) -> None:
+        self.name = name
+        self._log = commitlog
+        self._handlers = handlers
+        self._clock = clock
+        self._flush_interval_ms = flush_interval_ms
+        self._pos = min((h.position() for h in handlers), default=0)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._listeners: list[Callable[[list[DispatchInfo]], None]] = []
+        self._done_cond = threading.Condition()
+
+    @property
+    def dispatched_offset(self) -> int:
+        return self._pos
+
+    def add_listener(self, callback: Callable[[list[DispatchInfo]], None]) -> None:
+        """``callback(records)`` runs on the dispatcher thread after each dispatched batch."""
+        self._listeners.append(callback)
+
+    def catch_up(self) -> int:
+        """Dispatch everything already in the CommitLog on the caller's thread (recovery)."""
+        while self._step():
+            pass
+        self._flush()
+        return self._pos
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.catch_up()
+
+    def wait_dispatched(self, offset: int, timeout_s: float) -> bool:
+        """Block until everything before ``offset`` is dispatched (for tests and tools)."""
+        deadline = self._clock.monotonic_ms() + timeout_s * 1000
+        with self._done_cond:
+            while self._pos < offset:
+                left = deadline - self._clock.monotonic_ms()
+                if left <= 0:
+                    return False
+                self._done_cond.wait(min(left / 1000, 0.05))
+        return True
+
+    def _run(self) -> None:
+        last_flush = self._clock.monotonic_ms()
+        while not self._stop.is_set():
+            try:
+                if not self._step():
+                    self._log.wait_beyond(self._pos, 0.1)
+                now = self._clock.monotonic_ms()
+                if now - last_flush >= self._flush_interval_ms:
+                    self._flush()
+                    last_flush = now
+            except Exception:
+                log.exception("dispatcher %s failed; retrying in 1 s", self.name)
+                self._stop.wait(1.0)
+
+    def _step(self) -> bool:
+        """Dispatch one chunk; False when there was nothing new."""
+        offset, data = self._log.read_from(self._pos, _READ_BYTES)
+        if not data:
+            if offset != self._pos:  # moved to the next segment
+                self._pos = offset
+                return True
+            return False
+        records, used = decode_dispatch_infos(data, offset)
+        if used == 0:  # a record bigger than the read: read exactly it
+            offset, data = self._log.read_from(offset, record_size_at(data))
+            records, used = decode_dispatch_infos(data, offset)
+            if used == 0:
+                return False
+        end = offset + used
+        for h in self._handlers:
+            pos = h.position()
+            mine = records if pos <= offset else [r for r in records if r.commit_offset >= pos]
+            if mine or pos < end:
+                h.dispatch(mine, end)
+        with self._done_cond:
+            self._pos = end
+            self._done_cond.notify_all()
+        for callback in self._listeners:
+            callback(records)
+        return True
+
+    def _flush(self) -> None:
+        for h in self._handlers:
+            h.flush()

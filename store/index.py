@@ -1,0 +1,76 @@
+"""Key / message-id index in RocksDB, filled by a dispatch handler.
+
+Keys and values (``<data>/index`` RocksDB, raw bytes)::
+
+    b"m" + message_id                                  -> commit_offset u64 | size u32
+    b"k" + topic + b"\\0" + key + b"\\0" + commit_offset u64  -> size u32
+    b"!position"                                       -> commit_offset u64
+
+The position is written in the same atomic batch as the entries it covers, so the index
+and its checkpoint can never disagree.  A message id seen twice (a timer delivery keeps the
+id of the original send) points at the latest record.
+
+Thread-safety: dispatch runs on the dispatcher thread; lookups from any thread.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from store.kv import KV
+from store.message import FLAG_DELAYED, DispatchInfo
+
+_LOC = struct.Struct(">QI")
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+_POSITION = b"!position"
+
+
+def _key_prefix(topic: str, key: str) -> bytes:
+    return b"k" + topic.encode() + b"\0" + key.encode() + b"\0"
+
+
+class KeyIndex:
+    name = "index"
+
+    def __init__(self, path: str) -> None:
+        self._kv = KV(path)
+        raw = self._kv.get(_POSITION)
+        self._position = _U64.unpack(raw)[0] if raw else 0
+
+    def position(self) -> int:
+        return self._position
+
+    def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
+        puts: list[tuple[bytes, bytes]] = []
+        for r in records:
+            if r.flags & FLAG_DELAYED:
+                continue  # indexed when the timer delivers it
+            puts.append((b"m" + r.message_id.encode(), _LOC.pack(r.commit_offset, r.record_size)))
+            if r.key:
+                puts.append((_key_prefix(r.topic, r.key) + _U64.pack(r.commit_offset),
+                             _U32.pack(r.record_size)))
+        puts.append((_POSITION, _U64.pack(end_offset)))
+        self._kv.write(puts)
+        self._position = end_offset
+
+    def flush(self) -> None:
+        pass  # every dispatch is one atomic batch with its position
+
+    def by_message_id(self, message_id: str) -> tuple[int, int] | None:
+        raw = self._kv.get(b"m" + message_id.encode())
+        if raw is None:
+            return None
+        offset, size = _LOC.unpack(raw)
+        return int(offset), int(size)
+
+    def by_key(self, topic: str, key: str, limit: int) -> list[tuple[int, int]]:
+        """Locations of the newest ``limit`` messages with ``key`` (oldest first)."""
+        prefix = _key_prefix(topic, key)
+        found: list[tuple[int, int]] = []
+        for k, v in self._kv.scan(prefix):
+            found.append((_U64.unpack_from(k, len(prefix))[0], _U32.unpack(v)[0]))
+        return found[-limit:]
+
+    def close(self) -> None:
+        self._kv.close()

@@ -1,0 +1,270 @@
+"""Messages and the CommitLog record codec.
+
+Record layout (big-endian; ``HEADER.size == 67`` bytes, then the variable fields)::
+
+    offset  size  field
+    0       4     magic            RECORD_MAGIC (0xC4A0_0001: record format version 1)
+    4       4     total_size       the whole record, header included
+    8       4     crc32            zlib.crc32 of bytes [12, total_size)
+    12      2     flags            FLAG_* bits
+    14      2     queue_id
+    16      8     queue_offset     index of the record in its ConsumeQueue
+    24      8     born_at_ms       when the producer's request reached the broker
+    32      8     store_at_ms      when the record was appended
+    40      8     deliver_at_ms    due time (== born_at_ms for immediate messages)
+    48      4     delivery_attempt 0 for a fresh send; the POP layer counts redeliveries
+    52      1     id_len           message id (ASCII), at most 128 bytes
+    53      2     topic_len        UTF-8, at most 255 bytes
+    55      2     key_len          UTF-8
+    57      2     tag_len          UTF-8
+    59      4     props_len        encoded properties (see ``encode_properties``)
+    63      4     body_len
+    67      ...   id, topic, key, tag, props, body
+
+The CRC covers everything after itself, so a torn write or a flipped bit anywhere in the
+record is caught.  The queue offset is fixed at append time, which makes every
+ConsumeQueue write idempotent (position = queue_offset * entry size): a dispatcher that
+replays after a crash rewrites the same bytes.
+
+Trade-off: ids and strings are stored in each record instead of a dictionary, so a record
+is self-describing and can be shipped to the tier or replayed without any side table.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import zlib
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from store.errors import InvalidArgument
+
+RECORD_MAGIC = 0xC4A00001
+HEADER = struct.Struct(">IIIHHQQQQIBHHHII")
+assert HEADER.size == 67
+_PROP_KEY = struct.Struct(">H")
+_PROP_VAL = struct.Struct(">I")
+
+FLAG_DELAYED = 0x0001  # deliver_at_ms was in the future when the record was written
+FLAG_TIMER_DELIVERY = 0x0002  # re-appended by the timer when its time came
+FLAG_RETRY = 0x0004  # re-appended by the POP layer for a redelivery
+
+MAX_ID_BYTES = 128
+MAX_TOPIC_BYTES = 255
+MAX_KEY_BYTES = 1024
+MAX_TAG_BYTES = 255
+
+
+@dataclass(slots=True)
+class Message:
+    """One message as stored.  ``commit_offset`` is where its record starts in the CommitLog."""
+
+    message_id: str
+    topic: str
+    body: bytes
+    key: str = ""
+    tag: str = ""
+    properties: dict[str, str] = field(default_factory=dict)
+    born_at_ms: int = 0
+    store_at_ms: int = 0
+    deliver_at_ms: int = 0
+    queue_id: int = 0
+    queue_offset: int = 0
+    delivery_attempt: int = 0
+    flags: int = 0
+    commit_offset: int = -1
+    record_size: int = 0
+
+
+def encode_properties(props: dict[str, str]) -> bytes:
+    """``(u16 key_len, key, u32 value_len, value)*``, UTF-8; empty dict -> empty bytes."""
+    if not props:
+        return b""
+    parts: list[bytes] = []
+    for k, v in props.items():
+        kb = k.encode()
+        vb = v.encode()
+        parts += (_PROP_KEY.pack(len(kb)), kb, _PROP_VAL.pack(len(vb)), vb)
+    return b"".join(parts)
+
+
+def decode_properties(data: bytes | memoryview) -> dict[str, str]:
+    props: dict[str, str] = {}
+    pos, end = 0, len(data)
+    while pos < end:
+        (klen,) = _PROP_KEY.unpack_from(data, pos)
+        pos += 2
+        k = bytes(data[pos : pos + klen]).decode()
+        pos += klen
+        (vlen,) = _PROP_VAL.unpack_from(data, pos)
+        pos += 4
+        props[k] = bytes(data[pos : pos + vlen]).decode()
+        pos += vlen
+    if pos != end:
+        raise ValueError("properties overrun their length")
+    return props
+
+
+def encode_record(m: Message) -> bytes:
+    """Encode ``m`` as one CommitLog record (fields as in the module table)."""
+    idb = m.message_id.encode("ascii")
+    tb = m.topic.encode()
+    kb = m.key.encode()
+    gb = m.tag.encode()
+    pb = encode_properties(m.properties)
+    total = HEADER.size + len(idb) + len(tb) + len(kb) + len(gb) + len(pb) + len(m.body)
+    head = HEADER.pack(
+        RECORD_MAGIC, total, 0, m.flags, m.queue_id, m.queue_offset, m.born_at_ms,
+        m.store_at_ms, m.deliver_at_ms, m.delivery_attempt, len(idb), len(tb), len(kb),
+        len(gb), len(pb), len(m.body),
+    )
+    tail = b"".join((head[12:], idb, tb, kb, gb, pb, m.body))
+    return b"".join((head[:8], (zlib.crc32(tail)).to_bytes(4, "big"), tail))
+
+
+class RecordError(ValueError):
+    """Raised by the decoder for a record that is truncated or fails its magic/CRC check."""
+
+
+def check_record(buf: bytes | memoryview, pos: int) -> int:
+    """Validate the record at ``pos`` (magic, size, CRC); return its total size."""
+    if len(buf) - pos < HEADER.size:
+        raise RecordError("truncated header")
+    magic, total, crc = struct.unpack_from(">III", buf, pos)
+    if magic != RECORD_MAGIC:
+        raise RecordError(f"bad magic {magic:#x}")
+    if total < HEADER.size or pos + total > len(buf):
+        raise RecordError(f"record size {total} runs past the data")
+    if zlib.crc32(buf[pos + 12 : pos + total]) != crc:
+        raise RecordError("CRC mismatch")
+    return int(total)
+
+
+def decode_record(buf: bytes | memoryview, pos: int = 0, commit_offset: int = -1) -> Message:
+    """Decode (and CRC-check) the record at ``pos``."""
+    check_record(buf, pos)
+    (_, total, _, flags, queue_id, queue_offset, born, store, deliver, attempt,
+     id_len, topic_len, key_len, tag_len, props_len, body_len) = HEADER.unpack_from(buf, pos)
+    p = pos + HEADER.size
+    view = memoryview(buf)
+    message_id = bytes(view[p : p + id_len]).decode("ascii")
+    p += id_len
+    topic = bytes(view[p : p + topic_len]).decode()
+    p += topic_len
+    key = bytes(view[p : p + key_len]).decode()
+    p += key_len
+    tag = bytes(view[p : p + tag_len]).decode()
+    p += tag_len
+    props = decode_properties(view[p : p + props_len]) if props_len else {}
+    p += props_len
+    body = bytes(view[p : p + body_len])
+    return Message(
+        message_id=message_id, topic=topic, body=body, key=key, tag=tag, properties=props,
+        born_at_ms=born, store_at_ms=store, deliver_at_ms=deliver, queue_id=queue_id,
+        queue_offset=queue_offset, delivery_attempt=attempt, flags=flags,
+        commit_offset=commit_offset, record_size=total,
+    )
+
+
+def validate_message_fields(
+    m: Message, max_body_bytes: int
+) -> None:
+    """Raise ``InvalidArgument`` with a message a user can act on for any bad field."""
+    if not m.topic:
+        raise InvalidArgument("topic is empty")
+    if len(m.topic.encode()) > MAX_TOPIC_BYTES:
+        raise InvalidArgument(f"topic name longer than {MAX_TOPIC_BYTES} bytes")
+    if not m.body:
+        raise InvalidArgument("body is empty")
+    if len(m.body) > max_body_bytes:
+        raise InvalidArgument(
+            f"body is {len(m.body)} bytes, over the maximum of {max_body_bytes} bytes "
+            "(setting store.max_body_bytes)"
+        )
+    if len(m.key.encode()) > MAX_KEY_BYTES:
+        raise InvalidArgument(f"key longer than {MAX_KEY_BYTES} bytes")
+    if len(m.tag.encode()) > MAX_TAG_BYTES:
+        raise InvalidArgument(f"tag longer than {MAX_TAG_BYTES} bytes")
+    if m.message_id:
+        validate_message_id(m.message_id)
+
+
+def validate_message_id(message_id: str) -> None:
+    if not message_id.isascii() or not message_id.isprintable():
+        raise InvalidArgument("message_id must be printable ASCII")
+    if len(message_id) > MAX_ID_BYTES:
+        raise InvalidArgument(f"message_id longer than {MAX_ID_BYTES} characters")
+
+
+class MessageIdFactory:
+    """Unique, time-sortable message ids: 32 upper-case hex characters.
+
+    ``ms timestamp (48 bits) | node (16 bits) | process nonce (24 bits) | counter (40 bits)``.
+    Ids from one broker sort by the time they were assigned; the random nonce keeps ids
+    unique across restarts even if the clock steps back.  Thread-safe.
+    """
+
+    def __init__(self, node_id: int = 0) -> None:
+        self._node = node_id & 0xFFFF
+        self._nonce = int.from_bytes(os.urandom(3), "big")
+        self._counter = 0
+        self._lock = threading.Lock()
+
+    def next_ids(self, now_ms: int, count: int) -> list[str]:
+        with self._lock:
+            start = self._counter
+            self._counter = (start + count) & 0xFF_FFFF_FFFF
+        hi = ((now_ms & 0xFFFF_FFFF_FFFF) << 80) | (self._node << 64) | (self._nonce << 40)
+        return ["%032X" % (hi | ((start + i) & 0xFF_FFFF_FFFF)) for i in range(count)]
+
+
+class DispatchInfo(NamedTuple):
+    """What a dispatcher needs of a record, decoded from its header without a CRC check
+    (records were checked when they were appended or recovered)."""
+
+    commit_offset: int
+    record_size: int
+    flags: int
+    queue_id: int
+    queue_offset: int
+    store_at_ms: int
+    deliver_at_ms: int
+    message_id: str
+    topic: str
+    key: str
+    tag: str
+
+
+def decode_dispatch_infos(data: bytes, base_offset: int) -> tuple[list[DispatchInfo], int]:
+    """Decode every complete record in ``data``; return them and the bytes they span."""
+    out: list[DispatchInfo] = []
+    pos, end = 0, len(data)
+    unpack = HEADER.unpack_from
+    while end - pos >= HEADER.size:
+        (magic, total, _, flags, queue_id, queue_offset, _, store, deliver, _,
+         id_len, topic_len, key_len, tag_len, _, _) = unpack(data, pos)
+        if magic != RECORD_MAGIC:
+            raise RecordError(f"bad magic at commitlog offset {base_offset + pos}")
+        if pos + total > end:
+            break
+        p = pos + HEADER.size
+        mid = data[p : p + id_len].decode("ascii")
+        p += id_len
+        topic = data[p : p + topic_len].decode()
+        p += topic_len
+        key = data[p : p + key_len].decode() if key_len else ""
+        p += key_len
+        tag = data[p : p + tag_len].decode() if tag_len else ""
+        out.append(DispatchInfo(base_offset + pos, total, flags, queue_id, queue_offset,
+                                store, deliver, mid, topic, key, tag))
+        pos += total
+    return out, pos
+
+
+def record_size_at(data: bytes, pos: int = 0) -> int:
+    """The total size field of the record header at ``pos`` (0 if the header is cut)."""
+    if len(data) - pos < 8:
+        return 0
+    return int.from_bytes(data[pos + 4 : pos + 8], "big")

@@ -1,0 +1,121 @@
+"""All ConsumeQueues of the broker, and the dispatch handler that fills them.
+
+Position checkpoint: ``<data>/checkpoint/consumequeue`` (``store.checkpoint`` layout),
+written after the queue files it covers are fsynced.
+
+Thread-safety: ``dispatch``/``flush`` run on the dispatcher thread; lookups from any thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import zlib
+from collections import defaultdict
+
+from store.checkpoint import OffsetCheckpoint
+from store.consumequeue import ConsumeQueue
+from store.message import FLAG_DELAYED, DispatchInfo
+from store.topics import TopicCatalogue
+
+
+def tag_hash(tag: str) -> int:
+    return zlib.crc32(tag.encode()) if tag else 0
+
+
+class ConsumeQueueTable:
+    """ConsumeQueues by (topic, queue_id), plus their dispatch handler."""
+
+    name = "consumequeue"
+
+    def __init__(self, root: str, catalogue: TopicCatalogue, entries_per_file: int) -> None:
+        self._root = os.path.join(root, "consumequeue")
+        self._catalogue = catalogue
+        self._per_file = entries_per_file
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._lock = threading.Lock()
+        os.makedirs(os.path.join(root, "checkpoint"), exist_ok=True)
+        self._checkpoint = OffsetCheckpoint(os.path.join(root, "checkpoint", "consumequeue"))
+        self._position = self._checkpoint.read() or 0
+        self._pending_position = self._position
+        self._load()
+
+    def _load(self) -> None:
+        if not os.path.isdir(self._root):
+            return
+        for topic in os.listdir(self._root):
+            if self._catalogue.get(topic) is None:
+                continue  # deleted while the broker was down; removed by retention
+            for qid in os.listdir(os.path.join(self._root, topic)):
+                if qid.isdigit():
+                    self.queue(topic, int(qid))
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        cq = self._queues.get(key)
+        if cq is None:
+            with self._lock:
+                cq = self._queues.get(key)
+                if cq is None:
+                    cq = ConsumeQueue(os.path.join(self._root, topic, str(queue_id)),
+                                      self._per_file)
+                    self._queues[key] = cq
+        return cq
+
+    def existing(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self._queues.get((topic, queue_id))
+
+    def max_offsets(self) -> dict[tuple[str, int], int]:
+        with self._lock:
+            return {k: q.max_offset for k, q in self._queues.items()}
+
+    def all_queues(self) -> list[tuple[tuple[str, int], ConsumeQueue]]:
+        with self._lock:
+            return list(self._queues.items())
+
+    def drop_topic(self, topic: str) -> None:
+        with self._lock:
+            doomed = [k for k in self._queues if k[0] == topic]
+            queues = [self._queues.pop(k) for k in doomed]
+        for q in queues:
+            q.destroy()
+        path = os.path.join(self._root, topic)
+        if os.path.isdir(path):
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+
+    def truncate_beyond(self, commit_end: int) -> int:
+        return sum(q.truncate_beyond(commit_end) for _, q in self.all_queues())
+
+    # ------------------------------------------------------------ DispatchHandler
+
+    def position(self) -> int:
+        return self._position
+
+    def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
+        grouped: dict[tuple[str, int], list[tuple[int, int, int, int, int]]] = defaultdict(list)
+        get_topic = self._catalogue.get
+        for r in records:
+            if r.flags & FLAG_DELAYED:
+                continue  # owned by the timer until it is due
+            topic = get_topic(r.topic)
+            if topic is None or r.commit_offset < topic.since_offset:
+                continue
+            grouped[(r.topic, r.queue_id)].append(
+                (r.queue_offset, r.commit_offset, r.record_size, tag_hash(r.tag), r.store_at_ms)
+            )
+        for (topic_name, qid), entries in grouped.items():
+            self.queue(topic_name, qid).put_many(entries)
+        self._pending_position = end_offset
+
+    def flush(self) -> None:
+        for _, q in self.all_queues():
+            q.flush()
+        if self._pending_position != self._position:
+            self._checkpoint.write(self._pending_position)
+            self._position = self._pending_position
+
+    def close(self) -> None:
+        for _, q in self.all_queues():
+            q.close()

@@ -1,0 +1,314 @@
+"""MessageStore: the local store as one object: CommitLog + ConsumeQueues + key index +
+topic catalogue + retention.
+
+Data directory layout::
+
+    <data_dir>/commitlog/      CommitLog segments and checkpoint (store.commitlog)
+    <data_dir>/consumequeue/   one folder per topic/queue (store.consumequeue)
+    <data_dir>/checkpoint/     dispatcher checkpoints
+    <data_dir>/index/          RocksDB key/message-id index (store.index)
+    <data_dir>/topics.json     topic catalogue (store.topics)
+
+Start-up order: recover the CommitLog (truncate a torn tail) -> drop ConsumeQueue entries
+past its end -> replay the CommitLog into every dispatcher from its checkpoint -> take the
+next queue offsets from the ConsumeQueues -> accept writes.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+
+from store.clock import Clock
+from store.commitlog import CommitLog, CommitLogStats
+from store.consumequeue import ConsumeQueue, CqEntry
+from store.dispatcher import Dispatcher, DispatchHandler
+from store.errors import InvalidArgument, StorageIOError, TopicNotFound
+from store.index import KeyIndex
+from store.message import (
+    FLAG_DELAYED,
+    Message,
+    MessageIdFactory,
+    RecordError,
+    decode_record,
+    encode_record,
+    validate_message_fields,
+)
+from store.queues import ConsumeQueueTable
+from store.topics import Topic, TopicCatalogue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    data_dir: str
+    segment_bytes: int = 1 << 30
+    flush_sync: bool = True
+    flush_interval_ms: int = 200
+    max_body_bytes: int = 4 << 20
+    cq_entries_per_file: int = 300_000
+    auto_create_topics: bool = False
+    default_queue_count: int = 4
+    retention_ms: int = 72 * 3600 * 1000
+    retention_bytes: int = 0  # 0: no size limit
+    node_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    commitlog: CommitLogStats
+    topics: int
+    queues: int
+    dispatched_offset: int
+    messages_appended: int
+
+
+class MessageStore:
+    """The local durable store.  Thread-safe."""
+
+    def __init__(self, config: StoreConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        os.makedirs(config.data_dir, exist_ok=True)
+        self.topics = TopicCatalogue(os.path.join(config.data_dir, "topics.json"))
+        self.commitlog = CommitLog(
+            os.path.join(config.data_dir, "commitlog"), clock, config.segment_bytes,
+            config.flush_sync, config.flush_interval_ms,
+        )
+        self.queues = ConsumeQueueTable(config.data_dir, self.topics, config.cq_entries_per_file)
+        self.index = KeyIndex(os.path.join(config.data_dir, "index"))
+        self._extra_handlers: list[DispatchHandler] = []
+        self.dispatcher: Dispatcher | None = None
+        self._ids = MessageIdFactory(config.node_id)
+        self._next_queue_offset: dict[tuple[str, int], int] = {}
+        self._round_robin: dict[str, itertools.count[int]] = {}
+        self._appended = 0
+        self._topic_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ life cycle
+
+    def add_dispatch_handler(self, handler: DispatchHandler) -> None:
+        """Register another view of the CommitLog (timer, tier); call before ``open``."""
+        self._extra_handlers.append(handler)
+
+    def open(self) -> None:
+        end = self.commitlog.open()
+        dropped = self.queues.truncate_beyond(end)
+        if dropped:
+            log.warning("dropped %d consume-queue entries past the recovered log end", dropped)
+        handlers: list[DispatchHandler] = [self.queues, self.index, *self._extra_handlers]
+        self.dispatcher = Dispatcher("dispatcher", self.commitlog, handlers, self.clock)
+        replayed_from = self.dispatcher.dispatched_offset
+        self.dispatcher.catch_up()
+        log.info("store open: commitlog end %d, replayed %d bytes", end, end - replayed_from)
+        self._next_queue_offset = self.queues.max_offsets()
+
+    def start(self) -> None:
+        assert self.dispatcher is not None, "open() first"
+        self.commitlog.start()
+        self.dispatcher.start()
+
+    def stop(self) -> None:
+        self.commitlog.stop()
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+        self.commitlog.close()
+        self.queues.close()
+        self.index.close()
+
+    # ------------------------------------------------------------------ topics
+
+    def create_topic(self, topic: Topic) -> tuple[Topic, bool]:
+        with self._topic_lock:
+            return self.topics.create(
+                Topic(topic.name, topic.queue_count, topic.retention_ms, topic.retention_bytes,
+                      since_offset=self.commitlog.confirmed_offset),
+                system=topic.name.startswith("%"),
+            )
+
+    def delete_topic(self, name: str) -> None:
+        with self._topic_lock:
+            self.topics.delete(name)
+            self.queues.drop_topic(name)
+            for slot in list(self._next_queue_offset):
+                if slot[0] == name:
+                    self._next_queue_offset.pop(slot, None)
+
+    # ------------------------------------------------------------------ writes
+
+    def check(self, m: Message) -> None:
+        """Raise ``InvalidArgument``/``TopicNotFound`` for a message that cannot be stored."""
+        validate_message_fields(m, self.config.max_body_bytes)
+        if self.topics.get(m.topic) is None:
+            if not self.config.auto_create_topics:
+                raise TopicNotFound(m.topic)
+            self.create_topic(Topic(m.topic, self.config.default_queue_count))
+
+    def put(self, messages: list[Message]) -> Future[list[Message]]:
+        """Append checked messages; the future resolves to them (ids, queue offsets and
+        CommitLog offsets filled in) once they are durable."""
+        for m in messages:
+            if m.deliver_at_ms == 0:
+                m.deliver_at_ms = m.born_at_ms
+        return self.commitlog.append(lambda offset: self._prepare(messages, offset))
+
+    def _prepare(self, messages: list[Message], offset: int) -> tuple[list[bytes], list[Message]]:
+        """Runs on the CommitLog writer thread: assign queues, offsets and ids; encode."""
+        topics: list[Topic] = []
+        for m in messages:  # check everything before any queue offset is taken
+            topic = self.topics.get(m.topic)
+            if topic is None:
+                raise TopicNotFound(m.topic)
+            topics.append(topic)
+        now = self.clock.now_ms()
+        missing = sum(1 for m in messages if not m.message_id)
+        ids = iter(self._ids.next_ids(now, missing)) if missing else iter(())
+        records: list[bytes] = []
+        next_qo = self._next_queue_offset
+        for m, topic in zip(messages, topics, strict=True):
+            if m.key:
+                qid = zlib.crc32(m.key.encode()) % topic.queue_count
+            else:
+                rr = self._round_robin.get(topic.name)
+                if rr is None:
+                    rr = self._round_robin[topic.name] = itertools.count()
+                qid = next(rr) % topic.queue_count
+            if not m.flags & FLAG_DELAYED:
+                slot = (topic.name, qid)
+                m.queue_offset = next_qo.get(slot, 0)
+                next_qo[slot] = m.queue_offset + 1
+            m.queue_id = qid
+            m.store_at_ms = now
+            if not m.message_id:
+                m.message_id = next(ids)
+            m.commit_offset = offset
+            rec = encode_record(m)
+            m.record_size = len(rec)
+            offset += len(rec)
+            records.append(rec)
+        self._appended += len(messages)
+        return records, messages
+
+    # ------------------------------------------------------------------ reads
+
+    def read_message(self, commit_offset: int, size: int) -> Message:
+        try:
+            data = self.commitlog.read(commit_offset, size)
+            return decode_record(data, 0, commit_offset)
+        except RecordError as exc:
+            raise StorageIOError(f"record at commitlog offset {commit_offset}: {exc}") from exc
+
+    def consume_queue_entries(
+        self, topic: str, queue_id: int, queue_offset: int, max_entries: int
+    ) -> list[CqEntry]:
+        cq = self.queues.existing(topic, queue_id)
+        return cq.get(queue_offset, max_entries) if cq is not None else []
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        cq = self.queues.existing(topic, queue_id)
+        return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
+
+    def query_by_message_id(self, message_id: str) -> list[Message]:
+        loc = self.index.by_message_id(message_id)
+        return self._read_located([loc] if loc else [])
+
+    def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
+        if self.topics.get(topic) is None:
+            raise TopicNotFound(topic)
+        return self._read_located(self.index.by_key(topic, key, limit))
+
+    def _read_located(self, locations: list[tuple[int, int]]) -> list[Message]:
+        out = []
+        low = self.commitlog.min_offset
+        for offset, size in locations:
+            if offset < low:
+                continue  # removed by retention
+            out.append(self.read_message(offset, size))
+        return out
+
+    # ------------------------------------------------------------------ retention
+
+    def run_retention(self) -> int:
+        """Delete CommitLog segments past local retention (age, then total size) that every
+        dispatcher has passed; drop ConsumeQueue files that point only at deleted data.
+        Returns the bytes deleted."""
+        assert self.dispatcher is not None
+        safe = min(self.dispatcher.dispatched_offset, self.queues.position(),
+                   self.index.position(), *(h.position() for h in self._extra_handlers))
+        cfg = self.config
+        now_s = self.clock.now_ms() / 1000
+        total = self.commitlog.statistics().bytes_on_disk
+        freed = 0
+        for _base, end, mtime_s in self.commitlog.segment_ends():
+            too_old = cfg.retention_ms > 0 and (now_s - mtime_s) * 1000 > cfg.retention_ms
+            too_big = cfg.retention_bytes > 0 and total - freed > cfg.retention_bytes
+            if end > safe or not (too_old or too_big):
+                break
+            freed += self.commitlog.delete_oldest_segment()
+        if freed:
+            self._trim_queues(self.commitlog.min_offset)
+        self._apply_topic_retention()
+        return freed
+
+    def _trim_queues(self, min_commit_offset: int) -> None:
+        for _, cq in self.queues.all_queues():
+            _expire_entries(cq, lambda e: e.commit_offset < min_commit_offset)
+
+    def _apply_topic_retention(self) -> None:
+        now = self.clock.now_ms()
+        for topic in self.topics.list():
+            if topic.retention_ms <= 0:
+                continue
+            horizon = now - topic.retention_ms
+            for qid in range(topic.queue_count):
+                cq = self.queues.existing(topic.name, qid)
+                if cq is not None:
+                    _expire_entries(cq, partial(_stored_before, horizon))
+
+    def statistics(self) -> StoreStats:
+        queues = self.queues.all_queues()
+        return StoreStats(
+            commitlog=self.commitlog.statistics(),
+            topics=len(self.topics.list()),
+            queues=len(queues),
+            dispatched_offset=self.dispatcher.dispatched_offset if self.dispatcher else 0,
+            messages_appended=self._appended,
+        )
+
+    def require_topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise TopicNotFound(name)
+        return topic
+
+    def validate_queue(self, topic: str, queue_id: int) -> None:
+        if queue_id >= self.require_topic(topic).queue_count:
+            raise InvalidArgument(f"topic {topic!r} has no queue {queue_id}")
+
+
+def _expire_entries(cq: ConsumeQueue, expired: Callable[[CqEntry], bool]) -> None:
+    """Move the queue's low mark past the (sorted) prefix of expired entries; drop files."""
+    lo, hi = cq.min_offset, cq.max_offset
+    while lo < hi:
+        mid = (lo + hi) // 2
+        e = cq.get(mid, 1)
+        if e and expired(e[0]):
+            lo = mid + 1
+        else:
+            hi = mid
+    cq.set_min_offset(lo)
+    cq.delete_files_before(lo)
+
+
+def _stored_before(horizon_ms: int, entry: CqEntry) -> bool:
+    return entry.store_at_ms < horizon_ms
