@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 class StoreConfig:
     data_dir: str
     segment_bytes: int = 1 << 30
-    flush_sync: bool = True
+    flush: str = "sync"  # "sync": fsync before Send returns; "async": fsync every interval
     flush_interval_ms: int = 200
     max_body_bytes: int = 4 << 20
     cq_entries_per_file: int = 300_000
@@ -83,7 +83,7 @@ class MessageStore:
         self.topics = TopicCatalogue(os.path.join(config.data_dir, "topics.json"))
         self.commitlog = CommitLog(
             os.path.join(config.data_dir, "commitlog"), clock, config.segment_bytes,
-            config.flush_sync, config.flush_interval_ms,
+            config.flush == "sync", config.flush_interval_ms,
         )
         self.queues = ConsumeQueueTable(config.data_dir, self.topics, config.cq_entries_per_file)
         self.index = KeyIndex(os.path.join(config.data_dir, "index"))

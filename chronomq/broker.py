@@ -1,0 +1,96 @@
+"""Broker: the core object the gRPC fronts call.  Owns the store and the POP service and
+knows the rules that span them (delivery times, topic deletion).  No gRPC here.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from concurrent.futures import Future
+
+from chronomq.config import BrokerConfig
+from pop.service import PopService
+from store.clock import Clock
+from store.errors import FailedPrecondition, InvalidArgument
+from store.kv import KV
+from store.message import Message
+from store.store import MessageStore
+from store.topics import Topic
+
+# A delivery time no later than this is "now": the message is consumable at once.
+IMMEDIATE_TOLERANCE_MS = 0
+
+
+def load_or_create_secret(path: str) -> bytes:
+    """The receipt-handle secret: 32 random bytes, created once (mode 0600) and kept."""
+    try:
+        with open(path, "rb") as f:
+            secret = f.read()
+        if len(secret) >= 16:
+            return secret
+    except FileNotFoundError:
+        pass
+    secret = secrets.token_bytes(32)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    return secret
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        self.store = MessageStore(config.store, clock)
+        os.makedirs(config.store.data_dir, exist_ok=True)
+        self._pop_kv = KV(os.path.join(config.store.data_dir, "pop"))
+        secret_path = config.pop.secret_file or os.path.join(config.store.data_dir, "pop-secret")
+        self.pop = PopService(self.store, self._pop_kv, load_or_create_secret(secret_path),
+                              clock, config.pop.max_messages_cap)
+
+    def open(self) -> None:
+        self.store.open()
+
+    def start(self) -> None:
+        self.store.start()
+
+    def stop(self) -> None:
+        self.store.stop()
+        self._pop_kv.close()
+
+    # ------------------------------------------------------------------ topics
+
+    def create_topic(self, topic: Topic) -> tuple[Topic, bool]:
+        return self.store.create_topic(topic)
+
+    def delete_topic(self, name: str) -> None:
+        self.store.delete_topic(name)
+        self.pop.forget_topic(name)
+
+    # ------------------------------------------------------------------ send
+
+    def resolve_deliver_at(self, deliver_at_ms: int, delay_ms: int, born_at_ms: int) -> int:
+        """The absolute due time of a message, or raise for an impossible one."""
+        if delay_ms < 0:
+            raise InvalidArgument(f"delay_ms must not be negative (got {delay_ms})")
+        if deliver_at_ms < 0:
+            raise InvalidArgument(f"deliver_at_ms must not be negative (got {deliver_at_ms})")
+        due = born_at_ms + delay_ms if delay_ms else max(deliver_at_ms, born_at_ms)
+        if due > born_at_ms + IMMEDIATE_TOLERANCE_MS:
+            raise FailedPrecondition(
+                "delayed delivery is not enabled on this broker: send without "
+                "deliver_at_ms/delay_ms, or with a time that is already due"
+            )
+        return due
+
+    def check(self, m: Message) -> None:
+        self.store.check(m)
+
+    def send(self, messages: list[Message]) -> Future[list[Message]]:
+        """Append checked messages; resolves once they are durable."""
+        return self.store.put(messages)

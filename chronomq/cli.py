@@ -1,0 +1,173 @@
+"""``chronomq``: run the server and talk to it.
+
+    chronomq serve [--config FILE] [--set section.key=value ...]
+    chronomq topic create|list|delete ...
+    chronomq send TOPIC BODY [--key K] [--tag T] [--delay-ms N | --deliver-at-ms T]
+    chronomq pop TOPIC GROUP [--max N] [--invisible-time-s S] [--wait-ms W] [--no-ack]
+    chronomq query TOPIC (--key K | --message-id ID)
+    chronomq stats
+
+Client commands take ``--target``, ``--token`` and ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import sys
+from typing import Any
+
+from chronomq.client import ChronomqClient, RpcError, message
+from chronomq.config import load_config
+from chronomq.v1 import broker_pb2 as pb
+from store.errors import ChronomqError
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="127.0.0.1:7600", help="broker address host:port")
+    p.add_argument("--token", default="", help="bearer token, if the broker requires one")
+    p.add_argument("--tls-ca", default="", help="CA file to verify a TLS broker")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="chronomq", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the broker")
+    s.add_argument("--config", help="TOML config file")
+    s.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one setting (repeatable)")
+    s.add_argument("--log-level", default="INFO")
+
+    t = sub.add_parser("topic", help="create, list or delete topics")
+    tsub = t.add_subparsers(dest="topic_command", required=True)
+    tc = tsub.add_parser("create")
+    tc.add_argument("name")
+    tc.add_argument("--queues", type=int, default=0, help="queue count (default: broker's)")
+    tc.add_argument("--retention-ms", type=int, default=0)
+    _client_args(tc)
+    tl = tsub.add_parser("list")
+    _client_args(tl)
+    td = tsub.add_parser("delete")
+    td.add_argument("name")
+    _client_args(td)
+
+    se = sub.add_parser("send", help="send one message")
+    se.add_argument("topic")
+    se.add_argument("body", help="message body (UTF-8); '-' reads stdin")
+    se.add_argument("--key", default="")
+    se.add_argument("--tag", default="")
+    se.add_argument("--property", action="append", default=[], metavar="NAME=VALUE")
+    when = se.add_mutually_exclusive_group()
+    when.add_argument("--delay-ms", type=int)
+    when.add_argument("--deliver-at-ms", type=int)
+    _client_args(se)
+
+    po = sub.add_parser("pop", help="pop messages (and ack them unless --no-ack)")
+    po.add_argument("topic")
+    po.add_argument("group")
+    po.add_argument("--max", type=int, default=16)
+    po.add_argument("--invisible-time-s", type=int, default=30)
+    po.add_argument("--wait-ms", type=int, default=0)
+    po.add_argument("--tags", default="", help="tag expression: '*' or 'a || b'")
+    po.add_argument("--no-ack", action="store_true")
+    _client_args(po)
+
+    q = sub.add_parser("query", help="find messages by key or message id")
+    q.add_argument("topic", nargs="?", default="")
+    q.add_argument("--key", default="")
+    q.add_argument("--message-id", default="")
+    _client_args(q)
+
+    st = sub.add_parser("stats", help="print broker figures")
+    _client_args(st)
+    return ap
+
+
+def _received_dict(m: pb.ReceivedMessage) -> dict[str, Any]:
+    try:
+        body: str = m.body.decode()
+        encoding = "utf-8"
+    except UnicodeDecodeError:
+        body, encoding = base64.b64encode(m.body).decode(), "base64"
+    return {
+        "message_id": m.message_id, "topic": m.topic, "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset, "key": m.key, "tag": m.tag, "body": body,
+        "body_encoding": encoding, "properties": dict(m.properties),
+        "born_at_ms": m.born_at_ms, "deliver_at_ms": m.deliver_at_ms,
+        "delivery_attempt": m.delivery_attempt, "receipt_handle": m.receipt_handle,
+    }
+
+
+def _run_client(args: argparse.Namespace) -> Any:
+    with ChronomqClient(args.target, args.token, args.tls_ca) as c:
+        if args.command == "topic":
+            if args.topic_command == "create":
+                created = c.create_topic(args.name, args.queues, args.retention_ms)
+                return {"topic": args.name, "created": created}
+            if args.topic_command == "delete":
+                c.delete_topic(args.name)
+                return {"topic": args.name, "deleted": True}
+            return [{"name": t.name, "queue_count": t.queue_count,
+                     "retention_ms": t.retention_ms} for t in c.list_topics()]
+        if args.command == "send":
+            body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
+            props = dict(p.split("=", 1) for p in args.property)
+            (out,) = c.send([message(args.topic, body, args.key, args.tag, props,
+                                     args.deliver_at_ms, args.delay_ms)])
+            if not out.ok:
+                raise ChronomqError(out.error)
+            return {"message_id": out.message_id, "deliver_at_ms": out.deliver_at_ms}
+        if args.command == "pop":
+            got = c.pop(args.topic, args.group, args.max, args.invisible_time_s, args.wait_ms,
+                        args.tags)
+            if got and not args.no_ack:
+                errors = [e for e in c.ack(args.group, [m.receipt_handle for m in got]) if e]
+                if errors:
+                    raise ChronomqError("ack failed: " + "; ".join(errors))
+            return [_received_dict(m) for m in got]
+        if args.command == "query":
+            return [_received_dict(m) for m in c.query(args.topic, args.key, args.message_id)]
+        return c.stats()
+
+
+def _print(result: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    elif isinstance(result, list):
+        for item in result:
+            print("  ".join(f"{k}={v}" for k, v in item.items() if v not in ("", {}, 0)))
+        if not result:
+            print("(none)")
+    elif isinstance(result, dict):
+        for k, v in sorted(result.items()):
+            print(f"{k}: {v:g}" if isinstance(v, float) else f"{k}: {v}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            logging.basicConfig(level=args.log_level.upper(),
+                                format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            from chronomq.server import serve
+
+            asyncio.run(serve(load_config(args.config, args.set)))
+            return 0
+        _print(_run_client(args), args.json)
+        return 0
+    except RpcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ChronomqError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Typed, frozen configuration, built in one place from a TOML file plus ``--set`` overrides.
+
+Every duration and size carries its unit in its name.  Example ``chronomq.toml``::
+
+    [server]
+    host = "127.0.0.1"
+    port = 7600
+    metrics_port = 7601          # 0 turns the Prometheus endpoint off
+    auth_token = ""              # when set, clients send "authorization: Bearer <token>"
+    tls_cert_file = ""           # both set: serve TLS
+    tls_key_file = ""
+
+    [store]
+    data_dir = "./chronomq-data"
+    flush = "sync"               # or "async" (fsync every flush_interval_ms)
+    max_body_bytes = 4194304
+
+    [pop]
+    max_messages_cap = 32
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+from store.errors import InvalidArgument
+from store.store import StoreConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 7600
+    metrics_port: int = 7601
+    auth_token: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    max_concurrent_rpcs: int = 1000
+    shutdown_grace_s: float = 5.0
+    retention_interval_s: int = 60
+
+
+@dataclass(frozen=True, slots=True)
+class PopConfig:
+    max_messages_cap: int = 32
+    max_wait_ms: int = 30_000
+    secret_file: str = ""  # default: <data_dir>/pop-secret (created on first start)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    store: StoreConfig = field(default_factory=lambda: StoreConfig(data_dir="./chronomq-data"))
+    pop: PopConfig = field(default_factory=PopConfig)
+
+    def validate(self) -> None:
+        if self.store.flush not in ("sync", "async"):
+            raise InvalidArgument("store.flush must be 'sync' or 'async'")
+        if bool(self.server.tls_cert_file) != bool(self.server.tls_key_file):
+            raise InvalidArgument("set both server.tls_cert_file and server.tls_key_file")
+        for name, value in (("store.max_body_bytes", self.store.max_body_bytes),
+                            ("store.segment_bytes", self.store.segment_bytes),
+                            ("pop.max_messages_cap", self.pop.max_messages_cap)):
+            if value <= 0:
+                raise InvalidArgument(f"{name} must be positive")
+
+
+def _coerce(kind: Any, value: Any, where: str) -> Any:
+    if isinstance(kind, types.UnionType):
+        kind = next(a for a in kind.__args__ if a is not type(None))
+    if kind is bool and isinstance(value, str):
+        if value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise InvalidArgument(f"{where}: expected true/false, got {value!r}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{where}: expected {kind.__name__}, got {value!r}") from exc
+
+
+def _section(cls: type, values: dict[str, Any], name: str) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - known
+    if unknown:
+        raise InvalidArgument(f"unknown setting(s) in [{name}]: {', '.join(sorted(unknown))}")
+    return cls(**{k: _coerce(hints[k], v, f"{name}.{k}") for k, v in values.items()})
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> BrokerConfig:
+    """Read ``path`` (TOML; optional) and apply ``section.key=value`` overrides."""
+    raw: dict[str, dict[str, Any]] = {}
+    if path:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot:
+            raise InvalidArgument(f"--set expects section.key=value, got {item!r}")
+        raw.setdefault(section, {})[name] = value.strip()
+    sections = {f.name: f.type for f in dataclasses.fields(BrokerConfig)}
+    unknown = set(raw) - set(sections)
+    if unknown:
+        raise InvalidArgument(f"unknown config section(s): {', '.join(sorted(unknown))}")
+    store_raw = {"data_dir": "./chronomq-data", **raw.get("store", {})}
+    store_raw["data_dir"] = os.path.expanduser(str(store_raw["data_dir"]))
+    config = BrokerConfig(
+        server=_section(ServerConfig, raw.get("server", {}), "server"),
+        store=_section(StoreConfig, store_raw, "store"),
+        pop=_section(PopConfig, raw.get("pop", {}), "pop"),
+    )
+    config.validate()
+    return config

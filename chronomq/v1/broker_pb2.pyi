@@ -1,0 +1,286 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TimerOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIMER_OUTCOME_UNSPECIFIED: _ClassVar[TimerOutcome]
+    CANCELLED: _ClassVar[TimerOutcome]
+    RESCHEDULED: _ClassVar[TimerOutcome]
+    ALREADY_DELIVERED: _ClassVar[TimerOutcome]
+    NOT_FOUND: _ClassVar[TimerOutcome]
+TIMER_OUTCOME_UNSPECIFIED: TimerOutcome
+CANCELLED: TimerOutcome
+RESCHEDULED: TimerOutcome
+ALREADY_DELIVERED: TimerOutcome
+NOT_FOUND: TimerOutcome
+
+class Topic(_message.Message):
+    __slots__ = ("name", "queue_count", "retention_ms", "retention_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    queue_count: int
+    retention_ms: int
+    retention_bytes: int
+    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ...) -> None: ...
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: Topic
+    def __init__(self, topic: _Optional[_Union[Topic, _Mapping]] = ...) -> None: ...
+
+class CreateTopicResponse(_message.Message):
+    __slots__ = ("topic", "created")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    topic: Topic
+    created: bool
+    def __init__(self, topic: _Optional[_Union[Topic, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class ListTopicsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[Topic]
+    def __init__(self, topics: _Optional[_Iterable[_Union[Topic, _Mapping]]] = ...) -> None: ...
+
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteTopicResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class OutgoingMessage(_message.Message):
+    __slots__ = ("topic", "key", "tag", "body", "properties", "deliver_at_ms", "delay_ms", "message_id")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: str
+    tag: str
+    body: bytes
+    properties: _containers.ScalarMap[str, str]
+    deliver_at_ms: int
+    delay_ms: int
+    message_id: str
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[str] = ..., tag: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., deliver_at_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., message_id: _Optional[str] = ...) -> None: ...
+
+class SendRequest(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[OutgoingMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[OutgoingMessage, _Mapping]]] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SendResult(_message.Message):
+    __slots__ = ("message_id", "error", "deliver_at_ms")
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    error: Error
+    deliver_at_ms: int
+    def __init__(self, message_id: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
+
+class SendResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SendResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ...) -> None: ...
+
+class ReceivedMessage(_message.Message):
+    __slots__ = ("message_id", "topic", "queue_id", "queue_offset", "key", "tag", "body", "properties", "born_at_ms", "deliver_at_ms", "delivery_attempt", "receipt_handle")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    BORN_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    key: str
+    tag: str
+    body: bytes
+    properties: _containers.ScalarMap[str, str]
+    born_at_ms: int
+    deliver_at_ms: int
+    delivery_attempt: int
+    receipt_handle: str
+    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., key: _Optional[str] = ..., tag: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_at_ms: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., delivery_attempt: _Optional[int] = ..., receipt_handle: _Optional[str] = ...) -> None: ...
+
+class PopRequest(_message.Message):
+    __slots__ = ("topic", "group", "max_messages", "invisible_time_s", "wait_ms", "tag_expression")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    TAG_EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    max_messages: int
+    invisible_time_s: int
+    wait_ms: int
+    tag_expression: str
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_time_s: _Optional[int] = ..., wait_ms: _Optional[int] = ..., tag_expression: _Optional[str] = ...) -> None: ...
+
+class PopResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ReceivedMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ReceivedMessage, _Mapping]]] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("group", "receipt_handles")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AckResult(_message.Message):
+    __slots__ = ("error",)
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    error: Error
+    def __init__(self, error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class AckResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AckResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...
+
+class ChangeInvisibleTimeRequest(_message.Message):
+    __slots__ = ("group", "receipt_handle", "invisible_time_s")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    receipt_handle: str
+    invisible_time_s: int
+    def __init__(self, group: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., invisible_time_s: _Optional[int] = ...) -> None: ...
+
+class ChangeInvisibleTimeResponse(_message.Message):
+    __slots__ = ("receipt_handle",)
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    receipt_handle: str
+    def __init__(self, receipt_handle: _Optional[str] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("message_id",)
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    def __init__(self, message_id: _Optional[str] = ...) -> None: ...
+
+class CancelResponse(_message.Message):
+    __slots__ = ("outcome",)
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    outcome: TimerOutcome
+    def __init__(self, outcome: _Optional[_Union[TimerOutcome, str]] = ...) -> None: ...
+
+class RescheduleRequest(_message.Message):
+    __slots__ = ("message_id", "deliver_at_ms", "delay_ms")
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    deliver_at_ms: int
+    delay_ms: int
+    def __init__(self, message_id: _Optional[str] = ..., deliver_at_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ...) -> None: ...
+
+class RescheduleResponse(_message.Message):
+    __slots__ = ("outcome", "deliver_at_ms")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    outcome: TimerOutcome
+    deliver_at_ms: int
+    def __init__(self, outcome: _Optional[_Union[TimerOutcome, str]] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
+
+class QueryMessagesRequest(_message.Message):
+    __slots__ = ("topic", "key", "message_id", "max_messages")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: str
+    message_id: str
+    max_messages: int
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[str] = ..., message_id: _Optional[str] = ..., max_messages: _Optional[int] = ...) -> None: ...
+
+class QueryMessagesResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ReceivedMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ReceivedMessage, _Mapping]]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("figures", "json")
+    class FiguresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    figures: _containers.ScalarMap[str, float]
+    json: str
+    def __init__(self, figures: _Optional[_Mapping[str, float]] = ..., json: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""POP consumption: leases (PopCheckpoints), receipt handles, ack."""

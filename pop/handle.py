@@ -1,0 +1,86 @@
+"""Receipt handles: opaque to clients, signed by the broker.
+
+Payload (big-endian), then a 16-byte MAC, all base64url without padding::
+
+    0   1   version          1
+    1   2   queue_id
+    3   8   ck_start         queue offset where the lease's PopCheckpoint starts
+    11  8   queue_offset     the message's queue offset
+    19  8   expire_at_ms     when the lease ends (pop time + invisible time)
+    27  2   attempt          delivery attempt, from 1
+    29  1   topic_len
+    30  n   topic (UTF-8)
+    30+n 16 mac              HMAC-SHA256(secret, group + b"\\0" + payload)[:16]
+
+The group is bound into the MAC but not stored, so a handle issued to one group fails
+verification in any other.  Thread-safe (no state beyond the secret).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+
+from store.errors import InvalidArgument
+
+_VERSION = 1
+_FIXED = struct.Struct(">BHQQQHB")
+_MAC_BYTES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptHandle:
+    topic: str
+    queue_id: int
+    ck_start: int
+    queue_offset: int
+    expire_at_ms: int
+    attempt: int
+
+
+class InvalidReceiptHandle(InvalidArgument):
+    """Raised when a receipt handle is malformed, altered, forged or from another group."""
+
+
+class HandleCodec:
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < 16:
+            raise ValueError("the receipt-handle secret needs at least 16 bytes")
+        self._secret = secret
+
+    def _mac(self, group: str, payload: bytes) -> bytes:
+        return hmac.new(self._secret, group.encode() + b"\0" + payload, hashlib.sha256).digest()[
+            :_MAC_BYTES
+        ]
+
+    def encode(self, group: str, h: ReceiptHandle) -> str:
+        tb = h.topic.encode()
+        payload = _FIXED.pack(_VERSION, h.queue_id, h.ck_start, h.queue_offset,
+                              h.expire_at_ms, h.attempt, len(tb)) + tb
+        raw = payload + self._mac(group, payload)
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+    def decode(self, group: str, text: str) -> ReceiptHandle:
+        if not text:
+            raise InvalidReceiptHandle("receipt handle is empty")
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidReceiptHandle("receipt handle is malformed (not base64url)") from exc
+        if len(raw) < _FIXED.size + _MAC_BYTES:
+            raise InvalidReceiptHandle("receipt handle is malformed (too short)")
+        payload, mac = raw[:-_MAC_BYTES], raw[-_MAC_BYTES:]
+        if not hmac.compare_digest(mac, self._mac(group, payload)):
+            raise InvalidReceiptHandle(
+                f"receipt handle is not valid for group {group!r}: it was altered, forged, "
+                "or issued to another group"
+            )
+        version, qid, ck_start, qo, expire, attempt, tlen = _FIXED.unpack_from(payload)
+        if version != _VERSION or len(payload) != _FIXED.size + tlen:
+            raise InvalidReceiptHandle("receipt handle has an unknown version or layout")
+        topic = payload[_FIXED.size :].decode()
+        return ReceiptHandle(topic, qid, ck_start, qo, expire, attempt)
