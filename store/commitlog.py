@@ -108,7 +108,7 @@ class CommitLog:
         names = sorted(n for n in os.listdir(self._dir) if n.endswith(".log"))
         for name in names:
             path = os.path.join(self._dir, name)
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDWR | os.O_APPEND)
             seg = _Segment(int(name[:-4]), path, fd, os.fstat(fd).st_size)
             self._segments.append(seg)
             self._bases.append(seg.base_offset)

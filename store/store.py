@@ -94,6 +94,7 @@ class MessageStore:
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._appended = 0
         self._topic_lock = threading.Lock()
+        self._stopped = False
 
     # ------------------------------------------------------------------ life cycle
 
@@ -119,6 +120,10 @@ class MessageStore:
         self.dispatcher.start()
 
     def stop(self) -> None:
+        """Flush and close everything; safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.commitlog.stop()
         if self.dispatcher is not None:
             self.dispatcher.stop()

@@ -1,0 +1,82 @@
+"""Shared fixtures: real stores on real files, a real gRPC server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chronomq.client import ChronomqClient
+from chronomq.config import BrokerConfig, PopConfig, ServerConfig
+from chronomq.server import BrokerServer
+from store.clock import Clock, ManualClock, SystemClock
+from store.store import MessageStore, StoreConfig
+
+
+@pytest.fixture
+def manual_clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def store_config(tmp_path: Path) -> StoreConfig:
+    return StoreConfig(data_dir=str(tmp_path / "data"), segment_bytes=64 << 10,
+                       cq_entries_per_file=100)
+
+
+@pytest.fixture
+def store(store_config: StoreConfig) -> Iterator[MessageStore]:
+    s = MessageStore(store_config, SystemClock())
+    s.open()
+    s.start()
+    yield s
+    s.stop()
+
+
+class RunningServer:
+    """A BrokerServer on its own event-loop thread, bound to 127.0.0.1:<free port>."""
+
+    def __init__(self, config: BrokerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.loop = asyncio.new_event_loop()
+        self.server = BrokerServer(config, clock)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-server",
+                                        daemon=True)
+        self._thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(60)
+        self.target = f"127.0.0.1:{self.port}"
+
+    def client(self, **kw: object) -> ChronomqClient:
+        return ChronomqClient(self.target, **kw)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+def broker_config(data_dir: Path, **server: object) -> BrokerConfig:
+    return BrokerConfig(
+        server=ServerConfig(port=0, metrics_port=0, shutdown_grace_s=1.0,
+                            **server),  # type: ignore[arg-type]
+        store=StoreConfig(data_dir=str(data_dir), segment_bytes=1 << 20,
+                          max_body_bytes=64 << 10),
+        pop=PopConfig(max_wait_ms=5000),
+    )
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RunningServer]:
+    s = RunningServer(broker_config(tmp_path / "data"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(server: RunningServer) -> Iterator[ChronomqClient]:
+    with server.client() as c:
+        yield c

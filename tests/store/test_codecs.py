@@ -1,0 +1,119 @@
+"""Round-trip property tests for every on-disk / RocksDB codec."""
+
+from __future__ import annotations
+
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pop.checkpoint import PopCheckpoint, decode_checkpoint, encode_checkpoint
+from pop.handle import HandleCodec, InvalidReceiptHandle, ReceiptHandle
+from store import checkpoint as offset_ckpt
+from store.consumequeue import ENTRY
+from store.message import (
+    Message,
+    MessageIdFactory,
+    RecordError,
+    check_record,
+    decode_dispatch_infos,
+    decode_properties,
+    decode_record,
+    encode_properties,
+    encode_record,
+)
+
+text = st.text(max_size=40)
+u16 = st.integers(0, 2**16 - 1)
+u32 = st.integers(0, 2**32 - 1)
+u64 = st.integers(0, 2**63 - 1)
+
+messages = st.builds(
+    Message,
+    message_id=st.text(alphabet="0123456789ABCDEF-_", max_size=64),
+    topic=st.text(min_size=1, max_size=30),
+    body=st.binary(max_size=300),
+    key=text,
+    tag=text,
+    properties=st.dictionaries(text, text, max_size=5),
+    born_at_ms=u64,
+    store_at_ms=u64,
+    deliver_at_ms=u64,
+    queue_id=u16,
+    queue_offset=u64,
+    delivery_attempt=u32,
+    flags=u16,
+)
+
+
+@given(messages)
+def test_record_round_trip(m: Message) -> None:
+    data = encode_record(m)
+    back = decode_record(data, 0, commit_offset=7)
+    m.commit_offset, m.record_size = 7, len(data)
+    assert back == m
+
+
+@given(messages, st.integers(12, 400))
+def test_any_flipped_byte_fails_the_crc(m: Message, at: int) -> None:
+    data = bytearray(encode_record(m))
+    at %= len(data)
+    data[at] ^= 0x5A
+    with pytest.raises(RecordError):
+        check_record(bytes(data), 0)
+
+
+@given(st.lists(messages, min_size=1, max_size=5))
+def test_dispatch_infos_match_full_decode(batch: list[Message]) -> None:
+    data = b"".join(encode_record(m) for m in batch)
+    infos, used = decode_dispatch_infos(data + b"\x00" * 10, 1000)
+    assert used == len(data)
+    assert [(i.message_id, i.topic, i.key, i.tag, i.queue_offset) for i in infos] == [
+        (m.message_id, m.topic, m.key, m.tag, m.queue_offset) for m in batch]
+
+
+@given(st.dictionaries(text, text, max_size=8))
+def test_properties_round_trip(props: dict[str, str]) -> None:
+    assert decode_properties(encode_properties(props)) == props
+
+
+@given(u64)
+def test_offset_checkpoint_round_trip(offset: int) -> None:
+    assert offset_ckpt.decode_checkpoint(offset_ckpt.encode_checkpoint(offset)) == offset
+
+
+@given(u64, u32, u32, u64)
+def test_consume_queue_entry_round_trip(off: int, size: int, tag: int, at: int) -> None:
+    assert ENTRY.unpack(ENTRY.pack(off, size, tag, at)) == (off, size, tag, at)
+
+
+@given(u64, u64, u64, st.integers(1, 1000), st.integers(1, 200), st.data())
+def test_pop_checkpoint_round_trip(start: int, pop_at: int, expire: int, attempt: int,
+                                   count: int, data: st.DataObject) -> None:
+    ck = PopCheckpoint(start, pop_at, expire, attempt, count, bytearray((count + 7) // 8))
+    for i in data.draw(st.sets(st.integers(0, count - 1))):
+        ck.mark(i)
+    assert decode_checkpoint(start, encode_checkpoint(ck)) == ck
+
+
+handles = st.builds(ReceiptHandle, topic=st.text(min_size=1, max_size=50), queue_id=u16,
+                    ck_start=u64, queue_offset=u64, expire_at_ms=u64,
+                    attempt=st.integers(0, 2**16 - 1))
+
+
+@given(handles, st.text(min_size=1, max_size=20))
+def test_receipt_handle_round_trip_and_group_binding(h: ReceiptHandle, group: str) -> None:
+    codec = HandleCodec(b"s" * 32)
+    text_handle = codec.encode(group, h)
+    assert codec.decode(group, text_handle) == h
+    with pytest.raises(InvalidReceiptHandle):
+        codec.decode(group + "x", text_handle)
+
+
+def test_message_ids_are_unique_and_time_sortable() -> None:
+    f = MessageIdFactory(node_id=3)
+    a = f.next_ids(1_000, 1000)
+    b = f.next_ids(2_000, 1000)
+    assert len(set(a + b)) == 2000
+    assert max(a) < min(b)
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in a)
