@@ -119,12 +119,14 @@ class PopService:
 
     def pop(self, topic: str, group: str, max_messages: int, invisible_time_s: int,
             tag_filter: TagFilter | None = None) -> list[PoppedMessage]:
-        """Lease up to ``max_messages`` visible messages for ``invisible_time_s``."""
+        """Lease up to ``max_messages`` visible messages for ``invisible_time_s``.  Every
+        message whose Send was acknowledged before this call began is visible to it."""
         self.validate(topic, group, max_messages, invisible_time_s)
         tf = tag_filter or TagFilter(None)
         queue_count = self._store.require_topic(topic).queue_count
         now = self._clock.now_ms()
         expire = now + invisible_time_s * 1000
+        self._store.wait_visible()
         out: list[PoppedMessage] = []
         puts: list[tuple[bytes, bytes]] = []
         with self._lock:

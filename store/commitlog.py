@@ -88,7 +88,8 @@ class CommitLog:
         self._segments: list[_Segment] = []
         self._bases: list[int] = []
         self._seg_lock = threading.Lock()  # guards _segments/_bases (roll, retention, read)
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # pending appends (the writer waits on it)
+        self._confirmed_cond = threading.Condition()  # readers wait for new data on it
         self._pending: list[tuple[Prepare, Future[Any]]] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -210,9 +211,9 @@ class CommitLog:
                 self._fsyncs += 1
                 self._flushed = self._written
             self._batches += 1
-        with self._cond:
+        with self._confirmed_cond:
             self._confirmed = self._written
-            self._cond.notify_all()
+            self._confirmed_cond.notify_all()
         for fut, result in done:
             fut.set_result(result)
         for callback in self._listeners:
@@ -264,9 +265,9 @@ class CommitLog:
 
     def wait_beyond(self, offset: int, timeout_s: float) -> int:
         """Block until ``confirmed_offset > offset`` or the timeout; return it."""
-        with self._cond:
+        with self._confirmed_cond:
             if self._confirmed <= offset and not self._stopping:
-                self._cond.wait(timeout_s)
+                self._confirmed_cond.wait(timeout_s)
             return self._confirmed
 
     def read(self, offset: int, size: int) -> bytes:

@@ -206,6 +206,12 @@ class MessageStore:
 
     # ------------------------------------------------------------------ reads
 
+    def wait_visible(self, timeout_s: float = 1.0) -> bool:
+        """Wait until every message acknowledged so far is in its ConsumeQueue, so a read
+        that follows a Send sees it (read-your-writes); usually well under a millisecond."""
+        assert self.dispatcher is not None
+        return self.dispatcher.wait_dispatched(self.commitlog.confirmed_offset, timeout_s)
+
     def read_message(self, commit_offset: int, size: int) -> Message:
         try:
             data = self.commitlog.read(commit_offset, size)

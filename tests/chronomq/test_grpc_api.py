@@ -1,0 +1,188 @@
+"""The Broker API over real gRPC on 127.0.0.1, against a real store."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from chronomq.client import ChronomqClient, RpcError, message
+from chronomq.v1 import broker_pb2 as pb
+from tests.conftest import RunningServer, broker_config
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_send_pop_ack_round_trip(client: ChronomqClient) -> None:
+    assert client.create_topic("orders", queue_count=2)
+    out = client.send([message("orders", b"a", key="k1", tag="x", properties={"p": "1"}),
+                       message("orders", b"b")])
+    assert all(o.ok for o in out) and len({o.message_id for o in out}) == 2
+    got = client.pop("orders", "billing", max_messages=10, invisible_time_s=30)
+    assert sorted(m.body for m in got) == [b"a", b"b"]
+    a = next(m for m in got if m.body == b"a")
+    assert (a.key, a.tag, dict(a.properties), a.delivery_attempt) == ("k1", "x", {"p": "1"}, 1)
+    assert a.message_id in {o.message_id for o in out}
+    assert client.ack("billing", [m.receipt_handle for m in got]) == ["", ""]
+    assert client.pop("orders", "billing") == []
+    assert len(client.pop("orders", "audit")) == 2  # another group sees everything
+
+
+def test_send_stream_answers_every_batch_in_order(client: ChronomqClient) -> None:
+    client.create_topic("s")
+    batches = [[message("s", f"{b}-{i}".encode()) for i in range(50)] for b in range(20)]
+    answers = list(client.send_stream(batches))
+    assert [len(a) for a in answers] == [50] * 20
+    assert all(o.ok for a in answers for o in a)
+    seen = 0
+    while got := client.pop("s", "g", max_messages=32):
+        seen += len(got)
+        client.ack("g", [m.receipt_handle for m in got])
+    assert seen == 1000
+
+
+def test_per_message_errors_do_not_fail_the_batch(client: ChronomqClient,
+                                                  server: RunningServer) -> None:
+    client.create_topic("t")
+    too_big = b"x" * (server.config.store.max_body_bytes + 1)
+    out = client.send([message("t", b"ok"), message("nope", b"x"), message("t", b""),
+                       message("t", too_big), message("t", b"x", delay_ms=-1),
+                       message("t", b"x", delay_ms=60_000), message("", b"x")])
+    assert out[0].ok
+    codes = [o.error_code for o in out[1:]]
+    assert codes == [grpc.StatusCode.NOT_FOUND.value[0]] + [INVALID.value[0]] * 3 + [
+        grpc.StatusCode.FAILED_PRECONDITION.value[0], INVALID.value[0]]
+    assert "does not exist" in out[1].error and "over the maximum" in out[3].error
+    assert "delayed delivery" in out[5].error
+    assert len(client.pop("t", "g")) == 1  # only the good one was stored
+
+
+def _code(fn: object, *args: object, **kw: object) -> grpc.StatusCode:
+    with pytest.raises(RpcError) as err:
+        fn(*args, **kw)  # type: ignore[operator]
+    assert err.value.details  # every error says something a user can act on
+    return err.value.code
+
+
+def test_bad_input_on_every_rpc(client: ChronomqClient) -> None:
+    client.create_topic("t")
+    assert _code(client.create_topic, "") == INVALID
+    assert _code(client.create_topic, "has space") == INVALID
+    assert _code(client.create_topic, "t", queue_count=7) == grpc.StatusCode.ALREADY_EXISTS
+    assert _code(client.create_topic, "q", queue_count=5000) == INVALID
+    assert _code(client.delete_topic, "missing") == grpc.StatusCode.NOT_FOUND
+    assert _code(client.send, []) == INVALID
+    assert _code(client.pop, "", "g") == grpc.StatusCode.NOT_FOUND
+    assert _code(client.pop, "missing", "g") == grpc.StatusCode.NOT_FOUND
+    assert _code(client.pop, "t", "") == INVALID
+    assert _code(client.pop, "t", "g", max_messages=0) == INVALID
+    assert _code(client.pop, "t", "g", max_messages=1000) == INVALID
+    assert _code(client.pop, "t", "g", invisible_time_s=0) == INVALID
+    assert _code(client.pop, "t", "g", tag_expression="a ||") == INVALID
+    assert _code(client.ack, "g", []) == INVALID
+    errors = client.ack("g", ["not-a-handle", "", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"])
+    assert all("receipt handle" in e for e in errors)
+    assert _code(client.query, "t") == INVALID
+    assert _code(client.query, "missing", key="k") == grpc.StatusCode.NOT_FOUND
+    assert _code(client.query, message_id="\x01bad") == INVALID
+    stub = client._stub
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ChangeInvisibleTime(pb.ChangeInvisibleTimeRequest(group="g", receipt_handle="x"))
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Cancel(pb.CancelRequest(message_id="x"))
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    # the broker still works after all of that
+    client.send_one("t", b"still fine")
+    assert len(client.pop("t", "g")) == 1
+
+
+def test_cross_group_and_expired_acks(client: ChronomqClient) -> None:
+    client.create_topic("t")
+    client.send_one("t", b"x")
+    (m,) = client.pop("t", "g1", invisible_time_s=1)
+    (err,) = client.ack("g2", [m.receipt_handle])
+    assert "another group" in err
+
+
+def test_query_by_key_and_id(client: ChronomqClient, server: RunningServer) -> None:
+    client.create_topic("t")
+    mid = client.send_one("t", b"one", key="order-9")
+    client.send_one("t", b"two", key="order-9")
+    dispatcher = server.server.broker.store.dispatcher
+    assert dispatcher is not None
+    assert dispatcher.wait_dispatched(server.server.broker.store.commitlog.confirmed_offset, 5)
+    assert [m.body for m in client.query("t", key="order-9")] == [b"one", b"two"]
+    assert [m.body for m in client.query(message_id=mid)] == [b"one"]
+    assert client.query(message_id="0" * 32) == []
+
+
+def test_long_poll_wakes_on_send(client: ChronomqClient, server: RunningServer) -> None:
+    client.create_topic("lp")
+    result: list[pb.ReceivedMessage] = []
+
+    def consumer() -> None:
+        with server.client() as c:
+            result.extend(c.pop("lp", "g", wait_ms=5000))
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    time.sleep(0.3)  # let the Pop park (the assertion below does not depend on timing)
+    client.send_one("lp", b"wake")
+    t.join(10)
+    assert [m.body for m in result] == [b"wake"]
+
+
+def test_long_poll_returns_empty_at_its_deadline(client: ChronomqClient) -> None:
+    client.create_topic("lp2")
+    assert client.pop("lp2", "g", wait_ms=200) == []
+
+
+def test_stats_health_and_reflection(client: ChronomqClient, server: RunningServer) -> None:
+    client.create_topic("t")
+    client.send_one("t", b"x")
+    figures = client.stats()
+    assert figures["store.topics"] == 1 and figures["rpc.sent"] == 1
+    with grpc.insecure_channel(server.target) as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        resp = health.Check(health_pb2.HealthCheckRequest(service="chronomq.v1.Broker"))
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+        answers = list(refl.ServerReflectionInfo(iter(
+            [reflection_pb2.ServerReflectionRequest(list_services="")])))
+        names = {s.name for s in answers[0].list_services_response.service}
+        assert "chronomq.v1.Broker" in names
+
+
+def test_bearer_token_auth(tmp_path: Path) -> None:
+    srv = RunningServer(broker_config(tmp_path / "d", auth_token="s3cret"))
+    try:
+        with srv.client() as anon:
+            assert _code(anon.list_topics) == grpc.StatusCode.UNAUTHENTICATED
+        with srv.client(token="wrong") as bad:
+            assert _code(bad.list_topics) == grpc.StatusCode.UNAUTHENTICATED
+        with srv.client(token="s3cret") as good:
+            assert good.create_topic("t")
+            assert [t.name for t in good.list_topics()] == ["t"]
+    finally:
+        srv.stop()
+
+
+def test_graceful_restart_keeps_everything(tmp_path: Path) -> None:
+    srv = RunningServer(broker_config(tmp_path / "d"))
+    with srv.client() as c:
+        c.create_topic("t")
+        ids = {c.send_one("t", f"{i}".encode()) for i in range(20)}
+    srv.stop()
+    srv = RunningServer(broker_config(tmp_path / "d"))
+    try:
+        with srv.client() as c:
+            got = c.pop("t", "g", max_messages=32)
+            assert {m.message_id for m in got} == ids
+    finally:
+        srv.stop()

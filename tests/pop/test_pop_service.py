@@ -1,0 +1,154 @@
+"""PopService with a manual clock on a real store and real RocksDB."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pop.handle import HandleCodec, InvalidReceiptHandle, ReceiptHandle
+from pop.service import PopService, ReceiptHandleExpired, TagFilter
+from store.clock import ManualClock
+from store.errors import InvalidArgument, TopicNotFound
+from store.kv import KV
+from store.message import Message
+from store.store import MessageStore, StoreConfig
+from store.topics import Topic
+
+SECRET = b"k" * 32
+
+
+class Env:
+    def __init__(self, root: Path, clock: ManualClock) -> None:
+        self.root, self.clock = root, clock
+        self.store = MessageStore(StoreConfig(str(root / "data")), clock)
+        self.store.open()
+        self.store.start()
+        self.kv = KV(str(root / "pop"))
+        self.pop = PopService(self.store, self.kv, SECRET, clock)
+
+    def send(self, n: int, topic: str = "t", tag: str = "") -> list[Message]:
+        out = self.store.put([Message("", topic, f"m{i}".encode(), tag=tag)
+                              for i in range(n)]).result(10)
+        assert self.store.dispatcher is not None
+        assert self.store.dispatcher.wait_dispatched(self.store.commitlog.confirmed_offset, 10)
+        return out
+
+    def close(self) -> None:
+        self.store.stop()
+        self.kv.close()
+
+    def reopen(self) -> Env:
+        self.close()
+        return Env(self.root, self.clock)
+
+
+@pytest.fixture
+def env(tmp_path: Path, manual_clock: ManualClock) -> Iterator[Env]:
+    e = Env(tmp_path, manual_clock)
+    e.store.create_topic(Topic("t", 2))
+    yield e
+    e.close()
+
+
+def test_a_group_gets_each_message_once_and_groups_are_independent(env: Env) -> None:
+    sent = env.send(10)
+    a1 = env.pop.pop("t", "A", 6, 30)
+    a2 = env.pop.pop("t", "A", 32, 30)
+    b = env.pop.pop("t", "B", 32, 30)
+    ids = {m.message_id for m in sent}
+    got_a = [p.message.message_id for p in a1 + a2]
+    assert len(got_a) == 10 and set(got_a) == ids  # no message leased twice in A
+    assert {p.message.message_id for p in b} == ids
+    assert env.pop.pop("t", "A", 32, 30) == []
+    assert all(p.delivery_attempt == 1 for p in a1)
+
+
+def test_ack_is_idempotent_and_moves_the_offset(env: Env) -> None:
+    env.send(4)
+    got = env.pop.pop("t", "G", 32, 30)
+    for p in got:
+        env.pop.ack("G", p.receipt_handle)
+        env.pop.ack("G", p.receipt_handle)  # again: fine
+    assert env.pop.statistics().open_checkpoints == 0
+    assert env.pop.statistics().acked == 4
+
+
+def test_ack_after_the_lease_expired_is_refused(env: Env) -> None:
+    env.send(1)
+    (p,) = env.pop.pop("t", "G", 1, 10)
+    env.clock.advance(10_000)
+    with pytest.raises(ReceiptHandleExpired, match="expired"):
+        env.pop.ack("G", p.receipt_handle)
+
+
+def test_forged_altered_and_cross_group_handles_are_refused(env: Env) -> None:
+    env.send(1)
+    (p,) = env.pop.pop("t", "G", 1, 30)
+    with pytest.raises(InvalidReceiptHandle, match="another group"):
+        env.pop.ack("OTHER", p.receipt_handle)
+    tampered = p.receipt_handle[:-3] + ("A" if p.receipt_handle[-3] != "A" else "B") + \
+        p.receipt_handle[-2:]
+    with pytest.raises(InvalidReceiptHandle):
+        env.pop.ack("G", tampered)
+    forged = HandleCodec(b"x" * 32).encode("G", ReceiptHandle("t", 0, 0, 0, 2**40, 1))
+    with pytest.raises(InvalidReceiptHandle):
+        env.pop.ack("G", forged)
+    for junk in ("", "!!!", "AAAA"):
+        with pytest.raises(InvalidReceiptHandle):
+            env.pop.ack("G", junk)
+
+
+def test_bad_pop_arguments(env: Env) -> None:
+    with pytest.raises(TopicNotFound):
+        env.pop.pop("missing", "G", 1, 30)
+    for args in [("t", "", 1, 30), ("t", "G", 0, 30), ("t", "G", 33, 30), ("t", "G", 1, 0),
+                 ("t", "G", 1, 12 * 3600 + 1)]:
+        with pytest.raises(InvalidArgument):
+            env.pop.pop(*args)
+    with pytest.raises(InvalidArgument):
+        TagFilter.parse("a ||")
+
+
+def test_tag_filter_skips_and_still_advances(env: Env) -> None:
+    env.send(3, tag="red")
+    env.send(3, tag="blue")
+    got = env.pop.pop("t", "G", 32, 30, TagFilter.parse("blue || green"))
+    assert sorted(p.message.tag for p in got) == ["blue"] * 3
+    for p in got:
+        env.pop.ack("G", p.receipt_handle)
+    assert env.pop.statistics().open_checkpoints == 0
+
+
+def test_acks_and_leases_survive_restart(env: Env) -> None:
+    env.send(6)
+    got = env.pop.pop("t", "G", 32, 30)
+    acked = got[:3]
+    for p in acked:
+        env.pop.ack("G", p.receipt_handle)
+    env2 = env.reopen()
+    try:
+        # leased messages stay leased; nothing is handed out twice
+        assert env2.pop.pop("t", "G", 32, 30) == []
+        for p in got[3:]:
+            env2.pop.ack("G", p.receipt_handle)  # handles stay valid across restarts
+        assert env2.pop.statistics().open_checkpoints == 0
+        fresh = env2.send(2)
+        assert {p.message.message_id for p in env2.pop.pop("t", "G", 32, 30)} == \
+            {m.message_id for m in fresh}
+    finally:
+        env.__dict__.update(env2.__dict__)
+
+
+def test_deleting_a_topic_forgets_its_offsets(env: Env) -> None:
+    env.send(3)
+    for p in env.pop.pop("t", "G", 32, 30):
+        env.pop.ack("G", p.receipt_handle)
+    env.store.delete_topic("t")
+    env.pop.forget_topic("t")
+    env.store.create_topic(Topic("t", 2))
+    env.send(2)
+    assert len(env.pop.pop("t", "G", 32, 30)) == 2
+    assert os.path.isdir(env.kv.path)
