@@ -1,0 +1,59 @@
+"""Runs ``chronomq serve`` as a real subprocess (for crash tests and benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+class ServerProcess:
+    def __init__(self, data_dir: Path, *settings: str) -> None:
+        args = [sys.executable, "-m", "chronomq.cli", "serve", "--log-level", "WARNING",
+                "--set", f"store.data_dir={data_dir}", "--set", "server.port=0",
+                "--set", "server.metrics_port=0", *[a for s in settings for a in ("--set", s)]]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 60
+        self.output: list[str] = []
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.output.append(line)
+            m = re.search(r"listening on ([\d.]+):(\d+)", line)
+            if m:
+                self.target = f"{m.group(1)}:{m.group(2)}"
+                self._drainer = threading.Thread(target=self._drain, daemon=True)
+                self._drainer.start()
+                return
+        self.proc.kill()
+        raise RuntimeError("server did not start:\n" + "".join(self.output))
+
+    def _drain(self) -> None:
+        """Keep reading the server's output so it never blocks on a full pipe."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self._close()
+
+    def terminate(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(60)
+        self._close()
+        return code
+
+    def _close(self) -> None:
+        self._drainer.join(10)  # the process is gone, so the pipe reaches EOF
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
