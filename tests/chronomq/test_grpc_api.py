@@ -186,3 +186,46 @@ def test_graceful_restart_keeps_everything(tmp_path: Path) -> None:
             assert {m.message_id for m in got} == ids
     finally:
         srv.stop()
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
+def test_tls(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    srv = RunningServer(broker_config(tmp_path / "d", tls_cert_file=str(cert),
+                                      tls_key_file=str(key)))
+    try:
+        with ChronomqClient(srv.target, tls_ca_file=str(cert)) as c:
+            assert c.create_topic("t")
+        with ChronomqClient(srv.target, timeout_s=2) as plain:
+            with pytest.raises(RpcError):
+                plain.list_topics()
+    finally:
+        srv.stop()
