@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chronomq.client import ChronomqClient  # noqa: E402
-from chronomq.v1 import broker_pb2 as pb  # noqa: E402
-from chronomq.v1 import broker_pb2_grpc as pb_grpc  # noqa: E402
-from tests.chronomq.process import ServerProcess  # noqa: E402
+from chronomq.client import ChronomqClient
+from chronomq.v1 import broker_pb2 as pb
+from chronomq.v1 import broker_pb2_grpc as pb_grpc
+from tests.chronomq.process import ServerProcess
 
 TOPIC = "bench"
 
@@ -79,8 +79,9 @@ def _popper(target: str, group: str, seconds: float, out: mp.Queue) -> None:  # 
 
 
 def _run(target: str, fn: object, n: int, *args: object) -> float:
-    q: mp.Queue = mp.Queue()  # type: ignore[type-arg]
-    procs = [mp.Process(target=fn, args=(target, *args, q)) for _ in range(n)]  # type: ignore[arg-type]
+    ctx = mp.get_context("spawn")  # forking a process that used gRPC is unsafe
+    q = ctx.Queue()
+    procs = [ctx.Process(target=fn, args=(target, *args, q)) for _ in range(n)]  # type: ignore[arg-type]
     for p in procs:
         p.start()
     results = [q.get() for _ in procs]

@@ -15,7 +15,7 @@ from pop.service import PopService
 from store.clock import Clock
 from store.errors import FailedPrecondition, InvalidArgument
 from store.kv import KV
-from store.message import Message
+from store.message import DispatchInfo, Draft
 from store.store import MessageStore
 from store.topics import Topic
 
@@ -88,9 +88,9 @@ class Broker:
             )
         return due
 
-    def check(self, m: Message) -> None:
+    def check(self, m: Draft) -> None:
         self.store.check(m)
 
-    def send(self, messages: list[Message]) -> Future[list[Message]]:
-        """Append checked messages; resolves once they are durable."""
-        return self.store.put(messages)
+    def send(self, drafts: list[Draft]) -> Future[list[DispatchInfo]]:
+        """Append checked drafts; resolves once they are durable."""
+        return self.store.put_drafts(drafts)

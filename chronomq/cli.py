@@ -155,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             logging.basicConfig(level=args.log_level.upper(),
                                 format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-            from chronomq.server import serve
+            import os
 
+            from chronomq.server import serve
+            sw = float(os.environ.get("SW", "0.005"))
+            sys.setswitchinterval(sw)
             asyncio.run(serve(load_config(args.config, args.set)))
             return 0
         _print(_run_client(args), args.json)

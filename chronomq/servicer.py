@@ -21,15 +21,27 @@ from chronomq.errors import code_number, status_of
 from chronomq.notify import ArrivalNotifier
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
+from chronomq.wire import encode_send_response
 from pop.service import PoppedMessage, TagFilter
 from store.errors import ChronomqError, InvalidArgument
-from store.message import Message, validate_message_id
+from store.message import (
+    MAX_KEY_BYTES,
+    MAX_TAG_BYTES,
+    DispatchInfo,
+    Draft,
+    Message,
+    encode_properties,
+    validate_message_id,
+)
 from store.topics import Topic
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_SEND_BATCH = 1000
+# A str of n characters is at most 4n UTF-8 bytes: below these lengths no encode is needed.
+_FAST_KEY_CHARS = MAX_KEY_BYTES // 4
+_FAST_TAG_CHARS = MAX_TAG_BYTES // 4
 MAX_QUERY = 64
 
 
@@ -107,29 +119,39 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             raise InvalidArgument(f"at most {MAX_SEND_BATCH} messages per Send request")
         broker = self._broker
         now = broker.clock.now_ms()
+        max_body = broker.config.store.max_body_bytes
         errors: dict[int, pb.Error] = {}
-        accepted: list[Message] = []
+        accepted: list[Draft] = []
+        checked_topics: set[str] = set()
+        new_draft = tuple.__new__
         for i, om in enumerate(request.messages):
+            topic, key, tag, body, mid = om.topic, om.key, om.tag, om.body, om.message_id
             try:
-                due = broker.resolve_deliver_at(om.deliver_at_ms, om.delay_ms, now)
-                m = Message(om.message_id, om.topic, om.body, om.key, om.tag,
-                            dict(om.properties) if om.properties else {}, now, 0, due)
-                broker.check(m)
+                at_ms, delay_ms = om.deliver_at_ms, om.delay_ms
+                due = broker.resolve_deliver_at(at_ms, delay_ms, now) if at_ms or delay_ms \
+                    else now
+                props = om.properties
+                d = new_draft(Draft, (mid, topic, key, tag, body, encode_properties(dict(props))
+                                      if len(props) else b"", now, due, 0, 0))
+                # the full check once per topic and for anything out of the ordinary
+                if (mid or topic not in checked_topics or not body or len(body) > max_body
+                        or len(key) > _FAST_KEY_CHARS or len(tag) > _FAST_TAG_CHARS):
+                    broker.check(d)
+                    checked_topics.add(topic)
             except ChronomqError as exc:
                 errors[i] = pb.Error(code=code_number(exc), message=str(exc))
                 continue
-            accepted.append(m)
+            accepted.append(d)
         fut = broker.send(accepted) if accepted else None
         return self._finish_send(n, errors, fut)
 
     async def _finish_send(self, n: int, errors: dict[int, pb.Error],
                            fut: Any) -> pb.SendResponse:
-        stored: list[Message] = await asyncio.wrap_future(fut) if fut is not None else []
+        stored: list[DispatchInfo] = await asyncio.wrap_future(fut) if fut is not None else []
         self.sent += len(stored)
         if not errors:
-            return pb.SendResponse(results=[
-                pb.SendResult(message_id=m.message_id, deliver_at_ms=m.deliver_at_ms)
-                for m in stored])
+            return pb.SendResponse.FromString(
+                encode_send_response((m.message_id, m.deliver_at_ms) for m in stored))
         it = iter(stored)
         results = []
         for i in range(n):

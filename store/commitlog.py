@@ -97,7 +97,8 @@ class CommitLog:
         self._confirmed = 0  # end of the data that dispatchers may read (durable in sync mode)
         self._flushed = 0  # end of the data known fsynced
         self._checkpoint = OffsetCheckpoint(os.path.join(directory, "checkpoint"))
-        self._listeners: list[Callable[[int], None]] = []
+        self._listeners: list[Callable[[list[Any]], None]] = []
+        self._failure: str | None = None  # set after an I/O error: no more appends
         self._batches = 0
         self._fsyncs = 0
 
@@ -143,8 +144,9 @@ class CommitLog:
             self._segments.clear()
             self._bases.clear()
 
-    def add_listener(self, callback: Callable[[int], None]) -> None:
-        """``callback(confirmed_offset)`` runs on the writer thread after each batch."""
+    def add_listener(self, callback: Callable[[list[Any]], None]) -> None:
+        """``callback(results)`` runs on the writer thread after each confirmed batch, with
+        the values its preparers returned, in log order."""
         self._listeners.append(callback)
 
     # ------------------------------------------------------------------ appends
@@ -155,6 +157,8 @@ class CommitLog:
         with self._cond:
             if self._stopping:
                 raise Unavailable("the broker is shutting down")
+            if self._failure is not None:
+                raise Unavailable(self._failure)
             self._pending.append((prepare, fut))
             self._cond.notify()
         return fut
@@ -172,8 +176,10 @@ class CommitLog:
             if batch:
                 try:
                     self._write_batch(batch)
-                except Exception as exc:  # an I/O failure fails this batch, not the thread
-                    log.exception("commitlog write failed")
+                except Exception as exc:  # fail this batch and every later append
+                    log.exception("commitlog write failed; refusing further appends")
+                    self._failure = (f"the commitlog is read-only after a write error ({exc}); "
+                                     "fix the disk and restart the broker")
                     err = StorageIOError(f"commitlog write failed: {exc}")
                     for _, fut in batch:
                         if not fut.done():
@@ -214,10 +220,11 @@ class CommitLog:
         with self._confirmed_cond:
             self._confirmed = self._written
             self._confirmed_cond.notify_all()
+        results = [result for _, result in done]
+        for callback in self._listeners:
+            callback(results)
         for fut, result in done:
             fut.set_result(result)
-        for callback in self._listeners:
-            callback(self._confirmed)
         if self._flush_sync and self._batches % 256 == 0:
             self._checkpoint.write(self._flushed)
 

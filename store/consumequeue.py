@@ -95,7 +95,8 @@ class ConsumeQueue:
                 j += 1
             fd = self._fd(base, create=True)
             assert fd is not None
-            data = b"".join(ENTRY.pack(*e[1:]) for e in entries[i:j])
+            flat = [v for e in entries[i:j] for v in e[1:]]
+            data = struct.pack(">" + "QIIQ" * (j - i), *flat)
             os.pwrite(fd, data, (first - base) * ENTRY.size)
             self._dirty.add(base)
             last = entries[j - 1][0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -63,6 +64,9 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._listeners: list[Callable[[list[DispatchInfo]], None]] = []
         self._done_cond = threading.Condition()
+        # Batches the writer just appended, handed over in memory so the steady state
+        # needs no re-read or decode; bounded: a lagging dispatcher falls back to the file.
+        self._recent: deque[list[DispatchInfo]] = deque(maxlen=4096)
 
     @property
     def dispatched_offset(self) -> int:
@@ -71,6 +75,11 @@ class Dispatcher:
     def add_listener(self, callback: Callable[[list[DispatchInfo]], None]) -> None:
         """``callback(records)`` runs on the dispatcher thread after each dispatched batch."""
         self._listeners.append(callback)
+
+    def offer(self, records: list[DispatchInfo]) -> None:
+        """Hand over records just appended to the CommitLog (any thread, in log order)."""
+        if records:
+            self._recent.append(records)
 
     def catch_up(self) -> int:
         """Dispatch everything already in the CommitLog on the caller's thread (recovery)."""
@@ -117,6 +126,17 @@ class Dispatcher:
 
     def _step(self) -> bool:
         """Dispatch one chunk; False when there was nothing new."""
+        recent = self._recent
+        while recent and recent[0][0].commit_offset < self._pos:
+            recent.popleft()
+        if recent and recent[0][0].commit_offset == self._pos:
+            records = recent.popleft()
+            last = records[-1]
+            self._apply(records, self._pos, last.commit_offset + last.record_size)
+            return True
+        return self._step_from_file()
+
+    def _step_from_file(self) -> bool:
         offset, data = self._log.read_from(self._pos, _READ_BYTES)
         if not data:
             if offset != self._pos:  # moved to the next segment
@@ -129,7 +149,10 @@ class Dispatcher:
             records, used = decode_dispatch_infos(data, offset)
             if used == 0:
                 return False
-        end = offset + used
+        self._apply(records, offset, offset + used)
+        return True
+
+    def _apply(self, records: list[DispatchInfo], offset: int, end: int) -> None:
         for h in self._handlers:
             pos = h.position()
             mine = records if pos <= offset else [r for r in records if r.commit_offset >= pos]
@@ -140,7 +163,6 @@ class Dispatcher:
             self._done_cond.notify_all()
         for callback in self._listeners:
             callback(records)
-        return True
 
     def _flush(self) -> None:
         for h in self._handlers:

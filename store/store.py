@@ -27,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from store.clock import Clock
 from store.commitlog import CommitLog, CommitLogStats
@@ -36,11 +37,14 @@ from store.errors import InvalidArgument, StorageIOError, TopicNotFound
 from store.index import KeyIndex
 from store.message import (
     FLAG_DELAYED,
+    DispatchInfo,
+    Draft,
     Message,
     MessageIdFactory,
     RecordError,
     decode_record,
-    encode_record,
+    draft_of,
+    encode_fields,
     validate_message_fields,
 )
 from store.queues import ConsumeQueueTable
@@ -109,6 +113,7 @@ class MessageStore:
             log.warning("dropped %d consume-queue entries past the recovered log end", dropped)
         handlers: list[DispatchHandler] = [self.queues, self.index, *self._extra_handlers]
         self.dispatcher = Dispatcher("dispatcher", self.commitlog, handlers, self.clock)
+        self.commitlog.add_listener(self._on_appended)
         replayed_from = self.dispatcher.dispatched_offset
         self.dispatcher.catch_up()
         log.info("store open: commitlog end %d, replayed %d bytes", end, end - replayed_from)
@@ -151,58 +156,68 @@ class MessageStore:
 
     # ------------------------------------------------------------------ writes
 
-    def check(self, m: Message) -> None:
+    def check(self, m: Message | Draft) -> None:
         """Raise ``InvalidArgument``/``TopicNotFound`` for a message that cannot be stored."""
-        validate_message_fields(m, self.config.max_body_bytes)
+        validate_message_fields(m.topic, m.key, m.tag, m.body, m.message_id,
+                                self.config.max_body_bytes)
         if self.topics.get(m.topic) is None:
             if not self.config.auto_create_topics:
                 raise TopicNotFound(m.topic)
             self.create_topic(Topic(m.topic, self.config.default_queue_count))
 
-    def put(self, messages: list[Message]) -> Future[list[Message]]:
-        """Append checked messages; the future resolves to them (ids, queue offsets and
-        CommitLog offsets filled in) once they are durable."""
-        for m in messages:
-            if m.deliver_at_ms == 0:
-                m.deliver_at_ms = m.born_at_ms
-        return self.commitlog.append(lambda offset: self._prepare(messages, offset))
+    def put(self, messages: list[Message]) -> Future[list[DispatchInfo]]:
+        """Append checked messages; resolves once durable (see ``put_drafts``)."""
+        return self.put_drafts([draft_of(m) for m in messages])
 
-    def _prepare(self, messages: list[Message], offset: int) -> tuple[list[bytes], list[Message]]:
+    def put_drafts(self, drafts: list[Draft]) -> Future[list[DispatchInfo]]:
+        """Append checked drafts; the future resolves, once they are durable, to one
+        ``DispatchInfo`` per draft (id, queue, offsets) in order."""
+        return self.commitlog.append(partial(self._prepare, drafts))
+
+    def _prepare(self, drafts: list[Draft], offset: int) -> tuple[list[bytes], list[DispatchInfo]]:
         """Runs on the CommitLog writer thread: assign queues, offsets and ids; encode."""
+        get_topic = self.topics.get
         topics: list[Topic] = []
-        for m in messages:  # check everything before any queue offset is taken
-            topic = self.topics.get(m.topic)
+        for d in drafts:  # check everything before any queue offset is taken
+            topic = get_topic(d.topic)
             if topic is None:
-                raise TopicNotFound(m.topic)
+                raise TopicNotFound(d.topic)
             topics.append(topic)
         now = self.clock.now_ms()
-        missing = sum(1 for m in messages if not m.message_id)
+        missing = sum(1 for d in drafts if not d.message_id)
         ids = iter(self._ids.next_ids(now, missing)) if missing else iter(())
         records: list[bytes] = []
+        infos: list[DispatchInfo] = []
         next_qo = self._next_queue_offset
-        for m, topic in zip(messages, topics, strict=True):
-            if m.key:
-                qid = zlib.crc32(m.key.encode()) % topic.queue_count
+        for d, topic in zip(drafts, topics, strict=True):
+            if d.key:
+                qid = zlib.crc32(d.key.encode()) % topic.queue_count
             else:
                 rr = self._round_robin.get(topic.name)
                 if rr is None:
                     rr = self._round_robin[topic.name] = itertools.count()
                 qid = next(rr) % topic.queue_count
-            if not m.flags & FLAG_DELAYED:
+            qo = 0
+            if not d.flags & FLAG_DELAYED:
                 slot = (topic.name, qid)
-                m.queue_offset = next_qo.get(slot, 0)
-                next_qo[slot] = m.queue_offset + 1
-            m.queue_id = qid
-            m.store_at_ms = now
-            if not m.message_id:
-                m.message_id = next(ids)
-            m.commit_offset = offset
-            rec = encode_record(m)
-            m.record_size = len(rec)
-            offset += len(rec)
+                qo = next_qo.get(slot, 0)
+                next_qo[slot] = qo + 1
+            mid = d.message_id or next(ids)
+            rec = encode_fields(d.flags, qid, qo, d.born_at_ms, now, d.deliver_at_ms,
+                                d.delivery_attempt, mid.encode("ascii"), d.topic.encode(),
+                                d.key.encode(), d.tag.encode(), d.props, d.body)
             records.append(rec)
-        self._appended += len(messages)
-        return records, messages
+            infos.append(DispatchInfo(offset, len(rec), d.flags, qid, qo, now, d.deliver_at_ms,
+                                      mid, d.topic, d.key, d.tag))
+            offset += len(rec)
+        self._appended += len(drafts)
+        return records, infos
+
+    def _on_appended(self, results: list[Any]) -> None:
+        """CommitLog listener: hand the batch's records to the dispatcher from memory."""
+        if self.dispatcher is not None:
+            for infos in results:
+                self.dispatcher.offer(infos)
 
     # ------------------------------------------------------------------ reads
 

@@ -19,25 +19,31 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, out.out, out.err
 
 
+def _ok(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    return out
+
+
 def test_cli_topic_send_pop_query_stats(server: RunningServer,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     t = ("--target", server.target)
-    assert _run(capsys, "topic", "create", "orders", "--queues", "2", *t)[0] == 0
-    code, out, _ = _run(capsys, "topic", "list", "--json", *t)
+    _ok(capsys, "topic", "create", "orders", "--queues", "2", *t)
+    out = _ok(capsys, "topic", "list", "--json", *t)
     assert json.loads(out) == [{"name": "orders", "queue_count": 2, "retention_ms": 0}]
-    code, out, _ = _run(capsys, "send", "orders", "hello", "--key", "k1", "--tag", "a",
-                        "--property", "x=1", "--json", *t)
+    out = _ok(capsys, "send", "orders", "hello", "--key", "k1", "--tag", "a",
+              "--property", "x=1", "--json", *t)
     mid = json.loads(out)["message_id"]
-    code, out, _ = _run(capsys, "pop", "orders", "g", "--json", *t)
-    (m,) = json.loads(out)
+    (m,) = json.loads(_ok(capsys, "pop", "orders", "g", "--json", *t))
     assert (m["message_id"], m["body"], m["properties"]) == (mid, "hello", {"x": "1"})
     # acked by default: nothing left for the group
-    assert json.loads(_run(capsys, "pop", "orders", "g", "--json", *t)[1]) == []
-    code, out, _ = _run(capsys, "query", "orders", "--key", "k1", "--json", *t)
+    assert json.loads(_ok(capsys, "pop", "orders", "g", "--json", *t)) == []
+    out = _ok(capsys, "query", "orders", "--key", "k1", "--json", *t)
     assert [q["message_id"] for q in json.loads(out)] == [mid]
-    code, out, _ = _run(capsys, "stats", "--json", *t)
-    assert json.loads(out)["rpc.sent"] == 1
-    assert _run(capsys, "topic", "delete", "orders", *t)[0] == 0
+    assert json.loads(_ok(capsys, "stats", "--json", *t))["rpc.sent"] == 1
+    assert "orders" in _ok(capsys, "topic", "list", *t)
+    _ok(capsys, "topic", "delete", "orders", *t)
+    assert "(none)" in _ok(capsys, "topic", "list", *t)
 
 
 def test_cli_errors_are_readable(server: RunningServer,
@@ -51,9 +57,9 @@ def test_cli_errors_are_readable(server: RunningServer,
 def test_cli_pop_no_ack_leaves_the_lease(server: RunningServer,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     t = ("--target", server.target)
-    _run(capsys, "topic", "create", "t", *t)
-    _run(capsys, "send", "t", "x", *t)
-    assert len(json.loads(_run(capsys, "pop", "t", "g", "--no-ack", "--json", *t)[1])) == 1
+    _ok(capsys, "topic", "create", "t", *t)
+    _ok(capsys, "send", "t", "x", *t)
+    assert len(json.loads(_ok(capsys, "pop", "t", "g", "--no-ack", "--json", *t))) == 1
     assert server.server.broker.pop.statistics().open_checkpoints == 1
 
 

@@ -224,8 +224,7 @@ def test_tls(tmp_path: Path) -> None:
     try:
         with ChronomqClient(srv.target, tls_ca_file=str(cert)) as c:
             assert c.create_topic("t")
-        with ChronomqClient(srv.target, timeout_s=2) as plain:
-            with pytest.raises(RpcError):
-                plain.list_topics()
+        with ChronomqClient(srv.target, timeout_s=2) as plain, pytest.raises(RpcError):
+            plain.list_topics()
     finally:
         srv.stop()
