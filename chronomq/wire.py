@@ -30,12 +30,18 @@ def encode_send_response(results: Iterable[tuple[str, int]]) -> bytes:
     """Wire bytes of a SendResponse whose results are ``(message_id, deliver_at_ms)``."""
     parts: list[bytes] = []
     tails: dict[int, bytes] = {}
+    heads: dict[tuple[int, int], bytes] = {}  # (id length, tail length) -> leading bytes
     for message_id, deliver_at_ms in results:
         tail = tails.get(deliver_at_ms)
         if tail is None:
             tail = tails[deliver_at_ms] = (b"\x18" + varint(deliver_at_ms)
                                            if deliver_at_ms else b"")
         mid = message_id.encode()
-        body = b"\x0a" + varint(len(mid)) + mid + tail  # oneof: present even if empty
-        parts.append(b"\x0a" + varint(len(body)) + body)
+        shape = (len(mid), len(tail))
+        head = heads.get(shape)
+        if head is None:  # the oneof id is present even when empty
+            id_len = varint(len(mid))
+            head = heads[shape] = (b"\x0a" + varint(1 + len(id_len) + len(mid) + len(tail))
+                                   + b"\x0a" + id_len)
+        parts += (head, mid, tail)
     return b"".join(parts)

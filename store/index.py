@@ -3,12 +3,15 @@
 Keys and values (``<data>/index`` RocksDB, raw bytes)::
 
     b"m" + message_id                                  -> commit_offset u64 | size u32
+                                       (only ids that do not name their own record:
+                                        client-chosen ones and redeliveries)
     b"k" + topic + b"\\0" + key + b"\\0" + commit_offset u64  -> size u32
     b"!position"                                       -> commit_offset u64
 
 The position is written in the same atomic batch as the entries it covers, so the index
-and its checkpoint can never disagree.  A message id seen twice (a timer delivery keeps the
-id of the original send) points at the latest record.
+and its checkpoint can never disagree.  Broker-assigned ids carry their record's CommitLog
+offset (``store.message.MessageIdFormat``) and need no entry.  An indexed id seen twice
+points at the latest record.
 
 Thread-safety: dispatch runs on the dispatcher thread; lookups from any thread.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import struct
 
 from store.kv import KV
-from store.message import FLAG_DELAYED, DispatchInfo
+from store.message import FLAG_DELAYED, FLAG_FOREIGN_ID, DispatchInfo
 
 _LOC = struct.Struct(">QI")
 _U64 = struct.Struct(">Q")
@@ -46,7 +49,9 @@ class KeyIndex:
         for r in records:
             if r.flags & FLAG_DELAYED:
                 continue  # indexed when the timer delivers it
-            puts.append((b"m" + r.message_id.encode(), _LOC.pack(r.commit_offset, r.record_size)))
+            if r.flags & FLAG_FOREIGN_ID:  # broker-assigned ids locate themselves
+                puts.append((b"m" + r.message_id.encode(),
+                             _LOC.pack(r.commit_offset, r.record_size)))
             if r.key:
                 puts.append((_key_prefix(r.topic, r.key) + _U64.pack(r.commit_offset),
                              _U32.pack(r.record_size)))

@@ -32,9 +32,7 @@ is self-describing and can be shipped to the tier or replayed without any side t
 
 from __future__ import annotations
 
-import os
 import struct
-import threading
 import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -50,6 +48,7 @@ _PROP_VAL = struct.Struct(">I")
 FLAG_DELAYED = 0x0001  # deliver_at_ms was in the future when the record was written
 FLAG_TIMER_DELIVERY = 0x0002  # re-appended by the timer when its time came
 FLAG_RETRY = 0x0004  # re-appended by the POP layer for a redelivery
+FLAG_FOREIGN_ID = 0x0008  # the id was not assigned for this record: index it by id
 
 MAX_ID_BYTES = 128
 MAX_TOPIC_BYTES = 255
@@ -232,26 +231,41 @@ def validate_message_id(message_id: str) -> None:
         raise InvalidArgument(f"message_id longer than {MAX_ID_BYTES} characters")
 
 
-class MessageIdFactory:
-    """Unique, time-sortable message ids: 32 upper-case hex characters.
+class MessageIdFormat:
+    """Broker-assigned message ids: unique, time-sortable and self-locating.
 
-    ``ms timestamp (48 bits) | node (16 bits) | process nonce (24 bits) | counter (40 bits)``.
-    Ids from one broker sort by the time they were assigned; the random nonce keeps ids
-    unique across restarts even if the clock steps back.  Thread-safe.
+    32 upper-case hex characters::
+
+        ms timestamp (48 bits) | node id (16 bits) | CommitLog offset of the record (64 bits)
+
+    The offset makes an id unique on its broker (offsets never repeat) and lets a lookup by
+    id read the record directly, so the hot path writes no id index; ids a client chose
+    (replay) or that a redelivery keeps are indexed instead (``store.index``).  Ids sort by
+    assignment time across brokers, then by position.  Thread-safe (immutable).
     """
 
     def __init__(self, node_id: int = 0) -> None:
-        self._node = node_id & 0xFFFF
-        self._nonce = int.from_bytes(os.urandom(3), "big")
-        self._counter = 0
-        self._lock = threading.Lock()
+        self.node_id = node_id & 0xFFFF
 
-    def next_ids(self, now_ms: int, count: int) -> list[str]:
-        with self._lock:
-            start = self._counter
-            self._counter = (start + count) & 0xFF_FFFF_FFFF
-        hi = ((now_ms & 0xFFFF_FFFF_FFFF) << 80) | (self._node << 64) | (self._nonce << 40)
-        return ["%032X" % (hi | ((start + i) & 0xFF_FFFF_FFFF)) for i in range(count)]
+    def prefix(self, now_ms: int) -> str:
+        """The shared first 16 characters of every id assigned at ``now_ms``."""
+        return f"{now_ms & 0xFFFF_FFFF_FFFF:012X}{self.node_id:04X}"
+
+    @staticmethod
+    def make(prefix: str, commit_offset: int) -> str:
+        return f"{prefix}{commit_offset:016X}"
+
+    def locate(self, message_id: str) -> int | None:
+        """The CommitLog offset a broker-assigned id of this node names, else None."""
+        if len(message_id) != 32:
+            return None
+        try:
+            value = int(message_id, 16)
+        except ValueError:
+            return None
+        if (value >> 64) & 0xFFFF != self.node_id:
+            return None
+        return value & 0xFFFF_FFFF_FFFF_FFFF
 
 
 class DispatchInfo(NamedTuple):

@@ -33,18 +33,21 @@ from store.clock import Clock
 from store.commitlog import CommitLog, CommitLogStats
 from store.consumequeue import ConsumeQueue, CqEntry
 from store.dispatcher import Dispatcher, DispatchHandler
-from store.errors import InvalidArgument, StorageIOError, TopicNotFound
+from store.errors import InvalidArgument, StorageIOError, StoreError, TopicNotFound
 from store.index import KeyIndex
 from store.message import (
     FLAG_DELAYED,
+    FLAG_FOREIGN_ID,
+    HEADER,
     DispatchInfo,
     Draft,
     Message,
-    MessageIdFactory,
+    MessageIdFormat,
     RecordError,
     decode_record,
     draft_of,
     encode_fields,
+    record_size_at,
     validate_message_fields,
 )
 from store.queues import ConsumeQueueTable
@@ -93,7 +96,7 @@ class MessageStore:
         self.index = KeyIndex(os.path.join(config.data_dir, "index"))
         self._extra_handlers: list[DispatchHandler] = []
         self.dispatcher: Dispatcher | None = None
-        self._ids = MessageIdFactory(config.node_id)
+        self.ids = MessageIdFormat(config.node_id)
         self._next_queue_offset: dict[tuple[str, int], int] = {}
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._appended = 0
@@ -184,11 +187,12 @@ class MessageStore:
                 raise TopicNotFound(d.topic)
             topics.append(topic)
         now = self.clock.now_ms()
-        missing = sum(1 for d in drafts if not d.message_id)
-        ids = iter(self._ids.next_ids(now, missing)) if missing else iter(())
+        id_prefix = self.ids.prefix(now)
+        make_id = self.ids.make
         records: list[bytes] = []
         infos: list[DispatchInfo] = []
         next_qo = self._next_queue_offset
+        new_info = tuple.__new__  # a NamedTuple's own __new__ is Python code: skip it
         for d, topic in zip(drafts, topics, strict=True):
             if d.key:
                 qid = zlib.crc32(d.key.encode()) % topic.queue_count
@@ -202,13 +206,18 @@ class MessageStore:
                 slot = (topic.name, qid)
                 qo = next_qo.get(slot, 0)
                 next_qo[slot] = qo + 1
-            mid = d.message_id or next(ids)
-            rec = encode_fields(d.flags, qid, qo, d.born_at_ms, now, d.deliver_at_ms,
+            flags = d.flags
+            if d.message_id:
+                mid = d.message_id
+                flags |= FLAG_FOREIGN_ID
+            else:
+                mid = make_id(id_prefix, offset)
+            rec = encode_fields(flags, qid, qo, d.born_at_ms, now, d.deliver_at_ms,
                                 d.delivery_attempt, mid.encode("ascii"), d.topic.encode(),
                                 d.key.encode(), d.tag.encode(), d.props, d.body)
             records.append(rec)
-            infos.append(DispatchInfo(offset, len(rec), d.flags, qid, qo, now, d.deliver_at_ms,
-                                      mid, d.topic, d.key, d.tag))
+            infos.append(new_info(DispatchInfo, (offset, len(rec), flags, qid, qo, now,
+                                                 d.deliver_at_ms, mid, d.topic, d.key, d.tag)))
             offset += len(rec)
         self._appended += len(drafts)
         return records, infos
@@ -245,8 +254,21 @@ class MessageStore:
         return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
 
     def query_by_message_id(self, message_id: str) -> list[Message]:
+        """The record with this id: the indexed one (client-chosen ids, redeliveries), else
+        the record its broker-assigned id points at."""
         loc = self.index.by_message_id(message_id)
-        return self._read_located([loc] if loc else [])
+        if loc is not None:
+            return self._read_located([loc])
+        offset = self.ids.locate(message_id)
+        log_ = self.commitlog
+        if offset is None or not log_.min_offset <= offset < log_.confirmed_offset:
+            return []
+        try:
+            head = self.commitlog.read(offset, HEADER.size)
+            m = self.read_message(offset, record_size_at(head))
+        except StoreError:
+            return []
+        return [m] if m.message_id == message_id else []
 
     def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
         if self.topics.get(topic) is None:

@@ -12,7 +12,7 @@ from store import checkpoint as offset_ckpt
 from store.consumequeue import ENTRY
 from store.message import (
     Message,
-    MessageIdFactory,
+    MessageIdFormat,
     RecordError,
     check_record,
     decode_dispatch_infos,
@@ -109,10 +109,18 @@ def test_receipt_handle_round_trip_and_group_binding(h: ReceiptHandle, group: st
         codec.decode(group + "x", text_handle)
 
 
-def test_message_ids_are_unique_and_time_sortable() -> None:
-    f = MessageIdFactory(node_id=3)
-    a = f.next_ids(1_000, 1000)
-    b = f.next_ids(2_000, 1000)
-    assert len(set(a + b)) == 2000
-    assert max(a) < min(b)
-    assert all(len(i) == 32 and int(i, 16) >= 0 for i in a)
+@given(st.integers(0, 2**48 - 1), st.integers(0, 2**16 - 1), u64)
+def test_message_ids_locate_their_record(now_ms: int, node: int, offset: int) -> None:
+    ids = MessageIdFormat(node)
+    mid = ids.make(ids.prefix(now_ms), offset)
+    assert len(mid) == 32 and mid == mid.upper()
+    assert ids.locate(mid) == offset
+    assert MessageIdFormat((node + 1) & 0xFFFF).locate(mid) is None
+    assert ids.locate(mid[:-1]) is None and ids.locate("Z" * 32) is None
+
+
+def test_message_ids_sort_by_time_then_offset() -> None:
+    ids = MessageIdFormat(3)
+    a = [ids.make(ids.prefix(1_000), off) for off in (0, 5, 10_000)]
+    b = [ids.make(ids.prefix(1_001), off) for off in (0, 7)]
+    assert a + b == sorted(a + b) and len(set(a + b)) == 5

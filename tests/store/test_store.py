@@ -90,6 +90,18 @@ def test_keys_and_ids_are_queryable(store: MessageStore) -> None:
         store.query_by_key("missing", "k", 1)
 
 
+def test_client_chosen_ids_are_indexed(store: MessageStore) -> None:
+    store.create_topic(Topic("t", 2))
+    store.put([Message("replay-0001", "t", b"again")]).result(10)
+    _put(store, 3)
+    (m,) = store.query_by_message_id("replay-0001")
+    assert (m.message_id, m.body) == ("replay-0001", b"again")
+    store.stop()
+    s = _reopen(store.config)
+    assert [m.body for m in s.query_by_message_id("replay-0001")] == [b"again"]
+    s.stop()
+
+
 def test_messages_with_one_key_share_a_queue(store: MessageStore) -> None:
     store.create_topic(Topic("t", 8))
     sent = _put(store, 20, key="same")
