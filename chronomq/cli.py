@@ -155,11 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             logging.basicConfig(level=args.log_level.upper(),
                                 format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-            import os
-
             from chronomq.server import serve
-            sw = float(os.environ.get("SW", "0.005"))
-            sys.setswitchinterval(sw)
+
             asyncio.run(serve(load_config(args.config, args.set)))
             return 0
         _print(_run_client(args), args.json)
