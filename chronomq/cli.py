@@ -13,7 +13,6 @@ Client commands take ``--target``, ``--token`` and ``--json``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import json
 import logging
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                                 format="%(asctime)s %(levelname)s %(name)s: %(message)s")
             from chronomq.server import serve
 
-            asyncio.run(serve(load_config(args.config, args.set)))
+            serve(load_config(args.config, args.set))
             return 0
         _print(_run_client(args), args.json)
         return 0

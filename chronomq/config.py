@@ -40,7 +40,8 @@ class ServerConfig:
     auth_token: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""
-    max_concurrent_rpcs: int = 1000
+    worker_threads: int = 64  # RPCs served at once (a long-polling Pop holds one)
+    max_concurrent_rpcs: int = 1000  # beyond this, calls are refused with RESOURCE_EXHAUSTED
     shutdown_grace_s: float = 5.0
     retention_interval_s: int = 60
 

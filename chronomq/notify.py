@@ -1,44 +1,40 @@
 """Wakes long-polling Pops when messages of a topic become visible, without busy polling.
 
-The dispatcher thread calls ``arrived(topics)``; waiters on the asyncio loop take the
-topic's current event *before* they look for messages, then wait on it, so an arrival
-between the look and the wait is never missed.  Thread-safe for ``arrived``; the other
-methods run on the event loop.
+The dispatcher thread calls ``arrived(topics)``.  A waiter reads the topic's generation
+*before* it looks for messages and then waits for the generation to change, so an arrival
+between the look and the wait is never missed.  Thread-safe.
 """
 
 from __future__ import annotations
 
-import asyncio
+import threading
 from collections.abc import Iterable
 
 
 class ArrivalNotifier:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._events: dict[str, asyncio.Event] = {}
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._generations: dict[str, int] = {}
+        self._closed = False
 
-    def event(self, topic: str) -> asyncio.Event:
-        ev = self._events.get(topic)
-        if ev is None:
-            ev = self._events[topic] = asyncio.Event()
-        return ev
+    def generation(self, topic: str) -> int:
+        return self._generations.get(topic, 0)
 
     def arrived(self, topics: Iterable[str]) -> None:
-        """Call from any thread."""
-        names = set(topics)
-        if names:
-            self._loop.call_soon_threadsafe(self._wake, names)
+        with self._cond:
+            for t in set(topics):
+                self._generations[t] = self._generations.get(t, 0) + 1
+            self._cond.notify_all()
 
-    def _wake(self, topics: set[str]) -> None:
-        for t in topics:
-            ev = self._events.pop(t, None)
-            if ev is not None:
-                ev.set()
+    def wait(self, topic: str, seen_generation: int, timeout_s: float) -> bool:
+        """Block until ``topic`` has news since ``seen_generation`` (or timeout/close)."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._closed or self._generations.get(topic, 0) != seen_generation,
+                timeout_s)
 
-    @staticmethod
-    async def wait(event: asyncio.Event, timeout_s: float) -> bool:
-        try:
-            await asyncio.wait_for(event.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+    def close(self) -> None:
+        """Release every waiter (shutdown)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()

@@ -34,7 +34,7 @@ from pop.checkpoint import (
 )
 from pop.handle import HandleCodec, ReceiptHandle
 from store.clock import Clock
-from store.errors import FailedPrecondition, InvalidArgument
+from store.errors import ChronomqError, FailedPrecondition, InvalidArgument
 from store.kv import KV
 from store.message import Message
 from store.store import MessageStore
@@ -200,41 +200,68 @@ class PopService:
 
     def ack(self, group: str, receipt_handle: str) -> None:
         """Acknowledge one leased message.  Idempotent while the handle is valid."""
-        _check_group(group)
-        h = self._handles.decode(group, receipt_handle)
-        now = self._clock.now_ms()
-        if now >= h.expire_at_ms:
-            raise ReceiptHandleExpired(
-                f"receipt handle expired at {h.expire_at_ms} (now {now}): the lease ran out "
-                "and the message may have been redelivered"
-            )
-        with self._lock:
-            leases = self._queue(group, h.topic, h.queue_id)
-            ck = leases.checkpoints.get(h.ck_start)
-            if ck is None or ck.expire_at_ms != h.expire_at_ms:
-                return  # the lease is gone while the handle is unexpired: already acked
-            i = h.queue_offset - ck.ck_start
-            if not 0 <= i < ck.count:
-                raise InvalidArgument("receipt handle does not match its lease")
-            if ck.is_acked(i):
-                return
-            ck.mark(i)
-            self._acked += 1
-            self._persist_ack(group, h, leases, ck)
+        (error,) = self.ack_many(group, [receipt_handle])
+        if error is not None:
+            raise error
 
-    def _persist_ack(self, group: str, h: ReceiptHandle, leases: _QueueLeases,
-                     ck: PopCheckpoint) -> None:
+    def ack_many(self, group: str, receipt_handles: list[str]) -> list[ChronomqError | None]:
+        """Acknowledge several handles with one RocksDB write; one outcome per handle
+        (None = acknowledged)."""
+        try:
+            _check_group(group)
+        except ChronomqError as exc:
+            return [exc] * len(receipt_handles)
+        now = self._clock.now_ms()
+        handles: list[ReceiptHandle | ChronomqError] = []
+        for text in receipt_handles:
+            try:
+                h = self._handles.decode(group, text)
+                if now >= h.expire_at_ms:
+                    raise ReceiptHandleExpired(
+                        f"receipt handle expired at {h.expire_at_ms} (now {now}): the lease "
+                        "ran out and the message may have been redelivered")
+                handles.append(h)
+            except ChronomqError as exc:
+                handles.append(exc)
+        ops: dict[bytes, bytes | None] = {}  # key -> new value, None = delete
+        results: list[ChronomqError | None] = []
+        with self._lock:
+            for item in handles:
+                if isinstance(item, ChronomqError):
+                    results.append(item)
+                    continue
+                try:
+                    self._ack_locked(group, item, ops)
+                    results.append(None)
+                except ChronomqError as exc:
+                    results.append(exc)
+            if ops:
+                self._kv.write([(k, v) for k, v in ops.items() if v is not None],
+                               [k for k, v in ops.items() if v is None])
+        return results
+
+    def _ack_locked(self, group: str, h: ReceiptHandle, ops: dict[bytes, bytes | None]) -> None:
+        leases = self._queue(group, h.topic, h.queue_id)
+        ck = leases.checkpoints.get(h.ck_start)
+        if ck is None or ck.expire_at_ms != h.expire_at_ms:
+            return  # the lease is gone while the handle is unexpired: already acked
+        i = h.queue_offset - ck.ck_start
+        if not 0 <= i < ck.count:
+            raise InvalidArgument("receipt handle does not match its lease")
+        if ck.is_acked(i):
+            return
+        ck.mark(i)
+        self._acked += 1
         key = checkpoint_key(group, h.topic, h.queue_id, ck.ck_start)
         if not ck.all_acked():
-            self._kv.write([(key, encode_checkpoint(ck))])
+            ops[key] = encode_checkpoint(ck)
             return
         del leases.checkpoints[ck.ck_start]
+        ops[key] = None
         oldest = min(leases.checkpoints, default=leases.pop_offset)
-        puts = []
         if oldest > leases.ack_offset:
             leases.ack_offset = oldest
-            puts.append((offset_key(group, h.topic, h.queue_id), encode_offset(oldest)))
-        self._kv.write(puts, deletes=[key])
+            ops[offset_key(group, h.topic, h.queue_id)] = encode_offset(oldest)
 
     # ------------------------------------------------------------------ stats
 

@@ -9,7 +9,8 @@ Keys and values (``<data>/index`` RocksDB, raw bytes)::
     b"!position"                                       -> commit_offset u64
 
 The position is written in the same atomic batch as the entries it covers, so the index
-and its checkpoint can never disagree.  Broker-assigned ids carry their record's CommitLog
+and its checkpoint can never disagree; past batches with nothing to index it is written at
+the dispatcher's periodic flush.  Broker-assigned ids carry their record's CommitLog
 offset (``store.message.MessageIdFormat``) and need no entry.  An indexed id seen twice
 points at the latest record.
 
@@ -40,6 +41,7 @@ class KeyIndex:
         self._kv = KV(path)
         raw = self._kv.get(_POSITION)
         self._position = _U64.unpack(raw)[0] if raw else 0
+        self._pending_position = self._position
 
     def position(self) -> int:
         return self._position
@@ -55,12 +57,17 @@ class KeyIndex:
             if r.key:
                 puts.append((_key_prefix(r.topic, r.key) + _U64.pack(r.commit_offset),
                              _U32.pack(r.record_size)))
-        puts.append((_POSITION, _U64.pack(end_offset)))
-        self._kv.write(puts)
-        self._position = end_offset
+        self._pending_position = end_offset
+        if puts:  # entries and the position they bring us to, in one atomic batch
+            puts.append((_POSITION, _U64.pack(end_offset)))
+            self._kv.write(puts)
+            self._position = end_offset
 
     def flush(self) -> None:
-        pass  # every dispatch is one atomic batch with its position
+        """Persist the position past batches that had nothing to index."""
+        if self._pending_position != self._position:
+            self._kv.write([(_POSITION, _U64.pack(self._pending_position))])
+            self._position = self._pending_position
 
     def by_message_id(self, message_id: str) -> tuple[int, int] | None:
         raw = self._kv.get(b"m" + message_id.encode())

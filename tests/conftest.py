@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,26 +35,19 @@ def store(store_config: StoreConfig) -> Iterator[MessageStore]:
 
 
 class RunningServer:
-    """A BrokerServer on its own event-loop thread, bound to 127.0.0.1:<free port>."""
+    """A BrokerServer in this process, bound to 127.0.0.1:<free port>."""
 
     def __init__(self, config: BrokerConfig, clock: Clock | None = None) -> None:
         self.config = config
-        self.loop = asyncio.new_event_loop()
         self.server = BrokerServer(config, clock)
-        self._thread = threading.Thread(target=self.loop.run_forever, name="test-server",
-                                        daemon=True)
-        self._thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(60)
+        self.port = self.server.start()
         self.target = f"127.0.0.1:{self.port}"
 
     def client(self, **kw: object) -> ChronomqClient:
         return ChronomqClient(self.target, **kw)  # type: ignore[arg-type]
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(60)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
+        self.server.stop()
 
 
 def broker_config(data_dir: Path, **server: object) -> BrokerConfig:
