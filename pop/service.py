@@ -18,7 +18,6 @@ CommitLog preads per Pop.
 from __future__ import annotations
 
 import threading
-import zlib
 from dataclasses import dataclass, field
 
 from pop.checkpoint import (
@@ -37,6 +36,7 @@ from store.clock import Clock
 from store.errors import ChronomqError, FailedPrecondition, InvalidArgument
 from store.kv import KV
 from store.message import Message
+from store.queues import tag_hash
 from store.store import MessageStore
 
 MAX_INVISIBLE_TIME_S = 12 * 3600
@@ -62,7 +62,7 @@ class TagFilter:
         tags = frozenset(t.strip() for t in expr.split("||"))
         if "" in tags or any(" " in t for t in tags):
             raise InvalidArgument(f"tag expression {expression!r} is not '*' or 'a || b'")
-        return TagFilter(tags, frozenset(zlib.crc32(t.encode()) for t in tags))
+        return TagFilter(tags, frozenset(tag_hash(t) for t in tags))
 
     def accepts(self, tag: str) -> bool:
         return self.tags is None or tag in self.tags

@@ -71,37 +71,23 @@ class ConsumeQueue:
                 self._fds[base] = fd
         return fd
 
-    def put(self, queue_offset: int, commit_offset: int, size: int, tag_hash: int,
-            store_at_ms: int) -> None:
-        base = queue_offset - queue_offset % self._per_file
-        fd = self._fd(base, create=True)
-        assert fd is not None
-        entry = ENTRY.pack(commit_offset, size, tag_hash, store_at_ms)
-        os.pwrite(fd, entry, (queue_offset - base) * ENTRY.size)
-        self._dirty.add(base)
-        if queue_offset >= self.max_offset:
-            self.max_offset = queue_offset + 1
-
-    def put_many(self, entries: list[tuple[int, int, int, int, int]]) -> None:
-        """``(queue_offset, commit_offset, size, tag_hash, store_at_ms)`` in offset order;
-        consecutive entries in one file are written with one ``pwrite``."""
-        i = 0
-        while i < len(entries):
+    def put_many(self, entries: list[tuple[int, bytes]]) -> None:
+        """``(queue_offset, packed entry)`` in offset order; each run of consecutive
+        entries within one file is written with one ``pwrite``."""
+        i, n = 0, len(entries)
+        while i < n:
             first = entries[i][0]
             base = first - first % self._per_file
+            limit = min(n, i + base + self._per_file - first)  # stay inside this file
             j = i + 1
-            while (j < len(entries) and entries[j][0] == entries[j - 1][0] + 1
-                   and entries[j][0] < base + self._per_file):
+            while j < limit and entries[j][0] == first + (j - i):
                 j += 1
             fd = self._fd(base, create=True)
             assert fd is not None
-            flat = [v for e in entries[i:j] for v in e[1:]]
-            data = struct.pack(">" + "QIIQ" * (j - i), *flat)
-            os.pwrite(fd, data, (first - base) * ENTRY.size)
+            os.pwrite(fd, b"".join([e[1] for e in entries[i:j]]), (first - base) * ENTRY.size)
             self._dirty.add(base)
-            last = entries[j - 1][0]
-            if last >= self.max_offset:
-                self.max_offset = last + 1
+            if first + (j - i) > self.max_offset:
+                self.max_offset = first + (j - i)
             i = j
 
     def get(self, queue_offset: int, count: int) -> list[CqEntry]:

@@ -106,9 +106,9 @@ def decode_properties(data: bytes | memoryview) -> dict[str, str]:
     return props
 
 
-_PREFIX = struct.Struct(">III")  # magic, total_size, crc32
-_AFTER_CRC = struct.Struct(">HHQQQQIBHHHII")  # header fields from offset 12
-assert _PREFIX.size + _AFTER_CRC.size == HEADER.size
+HEADER_PREFIX = struct.Struct(">III")  # magic, total_size, crc32
+HEADER_AFTER_CRC = struct.Struct(">HHQQQQIBHHHII")  # header fields from offset 12
+assert HEADER_PREFIX.size + HEADER_AFTER_CRC.size == HEADER.size
 
 
 def encode_fields(
@@ -118,12 +118,12 @@ def encode_fields(
 ) -> bytes:
     """Encode one CommitLog record from already-encoded fields (the hot path)."""
     tail = b"".join((
-        _AFTER_CRC.pack(flags, queue_id, queue_offset, born_at_ms, store_at_ms, deliver_at_ms,
+        HEADER_AFTER_CRC.pack(flags, queue_id, queue_offset, born_at_ms, store_at_ms, deliver_at_ms,
                         delivery_attempt, len(message_id), len(topic), len(key), len(tag),
                         len(props), len(body)),
         message_id, topic, key, tag, props, body,
     ))
-    return _PREFIX.pack(RECORD_MAGIC, len(tail) + 12, zlib.crc32(tail)) + tail
+    return HEADER_PREFIX.pack(RECORD_MAGIC, len(tail) + 12, zlib.crc32(tail)) + tail
 
 
 def encode_record(m: Message) -> bytes:

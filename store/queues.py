@@ -14,12 +14,13 @@ import zlib
 from collections import defaultdict
 
 from store.checkpoint import OffsetCheckpoint
-from store.consumequeue import ConsumeQueue
+from store.consumequeue import ENTRY, ConsumeQueue
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.topics import TopicCatalogue
 
 
 def tag_hash(tag: str) -> int:
+    """The ConsumeQueue's tag code: CRC32 of the UTF-8 tag, 0 for no tag."""
     return zlib.crc32(tag.encode()) if tag else 0
 
 
@@ -94,17 +95,21 @@ class ConsumeQueueTable:
         return self._position
 
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
-        grouped: dict[tuple[str, int], list[tuple[int, int, int, int, int]]] = defaultdict(list)
-        get_topic = self._catalogue.get
-        for r in records:
-            if r.flags & FLAG_DELAYED:
+        grouped: dict[tuple[str, int], list[tuple[int, bytes]]] = defaultdict(list)
+        since: dict[str, int | None] = {}
+        pack = ENTRY.pack
+        for (commit_offset, size, flags, qid, qo, store_at_ms, _due, _mid, topic_name, _key,
+             tag) in records:
+            if flags & FLAG_DELAYED:
                 continue  # owned by the timer until it is due
-            topic = get_topic(r.topic)
-            if topic is None or r.commit_offset < topic.since_offset:
-                continue
-            grouped[(r.topic, r.queue_id)].append(
-                (r.queue_offset, r.commit_offset, r.record_size, tag_hash(r.tag), r.store_at_ms)
-            )
+            low = since.get(topic_name, -1)
+            if low == -1:
+                topic = self._catalogue.get(topic_name)
+                low = since[topic_name] = topic.since_offset if topic is not None else None
+            if low is None or commit_offset < low:
+                continue  # an unknown topic, or an older topic of the same name
+            grouped[(topic_name, qid)].append(
+                (qo, pack(commit_offset, size, tag_hash(tag), store_at_ms)))
         for (topic_name, qid), entries in grouped.items():
             self.queue(topic_name, qid).put_many(entries)
         self._pending_position = end_offset

@@ -10,7 +10,7 @@ import pytest
 
 from store.clock import ManualClock, SystemClock
 from store.errors import AlreadyExists, InvalidArgument, TopicNotFound
-from store.message import DispatchInfo, Message
+from store.message import DispatchInfo, Message, decode_record, encode_record
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
 
@@ -196,3 +196,12 @@ def test_topic_retention_by_age(tmp_path: Path) -> None:
     s.run_retention()
     assert s.queue_bounds("short", 0) == (15, 20)
     s.stop()
+
+
+def test_the_inlined_writer_encodes_exactly_like_encode_record(store: MessageStore) -> None:
+    store.create_topic(Topic("t", 3))
+    sent = store.put([Message("", "t", b"plain"), Message("", "t", b"k", key="key-1", tag="x"),
+                      Message("mine-1", "t", b"p", properties={"a": "b"})]).result(10)
+    for info in sent:
+        raw = store.commitlog.read(info.commit_offset, info.record_size)
+        assert encode_record(decode_record(raw)) == raw
