@@ -37,15 +37,22 @@ class PopCheckpoint:
     attempt: int
     count: int
     acked: bytearray
+    done: int = -1  # entries marked; derived from the bitmap (not stored)
+
+    def __post_init__(self) -> None:
+        if self.done < 0:
+            self.done = sum(bin(b).count("1") for b in self.acked)
 
     def is_acked(self, i: int) -> bool:
         return bool(self.acked[i >> 3] & (1 << (i & 7)))
 
     def mark(self, i: int) -> None:
-        self.acked[i >> 3] |= 1 << (i & 7)
+        if not self.is_acked(i):
+            self.acked[i >> 3] |= 1 << (i & 7)
+            self.done += 1
 
     def all_acked(self) -> bool:
-        return all(self.is_acked(i) for i in range(self.count))
+        return self.done == self.count
 
     @property
     def end(self) -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import struct
 from dataclasses import dataclass
@@ -53,9 +52,7 @@ class HandleCodec:
         self._secret = secret
 
     def _mac(self, group: str, payload: bytes) -> bytes:
-        return hmac.new(self._secret, group.encode() + b"\0" + payload, hashlib.sha256).digest()[
-            :_MAC_BYTES
-        ]
+        return hmac.digest(self._secret, group.encode() + b"\0" + payload, "sha256")[:_MAC_BYTES]
 
     def encode(self, group: str, h: ReceiptHandle) -> str:
         tb = h.topic.encode()

@@ -11,8 +11,8 @@ A Pop writes its PopCheckpoints with a synced RocksDB write before any message l
 broker.  An Ack marks a bit; a fully-acked checkpoint is deleted and the ack offset moves to
 the start of the oldest open one.  (Revive of expired leases is the timer's job.)
 
-Thread-safe: one lock guards the lease state; I/O under it is a RocksDB write and a few
-CommitLog preads per Pop.
+Thread-safe: a lock per (group, topic) orders that group's leases and their RocksDB writes;
+different groups and topics pop and ack in parallel.
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ class PopService:
         self._handles = HandleCodec(secret)
         self._clock = clock
         self.max_messages_cap = max_messages_cap
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the dicts below
+        self._group_locks: dict[tuple[str, str], threading.Lock] = {}
         self._leases: dict[tuple[str, str, int], _QueueLeases] = {}
         self._next_queue: dict[tuple[str, str], int] = {}
         self._popped = 0
@@ -129,7 +130,7 @@ class PopService:
         self._store.wait_visible()
         out: list[PoppedMessage] = []
         puts: list[tuple[bytes, bytes]] = []
-        with self._lock:
+        with self._group_lock(group, topic):
             first = self._next_queue.get((group, topic), 0)
             self._next_queue[(group, topic)] = first + 1
             for i in range(queue_count):
@@ -141,8 +142,19 @@ class PopService:
                 out.extend(got)
             if puts:
                 self._kv.write(puts, sync=True)  # durable before messages leave the broker
-        self._popped += len(out)
+        with self._lock:
+            self._popped += len(out)
         return out
+
+    def _group_lock(self, group: str, topic: str) -> threading.Lock:
+        """One lock per (group, topic): its leases change, and are persisted, in order,
+        while other groups and topics proceed in parallel."""
+        key = (group, topic)
+        lock = self._group_locks.get(key)
+        if lock is None:
+            with self._lock:
+                lock = self._group_locks.setdefault(key, threading.Lock())
+        return lock
 
     def _lease_queue(self, group: str, topic: str, qid: int, want: int, now: int, expire: int,
                      tf: TagFilter, puts: list[tuple[bytes, bytes]]) -> list[PoppedMessage]:
@@ -157,12 +169,14 @@ class PopService:
         ck = PopCheckpoint(entries[0].queue_offset, now, expire, 1, count,
                            bytearray((count + 7) // 8))
         out: list[PoppedMessage] = []
-        for i, e in enumerate(entries):
-            if tf.tags is not None and e.tag_hash not in tf.hashes:
-                ck.mark(i)
-                continue
-            msg = self._store.read_message(e.commit_offset, e.record_size)
-            if not tf.accepts(msg.tag):
+        wanted = [(i, e) for i, e in enumerate(entries)
+                  if tf.tags is None or e.tag_hash in tf.hashes]
+        for i in set(range(count)) - {i for i, _ in wanted}:
+            ck.mark(i)
+        messages = self._store.read_messages([(e.commit_offset, e.record_size)
+                                              for _, e in wanted])
+        for (i, e), msg in zip(wanted, messages, strict=True):
+            if not tf.accepts(msg.tag):  # a tag-hash collision
                 ck.mark(i)
                 continue
             handle = self._handles.encode(group, ReceiptHandle(
@@ -179,11 +193,13 @@ class PopService:
         return out
 
     def _queue(self, group: str, topic: str, qid: int) -> _QueueLeases:
+        """The queue's lease state; the caller holds the (group, topic) lock."""
         key = (group, topic, qid)
         leases = self._leases.get(key)
         if leases is None:
             leases = self._load(group, topic, qid)
-            self._leases[key] = leases
+            with self._lock:
+                self._leases[key] = leases
         return leases
 
     def _load(self, group: str, topic: str, qid: int) -> _QueueLeases:
@@ -223,21 +239,20 @@ class PopService:
                 handles.append(h)
             except ChronomqError as exc:
                 handles.append(exc)
-        ops: dict[bytes, bytes | None] = {}  # key -> new value, None = delete
-        results: list[ChronomqError | None] = []
-        with self._lock:
-            for item in handles:
-                if isinstance(item, ChronomqError):
-                    results.append(item)
-                    continue
-                try:
-                    self._ack_locked(group, item, ops)
-                    results.append(None)
-                except ChronomqError as exc:
-                    results.append(exc)
-            if ops:
-                self._kv.write([(k, v) for k, v in ops.items() if v is not None],
-                               [k for k, v in ops.items() if v is None])
+        results: list[ChronomqError | None] = [
+            item if isinstance(item, ChronomqError) else None for item in handles]
+        for topic in {h.topic for h in handles if isinstance(h, ReceiptHandle)}:
+            ops: dict[bytes, bytes | None] = {}  # key -> new value, None = delete
+            with self._group_lock(group, topic):
+                for n, item in enumerate(handles):
+                    if isinstance(item, ReceiptHandle) and item.topic == topic:
+                        try:
+                            self._ack_locked(group, item, ops)
+                        except ChronomqError as exc:
+                            results[n] = exc
+                if ops:
+                    self._kv.write([(k, v) for k, v in ops.items() if v is not None],
+                                   [k for k, v in ops.items() if v is None])
         return results
 
     def _ack_locked(self, group: str, h: ReceiptHandle, ops: dict[bytes, bytes | None]) -> None:
@@ -251,7 +266,8 @@ class PopService:
         if ck.is_acked(i):
             return
         ck.mark(i)
-        self._acked += 1
+        with self._lock:
+            self._acked += 1
         key = checkpoint_key(group, h.topic, h.queue_id, ck.ck_start)
         if not ck.all_acked():
             ops[key] = encode_checkpoint(ck)

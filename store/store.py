@@ -58,6 +58,9 @@ from store.topics import Topic, TopicCatalogue
 log = logging.getLogger(__name__)
 
 
+_COALESCE_BYTES = 1 << 20  # read_messages merges reads whose span stays under this
+
+
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
     data_dir: str
@@ -252,6 +255,31 @@ class MessageStore:
             return decode_record(data, 0, commit_offset)
         except RecordError as exc:
             raise StorageIOError(f"record at commitlog offset {commit_offset}: {exc}") from exc
+
+    def read_messages(self, locations: list[tuple[int, int]]) -> list[Message]:
+        """Read several records (``(commit_offset, size)``, in CommitLog order); records
+        close together are read with one ``pread`` of the span that holds them."""
+        out: list[Message] = []
+        i = 0
+        while i < len(locations):
+            start, size = locations[i]
+            end, j = start + size, i + 1
+            while j < len(locations):
+                nxt, nsize = locations[j]
+                if nxt < end or nxt + nsize - start > _COALESCE_BYTES:
+                    break
+                end, j = nxt + nsize, j + 1
+            try:
+                span = self.commitlog.read(start, end - start)
+            except StorageIOError:  # spans a segment boundary: read one by one
+                span, j = b"", i + 1
+            for offset, rec_size in locations[i:j]:
+                if span:
+                    out.append(decode_record(span, offset - start, offset))
+                else:
+                    out.append(self.read_message(offset, rec_size))
+            i = j
+        return out
 
     def consume_queue_entries(
         self, topic: str, queue_id: int, queue_offset: int, max_entries: int
