@@ -228,3 +228,23 @@ def test_tls(tmp_path: Path) -> None:
             plain.list_topics()
     finally:
         srv.stop()
+
+
+def test_prometheus_metrics_endpoint(tmp_path: Path) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = RunningServer(broker_config(tmp_path / "d", metrics_port=port))
+    try:
+        with srv.client() as c:
+            c.create_topic("t")
+            c.send_one("t", b"x")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        assert "chronomq_rpc_sent 1.0" in text
+        assert "chronomq_store_topics 1.0" in text
+    finally:
+        srv.stop()
