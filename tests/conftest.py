@@ -52,8 +52,8 @@ class RunningServer:
 
 def broker_config(data_dir: Path, **server: object) -> BrokerConfig:
     return BrokerConfig(
-        server=ServerConfig(port=0, metrics_port=0, shutdown_grace_s=1.0,
-                            **server),  # type: ignore[arg-type]
+        server=ServerConfig(**{"port": 0, "metrics_port": 0, "shutdown_grace_s": 1.0,
+                               **server}),  # type: ignore[arg-type]
         store=StoreConfig(data_dir=str(data_dir), segment_bytes=1 << 20,
                           max_body_bytes=64 << 10),
         pop=PopConfig(max_wait_ms=5000),
