@@ -32,6 +32,7 @@ def start_metrics(host: str, port: int, source: FigureSource) -> Callable[[], No
 
     def stop() -> None:
         server.shutdown()
+        server.server_close()
         thread.join()
 
     return stop
