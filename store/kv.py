@@ -67,12 +67,6 @@ class KV:
         except Exception as exc:
             raise StoreError(f"RocksDB write failed: {exc}") from exc
 
-    def delete_range(self, begin: bytes, end: bytes) -> None:
-        try:
-            self._db.delete_range(begin, end)
-        except Exception as exc:
-            raise StoreError(f"RocksDB delete failed: {exc}") from exc
-
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Items whose key starts with ``prefix``, from ``start`` (default: the prefix)."""
         ro = ReadOptions()
@@ -84,6 +78,3 @@ class KV:
         while it.valid():
             yield it.key(), it.value()
             it.next()
-
-    def flush_wal(self) -> None:
-        self._db.flush_wal(True)

@@ -9,6 +9,7 @@ Thread-safety: ``dispatch``/``flush`` run on the dispatcher thread; lookups from
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import zlib
 from collections import defaultdict
@@ -80,11 +81,7 @@ class ConsumeQueueTable:
             queues = [self._queues.pop(k) for k in doomed]
         for q in queues:
             q.destroy()
-        path = os.path.join(self._root, topic)
-        if os.path.isdir(path):
-            import shutil
-
-            shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(os.path.join(self._root, topic), ignore_errors=True)
 
     def truncate_beyond(self, commit_end: int) -> int:
         return sum(q.truncate_beyond(commit_end) for _, q in self.all_queues())

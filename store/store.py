@@ -33,7 +33,7 @@ from store.clock import Clock
 from store.commitlog import CommitLog, CommitLogStats
 from store.consumequeue import ConsumeQueue, CqEntry
 from store.dispatcher import Dispatcher, DispatchHandler
-from store.errors import InvalidArgument, StorageIOError, StoreError, TopicNotFound
+from store.errors import StorageIOError, StoreError, TopicNotFound
 from store.index import KeyIndex
 from store.message import (
     FLAG_DELAYED,
@@ -376,10 +376,6 @@ class MessageStore:
         if topic is None:
             raise TopicNotFound(name)
         return topic
-
-    def validate_queue(self, topic: str, queue_id: int) -> None:
-        if queue_id >= self.require_topic(topic).queue_count:
-            raise InvalidArgument(f"topic {topic!r} has no queue {queue_id}")
 
 
 def _expire_entries(cq: ConsumeQueue, expired: Callable[[CqEntry], bool]) -> None:
