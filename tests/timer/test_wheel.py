@@ -1,0 +1,73 @@
+"""The timing wheel: cascades across levels, never fires early, jumps hours at once."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from timer.wheel import TimingWheel
+
+
+def test_fires_exactly_at_due_time_across_levels() -> None:
+    w = TimingWheel(tick_ms=1, slots=8, levels=3, start_ms=1000)  # spans 8, 64, 512 ms
+    dues = {"a": 1003, "b": 1010, "c": 1100, "d": 1511, "e": 5000}  # e: overflow
+    for k, d in dues.items():
+        assert w.add(k, d)
+    fired: dict[str, int] = {}
+    for now in range(1000, 5002):
+        for key, due in w.advance(now):
+            assert due <= now  # never early
+            fired[str(key)] = now
+    assert fired == dues  # and never late: each fired at the first advance past its due
+
+
+def test_already_due_entries_are_refused() -> None:
+    w = TimingWheel(start_ms=1000)
+    assert not w.add("x", 1000)
+    assert not w.add("y", 10)
+    assert len(w) == 0
+
+
+def test_remove_and_re_add() -> None:
+    w = TimingWheel(start_ms=0)
+    w.add("a", 50)
+    w.add("b", 50)
+    assert w.remove("a") and not w.remove("a")
+    w.add("b", 70)  # re-adding moves it
+    assert w.advance(60) == []
+    assert w.advance(70) == [("b", 70)]
+    assert len(w) == 0 and w.next_expiry_ms() is None
+
+
+def test_a_jump_of_hours_fires_everything_due_in_one_call() -> None:
+    w = TimingWheel(tick_ms=1, slots=64, levels=3, start_ms=0)
+    for i in range(1000):
+        w.add(i, 3_600_000 * (i % 5) + i + 1)
+    due_now = {i for i in range(1000) if 3_600_000 * (i % 5) + i + 1 <= 7_200_000}
+    assert {k for k, _ in w.advance(7_200_000)} == due_now
+    assert len(w) == 1000 - len(due_now)
+
+
+@settings(max_examples=80)
+@given(st.lists(st.integers(1, 200_000), min_size=1, max_size=60),
+       st.integers(1, 5), st.integers(2, 16), st.integers(1, 4),
+       st.lists(st.integers(1, 50_000), min_size=1, max_size=10))
+def test_never_early_never_lost(dues: list[int], tick: int, slots: int, levels: int,
+                                steps: list[int]) -> None:
+    # Given entries at arbitrary times on an arbitrary wheel shape
+    w = TimingWheel(tick_ms=tick, slots=slots, levels=levels, start_ms=0)
+    expected = {i: d for i, d in enumerate(dues) if w.add(i, d)}
+    # When time moves in uneven steps, sometimes landing exactly on the next expiry
+    now, fired, n = 0, {}, 0
+    while len(fired) < len(expected):
+        nxt = w.next_expiry_ms()
+        assert nxt is not None, "entries remain but the wheel reports none"
+        step = steps[n % len(steps)]
+        now = max(now + 1, nxt if n % 2 else now + step)
+        n += 1
+        for key, due in w.advance(now):
+            # Then nothing fires early or twice
+            assert due <= now and key not in fired
+            fired[key] = due
+    # and nothing is lost
+    assert fired == expected and len(w) == 0

@@ -1,0 +1,131 @@
+"""A hierarchical timing wheel (Varghese & Lauck; the shape Kafka's purgatory uses).
+
+Level ``i`` has ``slots`` buckets of width ``tick_ms * slots**i``; an entry goes into the
+lowest level whose span covers its due time, and cascades down a level each time the
+bucket holding it comes due, until it expires at the bottom level, which has ``tick_ms``
+resolution.  Non-empty buckets sit in a heap by expiry, so ``advance`` costs time in
+proportion to the buckets that come due, not to the time crossed: a manual clock can jump
+hours in one call.
+
+The wheel is pure data: no threads, no clock.  ``advance(now_ms)`` returns the entries
+whose due time is ``<= now_ms``; it never returns one early.  Removal is O(1) through an
+index of where each key sits.  Not thread-safe: the owner serialises access.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable
+
+
+class TimingWheel:
+    def __init__(self, tick_ms: int = 1, slots: int = 64, levels: int = 4,
+                 start_ms: int = 0) -> None:
+        if tick_ms < 1 or slots < 2 or levels < 1:
+            raise ValueError("tick_ms >= 1, slots >= 2, levels >= 1")
+        self.tick_ms = tick_ms
+        self.slots = slots
+        self.levels = levels
+        self._widths = [tick_ms * slots**i for i in range(levels)]
+        self._current_ms = start_ms - start_ms % tick_ms
+        # bucket id (level, expiry_ms) -> {key: due_ms}
+        self._buckets: dict[tuple[int, int], dict[Hashable, int]] = {}
+        self._heap: list[tuple[int, int]] = []  # (expiry_ms, level) of non-empty buckets
+        self._where: dict[Hashable, tuple[int, int]] = {}
+        self._overflow: dict[Hashable, int] = {}  # beyond the top level's span
+
+    def __len__(self) -> int:
+        return len(self._where) + len(self._overflow)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._where or key in self._overflow
+
+    @property
+    def span_ms(self) -> int:
+        """How far ahead of the current time the wheel's levels reach."""
+        return self._widths[-1] * self.slots
+
+    def add(self, key: Hashable, due_ms: int) -> bool:
+        """Schedule ``key``; returns False if it is already due (the caller fires it)."""
+        self.remove(key)
+        return self._place(key, due_ms)
+
+    def _place(self, key: Hashable, due_ms: int) -> bool:
+        if due_ms < self._current_ms + self.tick_ms:
+            return False
+        for level, width in enumerate(self._widths):
+            if due_ms < self._current_ms + width * self.slots:
+                expiry = due_ms - due_ms % width
+                bucket_id = (level, expiry)
+                bucket = self._buckets.get(bucket_id)
+                if bucket is None:
+                    bucket = self._buckets[bucket_id] = {}
+                    heapq.heappush(self._heap, (expiry, level))
+                bucket[key] = due_ms
+                self._where[key] = bucket_id
+                return True
+        self._overflow[key] = due_ms
+        return True
+
+    def remove(self, key: Hashable) -> bool:
+        bucket_id = self._where.pop(key, None)
+        if bucket_id is not None:
+            bucket = self._buckets[bucket_id]
+            del bucket[key]
+            if not bucket:  # the heap entry goes stale and is skipped later
+                del self._buckets[bucket_id]
+            return True
+        return self._overflow.pop(key, None) is not None
+
+    def next_expiry_ms(self) -> int | None:
+        """When ``advance`` next has work (a bucket comes due), or None if empty."""
+        while self._heap:
+            expiry, level = self._heap[0]
+            if (level, expiry) in self._buckets:
+                return max(expiry, self._current_ms)
+            heapq.heappop(self._heap)  # stale: the bucket emptied
+        if self._overflow:
+            return min(self._overflow.values()) - self.span_ms
+        return None
+
+    def advance(self, now_ms: int) -> list[tuple[Hashable, int]]:
+        """Move the wheel to ``now_ms``; return ``(key, due_ms)`` of every entry due."""
+        fired: list[tuple[Hashable, int]] = []
+        while True:
+            self._pull_overflow(fired)
+            if not self._heap or self._heap[0][0] > now_ms:
+                break
+            expiry, level = heapq.heappop(self._heap)
+            bucket = self._buckets.pop((level, expiry), None)
+            if bucket is None:
+                continue  # stale heap entry
+            self._current_ms = max(self._current_ms, expiry - expiry % self.tick_ms)
+            for key, due in bucket.items():
+                del self._where[key]
+                if due <= now_ms:
+                    fired.append((key, due))
+                elif not self._place(key, due):  # later than now, inside the current tick
+                    self._place_exact(key, due)
+        self._current_ms = max(self._current_ms, now_ms - now_ms % self.tick_ms)
+        self._pull_overflow(fired)
+        return fired
+
+    def _place_exact(self, key: Hashable, due_ms: int) -> None:
+        bucket_id = (0, due_ms)
+        bucket = self._buckets.get(bucket_id)
+        if bucket is None:
+            bucket = self._buckets[bucket_id] = {}
+            heapq.heappush(self._heap, (due_ms, 0))
+        bucket[key] = due_ms
+        self._where[key] = bucket_id
+
+    def _pull_overflow(self, fired: list[tuple[Hashable, int]]) -> None:
+        """Bring entries the levels now reach out of the overflow (due ones fire)."""
+        if not self._overflow:
+            return
+        horizon = self._current_ms + self.span_ms
+        ready = [(k, d) for k, d in self._overflow.items() if d < horizon]
+        for key, due in ready:
+            del self._overflow[key]
+            if not self._place(key, due):  # due <= current time: fire
+                fired.append((key, due))
