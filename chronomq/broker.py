@@ -15,12 +15,11 @@ from pop.service import PopService
 from store.clock import Clock
 from store.errors import FailedPrecondition, InvalidArgument
 from store.kv import KV
-from store.message import DispatchInfo, Draft
+from store.message import FLAG_DELAYED, DispatchInfo, Draft
 from store.store import MessageStore
 from store.topics import Topic
-
-# A delivery time no later than this is "now": the message is consumable at once.
-IMMEDIATE_TOLERANCE_MS = 0
+from timer.service import TimerService
+from timer.store import TimerStore
 
 
 def load_or_create_secret(path: str) -> bytes:
@@ -52,15 +51,24 @@ class Broker:
         secret_path = config.pop.secret_file or os.path.join(config.store.data_dir, "pop-secret")
         self.pop = PopService(self.store, self._pop_kv, load_or_create_secret(secret_path),
                               clock, config.pop.max_messages_cap)
+        self._timer_store = TimerStore(os.path.join(config.store.data_dir, "timer"))
+        self.timer = TimerService(self.store, self._timer_store, config.timer, clock)
+        self.store.add_dispatch_handler(self.timer)
 
     def open(self) -> None:
         self.store.open()
 
-    def start(self) -> None:
+    def start(self, timer_thread: bool = True) -> None:
+        """Start the store's threads and (unless driven by hand, as tests with a manual
+        clock do) the timer's."""
         self.store.start()
+        if timer_thread:
+            self.timer.start()
 
     def stop(self) -> None:
+        self.timer.stop()  # it appends to the CommitLog: stop it first
         self.store.stop()
+        self._timer_store.close()
         self._pop_kv.close()
 
     # ------------------------------------------------------------------ topics
@@ -74,19 +82,23 @@ class Broker:
 
     # ------------------------------------------------------------------ send
 
-    def resolve_deliver_at(self, deliver_at_ms: int, delay_ms: int, born_at_ms: int) -> int:
-        """The absolute due time of a message, or raise for an impossible one."""
+    def resolve_deliver_at(self, deliver_at_ms: int, delay_ms: int,
+                           now_ms: int) -> tuple[int, int]:
+        """``(due time, record flags)`` of a message sent at ``now_ms``, or raise for an
+        impossible one.  A time in the past or within the current millisecond is now."""
         if delay_ms < 0:
             raise InvalidArgument(f"delay_ms must not be negative (got {delay_ms})")
         if deliver_at_ms < 0:
             raise InvalidArgument(f"deliver_at_ms must not be negative (got {deliver_at_ms})")
-        due = born_at_ms + delay_ms if delay_ms else max(deliver_at_ms, born_at_ms)
-        if due > born_at_ms + IMMEDIATE_TOLERANCE_MS:
+        due = now_ms + delay_ms if delay_ms else max(deliver_at_ms, now_ms)
+        if due <= now_ms:
+            return now_ms, 0
+        if not self.config.timer.enabled:
             raise FailedPrecondition(
-                "delayed delivery is not enabled on this broker: send without "
-                "deliver_at_ms/delay_ms, or with a time that is already due"
-            )
-        return due
+                "delayed delivery is turned off on this broker (timer.enabled = false): "
+                "send without deliver_at_ms/delay_ms")
+        self.timer.check_delay(due, now_ms)
+        return due, FLAG_DELAYED
 
     def check(self, m: Draft) -> None:
         self.store.check(m)

@@ -4,6 +4,8 @@
     chronomq topic create|list|delete ...
     chronomq send TOPIC BODY [--key K] [--tag T] [--delay-ms N | --deliver-at-ms T]
     chronomq pop TOPIC GROUP [--max N] [--invisible-time-s S] [--wait-ms W] [--no-ack]
+    chronomq cancel ID
+    chronomq reschedule ID (--delay-ms N | --deliver-at-ms T)
     chronomq query TOPIC (--key K | --message-id ID)
     chronomq stats
 
@@ -77,6 +79,17 @@ def _parser() -> argparse.ArgumentParser:
     po.add_argument("--no-ack", action="store_true")
     _client_args(po)
 
+    ca = sub.add_parser("cancel", help="cancel a pending delayed message")
+    ca.add_argument("message_id")
+    _client_args(ca)
+
+    rs = sub.add_parser("reschedule", help="move a pending delayed message")
+    rs.add_argument("message_id")
+    rwhen = rs.add_mutually_exclusive_group(required=True)
+    rwhen.add_argument("--delay-ms", type=int)
+    rwhen.add_argument("--deliver-at-ms", type=int)
+    _client_args(rs)
+
     q = sub.add_parser("query", help="find messages by key or message id")
     q.add_argument("topic", nargs="?", default="")
     q.add_argument("--key", default="")
@@ -130,6 +143,11 @@ def _run_client(args: argparse.Namespace) -> Any:
                 if errors:
                     raise ChronomqError("ack failed: " + "; ".join(errors))
             return [_received_dict(m) for m in got]
+        if args.command == "cancel":
+            return {"message_id": args.message_id, "outcome": c.cancel(args.message_id)}
+        if args.command == "reschedule":
+            outcome, due = c.reschedule(args.message_id, args.deliver_at_ms, args.delay_ms)
+            return {"message_id": args.message_id, "outcome": outcome, "deliver_at_ms": due}
         if args.command == "query":
             return [_received_dict(m) for m in c.query(args.topic, args.key, args.message_id)]
         return c.stats()

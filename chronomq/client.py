@@ -156,6 +156,24 @@ class ChronomqClient:
                                                receipt_handles=list(receipt_handles)))
         return [r.error.message if r.HasField("error") else "" for r in resp.results]
 
+    # ------------------------------------------------------------------ timer control
+
+    def cancel(self, message_id: str) -> str:
+        """Cancel a pending delayed message: CANCELLED, ALREADY_DELIVERED or NOT_FOUND."""
+        resp = self._call("Cancel", pb.CancelRequest(message_id=message_id))
+        return str(pb.TimerOutcome.Name(resp.outcome))
+
+    def reschedule(self, message_id: str, deliver_at_ms: int | None = None,
+                   delay_ms: int | None = None) -> tuple[str, int]:
+        """Move a pending message's delivery time; returns (outcome, new deliver_at_ms)."""
+        request = pb.RescheduleRequest(message_id=message_id)
+        if deliver_at_ms is not None:
+            request.deliver_at_ms = deliver_at_ms
+        elif delay_ms is not None:
+            request.delay_ms = delay_ms
+        resp = self._call("Reschedule", request)
+        return str(pb.TimerOutcome.Name(resp.outcome)), int(resp.deliver_at_ms)
+
     # ------------------------------------------------------------------ query / stats
 
     def query(self, topic: str = "", key: str = "", message_id: str = "",

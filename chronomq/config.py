@@ -17,6 +17,11 @@ Every duration and size carries its unit in its name.  Example ``chronomq.toml``
 
     [pop]
     max_messages_cap = 32
+
+    [timer]
+    enabled = true
+    wheel_window_ms = 60000      # the in-memory wheel holds the next minute
+    max_delay_ms = 316224000000  # ten years
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any, get_type_hints
 
 from store.errors import InvalidArgument
 from store.store import StoreConfig
+from timer.service import TimerConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +64,7 @@ class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     store: StoreConfig = field(default_factory=lambda: StoreConfig(data_dir="./chronomq-data"))
     pop: PopConfig = field(default_factory=PopConfig)
+    timer: TimerConfig = field(default_factory=TimerConfig)
 
     def validate(self) -> None:
         if self.store.flush not in ("sync", "async"):
@@ -66,7 +73,11 @@ class BrokerConfig:
             raise InvalidArgument("set both server.tls_cert_file and server.tls_key_file")
         for name, value in (("store.max_body_bytes", self.store.max_body_bytes),
                             ("store.segment_bytes", self.store.segment_bytes),
-                            ("pop.max_messages_cap", self.pop.max_messages_cap)):
+                            ("pop.max_messages_cap", self.pop.max_messages_cap),
+                            ("timer.wheel_window_ms", self.timer.wheel_window_ms),
+                            ("timer.max_delay_ms", self.timer.max_delay_ms),
+                            ("timer.delivery_batch", self.timer.delivery_batch),
+                            ("timer.load_interval_ms", self.timer.load_interval_ms)):
             if value <= 0:
                 raise InvalidArgument(f"{name} must be positive")
 
@@ -117,6 +128,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         server=_section(ServerConfig, raw.get("server", {}), "server"),
         store=_section(StoreConfig, store_raw, "store"),
         pop=_section(PopConfig, raw.get("pop", {}), "pop"),
+        timer=_section(TimerConfig, raw.get("timer", {}), "timer"),
     )
     config.validate()
     return config

@@ -132,11 +132,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             topic, key, tag, body, mid = om.topic, om.key, om.tag, om.body, om.message_id
             try:
                 at_ms, delay_ms = om.deliver_at_ms, om.delay_ms
-                due = broker.resolve_deliver_at(at_ms, delay_ms, now) if at_ms or delay_ms \
-                    else now
+                due, flags = broker.resolve_deliver_at(at_ms, delay_ms, now) \
+                    if at_ms or delay_ms else (now, 0)
                 props = om.properties
                 d = new_draft(Draft, (mid, topic, key, tag, body, encode_properties(dict(props))
-                                      if len(props) else b"", now, due, 0, 0))
+                                      if len(props) else b"", now, due, flags, 0))
                 # the full check once per topic and for anything out of the ordinary
                 if (mid or topic not in checked_topics or not body or len(body) > max_body
                         or len(key) > _FAST_KEY_CHARS or len(tag) > _FAST_TAG_CHARS):
@@ -247,15 +247,30 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     # ------------------------------------------------------------------ timer control
 
     def Cancel(self, request: pb.CancelRequest, context: Context) -> pb.CancelResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                      "Cancel needs delayed delivery, which this version does not have yet")
-        raise AssertionError("unreachable")
+        try:
+            validate_message_id(request.message_id)
+            if not request.message_id:
+                raise InvalidArgument("Cancel needs a message_id")
+            outcome = self._broker.timer.cancel(request.message_id)
+        except ChronomqError as exc:
+            _abort(context, exc)
+        return pb.CancelResponse(outcome=outcome.name)
 
     def Reschedule(self, request: pb.RescheduleRequest,
                    context: Context) -> pb.RescheduleResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                      "Reschedule needs delayed delivery, which this version does not have yet")
-        raise AssertionError("unreachable")
+        try:
+            validate_message_id(request.message_id)
+            if not request.message_id:
+                raise InvalidArgument("Reschedule needs a message_id")
+            if request.WhichOneof("delivery") is None:
+                raise InvalidArgument("Reschedule needs deliver_at_ms or delay_ms")
+            now = self._broker.clock.now_ms()
+            due, _ = self._broker.resolve_deliver_at(request.deliver_at_ms, request.delay_ms,
+                                                     now)
+            outcome = self._broker.timer.reschedule(request.message_id, due)
+        except ChronomqError as exc:
+            _abort(context, exc)
+        return pb.RescheduleResponse(outcome=outcome.name, deliver_at_ms=due)
 
     # ------------------------------------------------------------------ query / stats
 
@@ -297,4 +312,13 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             "pop.open_checkpoints": p.open_checkpoints, "pop.popped": p.popped,
             "pop.acked": p.acked, "rpc.sent": self.sent, "rpc.popped": self.popped,
         })
+        t = self._broker.timer.statistics()
+        out.update({
+            "timer.pending_wheel": t.pending_wheel, "timer.pending_rocksdb": t.pending_rocksdb,
+            "timer.next_due_ms": t.next_due_ms, "timer.delivered": t.delivered,
+            "timer.cancelled": t.cancelled, "timer.rescheduled": t.rescheduled,
+        })
+        for bound, count in zip(t.lateness_bounds_ms, t.lateness_counts, strict=False):
+            out[f"timer.lateness_le_{bound}ms"] = count
+        out["timer.lateness_over_5000ms"] = t.lateness_counts[-1]
         return out

@@ -7,6 +7,7 @@ Thread-safe: RocksDB itself is; this class keeps no mutable state of its own.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any, cast
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
@@ -49,6 +50,17 @@ class KV:
         except Exception as exc:
             raise StoreError(f"RocksDB read failed: {exc}") from exc
         return value
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        try:
+            values = cast(list[bytes | None], self._db.get(list[Any](keys)))
+        except Exception as exc:
+            raise StoreError(f"RocksDB read failed: {exc}") from exc
+        return values
+
+    def estimate_keys(self) -> int:
+        """RocksDB's estimate of the number of keys (cheap; not exact)."""
+        return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)
 
     def write(
         self,

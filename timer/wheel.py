@@ -26,7 +26,7 @@ class TimingWheel:
         self.tick_ms = tick_ms
         self.slots = slots
         self.levels = levels
-        self._widths = [tick_ms * slots**i for i in range(levels)]
+        self._widths: list[int] = [tick_ms * int(slots**i) for i in range(levels)]
         self._current_ms = start_ms - start_ms % tick_ms
         # bucket id (level, expiry_ms) -> {key: due_ms}
         self._buckets: dict[tuple[int, int], dict[Hashable, int]] = {}

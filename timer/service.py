@@ -1,0 +1,319 @@
+"""TimerService: delayed delivery on top of the CommitLog.
+
+Flow (DESIGN.md "one write path"):
+
+1. A Send due in the future is appended to the CommitLog like any message, flagged
+   ``FLAG_DELAYED`` (the ConsumeQueue dispatcher skips it).
+2. This service is a dispatch handler: it copies each delayed record into the TimerStore
+   (RocksDB, keyed by due time) together with its dispatch position, atomically.
+3. ``load_due`` moves entries due within ``wheel_window_ms`` from RocksDB into the
+   in-memory timing wheel, so memory holds only the near future.
+4. ``deliver_due`` fires the wheel: the due messages are appended to the CommitLog again,
+   under their own topic, id and due time (``FLAG_TIMER_DELIVERY``), in batches; only
+   after that append is durable are their timer entries deleted.  A crash in between
+   delivers twice (same message id), never zero times.
+
+``Cancel``/``Reschedule`` find a pending message by id wherever it is (RocksDB, wheel).
+One named thread (``timer``) drives loading and delivery; tests drive ``load_due`` and
+``deliver_due`` with a manual clock instead.  Thread-safe.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import logging
+import threading
+from dataclasses import dataclass
+from typing import cast
+
+from store.clock import Clock
+from store.errors import ChronomqError, InvalidArgument
+from store.message import (
+    FLAG_DELAYED,
+    FLAG_TIMER_DELIVERY,
+    DispatchInfo,
+    Draft,
+    decode_record,
+    encode_properties,
+)
+from store.store import MessageStore
+from timer.store import TimerStore, parse_timer_key, timer_key
+from timer.wheel import TimingWheel
+
+log = logging.getLogger(__name__)
+
+TEN_YEARS_MS = 10 * 366 * 86_400_000
+LATENESS_BOUNDS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+
+
+@dataclass(frozen=True, slots=True)
+class TimerConfig:
+    enabled: bool = True
+    wheel_window_ms: int = 60_000  # how far ahead the in-memory wheel holds entries
+    max_delay_ms: int = TEN_YEARS_MS
+    delivery_batch: int = 1000  # messages appended per CommitLog batch on delivery
+    load_interval_ms: int = 1000  # how often the loader tops up the wheel
+
+
+class TimerOutcome(enum.Enum):
+    CANCELLED = 1
+    RESCHEDULED = 2
+    ALREADY_DELIVERED = 3
+    NOT_FOUND = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TimerStats:
+    pending_wheel: int
+    pending_rocksdb: int
+    next_due_ms: int
+    delivered: int
+    cancelled: int
+    rescheduled: int
+    lateness_bounds_ms: tuple[int, ...]
+    lateness_counts: tuple[int, ...]  # one per bound (<= bound) plus one for beyond
+
+
+class TimerService:
+    """Delayed delivery.  Thread-safe."""
+
+    name = "timer"
+
+    def __init__(self, store: MessageStore, timers: TimerStore, config: TimerConfig,
+                 clock: Clock) -> None:
+        self._store = store
+        self._timers = timers
+        self.config = config
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._wheel = TimingWheel(tick_ms=1, slots=64, levels=4, start_ms=clock.now_ms())
+        self._loaded_until_ms = 0  # every entry due before this is in the wheel
+        self._delivering: set[bytes] = set()
+        self._due_now: list[tuple[bytes, int]] = []  # loaded entries already due
+        self._position = timers.position()
+        self._pending_position = self._position
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._delivered = 0
+        self._cancelled = 0
+        self._rescheduled = 0
+        self._lateness = [0] * (len(LATENESS_BOUNDS_MS) + 1)
+
+    # ------------------------------------------------------------------ rules
+
+    def check_delay(self, deliver_at_ms: int, now_ms: int) -> None:
+        """Raise ``InvalidArgument`` for a due time beyond the maximum delay."""
+        if deliver_at_ms - now_ms > self.config.max_delay_ms:
+            raise InvalidArgument(
+                f"delivery time is {deliver_at_ms - now_ms} ms ahead, beyond the maximum "
+                f"delay of {self.config.max_delay_ms} ms (setting timer.max_delay_ms)")
+
+    # ------------------------------------------------------------------ DispatchHandler
+
+    def position(self) -> int:
+        return self._position
+
+    def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
+        delayed = [r for r in records if r.flags & FLAG_DELAYED]
+        entries: list[tuple[str, int, int, bytes]] = []
+        if delayed:
+            first = delayed[0].commit_offset
+            last = delayed[-1]
+            span = self._store.commitlog.read(first, last.commit_offset + last.record_size - first)
+            for r in delayed:
+                at = r.commit_offset - first
+                entries.append((r.message_id, r.deliver_at_ms, r.commit_offset,
+                                span[at : at + r.record_size]))
+        if entries or end_offset - self._position > (1 << 20):
+            self._timers.add(entries, end_offset)
+            self._position = end_offset
+        self._pending_position = end_offset
+        if entries:
+            self._admit([(timer_key(due, off), due) for _, due, off, _ in entries])
+
+    def flush(self) -> None:
+        if self._pending_position != self._position:
+            self._timers.add([], self._pending_position)
+            self._position = self._pending_position
+
+    def _admit(self, keyed: list[tuple[bytes, int]]) -> None:
+        """Put newly stored entries that fall inside the loaded window into the wheel."""
+        earliest = None
+        with self._lock:
+            for key, due in keyed:
+                if due < self._loaded_until_ms:
+                    if not self._wheel.add(key, due):
+                        self._due_now.append((key, due))
+                    earliest = due if earliest is None else min(earliest, due)
+        if earliest is not None:
+            self._wake.set()
+
+    # ------------------------------------------------------------------ loading
+
+    def load_due(self, now_ms: int) -> int:
+        """Move entries due before ``now + wheel_window`` from RocksDB into the wheel."""
+        target = now_ms + self.config.wheel_window_ms
+        with self._lock:
+            start = self._loaded_until_ms
+        if target <= start:
+            return 0
+        found = list(self._timers.due_between(start, target))
+        with self._lock:
+            for key, due in found:
+                if key in self._delivering:
+                    continue
+                if not self._wheel.add(key, due):
+                    self._due_now.append((key, due))
+            self._loaded_until_ms = target
+        return len(found)
+
+    # ------------------------------------------------------------------ delivery
+
+    def deliver_due(self, now_ms: int) -> int:
+        """Append every message due by ``now_ms`` to its topic; return how many."""
+        total = 0
+        with self._lock:
+            fired = self._wheel.advance(now_ms) + self._due_now
+            self._due_now = []
+            fired.sort(key=lambda kd: kd[1])
+            keys = [cast(bytes, k) for k, _ in fired]
+            self._delivering.update(keys)
+        try:
+            for i in range(0, len(keys), self.config.delivery_batch):
+                total += self._deliver_batch(keys[i : i + self.config.delivery_batch])
+        finally:
+            with self._lock:
+                self._delivering.difference_update(keys)
+        return total
+
+    def _deliver_batch(self, keys: list[bytes]) -> int:
+        records = self._timers.records(keys)
+        drafts: list[Draft] = []
+        done: list[tuple[bytes, str]] = []
+        orphans: list[tuple[bytes, str]] = []
+        for key, raw in zip(keys, records, strict=True):
+            if raw is None:
+                continue  # cancelled or rescheduled meanwhile
+            m = decode_record(raw)
+            if self._store.topics.get(m.topic) is None:
+                log.warning("dropping delayed message %s: topic %r was deleted",
+                            m.message_id, m.topic)
+                orphans.append((key, m.message_id))
+                continue
+            due = parse_timer_key(key)[0]
+            drafts.append(Draft(m.message_id, m.topic, m.key, m.tag, m.body,
+                                encode_properties(m.properties), m.born_at_ms, due,
+                                FLAG_TIMER_DELIVERY, m.delivery_attempt))
+            done.append((key, m.message_id))
+        if orphans:
+            self._timers.remove(orphans)
+        if not drafts:
+            return 0
+        try:
+            stored = self._store.put_drafts(drafts).result()
+        except ChronomqError:
+            log.exception("timer delivery failed; the entries stay and are retried")
+            with self._lock:
+                for key, _ in done:  # retry on the next round
+                    self._due_now.append((key, parse_timer_key(key)[0]))
+            return 0
+        self._timers.remove(done)  # only now: the messages are durable under their topic
+        with self._lock:
+            self._delivered += len(stored)
+            for info in stored:
+                late = info.store_at_ms - info.deliver_at_ms
+                self._lateness[bisect.bisect_left(LATENESS_BOUNDS_MS, late)] += 1
+        return len(stored)
+
+    # ------------------------------------------------------------------ cancel / reschedule
+
+    def cancel(self, message_id: str) -> TimerOutcome:
+        with self._lock:
+            loc = self._timers.locate(message_id)
+            if loc is None:
+                return self._not_pending(message_id)
+            key = timer_key(*loc)
+            if key in self._delivering:
+                return TimerOutcome.ALREADY_DELIVERED
+            self._timers.remove([(key, message_id)])
+            self._wheel.remove(key)
+            self._cancelled += 1
+            return TimerOutcome.CANCELLED
+
+    def reschedule(self, message_id: str, deliver_at_ms: int) -> TimerOutcome:
+        now = self._clock.now_ms()
+        self.check_delay(deliver_at_ms, now)
+        with self._lock:
+            loc = self._timers.locate(message_id)
+            if loc is None:
+                return self._not_pending(message_id)
+            old_key = timer_key(*loc)
+            if old_key in self._delivering:
+                return TimerOutcome.ALREADY_DELIVERED
+            (record,) = self._timers.records([old_key])
+            assert record is not None
+            new_key = self._timers.move(message_id, old_key, deliver_at_ms, loc[1], record)
+            self._wheel.remove(old_key)
+            if deliver_at_ms < self._loaded_until_ms and not self._wheel.add(new_key,
+                                                                              deliver_at_ms):
+                self._due_now.append((new_key, deliver_at_ms))
+            self._rescheduled += 1
+        self._wake.set()
+        return TimerOutcome.RESCHEDULED
+
+    def _not_pending(self, message_id: str) -> TimerOutcome:
+        for m in self._store.query_by_message_id(message_id):
+            if not m.flags & FLAG_DELAYED:
+                return TimerOutcome.ALREADY_DELIVERED  # delivered copy, or sent as due
+        return TimerOutcome.NOT_FOUND
+
+    # ------------------------------------------------------------------ thread
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="timer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        next_load = 0.0
+        while not self._stop.is_set():
+            try:
+                self._wake.clear()  # anything admitted from here on wakes the wait below
+                now = self._clock.now_ms()
+                if now >= next_load:
+                    self.load_due(now)
+                    next_load = now + self.config.load_interval_ms
+                self.deliver_due(self._clock.now_ms())
+                with self._lock:
+                    nxt = self._wheel.next_expiry_ms()
+                    pending_now = bool(self._due_now)
+                wait_ms = 0.0 if pending_now else next_load - self._clock.now_ms()
+                if nxt is not None:
+                    wait_ms = min(wait_ms, nxt - self._clock.now_ms())
+                if wait_ms > 0:
+                    self._wake.wait(wait_ms / 1000)
+            except Exception:
+                log.exception("timer loop failed; retrying in 1 s")
+                self._stop.wait(1.0)
+
+    # ------------------------------------------------------------------ stats
+
+    def statistics(self) -> TimerStats:
+        with self._lock:
+            nxt = self._wheel.next_expiry_ms()
+            return TimerStats(
+                pending_wheel=len(self._wheel) + len(self._due_now),
+                pending_rocksdb=self._timers.pending_estimate(),
+                next_due_ms=nxt if nxt is not None else 0,
+                delivered=self._delivered, cancelled=self._cancelled,
+                rescheduled=self._rescheduled, lateness_bounds_ms=LATENESS_BOUNDS_MS,
+                lateness_counts=tuple(self._lateness),
+            )
