@@ -1,0 +1,79 @@
+"""Delayed delivery end to end: real server on 127.0.0.1, real clock, and kill -9."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from chronomq.client import ChronomqClient, message
+from tests.chronomq.process import ServerProcess
+from tests.conftest import RunningServer
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def test_delayed_send_pop_cancel_reschedule(client: ChronomqClient,
+                                            server: RunningServer) -> None:
+    client.create_topic("d")
+    sent_at = _now_ms()
+    (keep, drop, move) = [o.message_id for o in client.send([
+        message("d", b"keep", delay_ms=400), message("d", b"drop", delay_ms=400),
+        message("d", b"move", delay_ms=60_000)])]
+    assert client.cancel(drop) == "CANCELLED"
+    outcome, due = client.reschedule(move, delay_ms=600)
+    assert outcome == "RESCHEDULED" and due >= sent_at + 600
+    assert client.pop("d", "g") == []  # nothing is due yet
+    got: dict[bytes, tuple[int, int]] = {}
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        for m in client.pop("d", "g", wait_ms=2000):
+            got[m.body] = (_now_ms(), m.deliver_at_ms)
+            client.ack("g", [m.receipt_handle])
+    assert set(got) == {b"keep", b"move"}
+    for received_at, deliver_at in got.values():
+        assert received_at >= deliver_at  # never early
+    assert client.cancel(keep) == "ALREADY_DELIVERED"
+    assert client.stats()["timer.delivered"] == 2
+
+
+@pytest.mark.slow
+def test_sigkill_with_pending_and_delivering_timers(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    srv = ServerProcess(data)
+    start = _now_ms()
+    ids: dict[str, int] = {}
+    with ChronomqClient(srv.target) as c:
+        c.create_topic("k", queue_count=2)
+        # Given 4,000 messages due between 0.8 s and 3 s from now, many at the same instant
+        for b in range(40):
+            due = start + 800 + (b % 8) * 300
+            out = c.send([message("k", f"{b}-{i}".encode(), deliver_at_ms=due)
+                          for i in range(100)])
+            ids.update({o.message_id: due for o in out})
+    # When the broker is killed while some are delivered, some are being delivered, and
+    # the rest are pending
+    while _now_ms() < start + 1500:
+        time.sleep(0.01)
+    srv.kill9()
+    srv = ServerProcess(data)
+    try:
+        seen: dict[str, int] = {}
+        duplicates = 0
+        with ChronomqClient(srv.target) as c:
+            deadline = time.monotonic() + 30
+            while len(seen) < len(ids) and time.monotonic() < deadline:
+                for m in c.pop("k", "g", max_messages=32, wait_ms=1000):
+                    received = _now_ms()
+                    assert received >= m.deliver_at_ms == ids[m.message_id]  # never early
+                    duplicates += m.message_id in seen
+                    seen[m.message_id] = received
+                    c.ack("g", [m.receipt_handle])
+        # Then every message is delivered, at or after its time
+        assert set(seen) == set(ids)
+        print(f"duplicates after kill -9: {duplicates}")
+    finally:
+        assert srv.terminate() == 0
