@@ -317,6 +317,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             "timer.pending_wheel": t.pending_wheel, "timer.pending_rocksdb": t.pending_rocksdb,
             "timer.next_due_ms": t.next_due_ms, "timer.delivered": t.delivered,
             "timer.cancelled": t.cancelled, "timer.rescheduled": t.rescheduled,
+            "timer.last_delivery_ms": t.last_delivery_ms,
         })
         for bound, count in zip(t.lateness_bounds_ms, t.lateness_counts, strict=False):
             out[f"timer.lateness_le_{bound}ms"] = count

@@ -71,6 +71,7 @@ class TimerStats:
     delivered: int
     cancelled: int
     rescheduled: int
+    last_delivery_ms: int  # when the latest delivered batch was appended
     lateness_bounds_ms: tuple[int, ...]
     lateness_counts: tuple[int, ...]  # one per bound (<= bound) plus one for beyond
 
@@ -99,6 +100,7 @@ class TimerService:
         self._delivered = 0
         self._cancelled = 0
         self._rescheduled = 0
+        self._last_delivery_ms = 0
         self._lateness = [0] * (len(LATENESS_BOUNDS_MS) + 1)
 
     # ------------------------------------------------------------------ rules
@@ -222,6 +224,7 @@ class TimerService:
         self._timers.remove(done)  # only now: the messages are durable under their topic
         with self._lock:
             self._delivered += len(stored)
+            self._last_delivery_ms = max(self._last_delivery_ms, stored[-1].store_at_ms)
             for info in stored:
                 late = info.store_at_ms - info.deliver_at_ms
                 self._lateness[bisect.bisect_left(LATENESS_BOUNDS_MS, late)] += 1
@@ -314,6 +317,7 @@ class TimerService:
                 pending_rocksdb=self._timers.pending_estimate(),
                 next_due_ms=nxt if nxt is not None else 0,
                 delivered=self._delivered, cancelled=self._cancelled,
-                rescheduled=self._rescheduled, lateness_bounds_ms=LATENESS_BOUNDS_MS,
+                rescheduled=self._rescheduled, last_delivery_ms=self._last_delivery_ms,
+                lateness_bounds_ms=LATENESS_BOUNDS_MS,
                 lateness_counts=tuple(self._lateness),
             )
