@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import itertools
 import logging
 import threading
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ class TimerConfig:
     wheel_window_ms: int = 60_000  # how far ahead the in-memory wheel holds entries
     max_delay_ms: int = TEN_YEARS_MS
     delivery_batch: int = 1000  # messages appended per CommitLog batch on delivery
+    load_batch: int = 20_000  # entries moved from RocksDB to the wheel per loader step
     load_interval_ms: int = 1000  # how often the loader tops up the wheel
 
 
@@ -89,7 +91,8 @@ class TimerService:
         self._clock = clock
         self._lock = threading.Lock()
         self._wheel = TimingWheel(tick_ms=1, slots=64, levels=4, start_ms=clock.now_ms())
-        self._loaded_until_ms = 0  # every entry due before this is in the wheel
+        # Every timer entry whose key sorts before the cursor is in the wheel (or due now).
+        self._load_cursor = timer_key(0, 0)
         self._delivering: set[bytes] = set()
         self._due_now: list[tuple[bytes, int]] = []  # loaded entries already due
         self._position = timers.position()
@@ -145,7 +148,7 @@ class TimerService:
         earliest = None
         with self._lock:
             for key, due in keyed:
-                if due < self._loaded_until_ms:
+                if key < self._load_cursor:
                     if not self._wheel.add(key, due):
                         self._due_now.append((key, due))
                     earliest = due if earliest is None else min(earliest, due)
@@ -154,22 +157,29 @@ class TimerService:
 
     # ------------------------------------------------------------------ loading
 
-    def load_due(self, now_ms: int) -> int:
-        """Move entries due before ``now + wheel_window`` from RocksDB into the wheel."""
-        target = now_ms + self.config.wheel_window_ms
+    def load_due(self, now_ms: int) -> bool:
+        """Move entries due before ``now + wheel_window`` from RocksDB into the wheel, at
+        most ``load_batch`` per call; True when everything up to there is loaded."""
+        target = timer_key(now_ms + self.config.wheel_window_ms, 0)
         with self._lock:
-            start = self._loaded_until_ms
+            start = self._load_cursor
         if target <= start:
-            return 0
-        found = list(self._timers.due_between(start, target))
+            return True
+        found = list(itertools.islice(self._timers.keys_between(start, target),
+                                      self.config.load_batch))
+        complete = len(found) < self.config.load_batch
         with self._lock:
-            for key, due in found:
+            for key in found:
                 if key in self._delivering:
                     continue
+                due = parse_timer_key(key)[0]
                 if not self._wheel.add(key, due):
                     self._due_now.append((key, due))
-            self._loaded_until_ms = target
-        return len(found)
+            # past the last key read (b"\0" makes the next possible key), or the target
+            self._load_cursor = target if complete else found[-1] + b"\0"
+        if self._due_now:
+            self._wake.set()
+        return complete
 
     # ------------------------------------------------------------------ delivery
 
@@ -259,8 +269,7 @@ class TimerService:
             assert record is not None
             new_key = self._timers.move(message_id, old_key, deliver_at_ms, loc[1], record)
             self._wheel.remove(old_key)
-            if deliver_at_ms < self._loaded_until_ms and not self._wheel.add(new_key,
-                                                                              deliver_at_ms):
+            if new_key < self._load_cursor and not self._wheel.add(new_key, deliver_at_ms):
                 self._due_now.append((new_key, deliver_at_ms))
             self._rescheduled += 1
         self._wake.set()
@@ -292,8 +301,9 @@ class TimerService:
                 self._wake.clear()  # anything admitted from here on wakes the wait below
                 now = self._clock.now_ms()
                 if now >= next_load:
-                    self.load_due(now)
-                    next_load = now + self.config.load_interval_ms
+                    # a backlog (restart, hot second) loads in slices between deliveries
+                    complete = self.load_due(now)
+                    next_load = now + self.config.load_interval_ms if complete else now
                 self.deliver_due(self._clock.now_ms())
                 with self._lock:
                     nxt = self._wheel.next_expiry_ms()

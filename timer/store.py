@@ -70,13 +70,12 @@ class TimerStore:
     def records(self, keys: list[bytes]) -> list[bytes | None]:
         return self.kv.get_many(keys)
 
-    def due_between(self, from_ms: int, to_ms: int) -> Iterator[tuple[bytes, int]]:
-        """``(timer key, deliver_at_ms)`` of entries due in ``[from_ms, to_ms)``."""
-        end = timer_key(to_ms, 0)
-        for key, _ in self.kv.scan(b"t", start=timer_key(from_ms, 0)):
-            if key >= end:
+    def keys_between(self, start_key: bytes, end_key: bytes) -> Iterator[bytes]:
+        """Timer keys in ``[start_key, end_key)``, in due order."""
+        for key, _ in self.kv.scan(b"t", start=start_key):
+            if key >= end_key:
                 return
-            yield key, parse_timer_key(key)[0]
+            yield key
 
     def remove(self, keys_and_ids: list[tuple[bytes, str]]) -> None:
         deletes: list[bytes] = []

@@ -46,9 +46,14 @@ class Env:
         assert self.broker.store.wait_visible(10)
 
     def tick(self) -> int:
+        """What the timer thread does at 'now': load in slices, delivering in between."""
         now = self.clock.now_ms()
-        self.timer.load_due(now)
-        delivered = self.timer.deliver_due(now)
+        delivered = 0
+        while True:
+            complete = self.timer.load_due(now)
+            delivered += self.timer.deliver_due(now)
+            if complete:
+                break
         self.visible()
         return delivered
 
@@ -203,3 +208,21 @@ def test_delayed_message_for_a_deleted_topic_is_dropped(env: Env) -> None:
     env.clock.advance(1_000)
     assert env.tick() == 0
     assert env.timer.statistics().pending_wheel == 0
+
+
+def test_a_backlog_loads_in_slices_without_losing_any(tmp_path: Path,
+                                                      manual_clock: ManualClock) -> None:
+    e = Env(tmp_path, manual_clock, load_batch=3)
+    try:
+        e.broker.create_topic(Topic("t", 1))
+        for i in range(10):
+            e.send(f"{i}".encode(), delay_ms=1_000)  # ten at the same instant
+        e.send(b"later", delay_ms=5_000)
+        e.clock.advance(1_000)
+        assert not e.timer.load_due(e.clock.now_ms())  # 3 of 10: more to load
+        assert e.tick() == 10
+        assert sorted(e.bodies()) == sorted(f"{i}".encode() for i in range(10))
+        e.clock.advance(4_000)
+        assert e.tick() == 1 and e.bodies() == [b"later"]
+    finally:
+        e.close()
