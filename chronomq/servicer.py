@@ -136,7 +136,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     if at_ms or delay_ms else (now, 0)
                 props = om.properties
                 d = new_draft(Draft, (mid, topic, key, tag, body, encode_properties(dict(props))
-                                      if len(props) else b"", now, due, flags, 0))
+                                      if len(props) else b"", now, due, flags, 0, b""))
                 # the full check once per topic and for anything out of the ordinary
                 if (mid or topic not in checked_topics or not body or len(body) > max_body
                         or len(key) > _FAST_KEY_CHARS or len(tag) > _FAST_TAG_CHARS):

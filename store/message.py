@@ -109,6 +109,9 @@ def decode_properties(data: bytes | memoryview) -> dict[str, str]:
 HEADER_PREFIX = struct.Struct(">III")  # magic, total_size, crc32
 HEADER_AFTER_CRC = struct.Struct(">HHQQQQIBHHHII")  # header fields from offset 12
 assert HEADER_PREFIX.size + HEADER_AFTER_CRC.size == HEADER.size
+HEADER_FIXED = struct.Struct(">HHQQQQI")  # bytes 12-52: flags .. delivery_attempt
+_BORN = struct.Struct(">Q")
+_ATTEMPT = struct.Struct(">I")
 
 
 def encode_fields(
@@ -149,6 +152,27 @@ class Draft(NamedTuple):
     deliver_at_ms: int
     flags: int = 0
     delivery_attempt: int = 0
+    # A stored record to append again (a timer delivery): its id, strings, properties and
+    # body are reused as they are; ``body`` and ``props`` above are then unused.
+    record: bytes = b""
+
+
+def draft_of_record(record: bytes, deliver_at_ms: int, flags: int) -> Draft:
+    """A draft that appends ``record`` again with new flags and due time."""
+    info = decode_dispatch_infos(record, 0)[0][0]
+    born_at_ms, attempt = _BORN.unpack_from(record, 24)[0], _ATTEMPT.unpack_from(record, 48)[0]
+    return Draft(info.message_id, info.topic, info.key, info.tag, b"", b"", born_at_ms,
+                 deliver_at_ms, flags, attempt, record)
+
+
+def reframe_record(record: bytes, flags: int, queue_id: int, queue_offset: int,
+                   born_at_ms: int, store_at_ms: int, deliver_at_ms: int,
+                   delivery_attempt: int) -> bytes:
+    """``record`` with new header fields (bytes 12-52) and a new CRC; the lengths and the
+    variable fields (bytes 52 on) are kept as they are."""
+    tail = HEADER_FIXED.pack(flags, queue_id, queue_offset, born_at_ms, store_at_ms,
+                             deliver_at_ms, delivery_attempt) + record[52:]
+    return HEADER_PREFIX.pack(RECORD_MAGIC, len(tail) + 12, zlib.crc32(tail)) + tail
 
 
 def draft_of(m: Message) -> Draft:

@@ -50,6 +50,7 @@ from store.message import (
     decode_record,
     draft_of,
     record_size_at,
+    reframe_record,
     validate_message_fields,
 )
 from store.queues import ConsumeQueueTable
@@ -202,7 +203,7 @@ class MessageStore:
         round_robin = self._round_robin
         new_info = tuple.__new__  # a NamedTuple's own __new__ is Python code: skip it
         pack_head, pack_prefix, crc32 = HEADER_AFTER_CRC.pack, HEADER_PREFIX.pack, zlib.crc32
-        for mid, name, key, tag, body, props, born, due, flags, attempt in drafts:
+        for mid, name, key, tag, body, props, born, due, flags, attempt, again in drafts:
             queue_count, topic_b = topics[name]
             key_b = key.encode() if key else b""
             if key_b:
@@ -221,14 +222,19 @@ class MessageStore:
                 flags |= FLAG_FOREIGN_ID
             else:
                 mid = f"{id_prefix}{offset:016X}"
-            mid_b = mid.encode("ascii")
-            tag_b = tag.encode() if tag else b""
-            tail = b"".join((
-                pack_head(flags, qid, qo, born, now, due, attempt, len(mid_b), len(topic_b),
-                          len(key_b), len(tag_b), len(props), len(body)),
-                mid_b, topic_b, key_b, tag_b, props, body))
-            size = len(tail) + 12
-            records.append(pack_prefix(RECORD_MAGIC, size, crc32(tail)) + tail)
+            if again:  # a stored record appended again: new header, same contents
+                rec = reframe_record(again, flags, qid, qo, born, now, due, attempt)
+                size = len(rec)
+                records.append(rec)
+            else:
+                mid_b = mid.encode("ascii")
+                tag_b = tag.encode() if tag else b""
+                tail = b"".join((
+                    pack_head(flags, qid, qo, born, now, due, attempt, len(mid_b),
+                              len(topic_b), len(key_b), len(tag_b), len(props), len(body)),
+                    mid_b, topic_b, key_b, tag_b, props, body))
+                size = len(tail) + 12
+                records.append(pack_prefix(RECORD_MAGIC, size, crc32(tail)) + tail)
             infos.append(new_info(DispatchInfo, (offset, size, flags, qid, qo, now, due, mid,
                                                  name, key, tag)))
             offset += size

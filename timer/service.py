@@ -26,7 +26,6 @@ import itertools
 import logging
 import threading
 from dataclasses import dataclass
-from typing import cast
 
 from store.clock import Clock
 from store.errors import ChronomqError, InvalidArgument
@@ -35,8 +34,7 @@ from store.message import (
     FLAG_TIMER_DELIVERY,
     DispatchInfo,
     Draft,
-    decode_record,
-    encode_properties,
+    draft_of_record,
 )
 from store.store import MessageStore
 from timer.store import TimerStore, parse_timer_key, timer_key
@@ -90,7 +88,8 @@ class TimerService:
         self.config = config
         self._clock = clock
         self._lock = threading.Lock()
-        self._wheel = TimingWheel(tick_ms=1, slots=64, levels=4, start_ms=clock.now_ms())
+        self._wheel: TimingWheel[bytes] = TimingWheel(tick_ms=1, slots=64, levels=4,
+                                                      start_ms=clock.now_ms())
         # Every timer entry whose key sorts before the cursor is in the wheel (or due now).
         self._load_cursor = timer_key(0, 0)
         self._delivering: set[bytes] = set()
@@ -186,11 +185,14 @@ class TimerService:
     def deliver_due(self, now_ms: int) -> int:
         """Append every message due by ``now_ms`` to its topic; return how many."""
         total = 0
+        limit = self.config.delivery_batch * 4  # a hot instant goes out in slices
         with self._lock:
-            fired = self._wheel.advance(now_ms) + self._due_now
-            self._due_now = []
+            fired = self._due_now[:limit]
+            del self._due_now[:limit]
+            if len(fired) < limit:
+                fired += self._wheel.advance(now_ms, limit - len(fired))
             fired.sort(key=lambda kd: kd[1])
-            keys = [cast(bytes, k) for k, _ in fired]
+            keys = [k for k, _ in fired]
             self._delivering.update(keys)
         try:
             for i in range(0, len(keys), self.config.delivery_batch):
@@ -208,17 +210,15 @@ class TimerService:
         for key, raw in zip(keys, records, strict=True):
             if raw is None:
                 continue  # cancelled or rescheduled meanwhile
-            m = decode_record(raw)
-            if self._store.topics.get(m.topic) is None:
-                log.warning("dropping delayed message %s: topic %r was deleted",
-                            m.message_id, m.topic)
-                orphans.append((key, m.message_id))
-                continue
             due = parse_timer_key(key)[0]
-            drafts.append(Draft(m.message_id, m.topic, m.key, m.tag, m.body,
-                                encode_properties(m.properties), m.born_at_ms, due,
-                                FLAG_TIMER_DELIVERY, m.delivery_attempt))
-            done.append((key, m.message_id))
+            draft = draft_of_record(raw, due, FLAG_TIMER_DELIVERY)
+            if self._store.topics.get(draft.topic) is None:
+                log.warning("dropping delayed message %s: topic %r was deleted",
+                            draft.message_id, draft.topic)
+                orphans.append((key, draft.message_id))
+                continue
+            drafts.append(draft)
+            done.append((key, draft.message_id))
         if orphans:
             self._timers.remove(orphans)
         if not drafts:

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
-class TimingWheel:
+class TimingWheel(Generic[K]):
     def __init__(self, tick_ms: int = 1, slots: int = 64, levels: int = 4,
                  start_ms: int = 0) -> None:
         if tick_ms < 1 or slots < 2 or levels < 1:
@@ -29,15 +32,15 @@ class TimingWheel:
         self._widths: list[int] = [tick_ms * int(slots**i) for i in range(levels)]
         self._current_ms = start_ms - start_ms % tick_ms
         # bucket id (level, expiry_ms) -> {key: due_ms}
-        self._buckets: dict[tuple[int, int], dict[Hashable, int]] = {}
+        self._buckets: dict[tuple[int, int], dict[K, int]] = {}
         self._heap: list[tuple[int, int]] = []  # (expiry_ms, level) of non-empty buckets
-        self._where: dict[Hashable, tuple[int, int]] = {}
-        self._overflow: dict[Hashable, int] = {}  # beyond the top level's span
+        self._where: dict[K, tuple[int, int]] = {}
+        self._overflow: dict[K, int] = {}  # beyond the top level's span
 
     def __len__(self) -> int:
         return len(self._where) + len(self._overflow)
 
-    def __contains__(self, key: Hashable) -> bool:
+    def __contains__(self, key: K) -> bool:
         return key in self._where or key in self._overflow
 
     @property
@@ -45,12 +48,12 @@ class TimingWheel:
         """How far ahead of the current time the wheel's levels reach."""
         return self._widths[-1] * self.slots
 
-    def add(self, key: Hashable, due_ms: int) -> bool:
+    def add(self, key: K, due_ms: int) -> bool:
         """Schedule ``key``; returns False if it is already due (the caller fires it)."""
         self.remove(key)
         return self._place(key, due_ms)
 
-    def _place(self, key: Hashable, due_ms: int) -> bool:
+    def _place(self, key: K, due_ms: int) -> bool:
         if due_ms < self._current_ms + self.tick_ms:
             return False
         for level, width in enumerate(self._widths):
@@ -67,7 +70,7 @@ class TimingWheel:
         self._overflow[key] = due_ms
         return True
 
-    def remove(self, key: Hashable) -> bool:
+    def remove(self, key: K) -> bool:
         bucket_id = self._where.pop(key, None)
         if bucket_id is not None:
             bucket = self._buckets[bucket_id]
@@ -85,32 +88,43 @@ class TimingWheel:
                 return max(expiry, self._current_ms)
             heapq.heappop(self._heap)  # stale: the bucket emptied
         if self._overflow:
-            return min(self._overflow.values()) - self.span_ms
+            # the first tick at which the levels reach the earliest overflow entry
+            pull_at = min(self._overflow.values()) - self.span_ms + 1
+            return pull_at + (-pull_at) % self.tick_ms
         return None
 
-    def advance(self, now_ms: int) -> list[tuple[Hashable, int]]:
-        """Move the wheel to ``now_ms``; return ``(key, due_ms)`` of every entry due."""
-        fired: list[tuple[Hashable, int]] = []
-        while True:
-            self._pull_overflow(fired)
+    def advance(self, now_ms: int, limit: int | None = None) -> list[tuple[K, int]]:
+        """Move the wheel to ``now_ms``; return ``(key, due_ms)`` of the entries due, at
+        most ``limit`` of them (the rest stay due and come with the next call)."""
+        fired: list[tuple[K, int]] = []
+        cap = limit if limit is not None else -1
+        now_tick = now_ms - now_ms % self.tick_ms
+        while len(fired) != cap:
+            self._pull_overflow()
             if not self._heap or self._heap[0][0] > now_ms:
-                break
-            expiry, level = heapq.heappop(self._heap)
-            bucket = self._buckets.pop((level, expiry), None)
+                if self._current_ms >= now_tick:
+                    break
+                self._current_ms = now_tick  # nothing else due: move, then pull again
+                continue
+            expiry, level = self._heap[0]
+            bucket = self._buckets.get((level, expiry))
             if bucket is None:
-                continue  # stale heap entry
+                heapq.heappop(self._heap)  # stale heap entry
+                continue
             self._current_ms = max(self._current_ms, expiry - expiry % self.tick_ms)
-            for key, due in bucket.items():
+            while bucket and len(fired) != cap:
+                key, due = bucket.popitem()
                 del self._where[key]
                 if due <= now_ms:
                     fired.append((key, due))
                 elif not self._place(key, due):  # later than now, inside the current tick
                     self._place_exact(key, due)
-        self._current_ms = max(self._current_ms, now_ms - now_ms % self.tick_ms)
-        self._pull_overflow(fired)
+            if not bucket and self._buckets.get((level, expiry)) is bucket:
+                del self._buckets[(level, expiry)]
+                heapq.heappop(self._heap)
         return fired
 
-    def _place_exact(self, key: Hashable, due_ms: int) -> None:
+    def _place_exact(self, key: K, due_ms: int) -> None:
         bucket_id = (0, due_ms)
         bucket = self._buckets.get(bucket_id)
         if bucket is None:
@@ -119,13 +133,14 @@ class TimingWheel:
         bucket[key] = due_ms
         self._where[key] = bucket_id
 
-    def _pull_overflow(self, fired: list[tuple[Hashable, int]]) -> None:
-        """Bring entries the levels now reach out of the overflow (due ones fire)."""
+    def _pull_overflow(self) -> None:
+        """Bring entries the levels now reach out of the overflow (due ones into an exact
+        bucket, so ``advance`` fires them within its limit)."""
         if not self._overflow:
             return
         horizon = self._current_ms + self.span_ms
         ready = [(k, d) for k, d in self._overflow.items() if d < horizon]
         for key, due in ready:
             del self._overflow[key]
-            if not self._place(key, due):  # due <= current time: fire
-                fired.append((key, due))
+            if not self._place(key, due):
+                self._place_exact(key, due)

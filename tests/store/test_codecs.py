@@ -18,8 +18,10 @@ from store.message import (
     decode_dispatch_infos,
     decode_properties,
     decode_record,
+    draft_of_record,
     encode_properties,
     encode_record,
+    reframe_record,
 )
 
 text = st.text(max_size=40)
@@ -124,3 +126,20 @@ def test_message_ids_sort_by_time_then_offset() -> None:
     a = [ids.make(ids.prefix(1_000), off) for off in (0, 5, 10_000)]
     b = [ids.make(ids.prefix(1_001), off) for off in (0, 7)]
     assert a + b == sorted(a + b) and len(set(a + b)) == 5
+
+
+@given(messages, u16, u16, u64, u64, u64, u32)
+def test_reframed_record_keeps_contents_and_takes_new_header(
+        m: Message, flags: int, qid: int, qo: int, store_at: int, deliver: int,
+        attempt: int) -> None:
+    again = reframe_record(encode_record(m), flags, qid, qo, m.born_at_ms, store_at, deliver,
+                           attempt)
+    back = decode_record(again)
+    assert (back.message_id, back.topic, back.key, back.tag, back.properties, back.body) == (
+        m.message_id, m.topic, m.key, m.tag, m.properties, m.body)
+    assert (back.flags, back.queue_id, back.queue_offset, back.store_at_ms,
+            back.deliver_at_ms, back.delivery_attempt) == (flags, qid, qo, store_at, deliver,
+                                                            attempt)
+    d = draft_of_record(encode_record(m), deliver, flags)
+    assert (d.message_id, d.topic, d.key, d.tag, d.born_at_ms, d.delivery_attempt) == (
+        m.message_id, m.topic, m.key, m.tag, m.born_at_ms, m.delivery_attempt)
