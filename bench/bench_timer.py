@@ -82,7 +82,7 @@ def main() -> None:
         try:
             with ChronomqClient(srv.target) as c:
                 c.create_topic(TOPIC, queue_count=4)
-                lead_ms = 3000 + total // 40  # time to send everything first
+                lead_ms = 5000 + total // 25  # time to send everything first
                 t0 = _now_ms() + lead_ms
                 step = 0.0 if args.hot else 1000 / args.rate
                 batches = ([message(TOPIC, b"x" * 100, deliver_at_ms=t0 + int(i * step))
