@@ -242,14 +242,23 @@ class TimerService:
 
     # ------------------------------------------------------------------ cancel / reschedule
 
+    def _find_pending(self, message_id: str) -> tuple[bytes, int] | TimerOutcome:
+        """``(timer key, commit offset)`` of a pending message, or why there is none.
+        The caller holds the lock."""
+        loc = self._timers.locate(message_id)
+        if loc is None:
+            return self._not_pending(message_id)
+        key = timer_key(*loc)
+        if key in self._delivering:
+            return TimerOutcome.ALREADY_DELIVERED
+        return key, loc[1]
+
     def cancel(self, message_id: str) -> TimerOutcome:
         with self._lock:
-            loc = self._timers.locate(message_id)
-            if loc is None:
-                return self._not_pending(message_id)
-            key = timer_key(*loc)
-            if key in self._delivering:
-                return TimerOutcome.ALREADY_DELIVERED
+            found = self._find_pending(message_id)
+            if isinstance(found, TimerOutcome):
+                return found
+            key, _ = found
             self._timers.remove([(key, message_id)])
             self._wheel.remove(key)
             self._cancelled += 1
@@ -259,15 +268,14 @@ class TimerService:
         now = self._clock.now_ms()
         self.check_delay(deliver_at_ms, now)
         with self._lock:
-            loc = self._timers.locate(message_id)
-            if loc is None:
-                return self._not_pending(message_id)
-            old_key = timer_key(*loc)
-            if old_key in self._delivering:
-                return TimerOutcome.ALREADY_DELIVERED
+            found = self._find_pending(message_id)
+            if isinstance(found, TimerOutcome):
+                return found
+            old_key, commit_offset = found
             (record,) = self._timers.records([old_key])
             assert record is not None
-            new_key = self._timers.move(message_id, old_key, deliver_at_ms, loc[1], record)
+            new_key = self._timers.move(message_id, old_key, deliver_at_ms, commit_offset,
+                                        record)
             self._wheel.remove(old_key)
             if new_key < self._load_cursor and not self._wheel.add(new_key, deliver_at_ms):
                 self._due_now.append((new_key, deliver_at_ms))
