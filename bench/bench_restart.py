@@ -1,0 +1,75 @@
+"""Restart time and memory with many pending timers.
+
+Schedules N messages 1-30 days ahead, reports the broker's RSS and data size, then stops
+it (SIGTERM) and measures how long a restart takes until it serves again, and the RSS
+after the restart.
+
+    .venv/bin/python bench/bench_restart.py --messages 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from chronomq.client import ChronomqClient, message  # noqa: E402
+from tests.chronomq.process import ServerProcess  # noqa: E402
+
+DAY_MS = 86_400_000
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return -1.0
+
+
+def _du_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    args = ap.parse_args()
+    rnd = random.Random(7)
+    with tempfile.TemporaryDirectory(prefix="chronomq-bench-") as tmp:
+        data = Path(tmp) / "data"
+        srv = ServerProcess(data)
+        with ChronomqClient(srv.target) as c:
+            c.create_topic("far", queue_count=4)
+            now = time.time_ns() // 1_000_000
+            t0 = time.monotonic()
+            batches = ([message("far", b"x" * 100,
+                                deliver_at_ms=now + DAY_MS + rnd.randrange(29 * DAY_MS))
+                        for _ in range(min(100, args.messages - b))]
+                       for b in range(0, args.messages, 100))
+            failed = sum(not o.ok for out in c.send_stream(batches) for o in out)
+            sent_s = time.monotonic() - t0
+            time.sleep(2)
+            pending = c.stats()["timer.pending_rocksdb"]
+        print(f"scheduled {args.messages:,} messages 1-30 days ahead in {sent_s:.1f} s "
+              f"({failed} failed); timer.pending_rocksdb ~{pending:,.0f}")
+        print(f"broker RSS {_rss_mb(srv.proc.pid):.0f} MB; data dir {_du_mb(data):.0f} MB")
+        srv.terminate()
+        t0 = time.monotonic()
+        srv = ServerProcess(data)
+        restart_s = time.monotonic() - t0
+        with ChronomqClient(srv.target) as c:
+            pending = c.stats()["timer.pending_rocksdb"]
+        print(f"restart until serving: {restart_s:.2f} s (process start included); "
+              f"RSS after restart {_rss_mb(srv.proc.pid):.0f} MB; pending ~{pending:,.0f}")
+        srv.terminate()
+
+
+if __name__ == "__main__":
+    main()
