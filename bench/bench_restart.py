@@ -10,7 +10,6 @@ after the restart.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import tempfile
@@ -19,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chronomq.client import ChronomqClient, message  # noqa: E402
-from tests.chronomq.process import ServerProcess  # noqa: E402
+from chronomq.client import ChronomqClient, message
+from tests.chronomq.process import ServerProcess
 
 DAY_MS = 86_400_000
 
