@@ -1,0 +1,40 @@
+"""The storage Provider protocol: the small driver every tier backend implements.
+
+Objects are immutable once written (S3 has no append): a writer that grows a file writes
+it as a sequence of objects (see ``tiered.segment`` when it lands).  Reads are ranged.
+Every method raises ``TierNotFound``/``TierUnavailable``/``TierError``, never a foreign
+exception.  Implementations are thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Provider(Protocol):
+    name: str
+
+    def exists(self, path: str) -> bool:
+        """Does the object exist?"""
+        ...
+
+    def size(self, path: str) -> int:
+        """The object's size in bytes (``TierNotFound`` if missing)."""
+        ...
+
+    def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+        """``length`` bytes from ``offset`` (-1: to the end); short at the end of the
+        object; ``TierNotFound`` if missing."""
+        ...
+
+    def write(self, path: str, data: bytes) -> None:
+        """Create or replace the object atomically (readers see old or new, not a mix)."""
+        ...
+
+    def delete(self, path: str) -> None:
+        """Remove the object; removing a missing object is not an error."""
+        ...
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Paths starting with ``prefix``, sorted."""
+        ...

@@ -1,0 +1,1 @@
+"""Provider implementations: ``memory`` (tests), ``local`` (a directory), ``s3`` (boto3)."""

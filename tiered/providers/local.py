@@ -1,0 +1,72 @@
+"""A Provider over a local directory (the default tier).  Objects are files under
+``root``; a write goes to a temporary file that is fsynced and renamed into place.
+Thread-safe."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+from tiered.errors import TierError, TierNotFound, check_path
+
+
+@contextmanager
+def _wrapped(path: str) -> Iterator[None]:
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise TierNotFound(f"{path} does not exist in the tier") from exc
+    except OSError as exc:
+        raise TierError(f"local tier failed on {path}: {exc}") from exc
+
+
+class LocalProvider:
+    name = "local"
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        os.makedirs(self.root, exist_ok=True)
+
+    def _full(self, path: str) -> str:
+        return os.path.join(self.root, *check_path(path).split("/"))
+
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(self._full(path))
+
+    def size(self, path: str) -> int:
+        with _wrapped(path):
+            return os.path.getsize(self._full(path))
+
+    def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+        with _wrapped(path), open(self._full(path), "rb") as f:
+            f.seek(offset)
+            return f.read(length if length >= 0 else -1)
+
+    def write(self, path: str, data: bytes) -> None:
+        full = self._full(path)
+        tmp = f"{full}.tmp.{os.getpid()}.{id(data)}"
+        with _wrapped(path):
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, full)
+
+    def delete(self, path: str) -> None:
+        with _wrapped(path), suppress(FileNotFoundError):
+            os.unlink(self._full(path))
+
+    def list(self, prefix: str = "") -> list[str]:
+        out: list[str] = []
+        with _wrapped(prefix or "."):
+            for dirpath, _dirs, files in os.walk(self.root):
+                rel = os.path.relpath(dirpath, self.root)
+                for name in files:
+                    if ".tmp." in name:
+                        continue  # a write in progress
+                    path = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
+                    if path.startswith(prefix):
+                        out.append(path)
+        return sorted(out)

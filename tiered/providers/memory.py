@@ -1,0 +1,43 @@
+"""An in-memory Provider, for tests and tools.  Thread-safe."""
+
+from __future__ import annotations
+
+import threading
+
+from tiered.errors import TierNotFound, check_path
+
+
+class MemoryProvider:
+    name = "memory"
+
+    def __init__(self) -> None:
+        self._objects: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def exists(self, path: str) -> bool:
+        return check_path(path) in self._objects
+
+    def _get(self, path: str) -> bytes:
+        try:
+            return self._objects[check_path(path)]
+        except KeyError:
+            raise TierNotFound(f"{path} does not exist in the tier") from None
+
+    def size(self, path: str) -> int:
+        return len(self._get(path))
+
+    def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+        data = self._get(path)
+        return data[offset:] if length < 0 else data[offset : offset + length]
+
+    def write(self, path: str, data: bytes) -> None:
+        with self._lock:
+            self._objects[check_path(path)] = bytes(data)
+
+    def delete(self, path: str) -> None:
+        with self._lock:
+            self._objects.pop(check_path(path), None)
+
+    def list(self, prefix: str = "") -> list[str]:
+        with self._lock:
+            return sorted(p for p in self._objects if p.startswith(prefix))

@@ -1,0 +1,117 @@
+"""A Provider over S3 (any S3-compatible endpoint) through boto3.
+
+Objects are keys under ``prefix`` in ``bucket``.  Requests: exists/size = 1 HEAD,
+read = 1 ranged GET, write = 1 PUT (atomic per object), delete = 1 DELETE, list = 1 GET
+per 1,000 keys.  botocore errors are wrapped: a missing key is ``TierNotFound``, a
+connection failure, throttling or 5xx is ``TierUnavailable``.  Thread-safe (a boto3
+client is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tiered.errors import TierError, TierNotFound, TierUnavailable, check_path
+
+_MISSING = {"404", "NoSuchKey", "NotFound"}
+_RETRYABLE = {"SlowDown", "Throttling", "RequestTimeout", "ServiceUnavailable",
+              "InternalError", "503", "500"}
+
+
+@dataclass(frozen=True, slots=True)
+class S3Settings:
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str = ""  # empty: AWS
+    region: str = "us-east-1"
+    access_key_id: str = ""  # empty: boto3's usual credential chain
+    secret_access_key: str = ""
+    timeout_s: float = 10.0
+
+
+@contextmanager
+def _wrapped(path: str) -> Iterator[None]:
+    try:
+        yield
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in _MISSING:
+            raise TierNotFound(f"{path} does not exist in the tier") from exc
+        if code in _RETRYABLE:
+            raise TierUnavailable(f"S3 is unavailable ({code}) for {path}") from exc
+        raise TierError(f"S3 refused {path}: {code} {exc}") from exc
+    except BotoCoreError as exc:
+        raise TierUnavailable(f"S3 cannot be reached for {path}: {exc}") from exc
+
+
+class S3Provider:
+    name = "s3"
+
+    def __init__(self, settings: S3Settings) -> None:
+        self.settings = settings
+        kwargs: dict[str, Any] = {
+            "region_name": settings.region,
+            "config": Config(connect_timeout=settings.timeout_s, read_timeout=settings.timeout_s,
+                             retries={"max_attempts": 3, "mode": "standard"}),
+        }
+        if settings.endpoint_url:
+            kwargs["endpoint_url"] = settings.endpoint_url
+        if settings.access_key_id:
+            kwargs["aws_access_key_id"] = settings.access_key_id
+            kwargs["aws_secret_access_key"] = settings.secret_access_key
+        self._s3 = boto3.client("s3", **kwargs)
+        self._bucket = settings.bucket
+        self._prefix = settings.prefix.strip("/") + "/" if settings.prefix.strip("/") else ""
+
+    def _key(self, path: str) -> str:
+        return self._prefix + check_path(path)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.size(path)
+        except TierNotFound:
+            return False
+        return True
+
+    def size(self, path: str) -> int:
+        with _wrapped(path):
+            head = self._s3.head_object(Bucket=self._bucket, Key=self._key(path))
+        return int(head["ContentLength"])
+
+    def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+        if length == 0:
+            return b""
+        rng = f"bytes={offset}-" if length < 0 else f"bytes={offset}-{offset + length - 1}"
+        with _wrapped(path):
+            try:
+                obj = self._s3.get_object(Bucket=self._bucket, Key=self._key(path), Range=rng)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                    self.size(path)  # missing -> TierNotFound; else past the end
+                    return b""
+                raise
+            return bytes(obj["Body"].read())
+
+    def write(self, path: str, data: bytes) -> None:
+        with _wrapped(path):
+            self._s3.put_object(Bucket=self._bucket, Key=self._key(path), Body=data)
+
+    def delete(self, path: str) -> None:
+        with _wrapped(path):
+            self._s3.delete_object(Bucket=self._bucket, Key=self._key(path))
+
+    def list(self, prefix: str = "") -> list[str]:
+        out: list[str] = []
+        with _wrapped(prefix or "."):
+            pages = self._s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self._bucket, Prefix=self._prefix + prefix)
+            for page in pages:
+                out += [obj["Key"][len(self._prefix):] for obj in page.get("Contents", [])]
+        return sorted(out)
