@@ -18,6 +18,11 @@ from store.kv import KV
 from store.message import FLAG_DELAYED, DispatchInfo, Draft
 from store.store import MessageStore
 from store.topics import Topic
+from tiered.provider import Provider
+from tiered.providers.local import LocalProvider
+from tiered.providers.memory import MemoryProvider
+from tiered.providers.s3 import S3Provider, S3Settings
+from tiered.timerflatfile import TimerFlatFiles
 from timer.service import TimerService
 from timer.store import TimerStore
 
@@ -41,6 +46,20 @@ def load_or_create_secret(path: str) -> bytes:
     return secret
 
 
+def make_provider(config: BrokerConfig) -> Provider:
+    """The tier the configuration names."""
+    tier = config.tier
+    if tier.provider == "s3":
+        return S3Provider(S3Settings(
+            bucket=tier.s3_bucket, prefix=tier.s3_prefix, endpoint_url=tier.s3_endpoint_url,
+            region=tier.s3_region, access_key_id=tier.s3_access_key_id,
+            secret_access_key=tier.s3_secret_access_key))
+    if tier.provider == "memory":
+        return MemoryProvider()
+    data = os.path.abspath(config.store.data_dir)
+    return LocalProvider(tier.local_dir or os.path.join(os.path.dirname(data), "chronomq-tier"))
+
+
 class Broker:
     def __init__(self, config: BrokerConfig, clock: Clock) -> None:
         self.config = config
@@ -52,7 +71,11 @@ class Broker:
         self.pop = PopService(self.store, self._pop_kv, load_or_create_secret(secret_path),
                               clock, config.pop.max_messages_cap)
         self._timer_store = TimerStore(os.path.join(config.store.data_dir, "timer"))
-        self.timer = TimerService(self.store, self._timer_store, config.timer, clock)
+        self.tier = make_provider(config)
+        self.flat_files = TimerFlatFiles(self.tier, config.timer.bucket_ms,
+                                         prefix=f"{config.tier.broker_name}/timer")
+        self.timer = TimerService(self.store, self._timer_store, self.flat_files,
+                                  config.timer, clock)
         self.store.add_dispatch_handler(self.timer)
 
     def open(self) -> None:
@@ -68,6 +91,7 @@ class Broker:
     def stop(self) -> None:
         self.timer.stop()  # it appends to the CommitLog: stop it first
         self.store.stop()
+        self.timer.flush()  # parked far-future records go to their TimerFlatFiles
         self._timer_store.close()
         self._pop_kv.close()
 

@@ -22,6 +22,9 @@ Every duration and size carries its unit in its name.  Example ``chronomq.toml``
     enabled = true
     wheel_window_ms = 60000      # the in-memory wheel holds the next minute
     max_delay_ms = 316224000000  # ten years
+
+    [tier]
+    provider = "local"           # or "s3" (s3_bucket, s3_endpoint_url, ...)
 """
 
 from __future__ import annotations
@@ -60,15 +63,37 @@ class PopConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TierConfig:
+    provider: str = "local"  # "local" (a directory), "s3", or "memory" (tests only)
+    local_dir: str = ""  # default: <store.data_dir>/../chronomq-tier
+    broker_name: str = "broker-0"  # the tier layout is keyed by it
+    s3_bucket: str = ""
+    s3_prefix: str = ""
+    s3_endpoint_url: str = ""
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     store: StoreConfig = field(default_factory=lambda: StoreConfig(data_dir="./chronomq-data"))
     pop: PopConfig = field(default_factory=PopConfig)
     timer: TimerConfig = field(default_factory=TimerConfig)
+    tier: TierConfig = field(default_factory=TierConfig)
 
     def validate(self) -> None:
         if self.store.flush not in ("sync", "async"):
             raise InvalidArgument("store.flush must be 'sync' or 'async'")
+        t = self.timer
+        if t.rocks_horizon_ms < t.preload_ahead_ms + t.bucket_ms:
+            raise InvalidArgument("timer.rocks_horizon_ms must be at least "
+                                  "timer.preload_ahead_ms + timer.bucket_ms")
+        if self.tier.provider not in ("local", "s3", "memory"):
+            raise InvalidArgument("tier.provider must be 'local', 's3' or 'memory'")
+        if self.tier.provider == "s3" and not self.tier.s3_bucket:
+            raise InvalidArgument("tier.provider = 's3' needs tier.s3_bucket")
         if bool(self.server.tls_cert_file) != bool(self.server.tls_key_file):
             raise InvalidArgument("set both server.tls_cert_file and server.tls_key_file")
         for name, value in (("store.max_body_bytes", self.store.max_body_bytes),
@@ -77,7 +102,9 @@ class BrokerConfig:
                             ("timer.wheel_window_ms", self.timer.wheel_window_ms),
                             ("timer.max_delay_ms", self.timer.max_delay_ms),
                             ("timer.delivery_batch", self.timer.delivery_batch),
-                            ("timer.load_interval_ms", self.timer.load_interval_ms)):
+                            ("timer.load_interval_ms", self.timer.load_interval_ms),
+                            ("timer.bucket_ms", self.timer.bucket_ms),
+                            ("timer.preload_interval_ms", self.timer.preload_interval_ms)):
             if value <= 0:
                 raise InvalidArgument(f"{name} must be positive")
 
@@ -129,6 +156,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         store=_section(StoreConfig, store_raw, "store"),
         pop=_section(PopConfig, raw.get("pop", {}), "pop"),
         timer=_section(TimerConfig, raw.get("timer", {}), "timer"),
+        tier=_section(TierConfig, raw.get("tier", {}), "tier"),
     )
     config.validate()
     return config

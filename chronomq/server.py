@@ -11,6 +11,7 @@ import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -109,6 +110,9 @@ class BrokerServer:
         self._scheduler.add_job(self._retention, "interval", id="retention",
                                 seconds=cfg.retention_interval_s, max_instances=1,
                                 coalesce=True)
+        self._scheduler.add_job(self._preload, "interval", id="timer-preload",
+                                seconds=self.config.timer.preload_interval_ms / 1000,
+                                max_instances=1, coalesce=True, next_run_time=datetime.now())
         self._scheduler.start()
         if cfg.metrics_port:
             self._metrics_stop = start_metrics(cfg.host, cfg.metrics_port, self.servicer)
@@ -118,6 +122,11 @@ class BrokerServer:
 
     def _on_dispatched(self, records: list[DispatchInfo]) -> None:
         self.notifier.arrived({r.topic for r in records})
+
+    def _preload(self) -> None:
+        moved = self.broker.timer.preload_due(self.clock.now_ms())
+        if moved:
+            log.info("preloaded %d delayed messages from TimerFlatFiles", moved)
 
     def _retention(self) -> None:
         freed = self.broker.store.run_retention()

@@ -34,10 +34,12 @@ from store.message import (
     FLAG_TIMER_DELIVERY,
     DispatchInfo,
     Draft,
+    decode_dispatch_infos,
     draft_of_record,
 )
 from store.store import MessageStore
-from timer.store import TimerStore, parse_timer_key, timer_key
+from tiered.timerflatfile import TimerFlatFiles
+from timer.store import TimerStore, id_key, parse_timer_key, timer_key
 from timer.wheel import TimingWheel
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,12 @@ class TimerConfig:
     delivery_batch: int = 1000  # messages appended per CommitLog batch on delivery
     load_batch: int = 20_000  # entries moved from RocksDB to the wheel per loader step
     load_interval_ms: int = 1000  # how often the loader tops up the wheel
+    rocks_horizon_ms: int = 2 * 3_600_000  # due later than this: parked in a TimerFlatFile
+    bucket_ms: int = 3_600_000  # width of one TimerFlatFile
+    preload_ahead_ms: int = 3_600_000  # a bucket moves into RocksDB this long before it starts
+    preload_interval_ms: int = 60_000  # how often the preload job runs
+    flat_batch_bytes: int = 1 << 20  # a TimerFlatFile object is written at this size ...
+    flat_batch_ms: int = 1000  # ... or this age, whichever comes first
 
 
 class TimerOutcome(enum.Enum):
@@ -81,10 +89,17 @@ class TimerService:
 
     name = "timer"
 
-    def __init__(self, store: MessageStore, timers: TimerStore, config: TimerConfig,
-                 clock: Clock) -> None:
+    def __init__(self, store: MessageStore, timers: TimerStore, flat: TimerFlatFiles,
+                 config: TimerConfig, clock: Clock) -> None:
         self._store = store
         self._timers = timers
+        self._flat = flat
+        flat.recover()
+        # far-future records waiting for their TimerFlatFile object: bucket -> entries
+        self._parking: dict[int, list[tuple[str, int, int, bytes]]] = {}
+        self._parking_bytes = 0
+        self._parking_since_ms = 0.0
+        self._preloaded_until_ms = -1  # buckets starting at or before this are preloaded
         self.config = config
         self._clock = clock
         self._lock = threading.Lock()
@@ -122,25 +137,96 @@ class TimerService:
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
         delayed = [r for r in records if r.flags & FLAG_DELAYED]
         entries: list[tuple[str, int, int, bytes]] = []
+        parked: list[tuple[str, int, int]] = []
         if delayed:
             first = delayed[0].commit_offset
             last = delayed[-1]
             span = self._store.commitlog.read(first, last.commit_offset + last.record_size - first)
-            for r in delayed:
-                at = r.commit_offset - first
-                entries.append((r.message_id, r.deliver_at_ms, r.commit_offset,
-                                span[at : at + r.record_size]))
-        if entries or end_offset - self._position > (1 << 20):
-            self._timers.add(entries, end_offset)
-            self._position = end_offset
+            horizon = self._clock.now_ms() + self.config.rocks_horizon_ms
+            with self._lock:
+                for r in delayed:
+                    at = r.commit_offset - first
+                    entry = (r.message_id, r.deliver_at_ms, r.commit_offset,
+                             span[at : at + r.record_size])
+                    bucket = self._flat.bucket_of(r.deliver_at_ms)
+                    if r.deliver_at_ms >= horizon and bucket > self._preloaded_until_ms:
+                        self._park(bucket, entry)
+                        parked.append(entry[:3])
+                    else:
+                        entries.append(entry)
         self._pending_position = end_offset
+        if entries or parked or end_offset - self._position > (1 << 20):
+            position = self._durable_position()
+            self._timers.add(entries, position, parked)
+            self._position = position
         if entries:
             self._admit([(timer_key(due, off), due) for _, due, off, _ in entries])
+        self._flush_parking(force=False)
+
+    def _park(self, bucket: int, entry: tuple[str, int, int, bytes]) -> None:
+        if not self._parking:
+            self._parking_since_ms = self._clock.monotonic_ms()
+        self._parking.setdefault(bucket, []).append(entry)
+        self._parking_bytes += len(entry[3])
+
+    def _durable_position(self) -> int:
+        """Dispatch progress that survives a crash: not past a record still parked in
+        memory (it is re-dispatched after a restart and parked again)."""
+        with self._lock:
+            waiting = [e[0][2] for e in self._parking.values() if e]
+        return min([self._pending_position, *waiting])
+
+    def _flush_parking(self, force: bool) -> None:
+        """Write parked records to their TimerFlatFiles (size or age, or ``force``)."""
+        with self._lock:
+            old = self._clock.monotonic_ms() - self._parking_since_ms >= self.config.flat_batch_ms
+            if not self._parking or not (
+                    force or old or self._parking_bytes >= self.config.flat_batch_bytes):
+                return
+            parking, self._parking, self._parking_bytes = self._parking, {}, 0
+        for bucket, entries in parking.items():
+            self._flat.append(bucket, entries[0][2], b"".join(e[3] for e in entries))
 
     def flush(self) -> None:
-        if self._pending_position != self._position:
-            self._timers.add([], self._pending_position)
-            self._position = self._pending_position
+        self._flush_parking(force=False)
+        position = self._durable_position()
+        if position != self._position:
+            self._timers.add([], position)
+            self._position = position
+
+    # ------------------------------------------------------------------ preload
+
+    def preload_due(self, now_ms: int) -> int:
+        """Move every TimerFlatFile bucket that starts within ``preload_ahead_ms`` into
+        RocksDB, then delete it.  Restartable at any point: RocksDB writes are keyed by due
+        time and offset, and a bucket is deleted only after a synced write of its entries.
+        Returns the number of entries moved."""
+        limit = now_ms + self.config.preload_ahead_ms
+        limit -= limit % self.config.bucket_ms
+        with self._lock:
+            self._preloaded_until_ms = max(self._preloaded_until_ms, limit)
+            held = {b: self._parking.pop(b) for b in list(self._parking) if b <= limit}
+            self._parking_bytes -= sum(len(e[3]) for es in held.values() for e in es)
+        moved = 0
+        for bucket in sorted(set(self._flat.buckets_until(limit)) | set(held)):
+            moved += self._preload_bucket(bucket, held.get(bucket, []))
+        return moved
+
+    def _preload_bucket(self, bucket: int, held: list[tuple[str, int, int, bytes]]) -> int:
+        entries = {(e[2]): e for e in held}
+        for record in self._flat.read_bucket(bucket):
+            info = decode_dispatch_infos(record, 0)[0][0]
+            entries[info.commit_offset] = (info.message_id, info.deliver_at_ms, info.commit_offset,
+                                           record)
+        chosen = list(entries.values())
+        cancelled = self._timers.tombstones([e[0] for e in chosen])
+        keep = [e for e, gone in zip(chosen, cancelled, strict=True) if gone != e[1]]
+        deletes = [id_key(e[0], b"x") for e, gone in zip(chosen, cancelled, strict=True)
+                   if gone is not None] + [id_key(e[0], b"f") for e in chosen]
+        self._timers.add(keep, None, deletes=deletes, sync=True)
+        self._flat.drop_bucket(bucket)
+        self._admit([(timer_key(due, off), due) for _, due, off, _ in keep])
+        return len(keep)
 
     def _admit(self, keyed: list[tuple[bytes, int]]) -> None:
         """Put newly stored entries that fall inside the loaded window into the wheel."""
@@ -243,9 +329,12 @@ class TimerService:
     # ------------------------------------------------------------------ cancel / reschedule
 
     def _find_pending(self, message_id: str) -> tuple[bytes, int] | TimerOutcome:
-        """``(timer key, commit offset)`` of a pending message, or why there is none.
-        The caller holds the lock."""
+        """``(timer key, commit offset)`` of a pending message in RocksDB, or why there is
+        none; a message parked in a TimerFlatFile is first moved into RocksDB.  The caller
+        holds the lock."""
         loc = self._timers.locate(message_id)
+        if loc is None and self._unpark(message_id):
+            loc = self._timers.locate(message_id)
         if loc is None:
             return self._not_pending(message_id)
         key = timer_key(*loc)
@@ -282,6 +371,29 @@ class TimerService:
             self._rescheduled += 1
         self._wake.set()
         return TimerOutcome.RESCHEDULED
+
+    def _unpark(self, message_id: str) -> bool:
+        """Move one parked message into RocksDB (found in memory or in its bucket's
+        objects), leaving a tombstone for the copy in the TimerFlatFile."""
+        loc = self._timers.locate(message_id, b"f")
+        if loc is None:
+            return False
+        due, offset = loc
+        bucket = self._flat.bucket_of(due)
+        held = self._parking.get(bucket, [])
+        entry = next((e for e in held if e[2] == offset), None)
+        if entry is not None:
+            held.remove(entry)
+            self._parking_bytes -= len(entry[3])
+        else:
+            record = next((r for r in self._flat.read_bucket(bucket)
+                           if decode_dispatch_infos(r, 0)[0][0].commit_offset == offset), None)
+            if record is None:
+                return False
+            entry = (message_id, due, offset, record)
+        self._timers.tombstone(message_id, due)
+        self._timers.add([entry], None, sync=True)
+        return True
 
     def _not_pending(self, message_id: str) -> TimerOutcome:
         for m in self._store.query_by_message_id(message_id):

@@ -4,6 +4,10 @@ Keys and values::
 
     b"t" + deliver_at_ms u64 + commit_offset u64   -> the message's whole CommitLog record
     b"i" + message_id                              -> deliver_at_ms u64 + commit_offset u64
+    b"f" + message_id                              -> the same, for a message parked in a
+                                                      TimerFlatFile on the tier
+    b"x" + message_id                              -> deliver_at_ms u64 of a cancelled copy
+                                                      still in a TimerFlatFile (tombstone)
     b"!position"                                   -> dispatch position u64
 
 ``t`` keys sort by due time, so "everything due before T" is one range scan; the value is
@@ -15,7 +19,7 @@ are written in one atomic batch.  Thread-safe (RocksDB is; no state here).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from store.kv import KV
 
@@ -34,8 +38,8 @@ def parse_timer_key(key: bytes) -> tuple[int, int]:
     return int(due), int(offset)
 
 
-def id_key(message_id: str) -> bytes:
-    return b"i" + message_id.encode()
+def id_key(message_id: str, kind: bytes = b"i") -> bytes:
+    return kind + message_id.encode()
 
 
 class TimerStore:
@@ -49,19 +53,26 @@ class TimerStore:
         raw = self.kv.get(_POSITION)
         return int(_U64.unpack(raw)[0]) if raw else 0
 
-    def add(self, entries: list[tuple[str, int, int, bytes]], position: int | None) -> None:
-        """``(message_id, deliver_at_ms, commit_offset, record)`` plus, optionally, the
-        dispatch position, in one atomic write."""
+    def add(self, entries: list[tuple[str, int, int, bytes]], position: int | None,
+            parked: Sequence[tuple[str, int, int]] = (), deletes: Sequence[bytes] = (),
+            sync: bool = False) -> None:
+        """``(message_id, deliver_at_ms, commit_offset, record)`` entries, the ids of
+        messages ``parked`` in TimerFlatFiles, key ``deletes`` and, optionally, the dispatch
+        position, in one atomic write."""
         puts: list[tuple[bytes, bytes]] = []
         for message_id, due, offset, record in entries:
             puts.append((timer_key(due, offset), record))
             puts.append((id_key(message_id), _LOC.pack(due, offset)))
+        for message_id, due, offset in parked:
+            puts.append((id_key(message_id, b"f"), _LOC.pack(due, offset)))
         if position is not None:
             puts.append((_POSITION, _U64.pack(position)))
-        self.kv.write(puts)
+        self.kv.write(puts, deletes, sync=sync)
 
-    def locate(self, message_id: str) -> tuple[int, int] | None:
-        raw = self.kv.get(id_key(message_id))
+    def locate(self, message_id: str, kind: bytes = b"i") -> tuple[int, int] | None:
+        """``(deliver_at_ms, commit_offset)`` of a pending message in RocksDB (``i``) or
+        parked in a TimerFlatFile (``f``)."""
+        raw = self.kv.get(id_key(message_id, kind))
         if raw is None:
             return None
         due, offset = _LOC.unpack(raw)
@@ -90,6 +101,15 @@ class TimerStore:
         self.kv.write([(new_key, record), (id_key(message_id), _LOC.pack(new_due_ms, offset))],
                       deletes=[old_key] if old_key != new_key else [])
         return new_key
+
+    def tombstone(self, message_id: str, deliver_at_ms: int) -> None:
+        """Mark the parked copy due at ``deliver_at_ms`` as cancelled."""
+        self.kv.write([(id_key(message_id, b"x"), _U64.pack(deliver_at_ms))],
+                      [id_key(message_id, b"f")])
+
+    def tombstones(self, message_ids: list[str]) -> list[int | None]:
+        raws = self.kv.get_many([id_key(m, b"x") for m in message_ids])
+        return [int(_U64.unpack(r)[0]) if r is not None else None for r in raws]
 
     def pending_estimate(self) -> int:
         return max(self.kv.estimate_keys() - 1, 0) // 2

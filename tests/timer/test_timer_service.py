@@ -48,6 +48,7 @@ class Env:
     def tick(self) -> int:
         """What the timer thread does at 'now': load in slices, delivering in between."""
         now = self.clock.now_ms()
+        self.timer.preload_due(now)  # the scheduler's job
         delivered = 0
         while True:
             complete = self.timer.load_due(now)
