@@ -318,6 +318,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             "timer.next_due_ms": t.next_due_ms, "timer.delivered": t.delivered,
             "timer.cancelled": t.cancelled, "timer.rescheduled": t.rescheduled,
             "timer.last_delivery_ms": t.last_delivery_ms,
+            "timer.flat_buckets": t.flat_buckets, "timer.flat_objects": t.flat_objects,
+            "timer.parked_in_memory": t.parked_in_memory,
         })
         for bound, count in zip(t.lateness_bounds_ms, t.lateness_counts, strict=False):
             out[f"timer.lateness_le_{bound}ms"] = count

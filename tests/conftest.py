@@ -5,13 +5,33 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
+from moto.server import ThreadedMotoServer
 
 from chronomq.client import ChronomqClient
 from chronomq.config import BrokerConfig, PopConfig, ServerConfig
 from chronomq.server import BrokerServer
 from store.clock import Clock, ManualClock, SystemClock
 from store.store import MessageStore, StoreConfig
+
+CREDS = {"access_key_id": "testing", "secret_access_key": "testing"}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server over HTTP on 127.0.0.1 (a real S3-compatible endpoint)."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def create_bucket(endpoint: str, bucket: str) -> None:
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                 aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket=bucket)
 
 
 @pytest.fixture

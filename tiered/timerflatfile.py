@@ -6,8 +6,13 @@ A TimerFlatFile is a sequence of immutable objects (S3 has no append)::
 
     <prefix>/<bucket start ms:013d>/<first commit offset:020d>.tff
 
-each holding whole CommitLog records (``store.message`` framing, CRC-checked when read)
-in CommitLog order.  The object name is the CommitLog offset of its first record, so a
+each holding, in CommitLog order, entries of::
+
+    commit_offset u64 (big-endian) | one whole CommitLog record (``store.message`` framing,
+                                     CRC-checked when read)
+
+The offset is where the record sits in the CommitLog, its identity in the timer store.
+The object name is the CommitLog offset of its first record, so a
 batch written again after a crash replaces its earlier copy instead of adding one; the
 same record in two objects is harmless (preload keys entries by due time and offset).
 
@@ -17,6 +22,7 @@ from a listing.  Thread-safe.
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +32,8 @@ from sortedcontainers import SortedDict
 from store.message import RecordError, check_record
 from tiered.errors import TierError
 from tiered.provider import Provider
+
+_OFFSET = struct.Struct(">Q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +60,16 @@ class TimerFlatFiles:
         with self._lock:
             self._buckets.clear()
             for path in paths:
-                parts = path.split("/")
-                if len(parts) == 3 and parts[2].endswith(".tff") and parts[1].isdigit():
-                    self._buckets.setdefault(int(parts[1]), []).append(path)
+                parts = path[len(self._prefix) + 1 :].split("/")
+                if len(parts) == 2 and parts[1].endswith(".tff") and parts[0].isdigit():
+                    self._buckets.setdefault(int(parts[0]), []).append(path)
         return len(paths)
 
-    def append(self, bucket_start_ms: int, first_offset: int, records: bytes) -> str:
-        """Write one batch of records of one bucket as a new object (durable on return)."""
-        path = f"{self._prefix}/{bucket_start_ms:013d}/{first_offset:020d}.tff"
-        self.provider.write(path, records)
+    def append(self, bucket_start_ms: int, records: list[tuple[int, bytes]]) -> str:
+        """Write one batch of ``(commit_offset, record)`` of one bucket as a new object
+        (durable on return)."""
+        path = f"{self._prefix}/{bucket_start_ms:013d}/{records[0][0]:020d}.tff"
+        self.provider.write(path, b"".join(_OFFSET.pack(o) + r for o, r in records))
         with self._lock:
             objects = self._buckets.setdefault(bucket_start_ms, [])
             if path not in objects:
@@ -72,8 +81,8 @@ class TimerFlatFiles:
         with self._lock:
             return list(self._buckets.irange(maximum=start_ms_inclusive))
 
-    def read_bucket(self, bucket_start_ms: int) -> Iterator[bytes]:
-        """Every record of the bucket (CRC-checked)."""
+    def read_bucket(self, bucket_start_ms: int) -> Iterator[tuple[int, bytes]]:
+        """Every ``(commit_offset, record)`` of the bucket (CRC-checked)."""
         with self._lock:
             paths = list(self._buckets.get(bucket_start_ms, []))
         for path in paths:
@@ -81,12 +90,16 @@ class TimerFlatFiles:
             pos = 0
             while pos < len(data):
                 try:
-                    size = check_record(data, pos)
+                    if len(data) - pos < _OFFSET.size:
+                        raise RecordError("truncated entry")
+                    (offset,) = _OFFSET.unpack_from(data, pos)
+                    size = check_record(data, pos + _OFFSET.size)
                 except RecordError as exc:
                     raise TierError(f"TimerFlatFile {path} is corrupt at byte {pos}: {exc}; "
                                     "its bucket is left in place") from exc
-                yield data[pos : pos + size]
-                pos += size
+                start = pos + _OFFSET.size
+                yield int(offset), data[start : start + size]
+                pos = start + size
 
     def drop_bucket(self, bucket_start_ms: int) -> None:
         """Delete the bucket's objects (after its records are safely elsewhere)."""

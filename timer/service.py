@@ -80,6 +80,9 @@ class TimerStats:
     cancelled: int
     rescheduled: int
     last_delivery_ms: int  # when the latest delivered batch was appended
+    flat_buckets: int  # TimerFlatFile buckets on the tier
+    flat_objects: int
+    parked_in_memory: int  # far-future messages waiting for their TimerFlatFile write
     lateness_bounds_ms: tuple[int, ...]
     lateness_counts: tuple[int, ...]  # one per bound (<= bound) plus one for beyond
 
@@ -185,7 +188,7 @@ class TimerService:
                 return
             parking, self._parking, self._parking_bytes = self._parking, {}, 0
         for bucket, entries in parking.items():
-            self._flat.append(bucket, entries[0][2], b"".join(e[3] for e in entries))
+            self._flat.append(bucket, [(e[2], e[3]) for e in entries])
 
     def flush(self) -> None:
         self._flush_parking(force=False)
@@ -214,10 +217,9 @@ class TimerService:
 
     def _preload_bucket(self, bucket: int, held: list[tuple[str, int, int, bytes]]) -> int:
         entries = {(e[2]): e for e in held}
-        for record in self._flat.read_bucket(bucket):
+        for offset, record in self._flat.read_bucket(bucket):
             info = decode_dispatch_infos(record, 0)[0][0]
-            entries[info.commit_offset] = (info.message_id, info.deliver_at_ms, info.commit_offset,
-                                           record)
+            entries[offset] = (info.message_id, info.deliver_at_ms, offset, record)
         chosen = list(entries.values())
         cancelled = self._timers.tombstones([e[0] for e in chosen])
         keep = [e for e, gone in zip(chosen, cancelled, strict=True) if gone != e[1]]
@@ -386,8 +388,7 @@ class TimerService:
             held.remove(entry)
             self._parking_bytes -= len(entry[3])
         else:
-            record = next((r for r in self._flat.read_bucket(bucket)
-                           if decode_dispatch_infos(r, 0)[0][0].commit_offset == offset), None)
+            record = next((r for o, r in self._flat.read_bucket(bucket) if o == offset), None)
             if record is None:
                 return False
             entry = (message_id, due, offset, record)
@@ -440,6 +441,7 @@ class TimerService:
     # ------------------------------------------------------------------ stats
 
     def statistics(self) -> TimerStats:
+        flat = self._flat.statistics()
         with self._lock:
             nxt = self._wheel.next_expiry_ms()
             return TimerStats(
@@ -448,6 +450,8 @@ class TimerService:
                 next_due_ms=nxt if nxt is not None else 0,
                 delivered=self._delivered, cancelled=self._cancelled,
                 rescheduled=self._rescheduled, last_delivery_ms=self._last_delivery_ms,
+                flat_buckets=flat.buckets, flat_objects=flat.objects,
+                parked_in_memory=sum(len(v) for v in self._parking.values()),
                 lateness_bounds_ms=LATENESS_BOUNDS_MS,
                 lateness_counts=tuple(self._lateness),
             )

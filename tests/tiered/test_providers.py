@@ -4,35 +4,20 @@ S3 server over HTTP on 127.0.0.1."""
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
+from tests.conftest import CREDS, create_bucket
 from tiered.errors import TierBadPath, TierNotFound, TierUnavailable
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.memory import MemoryProvider
 from tiered.providers.s3 import S3Provider, S3Settings
 
-CREDS = {"access_key_id": "testing", "secret_access_key": "testing"}
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
 
 def _s3(endpoint: str, bucket: str, prefix: str = "broker-a") -> S3Provider:
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                 aws_access_key_id="testing",
-                 aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+    create_bucket(endpoint, bucket)
     return S3Provider(S3Settings(bucket=bucket, prefix=prefix, endpoint_url=endpoint, **CREDS))
 
 

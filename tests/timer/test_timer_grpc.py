@@ -9,7 +9,7 @@ import pytest
 
 from chronomq.client import ChronomqClient, message
 from tests.chronomq.process import ServerProcess
-from tests.conftest import RunningServer
+from tests.conftest import CREDS, RunningServer, create_bucket
 
 
 def _now_ms() -> int:
@@ -75,5 +75,55 @@ def test_sigkill_with_pending_and_delivering_timers(tmp_path: Path) -> None:
         # Then every message is delivered, at or after its time
         assert set(seen) == set(ids)
         print(f"duplicates after kill -9: {duplicates}")
+    finally:
+        assert srv.terminate() == 0
+
+
+SMALL_HORIZONS = ("timer.wheel_window_ms=1000", "timer.rocks_horizon_ms=2000",
+                  "timer.bucket_ms=1000", "timer.preload_ahead_ms=1000",
+                  "timer.preload_interval_ms=200", "timer.flat_batch_ms=100")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tier", ["local", "s3"])
+def test_far_future_through_flat_files_survives_kill9(tmp_path: Path, tier: str,
+                                                     request: pytest.FixtureRequest) -> None:
+    settings = list(SMALL_HORIZONS)
+    if tier == "s3":
+        endpoint = request.getfixturevalue("s3_endpoint")
+        create_bucket(endpoint, "flat-kill9")
+        settings += ["tier.provider=s3", "tier.s3_bucket=flat-kill9",
+                     f"tier.s3_endpoint_url={endpoint}",
+                     f"tier.s3_access_key_id={CREDS['access_key_id']}",
+                     f"tier.s3_secret_access_key={CREDS['secret_access_key']}"]
+    data = tmp_path / "data"
+    srv = ServerProcess(data, *settings)
+    start = _now_ms()
+    ids: dict[str, int] = {}
+    with ChronomqClient(srv.target) as c:
+        c.create_topic("far")
+        # Given messages 3-6 s ahead: beyond the 2 s RocksDB horizon, so on the tier
+        out = c.send([message("far", f"{i}".encode(), deliver_at_ms=start + 3000 + i * 30)
+                      for i in range(100)])
+        ids = {o.message_id: start + 3000 + i * 30 for i, o in enumerate(out)}
+        deadline = time.monotonic() + 2  # parked records are written at the next flush
+        while c.stats()["timer.flat_objects"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.stats()["timer.flat_objects"] >= 1
+    # When the broker is killed before any is due, and restarted
+    srv.kill9()
+    srv = ServerProcess(data, *settings)
+    try:
+        seen: set[str] = set()
+        with ChronomqClient(srv.target) as c:
+            deadline = time.monotonic() + 20
+            while len(seen) < len(ids) and time.monotonic() < deadline:
+                for m in c.pop("far", "g", max_messages=32, wait_ms=1000):
+                    assert _now_ms() >= m.deliver_at_ms == ids[m.message_id]  # never early
+                    seen.add(m.message_id)
+                    c.ack("g", [m.receipt_handle])
+            # Then all are preloaded from the tier and delivered, and the files are gone
+            assert seen == set(ids)
+            assert c.stats()["timer.flat_objects"] == 0
     finally:
         assert srv.terminate() == 0

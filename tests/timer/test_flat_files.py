@@ -1,0 +1,139 @@
+"""Far-future timers parked in TimerFlatFiles on the tier, preloaded before their hour;
+manual clock, real RocksDB, a local-directory tier and moto's S3 server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chronomq.broker import Broker
+from chronomq.config import BrokerConfig, TierConfig
+from store.clock import ManualClock
+from store.message import Draft
+from store.store import StoreConfig
+from store.topics import Topic
+from tests.conftest import CREDS, create_bucket
+from timer.service import TimerConfig, TimerOutcome
+
+SEC = 1000
+# small horizons, as the settings allow: wheel 5 s, RocksDB 10 s, buckets of 5 s
+TIMER = TimerConfig(wheel_window_ms=5 * SEC, rocks_horizon_ms=10 * SEC, bucket_ms=5 * SEC,
+                    preload_ahead_ms=5 * SEC, flat_batch_ms=0)
+
+
+class Env:
+    def __init__(self, root: Path, clock: ManualClock, tier: TierConfig) -> None:
+        self.root, self.clock, self.tier_config = root, clock, tier
+        self.broker = Broker(BrokerConfig(store=StoreConfig(str(root / "data")), timer=TIMER,
+                                          tier=tier), clock)
+        self.broker.open()
+        self.broker.start(timer_thread=False)
+        self.timer = self.broker.timer
+
+    def send(self, body: bytes, delay_ms: int) -> str:
+        now = self.clock.now_ms()
+        due, flags = self.broker.resolve_deliver_at(0, delay_ms, now)
+        (info,) = self.broker.send([Draft("", "t", "", "", body, b"", now, due, flags, 0,
+                                          b"")]).result(10)
+        self.settle()
+        return info.message_id
+
+    def settle(self) -> None:
+        """Let the dispatcher catch up and write parked records (flat_batch_ms = 0)."""
+        assert self.broker.store.wait_visible(10)
+        self.timer.flush()
+
+    def tick(self) -> list[bytes]:
+        now = self.clock.now_ms()
+        self.timer.preload_due(now)
+        while not self.timer.load_due(now):
+            self.timer.deliver_due(now)
+        self.timer.deliver_due(now)
+        self.settle()
+        got = self.broker.pop.pop("t", "g", 32, 60)
+        for p in got:
+            self.broker.pop.ack("g", p.receipt_handle)
+        return sorted(p.message.body for p in got)
+
+    def objects(self) -> list[str]:
+        return self.broker.tier.list()
+
+    def close(self) -> None:
+        self.broker.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def env(request: pytest.FixtureRequest, tmp_path: Path,
+        manual_clock: ManualClock) -> Iterator[Env]:
+    if request.param == "local":
+        tier = TierConfig(provider="local", local_dir=str(tmp_path / "tier"))
+    else:
+        endpoint = request.getfixturevalue("s3_endpoint")
+        bucket = f"flat-{abs(hash(request.node.name)) % 10**9}"
+        create_bucket(endpoint, bucket)
+        tier = TierConfig(provider="s3", s3_bucket=bucket, s3_endpoint_url=endpoint,
+                          s3_access_key_id=CREDS["access_key_id"],
+                          s3_secret_access_key=CREDS["secret_access_key"])
+    e = Env(tmp_path, manual_clock, tier)
+    e.broker.create_topic(Topic("t", 2))
+    yield e
+    e.close()
+
+
+def test_routing_at_the_horizon(env: Env) -> None:
+    near = env.send(b"near", 10 * SEC - 1)  # just inside the RocksDB horizon
+    far = env.send(b"far", 10 * SEC)  # at the horizon: parked on the tier
+    timers = env.broker._timer_store
+    assert timers.locate(near) is not None and timers.locate(near, b"f") is None
+    assert timers.locate(far) is None and timers.locate(far, b"f") is not None
+    assert len(env.objects()) == 1 and env.objects()[0].startswith("broker-0/timer/")
+    assert env.broker.timer.statistics().flat_objects == 1
+
+
+def test_far_messages_are_preloaded_and_delivered_on_time(env: Env) -> None:
+    # Given messages 30 s to 60 s ahead: all in TimerFlatFiles
+    ids = [env.send(f"{s}".encode(), s * SEC) for s in (30, 31, 44, 60)]
+    assert all(env.broker._timer_store.locate(i) is None for i in ids)  # none in RocksDB
+    buckets_before = {o.split("/")[2] for o in env.objects()}
+    delivered: dict[int, list[bytes]] = {}
+    for t in range(1, 62):
+        env.clock.advance(SEC)
+        got = env.tick()
+        if got:
+            delivered[t] = got
+    # Then each is delivered at its second, none early
+    assert delivered == {30: [b"30"], 31: [b"31"], 44: [b"44"], 60: [b"60"]}
+    # and every bucket file was deleted after its preload
+    assert env.objects() == [] and len(buckets_before) == 3
+
+
+def test_cancel_and_reschedule_parked_messages(env: Env) -> None:
+    gone = env.send(b"gone", 40 * SEC)
+    moved = env.send(b"moved", 50 * SEC)
+    kept = env.send(b"kept", 40 * SEC)
+    assert env.timer.cancel(gone) is TimerOutcome.CANCELLED
+    assert env.timer.reschedule(moved, env.clock.now_ms() + 2 * SEC) is TimerOutcome.RESCHEDULED
+    delivered: list[bytes] = []
+    for _ in range(55):
+        env.clock.advance(SEC)
+        delivered += env.tick()
+    assert delivered == [b"moved", b"kept"]
+    assert env.timer.cancel(gone) is TimerOutcome.NOT_FOUND
+    assert env.timer.cancel(kept) is TimerOutcome.ALREADY_DELIVERED
+
+
+def test_parked_messages_survive_restart(env: Env) -> None:
+    env.send(b"far", 30 * SEC)
+    env.close()
+    env2 = Env(env.root, env.clock, env.tier_config)
+    try:
+        assert len(env2.objects()) == 1
+        delivered: list[bytes] = []
+        for _ in range(31):
+            env.clock.advance(SEC)
+            delivered += env2.tick()
+        assert delivered == [b"far"]
+    finally:
+        env.broker = env2.broker  # closed by the fixture
