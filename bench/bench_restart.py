@@ -43,6 +43,7 @@ def main() -> None:
     rnd = random.Random(7)
     with tempfile.TemporaryDirectory(prefix="chronomq-bench-") as tmp:
         data = Path(tmp) / "data"
+        tier = Path(tmp) / "chronomq-tier"  # the default: beside the data directory
         srv = ServerProcess(data)
         with ChronomqClient(srv.target) as c:
             c.create_topic("far", queue_count=4)
@@ -54,19 +55,26 @@ def main() -> None:
                        for b in range(0, args.messages, 100))
             failed = sum(not o.ok for out in c.send_stream(batches) for o in out)
             sent_s = time.monotonic() - t0
-            time.sleep(2)
-            pending = c.stats()["timer.pending_rocksdb"]
-        print(f"scheduled {args.messages:,} messages 1-30 days ahead in {sent_s:.1f} s "
-              f"({failed} failed); timer.pending_rocksdb ~{pending:,.0f}")
-        print(f"broker RSS {_rss_mb(srv.proc.pid):.0f} MB; data dir {_du_mb(data):.0f} MB")
+            while True:  # until dispatched and every parked record is on the tier
+                stats = c.stats()
+                if not stats["store.dispatch_lag_bytes"] and not stats["timer.parked_in_memory"]:
+                    break
+                time.sleep(0.2)
+            settled_s = time.monotonic() - t0
+        print(f"scheduled {args.messages:,} messages 1-30 days ahead in {sent_s:.1f} s, all "
+              f"on the tier after {settled_s:.1f} s ({failed} failed); TimerFlatFile objects "
+              f"{stats['timer.flat_objects']:,.0f} "
+              f"in {stats['timer.flat_buckets']:,.0f} hourly buckets")
+        print(f"broker RSS {_rss_mb(srv.proc.pid):.0f} MB; local data dir "
+              f"{_du_mb(data):.0f} MB; tier (local directory) {_du_mb(tier):.0f} MB")
         srv.terminate()
         t0 = time.monotonic()
         srv = ServerProcess(data)
         restart_s = time.monotonic() - t0
         with ChronomqClient(srv.target) as c:
-            pending = c.stats()["timer.pending_rocksdb"]
+            buckets = c.stats()["timer.flat_buckets"]
         print(f"restart until serving: {restart_s:.2f} s (process start included); "
-              f"RSS after restart {_rss_mb(srv.proc.pid):.0f} MB; pending ~{pending:,.0f}")
+              f"RSS after restart {_rss_mb(srv.proc.pid):.0f} MB; buckets {buckets:,.0f}")
         srv.terminate()
 
 

@@ -66,7 +66,7 @@ class Dispatcher:
         self._done_cond = threading.Condition()
         # Batches the writer just appended, handed over in memory so the steady state
         # needs no re-read or decode; bounded: a lagging dispatcher falls back to the file.
-        self._recent: deque[list[DispatchInfo]] = deque(maxlen=4096)
+        self._recent: deque[list[DispatchInfo]] = deque(maxlen=256)
 
     @property
     def dispatched_offset(self) -> int:
