@@ -164,7 +164,10 @@ class TimerService:
             self._position = position
         if entries:
             self._admit([(timer_key(due, off), due) for _, due, off, _ in entries])
-        self._flush_parking(force=False)
+        try:
+            self._flush_parking(force=False)
+        except ChronomqError as exc:  # the records stay parked; the next flush retries
+            log.warning("writing TimerFlatFiles failed, will retry: %s", exc)
 
     def _park(self, bucket: int, entry: tuple[str, int, int, bytes]) -> None:
         if not self._parking:
@@ -187,8 +190,18 @@ class TimerService:
                     force or old or self._parking_bytes >= self.config.flat_batch_bytes):
                 return
             parking, self._parking, self._parking_bytes = self._parking, {}, 0
-        for bucket, entries in parking.items():
-            self._flat.append(bucket, [(e[2], e[3]) for e in entries])
+        written: list[int] = []
+        try:
+            for bucket, entries in parking.items():
+                self._flat.append(bucket, [(e[2], e[3]) for e in entries])
+                written.append(bucket)
+        finally:  # a failed write keeps its records parked (and the checkpoint behind them)
+            unwritten = {b: es for b, es in parking.items() if b not in written}
+            if unwritten:
+                with self._lock:
+                    for bucket, entries in unwritten.items():
+                        for entry in entries:
+                            self._park(bucket, entry)
 
     def flush(self) -> None:
         self._flush_parking(force=False)
@@ -207,12 +220,15 @@ class TimerService:
         limit = now_ms + self.config.preload_ahead_ms
         limit -= limit % self.config.bucket_ms
         with self._lock:
+            # from here on, messages for these buckets go straight to RocksDB
             self._preloaded_until_ms = max(self._preloaded_until_ms, limit)
-            held = {b: self._parking.pop(b) for b in list(self._parking) if b <= limit}
-            self._parking_bytes -= sum(len(e[3]) for es in held.values() for e in es)
+            held = {b: list(es) for b, es in self._parking.items() if b <= limit}
         moved = 0
         for bucket in sorted(set(self._flat.buckets_until(limit)) | set(held)):
             moved += self._preload_bucket(bucket, held.get(bucket, []))
+            with self._lock:  # only now, with them in RocksDB, may the checkpoint pass them
+                still = self._parking.pop(bucket, [])
+                self._parking_bytes -= sum(len(e[3]) for e in still)
         return moved
 
     def _preload_bucket(self, bucket: int, held: list[tuple[str, int, int, bytes]]) -> int:

@@ -15,6 +15,8 @@ from store.message import Draft
 from store.store import StoreConfig
 from store.topics import Topic
 from tests.conftest import CREDS, create_bucket
+from tiered.errors import TierUnavailable
+from tiered.provider import Provider
 from timer.service import TimerConfig, TimerOutcome
 
 SEC = 1000
@@ -137,3 +139,44 @@ def test_parked_messages_survive_restart(env: Env) -> None:
         assert delivered == [b"far"]
     finally:
         env.broker = env2.broker  # closed by the fixture
+
+
+class FlakyWrites:
+    """Wraps a real provider; its next ``failures`` writes fail (fault injection)."""
+
+    def __init__(self, inner: Provider, failures: int) -> None:
+        self.inner, self.failures, self.name = inner, failures, "flaky"
+
+    def write(self, path: str, data: bytes) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise TierUnavailable("injected failure")
+        self.inner.write(path, data)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_a_failed_flat_file_write_keeps_the_records_parked(tmp_path: Path,
+                                                           manual_clock: ManualClock) -> None:
+    e = Env(tmp_path, manual_clock, TierConfig(provider="local", local_dir=str(tmp_path / "t")))
+    try:
+        e.broker.create_topic(Topic("t", 1))
+        flaky = FlakyWrites(e.broker.flat_files.provider, failures=1)
+        e.broker.flat_files.provider = flaky
+        now = e.clock.now_ms()
+        due, flags = e.broker.resolve_deliver_at(0, 30 * SEC, now)
+        e.broker.send([Draft("", "t", "", "", b"far", b"", now, due, flags, 0, b"")]).result(10)
+        assert e.broker.store.wait_visible(10)
+        # When the tier refused the write (at dispatch), the record stays parked and the
+        # timer's checkpoint stays behind it
+        assert flaky.failures == 0
+        assert e.timer.statistics().parked_in_memory == 1
+        assert e.timer.position() < e.broker.store.commitlog.confirmed_offset
+        # Then the next flush writes it, and it is delivered on time
+        e.timer.flush()
+        assert e.timer.statistics().parked_in_memory == 0 and len(e.objects()) == 1
+        e.clock.advance(30 * SEC)
+        assert e.tick() == [b"far"]
+    finally:
+        e.close()
