@@ -21,11 +21,11 @@ def test_delayed_send_pop_cancel_reschedule(client: ChronomqClient,
     client.create_topic("d")
     sent_at = _now_ms()
     (keep, drop, move) = [o.message_id for o in client.send([
-        message("d", b"keep", delay_ms=400), message("d", b"drop", delay_ms=400),
+        message("d", b"keep", delay_ms=1500), message("d", b"drop", delay_ms=1500),
         message("d", b"move", delay_ms=60_000)])]
     assert client.cancel(drop) == "CANCELLED"
-    outcome, due = client.reschedule(move, delay_ms=600)
-    assert outcome == "RESCHEDULED" and due >= sent_at + 600
+    outcome, due = client.reschedule(move, delay_ms=1700)
+    assert outcome == "RESCHEDULED" and due >= sent_at + 1700
     assert client.pop("d", "g") == []  # nothing is due yet
     got: dict[bytes, tuple[int, int]] = {}
     deadline = time.monotonic() + 10
