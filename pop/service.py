@@ -169,10 +169,12 @@ class PopService:
         ck = PopCheckpoint(entries[0].queue_offset, now, expire, 1, count,
                            bytearray((count + 7) // 8))
         out: list[PoppedMessage] = []
-        wanted = [(i, e) for i, e in enumerate(entries)
-                  if tf.tags is None or e.tag_hash in tf.hashes]
-        for i in set(range(count)) - {i for i, _ in wanted}:
-            ck.mark(i)
+        wanted = []
+        for i, e in enumerate(entries):
+            if tf.tags is None or e.tag_hash in tf.hashes:
+                wanted.append((i, e))
+            else:
+                ck.mark(i)  # filtered out: done for this group
         messages = self._store.read_messages([(e.commit_offset, e.record_size)
                                               for _, e in wanted])
         for (i, e), msg in zip(wanted, messages, strict=True):

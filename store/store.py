@@ -315,18 +315,12 @@ class MessageStore:
         return [m] if m.message_id == message_id else []
 
     def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
-        if self.topics.get(topic) is None:
-            raise TopicNotFound(topic)
+        self.topics.require(topic)
         return self._read_located(self.index.by_key(topic, key, limit))
 
     def _read_located(self, locations: list[tuple[int, int]]) -> list[Message]:
-        out = []
-        low = self.commitlog.min_offset
-        for offset, size in locations:
-            if offset < low:
-                continue  # removed by retention
-            out.append(self.read_message(offset, size))
-        return out
+        low = self.commitlog.min_offset  # anything below was removed by retention
+        return self.read_messages([(o, n) for o, n in locations if o >= low])
 
     # ------------------------------------------------------------------ retention
 
@@ -378,10 +372,7 @@ class MessageStore:
         )
 
     def require_topic(self, name: str) -> Topic:
-        topic = self.topics.get(name)
-        if topic is None:
-            raise TopicNotFound(name)
-        return topic
+        return self.topics.require(name)
 
 
 def _expire_entries(cq: ConsumeQueue, expired: Callable[[CqEntry], bool]) -> None:
