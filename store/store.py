@@ -196,7 +196,7 @@ class MessageStore:
                 raise TopicNotFound(name)
             topics[name] = (topic.queue_count, name.encode())
         now = self.clock.now_ms()
-        id_prefix = self.ids.prefix(now)
+        id_prefix, make_id = self.ids.prefix(now), self.ids.make
         records: list[bytes] = []
         infos: list[DispatchInfo] = []
         next_qo = self._next_queue_offset
@@ -221,7 +221,7 @@ class MessageStore:
             if mid:
                 flags |= FLAG_FOREIGN_ID
             else:
-                mid = f"{id_prefix}{offset:016X}"
+                mid = make_id(id_prefix, offset)
             if again:  # a stored record appended again: new header, same contents
                 rec = reframe_record(again, flags, qid, qo, born, now, due, attempt)
                 size = len(rec)
