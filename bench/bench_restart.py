@@ -24,10 +24,11 @@ from tests.chronomq.process import ServerProcess
 DAY_MS = 86_400_000
 
 
-def _rss_mb(pid: int) -> float:
+def _rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory now (VmRSS) or at its peak so far (VmHWM), in MB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return -1.0
 
@@ -65,7 +66,8 @@ def main() -> None:
               f"on the tier after {settled_s:.1f} s ({failed} failed); TimerFlatFile objects "
               f"{stats['timer.flat_objects']:,.0f} "
               f"in {stats['timer.flat_buckets']:,.0f} hourly buckets")
-        print(f"broker RSS {_rss_mb(srv.proc.pid):.0f} MB; local data dir "
+        print(f"broker RSS {_rss_mb(srv.proc.pid):.0f} MB "
+              f"(peak {_rss_mb(srv.proc.pid, 'VmHWM'):.0f} MB); local data dir "
               f"{_du_mb(data):.0f} MB; tier (local directory) {_du_mb(tier):.0f} MB")
         srv.terminate()
         t0 = time.monotonic()

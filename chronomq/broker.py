@@ -69,7 +69,8 @@ class Broker:
         self._pop_kv = KV(os.path.join(config.store.data_dir, "pop"))
         secret_path = config.pop.secret_file or os.path.join(config.store.data_dir, "pop-secret")
         self.pop = PopService(self.store, self._pop_kv, load_or_create_secret(secret_path),
-                              clock, config.pop.max_messages_cap)
+                              clock, config.pop.max_messages_cap, config.retry_policy(),
+                              config.groups)
         self._timer_store = TimerStore(os.path.join(config.store.data_dir, "timer"))
         self.tier = make_provider(config)
         self.flat_files = TimerFlatFiles(self.tier, config.timer.bucket_ms,
@@ -83,13 +84,15 @@ class Broker:
 
     def start(self, timer_thread: bool = True) -> None:
         """Start the store's threads and (unless driven by hand, as tests with a manual
-        clock do) the timer's."""
+        clock do) the timer's and the revive thread."""
         self.store.start()
         if timer_thread:
             self.timer.start()
+            self.pop.start()
 
     def stop(self) -> None:
-        self.timer.stop()  # it appends to the CommitLog: stop it first
+        self.pop.stop()  # both append to the CommitLog: stop them first
+        self.timer.stop()
         self.store.stop()
         self.timer.flush()  # parked far-future records go to their TimerFlatFiles
         self._timer_store.close()

@@ -17,6 +17,13 @@ Every duration and size carries its unit in its name.  Example ``chronomq.toml``
 
     [pop]
     max_messages_cap = 32
+    max_attempts = 16            # deliveries before a message goes to the dead-letter topic
+    retry_backoff = "1s,5s,10s,30s,1m,2m,5m,10m,30m,1h,2h"  # Nack without a delay
+    retry_jitter = 0.1           # a back-off is stretched by up to 10 %, never shortened
+
+    [groups.orders-worker]       # per consumer group: any of the three above
+    max_attempts = 5
+    retry_backoff = "10s,1m"
 
     [timer]
     enabled = true
@@ -36,6 +43,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+from pop.policy import RetryPolicy, parse_backoff
 from store.errors import InvalidArgument
 from store.store import StoreConfig
 from timer.service import TimerConfig
@@ -60,6 +68,9 @@ class PopConfig:
     max_messages_cap: int = 32
     max_wait_ms: int = 30_000
     secret_file: str = ""  # default: <data_dir>/pop-secret (created on first start)
+    max_attempts: int = 16
+    retry_backoff: str = "1s,5s,10s,30s,1m,2m,5m,10m,30m,1h,2h"
+    retry_jitter: float = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +93,15 @@ class BrokerConfig:
     pop: PopConfig = field(default_factory=PopConfig)
     timer: TimerConfig = field(default_factory=TimerConfig)
     tier: TierConfig = field(default_factory=TierConfig)
+    groups: dict[str, RetryPolicy] = field(default_factory=dict)  # per-group retry policy
+
+    def retry_policy(self) -> RetryPolicy:
+        """The broker-wide default retry policy of ``[pop]``."""
+        return RetryPolicy(self.pop.max_attempts, parse_backoff(self.pop.retry_backoff),
+                           self.pop.retry_jitter)
 
     def validate(self) -> None:
+        self.retry_policy()  # raises for a bad [pop] retry setting
         if self.store.flush not in ("sync", "async"):
             raise InvalidArgument("store.flush must be 'sync' or 'async'")
         t = self.timer
@@ -146,6 +164,14 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
             raise InvalidArgument(f"--set expects section.key=value, got {item!r}")
         raw.setdefault(section, {})[name] = value.strip()
     sections = {f.name: f.type for f in dataclasses.fields(BrokerConfig)}
+    for item in overrides or []:  # groups.<name>.<key>=value: one level deeper
+        key, _, value = item.partition("=")
+        if key.strip().startswith("groups."):
+            _, group, name = key.strip().split(".", 2) if key.count(".") >= 2 else ("", "", "")
+            if not group or not name:
+                raise InvalidArgument(f"--set expects groups.<group>.<key>=value, got {item!r}")
+            raw["groups"].pop(f"{group}.{name}", None)
+            raw.setdefault("groups", {}).setdefault(group, {})[name] = value.strip()
     unknown = set(raw) - set(sections)
     if unknown:
         raise InvalidArgument(f"unknown config section(s): {', '.join(sorted(unknown))}")
@@ -158,5 +184,21 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         timer=_section(TimerConfig, raw.get("timer", {}), "timer"),
         tier=_section(TierConfig, raw.get("tier", {}), "tier"),
     )
+    pop = config.pop
+    groups = {}
+    for group, values in raw.get("groups", {}).items():
+        if not isinstance(values, dict):
+            raise InvalidArgument(f"[groups.{group}] must be a table of settings")
+        unknown = set(values) - {"max_attempts", "retry_backoff", "retry_jitter"}
+        if unknown:
+            raise InvalidArgument(f"unknown setting(s) in [groups.{group}]: "
+                                  f"{', '.join(sorted(unknown))}")
+        where = f"groups.{group}"
+        groups[group] = RetryPolicy(
+            _coerce(int, values.get("max_attempts", pop.max_attempts), where + ".max_attempts"),
+            parse_backoff(str(values.get("retry_backoff", pop.retry_backoff))),
+            _coerce(float, values.get("retry_jitter", pop.retry_jitter),
+                    where + ".retry_jitter"))
+    config = dataclasses.replace(config, groups=groups)
     config.validate()
     return config

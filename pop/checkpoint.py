@@ -5,26 +5,34 @@ RocksDB keys and values (``<data>/pop``, raw bytes)::
     b"c" + group + b"\\0" + topic + b"\\0" + queue_id u16 + ck_start u64  -> checkpoint value
     b"o" + group + b"\\0" + topic + b"\\0" + queue_id u16               -> ack offset u64
 
+``topic`` is the topic the entries were leased from: the user's topic, or the group's
+retry topic (``%RETRY%<group>%<topic>``).
+
 Checkpoint value (big-endian)::
 
-    0   1   version      1
+    0   1   version      2
     1   8   pop_at_ms
-    9   8   expire_at_ms
-    17  2   attempt      delivery attempt of this lease, from 1
-    19  2   count        entries covered: ck_start .. ck_start + count - 1
-    21  n   acked bitmap ceil(count / 8) bytes, bit i = entry ck_start + i is done
+    9   8   expire_at_ms deadline of every entry without an override
+    17  2   count        entries covered: ck_start .. ck_start + count - 1
+    19  n   done bitmap  ceil(count / 8) bytes, bit i = entry ck_start + i is done
+    ..  2   overrides    number of per-entry deadlines set by ChangeInvisibleTime
+    ..  10  (index u16, expire_at_ms u64) per override
 
-An entry is "done" when acked or when the group's tag filter skipped it.  The ack offset
-is the first queue offset not yet done by the group; it only moves forward.
+An entry is "done" when acked, released (Nack: its retry copy is durable), revived, or
+skipped by the group's tag filter.  ChangeInvisibleTime rewrites this one value (one
+synced write).  The ack offset is the first queue offset not yet done by the group; it
+only moves forward.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-_VERSION = 1
-_VALUE = struct.Struct(">BQQHH")
+_VERSION = 2
+_VALUE = struct.Struct(">BQQH")
+_COUNT = struct.Struct(">H")
+_OVERRIDE = struct.Struct(">HQ")
 _QID = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
 
@@ -34,9 +42,9 @@ class PopCheckpoint:
     ck_start: int
     pop_at_ms: int
     expire_at_ms: int
-    attempt: int
     count: int
     acked: bytearray
+    overrides: dict[int, int] = field(default_factory=dict)  # entry index -> deadline
     done: int = -1  # entries marked; derived from the bitmap (not stored)
 
     def __post_init__(self) -> None:
@@ -50,9 +58,25 @@ class PopCheckpoint:
         if not self.is_acked(i):
             self.acked[i >> 3] |= 1 << (i & 7)
             self.done += 1
+            self.overrides.pop(i, None)
 
     def all_acked(self) -> bool:
         return self.done == self.count
+
+    def expire_of(self, i: int) -> int:
+        return self.overrides.get(i, self.expire_at_ms)
+
+    def open_at(self, expire_at_ms: int) -> list[int]:
+        """Indices of the entries not done whose deadline is ``expire_at_ms``."""
+        return [i for i in range(self.count)
+                if not self.is_acked(i) and self.expire_of(i) == expire_at_ms]
+
+    def deadlines(self) -> set[int]:
+        """Every deadline an open entry has."""
+        out = {self.overrides[i] for i in self.overrides}
+        if any(not self.is_acked(i) and i not in self.overrides for i in range(self.count)):
+            out.add(self.expire_at_ms)
+        return out
 
     @property
     def end(self) -> int:
@@ -71,24 +95,46 @@ def offset_key(group: str, topic: str, queue_id: int) -> bytes:
     return queue_prefix(b"o", group, topic, queue_id)
 
 
+def parse_key(key: bytes) -> tuple[str, str, int, int | None]:
+    """``(group, topic, queue_id, ck_start or None)`` of a checkpoint or ack-offset key."""
+    group, topic, rest = key[1:].split(b"\0", 2)
+    qid = int(_QID.unpack_from(rest)[0])
+    start = int(_U64.unpack_from(rest, 2)[0]) if key[:1] == b"c" else None
+    return group.decode(), topic.decode(), qid, start
+
+
 def ck_start_of_key(key: bytes) -> int:
     return int(_U64.unpack_from(key, len(key) - 8)[0])
 
 
 def encode_checkpoint(ck: PopCheckpoint) -> bytes:
-    return _VALUE.pack(_VERSION, ck.pop_at_ms, ck.expire_at_ms, ck.attempt, ck.count) + bytes(
-        ck.acked
-    )
+    head = _VALUE.pack(_VERSION, ck.pop_at_ms, ck.expire_at_ms, ck.count) + bytes(ck.acked)
+    tail = b"".join(_OVERRIDE.pack(i, e) for i, e in sorted(ck.overrides.items()))
+    return head + _COUNT.pack(len(ck.overrides)) + tail
 
 
 def decode_checkpoint(ck_start: int, data: bytes) -> PopCheckpoint:
-    version, pop_at, expire, attempt, count = _VALUE.unpack_from(data)
+    if len(data) < _VALUE.size:
+        raise ValueError("PopCheckpoint value is truncated")
+    version, pop_at, expire, count = _VALUE.unpack_from(data)
     if version != _VERSION:
         raise ValueError(f"unknown PopCheckpoint version {version}")
-    acked = bytearray(data[_VALUE.size :])
-    if len(acked) != (count + 7) // 8:
-        raise ValueError("PopCheckpoint bitmap length does not match its count")
-    return PopCheckpoint(ck_start, pop_at, expire, attempt, count, acked)
+    pos = _VALUE.size + (count + 7) // 8
+    acked = bytearray(data[_VALUE.size : pos])
+    if len(data) < pos + _COUNT.size:
+        raise ValueError("PopCheckpoint value is truncated")
+    (n,) = _COUNT.unpack_from(data, pos)
+    pos += _COUNT.size
+    if len(data) != pos + n * _OVERRIDE.size:
+        raise ValueError("PopCheckpoint overrides do not match their count")
+    overrides = {}
+    for _ in range(n):
+        i, e = _OVERRIDE.unpack_from(data, pos)
+        if i >= count:
+            raise ValueError("PopCheckpoint override names an entry it does not cover")
+        overrides[i] = e
+        pos += _OVERRIDE.size
+    return PopCheckpoint(ck_start, pop_at, expire, count, acked, overrides)
 
 
 def encode_offset(offset: int) -> bytes:

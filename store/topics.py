@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from store.errors import AlreadyExists, InvalidArgument, TopicNotFound
 
 _NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,255}$")
+MAX_NAME_BYTES = 255
 MAX_QUEUES = 1024
 SYSTEM_PREFIX = "%"  # names the broker reserves for itself (retry, dead-letter, ...)
 
