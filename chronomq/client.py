@@ -13,6 +13,7 @@ Thread-safe (a gRPC channel is).
 from __future__ import annotations
 
 import json
+import queue
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -154,7 +155,36 @@ class ChronomqClient:
         """Ack handles; returns one error string per handle ("" = acknowledged)."""
         resp = self._call("Ack", pb.AckRequest(group=group,
                                                receipt_handles=list(receipt_handles)))
-        return [r.error.message if r.HasField("error") else "" for r in resp.results]
+        return _errors(resp)
+
+    def nack(self, group: str, receipt_handles: Iterable[str],
+             delay_ms: int | None = None) -> list[str]:
+        """Give messages back: visible again after ``delay_ms`` (None: the group's
+        back-off); one error string per handle ("" = released)."""
+        request = pb.NackRequest(group=group, receipt_handles=list(receipt_handles))
+        if delay_ms is not None:
+            request.delay_ms = delay_ms
+        return _errors(self._call("Nack", request))
+
+    def dead_letter(self, group: str, receipt_handles: Iterable[str],
+                    reason: str = "") -> list[str]:
+        """Move messages to the group's dead-letter topic now."""
+        return _errors(self._call("DeadLetter", pb.DeadLetterRequest(
+            group=group, receipt_handles=list(receipt_handles), reason=reason)))
+
+    def change_invisible_time(self, group: str, receipt_handle: str,
+                              invisible_time_s: int) -> str:
+        """Move a lease's deadline to now + ``invisible_time_s``; returns the new handle."""
+        resp = self._call("ChangeInvisibleTime", pb.ChangeInvisibleTimeRequest(
+            group=group, receipt_handle=receipt_handle, invisible_time_s=invisible_time_s))
+        return str(resp.receipt_handle)
+
+    def subscribe(self, topic: str, group: str, invisible_time_s: int = 30,
+                  max_outstanding: int = 256, tag_expression: str = "") -> Subscription:
+        """Open a Subscribe stream (streaming pull); see ``Subscription``."""
+        return Subscription(self._stub, self._metadata, pb.SubscribeRequest(
+            topic=topic, group=group, invisible_time_s=invisible_time_s,
+            max_outstanding=max_outstanding, tag_expression=tag_expression))
 
     # ------------------------------------------------------------------ timer control
 
@@ -189,6 +219,60 @@ class ChronomqClient:
         resp = self._call("Stats", pb.StatsRequest())
         figures: dict[str, float] = json.loads(resp.json)
         return figures
+
+
+class Subscription:
+    """A Subscribe stream: iterate ``responses()`` for pushed messages (and reports of
+    failed settlements); settle with ``ack``/``nack``/``change`` from any thread.  Close
+    it (or use ``with``) to end the stream."""
+
+    def __init__(self, stub: pb_grpc.BrokerStub, metadata: tuple[tuple[str, str], ...],
+                 first: pb.SubscribeRequest) -> None:
+        self._requests: queue.SimpleQueue[pb.SubscribeRequest | None] = queue.SimpleQueue()
+        self._requests.put(first)
+        self._call = stub.Subscribe(iter(self._requests.get, None), metadata=metadata)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def responses(self) -> Iterator[pb.SubscribeResponse]:
+        try:
+            yield from self._call
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                raise RpcError(exc.code(), exc.details() or "") from exc
+
+    def messages(self) -> Iterator[pb.ReceivedMessage]:
+        for response in self.responses():
+            yield from response.messages
+
+    def ack(self, receipt_handles: Iterable[str]) -> None:
+        self._requests.put(pb.SubscribeRequest(ack=list(receipt_handles)))
+
+    def nack(self, receipt_handles: Iterable[str], delay_ms: int | None = None,
+             dead_letter: bool = False, reason: str = "") -> None:
+        items = [pb.NackItem(receipt_handle=h, dead_letter=dead_letter, reason=reason)
+                 for h in receipt_handles]
+        if delay_ms is not None:
+            for item in items:
+                item.delay_ms = delay_ms
+        self._requests.put(pb.SubscribeRequest(nack=items))
+
+    def change(self, receipt_handle: str, invisible_time_s: int) -> None:
+        """The new handle arrives in a response's ``changed``."""
+        self._requests.put(pb.SubscribeRequest(change=[pb.InvisibleTimeChange(
+            receipt_handle=receipt_handle, invisible_time_s=invisible_time_s)]))
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._call.cancel()
+
+
+def _errors(resp: pb.AckResponse | pb.NackResponse | pb.DeadLetterResponse) -> list[str]:
+    return [r.error.message if r.HasField("error") else "" for r in resp.results]
 
 
 def status_by_number(number: int) -> grpc.StatusCode:

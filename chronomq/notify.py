@@ -8,7 +8,7 @@ between the look and the wait is never missed.  Thread-safe.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class ArrivalNotifier:
@@ -26,12 +26,20 @@ class ArrivalNotifier:
                 self._generations[t] = self._generations.get(t, 0) + 1
             self._cond.notify_all()
 
-    def wait(self, topic: str, seen_generation: int, timeout_s: float) -> bool:
-        """Block until ``topic`` has news since ``seen_generation`` (or timeout/close)."""
+    def wait(self, topic: str, seen_generation: int, timeout_s: float,
+             also: Callable[[], bool] | None = None) -> bool:
+        """Block until ``topic`` has news since ``seen_generation``, ``also()`` holds
+        (checked when ``wake`` is called), or timeout/close."""
         with self._cond:
             return self._cond.wait_for(
-                lambda: self._closed or self._generations.get(topic, 0) != seen_generation,
+                lambda: self._closed or self._generations.get(topic, 0) != seen_generation
+                or (also is not None and also()),
                 timeout_s)
+
+    def wake(self) -> None:
+        """Let every waiter re-check its ``also`` condition."""
+        with self._cond:
+            self._cond.notify_all()
 
     def close(self) -> None:
         """Release every waiter (shutdown)."""

@@ -25,6 +25,7 @@ from chronomq.metrics import start_metrics
 from chronomq.notify import ArrivalNotifier
 from chronomq.servicer import BrokerServicer
 from chronomq.v1 import broker_pb2, broker_pb2_grpc
+from pop.service import origin_of
 from store.clock import Clock, SystemClock
 from store.message import DispatchInfo
 
@@ -121,7 +122,7 @@ class BrokerServer:
         return self.port
 
     def _on_dispatched(self, records: list[DispatchInfo]) -> None:
-        self.notifier.arrived({r.topic for r in records})
+        self.notifier.arrived({origin_of(r.topic) for r in records})  # retries wake their topic
 
     def _preload(self) -> None:
         moved = self.broker.timer.preload_due(self.clock.now_ms())

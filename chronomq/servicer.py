@@ -12,7 +12,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import asdict
 from typing import NamedTuple, NoReturn, TypeAlias
@@ -25,7 +25,7 @@ from chronomq.notify import ArrivalNotifier
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
 from chronomq.wire import encode_send_response
-from pop.service import TagFilter
+from pop.service import PoppedMessage, TagFilter
 from store.errors import ChronomqError, InvalidArgument
 from store.message import (
     MAX_KEY_BYTES,
@@ -46,6 +46,9 @@ MAX_SEND_BATCH = 1000
 _FAST_KEY_CHARS = MAX_KEY_BYTES // 4
 _FAST_TAG_CHARS = MAX_TAG_BYTES // 4
 MAX_QUERY = 64
+STREAM_BATCH = 256  # messages leased per Pop on a Subscribe stream
+DEFAULT_CREDIT = 256
+MAX_CREDIT = 10_000
 
 
 def _abort(context: Context, exc: BaseException) -> NoReturn:
@@ -63,6 +66,133 @@ def _received(m: Message, handle: str = "", attempt: int = 0) -> pb.ReceivedMess
         properties=m.properties, born_at_ms=m.born_at_ms, deliver_at_ms=m.deliver_at_ms,
         delivery_attempt=attempt, receipt_handle=handle,
     )
+
+
+def _ack_results(outcomes: list[ChronomqError | None]) -> list[pb.AckResult]:
+    return [pb.AckResult() if err is None else pb.AckResult(error=_error(err))
+            for err in outcomes]
+
+
+def _error(exc: ChronomqError) -> pb.Error:
+    return pb.Error(code=code_number(exc), message=str(exc))
+
+
+class _Subscription:
+    """One Subscribe stream's state: its credit, the handles it holds, and the reports
+    of failed settlements waiting to be sent.  Shared by the stream's two threads."""
+
+    def __init__(self, broker: Broker, first: pb.SubscribeRequest) -> None:
+        self.topic, self.group = first.topic, first.group
+        self.invisible_time_s = first.invisible_time_s
+        self.max_outstanding = first.max_outstanding or DEFAULT_CREDIT
+        if self.max_outstanding > MAX_CREDIT:
+            raise InvalidArgument(f"max_outstanding must be at most {MAX_CREDIT}")
+        self.tag_filter = TagFilter.parse(first.tag_expression)
+        broker.pop.validate(self.topic, self.group, 1, self.invisible_time_s)
+        self._pop = broker.pop
+        self._clock = broker.clock
+        self._lock = threading.Lock()
+        self._outstanding: dict[str, int] = {}  # receipt handle -> lease deadline (ms)
+        self._report: pb.SubscribeResponse | None = None
+        self._freed = False
+        self.closed = False
+
+    def room(self) -> int:
+        now = self._clock.now_ms()
+        with self._lock:
+            self._freed = False
+            if self._outstanding and min(self._outstanding.values()) <= now:
+                self._outstanding = {h: e for h, e in self._outstanding.items() if e > now}
+            return self.max_outstanding - len(self._outstanding)
+
+    def leased(self, got: list[PoppedMessage]) -> None:
+        expire = self._clock.now_ms() + self.invisible_time_s * 1000
+        with self._lock:
+            for p in got:
+                self._outstanding[p.receipt_handle] = expire
+
+    def wait_s(self) -> float:
+        """How long to wait at most: until the next lease runs out (its credit returns)."""
+        with self._lock:
+            if not self._outstanding:
+                return 1.0
+            first = min(self._outstanding.values())
+        return min(1.0, max(0.001, (first - self._clock.now_ms()) / 1000))
+
+    def has_news(self) -> bool:
+        return self.closed or self._freed or self._report is not None
+
+    def take_report(self) -> pb.SubscribeResponse | None:
+        with self._lock:
+            report, self._report = self._report, None
+            return report
+
+    def _add_report(self) -> pb.SubscribeResponse:
+        if self._report is None:
+            self._report = pb.SubscribeResponse()
+        return self._report
+
+    def settle(self, request: pb.SubscribeRequest) -> None:
+        """Apply one request's acks, nacks and invisible-time changes."""
+        pop, group = self._pop, self.group
+        done: list[tuple[str, ChronomqError | None]] = []
+        if request.ack:
+            handles = list(request.ack)
+            done += zip(handles, pop.ack_many(group, handles), strict=True)
+        if request.nack:
+            release = [(n.receipt_handle, n.delay_ms if n.HasField("delay_ms") else None)
+                       for n in request.nack if not n.dead_letter]
+            dead = [(n.receipt_handle, n.reason) for n in request.nack if n.dead_letter]
+            try:
+                if release:
+                    done += zip([h for h, _ in release], pop.release_many(group, release),
+                                strict=True)
+            except ChronomqError as exc:
+                done += [(h, exc) for h, _ in release]
+            if dead:
+                done += zip([h for h, _ in dead], pop.dead_letter_many(group, dead),
+                            strict=True)
+        changed: list[pb.HandleChange] = []
+        for c in request.change:
+            try:
+                new = pop.change_invisible_time(group, c.receipt_handle, c.invisible_time_s)
+                changed.append(pb.HandleChange(old_receipt_handle=c.receipt_handle,
+                                               receipt_handle=new))
+            except ChronomqError as exc:
+                changed.append(pb.HandleChange(old_receipt_handle=c.receipt_handle,
+                                               error=_error(exc)))
+        expire = self._clock.now_ms()
+        with self._lock:
+            for handle, err in done:
+                self._outstanding.pop(handle, None)
+                if err is not None:
+                    self._add_report().errors.append(
+                        pb.SettleError(receipt_handle=handle, error=_error(err)))
+            for ch in changed:
+                old = self._outstanding.pop(ch.old_receipt_handle, None)
+                if ch.receipt_handle and old is not None:
+                    c_s = next(c.invisible_time_s for c in request.change
+                               if c.receipt_handle == ch.old_receipt_handle)
+                    self._outstanding[ch.receipt_handle] = expire + c_s * 1000
+            if changed:
+                self._add_report().changed.extend(changed)
+            self._freed = True
+
+    def read(self, requests: Iterator[pb.SubscribeRequest], wake: Callable[[], None]) -> None:
+        try:
+            for request in requests:
+                self.settle(request)
+                wake()
+        except grpc.RpcError:
+            pass  # the client went away
+        except Exception:
+            log.exception("subscribe reader failed")
+        finally:
+            self.closed = True
+            wake()
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class _PendingSend(NamedTuple):
@@ -233,16 +363,77 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         if not request.receipt_handles:
             _abort(context, InvalidArgument("Ack needs at least one receipt handle"))
         outcomes = self._broker.pop.ack_many(request.group, list(request.receipt_handles))
-        return pb.AckResponse(results=[
-            pb.AckResult() if err is None
-            else pb.AckResult(error=pb.Error(code=code_number(err), message=str(err)))
-            for err in outcomes])
+        return pb.AckResponse(results=_ack_results(outcomes))
 
     def ChangeInvisibleTime(self, request: pb.ChangeInvisibleTimeRequest,
                             context: Context) -> pb.ChangeInvisibleTimeResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                      "ChangeInvisibleTime is not available in this version yet")
-        raise AssertionError("unreachable")
+        try:
+            handle = self._broker.pop.change_invisible_time(
+                request.group, request.receipt_handle, request.invisible_time_s)
+        except ChronomqError as exc:
+            _abort(context, exc)
+        return pb.ChangeInvisibleTimeResponse(receipt_handle=handle)
+
+    def Nack(self, request: pb.NackRequest, context: Context) -> pb.NackResponse:
+        if not request.receipt_handles:
+            _abort(context, InvalidArgument("Nack needs at least one receipt handle"))
+        delay = request.delay_ms if request.HasField("delay_ms") else None
+        try:
+            outcomes = self._broker.pop.release_many(
+                request.group, [(h, delay) for h in request.receipt_handles])
+        except ChronomqError as exc:
+            _abort(context, exc)
+        return pb.NackResponse(results=_ack_results(outcomes))
+
+    def DeadLetter(self, request: pb.DeadLetterRequest,
+                   context: Context) -> pb.DeadLetterResponse:
+        if not request.receipt_handles:
+            _abort(context, InvalidArgument("DeadLetter needs at least one receipt handle"))
+        outcomes = self._broker.pop.dead_letter_many(
+            request.group, [(h, request.reason) for h in request.receipt_handles])
+        return pb.DeadLetterResponse(results=_ack_results(outcomes))
+
+    def Subscribe(self, request_iterator: Iterator[pb.SubscribeRequest],
+                  context: Context) -> Iterator[pb.SubscribeResponse]:
+        """Streaming pull: lease what is visible within the credit, push it, wait for news
+        or settlements; a reader thread applies acks, nacks and changes as they come."""
+        try:
+            first = next(request_iterator)
+        except StopIteration:
+            return
+        try:
+            sub = _Subscription(self._broker, first)
+        except ChronomqError as exc:
+            _abort(context, exc)
+        sub.settle(first)
+        threading.Thread(target=sub.read, args=(request_iterator, self._notifier.wake),
+                         name="subscribe-reader", daemon=True).start()
+        pop = self._broker.pop
+        try:
+            while context.is_active() and not sub.closed:
+                report = sub.take_report()
+                room = sub.room()
+                got: list[PoppedMessage] = []
+                seen = self._notifier.generation(sub.topic)
+                if room > 0:
+                    got = pop.pop(sub.topic, sub.group, min(room, STREAM_BATCH),
+                                  sub.invisible_time_s, sub.tag_filter, cap=STREAM_BATCH)
+                    sub.leased(got)
+                if got or report is not None:
+                    with self._counts_lock:
+                        self.popped += len(got)
+                    out = report or pb.SubscribeResponse()
+                    out.messages.extend(_received(p.message, p.receipt_handle,
+                                                  p.delivery_attempt) for p in got)
+                    yield out
+                    continue
+                # nothing to send: wait for an arrival, a settlement that frees credit or
+                # needs a report, or a lease running out
+                self._notifier.wait(sub.topic, seen, sub.wait_s(), also=sub.has_news)
+        except ChronomqError as exc:
+            _abort(context, exc)
+        finally:
+            sub.close()
 
     # ------------------------------------------------------------------ timer control
 
@@ -310,8 +501,15 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             "store.dispatch_lag_bytes": s.commitlog.confirmed_offset - s.dispatched_offset,
             "store.messages_appended": s.messages_appended,
             "pop.open_checkpoints": p.open_checkpoints, "pop.popped": p.popped,
-            "pop.acked": p.acked, "rpc.sent": self.sent, "rpc.popped": self.popped,
+            "pop.acked": p.acked, "pop.revived": p.revived, "pop.released": p.released,
+            "pop.dead_lettered": p.dead_lettered,
+            "rpc.sent": self.sent, "rpc.popped": self.popped,
         })
+        for g in self._broker.pop.group_statistics():
+            base = f"group.{g.group}.{g.topic}."
+            out.update({base + "in_flight": g.in_flight, base + "backlog": g.backlog,
+                        base + "lag": g.lag, base + "redelivered": g.redelivered,
+                        base + "dead_lettered": g.dead_lettered})
         t = self._broker.timer.statistics()
         out.update({
             "timer.pending_wheel": t.pending_wheel, "timer.pending_rocksdb": t.pending_rocksdb,

@@ -57,8 +57,7 @@ class PopCheckpoint:
     def mark(self, i: int) -> None:
         if not self.is_acked(i):
             self.acked[i >> 3] |= 1 << (i & 7)
-            self.done += 1
-            self.overrides.pop(i, None)
+            self.done += 1  # an override stays: it tells a superseded handle apart
 
     def all_acked(self) -> bool:
         return self.done == self.count
@@ -73,7 +72,7 @@ class PopCheckpoint:
 
     def deadlines(self) -> set[int]:
         """Every deadline an open entry has."""
-        out = {self.overrides[i] for i in self.overrides}
+        out = {e for i, e in self.overrides.items() if not self.is_acked(i)}
         if any(not self.is_acked(i) and i not in self.overrides for i in range(self.count)):
             out.add(self.expire_at_ms)
         return out

@@ -33,7 +33,7 @@ import logging
 import random
 import re
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from pop.checkpoint import (
@@ -65,6 +65,7 @@ RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 REVIVE_TICK_MS = 10
 REVIVE_BATCH = 512  # leases revived per CommitLog append
+REQUEUED_MEMORY = 65_536
 _GROUP = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 # properties a dead-lettered message carries
@@ -101,6 +102,10 @@ class HandleSuperseded(FailedPrecondition):
 
 class AlreadyDone(FailedPrecondition):
     """Raised when ChangeInvisibleTime names a message already acked or released."""
+
+
+class AlreadyRequeued(FailedPrecondition):
+    """Raised when a handle names a message recently put back for redelivery."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +204,9 @@ class PopService:
         self._wheel: TimingWheel[_Deadline] = TimingWheel(REVIVE_TICK_MS, 64, 4,
                                                           clock.now_ms())
         self._ready: list[_Deadline] = []  # already due when scheduled
+        # entries recently put back for redelivery, so a late settle of one gets a clear
+        # error instead of a silent "done" (bounded; forgotten on restart)
+        self._requeued: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._recover()
@@ -374,16 +382,19 @@ class PopService:
         raises for a handle that does not match or was superseded.  Caller holds the
         group lock."""
         ck = self._queue(group, h.topic, h.queue_id).checkpoints.get(h.ck_start)
+        if (group, h.topic, h.queue_id, h.queue_offset) in self._requeued:
+            raise AlreadyRequeued("the message was already released for redelivery (Nack, "
+                                  "revive or ChangeInvisibleTime 0): this handle is done")
         if ck is None:
             return None, -1
         i = h.queue_offset - ck.ck_start
         if not 0 <= i < ck.count:
             raise InvalidArgument("receipt handle does not match its lease")
-        if ck.is_acked(i):
-            return None, i
         if ck.expire_of(i) != h.expire_at_ms:
             raise HandleSuperseded("receipt handle was replaced by ChangeInvisibleTime: "
                                    "use the handle it returned")
+        if ck.is_acked(i):
+            return None, i
         return ck, i
 
     def _finish(self, group: str, topic: str, qid: int, ck: PopCheckpoint,
@@ -516,6 +527,8 @@ class PopService:
                 for n, h in chosen:
                     try:
                         ck, i = self._lease_of(group, h)
+                    except AlreadyRequeued:
+                        continue  # released before: releasing again is a no-op
                     except ChronomqError as exc:
                         results[n] = exc
                         continue
@@ -590,6 +603,9 @@ class PopService:
                 continue
             ck.mark(r.index)
             self._finish(r.group, r.topic, r.queue_id, ck, ops)
+            self._requeued[(r.group, r.topic, r.queue_id, r.ck_start + r.index)] = None
+            if len(self._requeued) > REQUEUED_MEMORY:
+                self._requeued.popitem(last=False)
             key = (r.group, origin_of(r.topic))
             with self._lock:
                 if r.reason is None:

@@ -218,6 +218,106 @@ class ChangeInvisibleTimeResponse(_message.Message):
     receipt_handle: str
     def __init__(self, receipt_handle: _Optional[str] = ...) -> None: ...
 
+class NackRequest(_message.Message):
+    __slots__ = ("group", "receipt_handles", "delay_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    delay_ms: int
+    def __init__(self, group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., delay_ms: _Optional[int] = ...) -> None: ...
+
+class NackResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AckResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...
+
+class DeadLetterRequest(_message.Message):
+    __slots__ = ("group", "receipt_handles", "reason")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DeadLetterResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AckResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...
+
+class NackItem(_message.Message):
+    __slots__ = ("receipt_handle", "delay_ms", "dead_letter", "reason")
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    receipt_handle: str
+    delay_ms: int
+    dead_letter: bool
+    reason: str
+    def __init__(self, receipt_handle: _Optional[str] = ..., delay_ms: _Optional[int] = ..., dead_letter: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class InvisibleTimeChange(_message.Message):
+    __slots__ = ("receipt_handle", "invisible_time_s")
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    receipt_handle: str
+    invisible_time_s: int
+    def __init__(self, receipt_handle: _Optional[str] = ..., invisible_time_s: _Optional[int] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("topic", "group", "invisible_time_s", "max_outstanding", "tag_expression", "ack", "nack", "change")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    TAG_EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    NACK_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    invisible_time_s: int
+    max_outstanding: int
+    tag_expression: str
+    ack: _containers.RepeatedScalarFieldContainer[str]
+    nack: _containers.RepeatedCompositeFieldContainer[NackItem]
+    change: _containers.RepeatedCompositeFieldContainer[InvisibleTimeChange]
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., invisible_time_s: _Optional[int] = ..., max_outstanding: _Optional[int] = ..., tag_expression: _Optional[str] = ..., ack: _Optional[_Iterable[str]] = ..., nack: _Optional[_Iterable[_Union[NackItem, _Mapping]]] = ..., change: _Optional[_Iterable[_Union[InvisibleTimeChange, _Mapping]]] = ...) -> None: ...
+
+class SettleError(_message.Message):
+    __slots__ = ("receipt_handle", "error")
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    receipt_handle: str
+    error: Error
+    def __init__(self, receipt_handle: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class HandleChange(_message.Message):
+    __slots__ = ("old_receipt_handle", "receipt_handle", "error")
+    OLD_RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    old_receipt_handle: str
+    receipt_handle: str
+    error: Error
+    def __init__(self, old_receipt_handle: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class SubscribeResponse(_message.Message):
+    __slots__ = ("messages", "errors", "changed")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ReceivedMessage]
+    errors: _containers.RepeatedCompositeFieldContainer[SettleError]
+    changed: _containers.RepeatedCompositeFieldContainer[HandleChange]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ReceivedMessage, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SettleError, _Mapping]]] = ..., changed: _Optional[_Iterable[_Union[HandleChange, _Mapping]]] = ...) -> None: ...
+
 class CancelRequest(_message.Message):
     __slots__ = ("message_id",)
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]

@@ -74,6 +74,21 @@ class BrokerStub:
                 request_serializer=chronomq_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.SerializeToString,
                 response_deserializer=chronomq_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.FromString,
                 _registered_method=True)
+        self.Nack = channel.unary_unary(
+                '/chronomq.v1.Broker/Nack',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.NackRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.NackResponse.FromString,
+                _registered_method=True)
+        self.DeadLetter = channel.unary_unary(
+                '/chronomq.v1.Broker/DeadLetter',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.DeadLetterRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.DeadLetterResponse.FromString,
+                _registered_method=True)
+        self.Subscribe = channel.stream_stream(
+                '/chronomq.v1.Broker/Subscribe',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.SubscribeResponse.FromString,
+                _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/chronomq.v1.Broker/Cancel',
                 request_serializer=chronomq_dot_v1_dot_broker__pb2.CancelRequest.SerializeToString,
@@ -148,6 +163,26 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Nack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeadLetter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Subscribe(self, request_iterator, context):
+        """Streaming pull: the broker pushes leased messages within the credit; settlements
+        ride on the same stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Cancel(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -214,6 +249,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ChangeInvisibleTime,
                     request_deserializer=chronomq_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.FromString,
                     response_serializer=chronomq_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.SerializeToString,
+            ),
+            'Nack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Nack,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.NackRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.NackResponse.SerializeToString,
+            ),
+            'DeadLetter': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeadLetter,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.DeadLetterRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.DeadLetterResponse.SerializeToString,
+            ),
+            'Subscribe': grpc.stream_stream_rpc_method_handler(
+                    servicer.Subscribe,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.SubscribeRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.SubscribeResponse.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
@@ -452,6 +502,87 @@ class Broker:
             '/chronomq.v1.Broker/ChangeInvisibleTime',
             chronomq_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.SerializeToString,
             chronomq_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Nack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/Nack',
+            chronomq_dot_v1_dot_broker__pb2.NackRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.NackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeadLetter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/DeadLetter',
+            chronomq_dot_v1_dot_broker__pb2.DeadLetterRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.DeadLetterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Subscribe(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/chronomq.v1.Broker/Subscribe',
+            chronomq_dot_v1_dot_broker__pb2.SubscribeRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.SubscribeResponse.FromString,
             options,
             channel_credentials,
             insecure,

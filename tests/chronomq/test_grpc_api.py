@@ -90,10 +90,11 @@ def test_bad_input_on_every_rpc(client: ChronomqClient) -> None:
     assert _code(client.query, "t") == INVALID
     assert _code(client.query, "missing", key="k") == grpc.StatusCode.NOT_FOUND
     assert _code(client.query, message_id="\x01bad") == INVALID
-    stub = client._stub
-    with pytest.raises(grpc.RpcError) as err:
-        stub.ChangeInvisibleTime(pb.ChangeInvisibleTimeRequest(group="g", receipt_handle="x"))
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert _code(client.change_invisible_time, "g", "x", 10) == INVALID
+    assert _code(client.change_invisible_time, "g", "x", 12 * 3600 + 1) == INVALID
+    assert _code(client.nack, "g", []) == INVALID
+    assert "receipt handle" in client.nack("g", ["junk"])[0]
+    assert _code(client.dead_letter, "g", []) == INVALID
     assert _code(client.cancel, "") == INVALID
     assert _code(client.cancel, "bad\x01id") == INVALID
     assert _code(client.reschedule, "x") == INVALID  # no time given
