@@ -4,6 +4,9 @@
     chronomq topic create|list|delete ...
     chronomq send TOPIC BODY [--key K] [--tag T] [--delay-ms N | --deliver-at-ms T]
     chronomq pop TOPIC GROUP [--max N] [--invisible-time-s S] [--wait-ms W] [--no-ack]
+    chronomq ack|nack|dead-letter GROUP HANDLE... [--delay-ms N] [--reason R]
+    chronomq change-invisible GROUP HANDLE SECONDS
+    chronomq groups
     chronomq cancel ID
     chronomq reschedule ID (--delay-ms N | --deliver-at-ms T)
     chronomq query TOPIC (--key K | --message-id ID)
@@ -79,6 +82,27 @@ def _parser() -> argparse.ArgumentParser:
     po.add_argument("--no-ack", action="store_true")
     _client_args(po)
 
+    for name, what in (("ack", "acknowledge leased messages"),
+                       ("nack", "give leased messages back (the group's back-off by default)"),
+                       ("dead-letter", "move leased messages to the group's dead-letter topic")):
+        settle = sub.add_parser(name, help=what)
+        settle.add_argument("group")
+        settle.add_argument("handles", nargs="+", metavar="HANDLE")
+        if name == "nack":
+            settle.add_argument("--delay-ms", type=int)
+        if name == "dead-letter":
+            settle.add_argument("--reason", default="")
+        _client_args(settle)
+
+    ci = sub.add_parser("change-invisible", help="move a lease's deadline (0: visible now)")
+    ci.add_argument("group")
+    ci.add_argument("handle")
+    ci.add_argument("seconds", type=int)
+    _client_args(ci)
+
+    gr = sub.add_parser("groups", help="per consumer group: in flight, backlog, lag, ...")
+    _client_args(gr)
+
     ca = sub.add_parser("cancel", help="cancel a pending delayed message")
     ca.add_argument("message_id")
     _client_args(ca)
@@ -143,6 +167,20 @@ def _run_client(args: argparse.Namespace) -> Any:
                 if errors:
                     raise ChronomqError("ack failed: " + "; ".join(errors))
             return [_received_dict(m) for m in got]
+        if args.command in ("ack", "nack", "dead-letter"):
+            if args.command == "ack":
+                errors = c.ack(args.group, args.handles)
+            elif args.command == "nack":
+                errors = c.nack(args.group, args.handles, args.delay_ms)
+            else:
+                errors = c.dead_letter(args.group, args.handles, args.reason)
+            return [{"receipt_handle": h, "ok": not e, "error": e}
+                    for h, e in zip(args.handles, errors, strict=True)]
+        if args.command == "change-invisible":
+            return {"receipt_handle": c.change_invisible_time(args.group, args.handle,
+                                                              args.seconds)}
+        if args.command == "groups":
+            return _groups(c.stats())
         if args.command == "cancel":
             return {"message_id": args.message_id, "outcome": c.cancel(args.message_id)}
         if args.command == "reschedule":
@@ -151,6 +189,18 @@ def _run_client(args: argparse.Namespace) -> Any:
         if args.command == "query":
             return [_received_dict(m) for m in c.query(args.topic, args.key, args.message_id)]
         return c.stats()
+
+
+def _groups(figures: dict[str, float]) -> list[dict[str, Any]]:
+    """Rows of the ``group.<group>.<topic>.<figure>`` figures (group names hold no dot,
+    topic names may)."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, value in figures.items():
+        if name.startswith("group."):
+            group, rest = name[len("group."):].split(".", 1)
+            topic, figure = rest.rsplit(".", 1)
+            rows.setdefault((group, topic), {"group": group, "topic": topic})[figure] = int(value)
+    return [rows[k] for k in sorted(rows)]
 
 
 def _print(result: Any, as_json: bool) -> None:

@@ -66,7 +66,7 @@ DLQ_PREFIX = "%DLQ%"
 REVIVE_TICK_MS = 10
 REVIVE_BATCH = 512  # leases revived per CommitLog append
 REQUEUED_MEMORY = 65_536
-_GROUP = re.compile(r"^[A-Za-z0-9_.-]+$")
+_GROUP = re.compile(r"^[A-Za-z0-9_-]+$")  # no "%" (system topic names), no "."
 
 # properties a dead-lettered message carries
 PROP_DLQ_REASON = "chronomq.dlq.reason"
@@ -770,5 +770,5 @@ def check_group(group: str) -> None:
     if len(group) > MAX_GROUP_BYTES or not _GROUP.match(group):
         raise InvalidArgument(
             f"group {group!r} is invalid: use 1-{MAX_GROUP_BYTES} characters from "
-            "A-Z a-z 0-9 _ . -")
+            "A-Z a-z 0-9 _ -")
 

@@ -63,6 +63,45 @@ def test_cli_pop_no_ack_leaves_the_lease(server: RunningServer,
     assert server.server.broker.pop.statistics().open_checkpoints == 1
 
 
+def test_cli_settle_commands_and_groups(server: RunningServer,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    t = ("--target", server.target)
+    _ok(capsys, "topic", "create", "t", *t)
+    for body in ("a", "b", "c"):
+        _ok(capsys, "send", "t", body, *t)
+    got = json.loads(_ok(capsys, "pop", "t", "g", "--no-ack", "--json", *t))
+    handles = {m["body"]: m["receipt_handle"] for m in got}
+    new = json.loads(_ok(capsys, "change-invisible", "g", handles["a"], "600", "--json", *t))
+    assert new["receipt_handle"] != handles["a"]
+    (r,) = json.loads(_ok(capsys, "nack", "g", handles["b"], "--delay-ms", "0", "--json", *t))
+    assert r["ok"] is True
+    (r,) = json.loads(_ok(capsys, "dead-letter", "g", handles["c"], "--reason", "bad",
+                          "--json", *t))
+    assert r["ok"] is True
+    (r,) = json.loads(_ok(capsys, "ack", "g", handles["a"], "--json", *t))
+    assert r["ok"] is False and "ChangeInvisibleTime" in r["error"]
+    (row,) = json.loads(_ok(capsys, "groups", "--json", *t))
+    assert (row["group"], row["topic"], row["dead_lettered"]) == ("g", "t", 1)
+    assert row["in_flight"] == 1  # "a", under its new handle
+
+
+def test_group_retry_policies_from_toml_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[pop]\nmax_attempts = 7\n[groups.orders-worker]\nretry_backoff = '
+                    '"10s, 1m"\n')
+    cfg = load_config(str(path), ["groups.billing.max_attempts=3", "pop.retry_jitter=0"])
+    assert cfg.retry_policy().max_attempts == 7 and cfg.retry_policy().jitter == 0
+    orders, billing = cfg.groups["orders-worker"], cfg.groups["billing"]
+    assert orders.backoff_ms == (10_000, 60_000) and orders.max_attempts == 7
+    assert billing.max_attempts == 3 and billing.backoff_ms == cfg.retry_policy().backoff_ms
+    for bad, message in (("groups.x.max_attempts=0", "max_attempts"),
+                         ("groups.x.nope=1", "unknown setting"),
+                         ("groups.x=1", "groups.<group>.<key>"),
+                         ("pop.retry_backoff=5 parsecs", "duration")):
+        with pytest.raises(InvalidArgument, match=message):
+            load_config(None, [bad])
+
+
 def test_config_file_and_overrides(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('[server]\nport = 9000\n[store]\ndata_dir = "/tmp/x"\nflush = "async"\n')
