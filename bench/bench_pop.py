@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -46,7 +47,8 @@ def _fill(target: str, topic: str, n: int) -> None:
         raise SystemExit(f"{failed} sends failed")
 
 
-def _subscriber(target: str, topic: str, quota: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _subscriber(target: str, topic: str, total: int, done: Any, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    """Consume until all processes together received ``total``."""
     got = 0
     with ChronomqClient(target) as c, c.subscribe(topic, "bench", 300, 1024) as sub:
         t0 = time.monotonic()
@@ -54,28 +56,32 @@ def _subscriber(target: str, topic: str, quota: int, out: mp.Queue) -> None:  # 
             if r.messages:
                 got += len(r.messages)
                 sub.ack([m.receipt_handle for m in r.messages])
-            if got >= quota:
+                with done.get_lock():
+                    done.value += len(r.messages)
+            if done.value >= total:
                 break
         out.put((got, time.monotonic() - t0))
 
 
-def _popper(target: str, topic: str, quota: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _popper(target: str, topic: str, total: int, done: Any, out: mp.Queue) -> None:  # type: ignore[type-arg]
     got = 0
     with ChronomqClient(target) as c:
         t0 = time.monotonic()
-        while got < quota:
+        while done.value < total:
             ms = c.pop(topic, "bench-unary", 32, 300, wait_ms=200)
-            if not ms:
-                break
-            c.ack("bench-unary", [m.receipt_handle for m in ms])
-            got += len(ms)
+            if ms:
+                c.ack("bench-unary", [m.receipt_handle for m in ms])
+                got += len(ms)
+                with done.get_lock():
+                    done.value += len(ms)
         out.put((got, time.monotonic() - t0))
 
 
 def _drain(target: str, topic: str, total: int, worker: object, procs: int) -> float:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    ps = [ctx.Process(target=worker, args=(target, topic, total // procs, q))
+    done = ctx.Value("q", 0)
+    ps = [ctx.Process(target=worker, args=(target, topic, total, done, q))
           for _ in range(procs)]
     t0 = time.monotonic()
     for p in ps:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import queue
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -224,7 +225,8 @@ class ChronomqClient:
 class Subscription:
     """A Subscribe stream: iterate ``responses()`` for pushed messages (and reports of
     failed settlements); settle with ``ack``/``nack``/``change`` from any thread.  Close
-    it (or use ``with``) to end the stream."""
+    it (or use ``with``) to end the stream: what was settled before is applied, and what
+    was pushed but not settled is given back at once instead of at its deadline."""
 
     def __init__(self, stub: pb_grpc.BrokerStub, metadata: tuple[tuple[str, str], ...],
                  first: pb.SubscribeRequest) -> None:
@@ -266,8 +268,21 @@ class Subscription:
         self._requests.put(pb.SubscribeRequest(change=[pb.InvisibleTimeChange(
             receipt_handle=receipt_handle, invisible_time_s=invisible_time_s)]))
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the stream: settlements sent so far are applied first; messages pushed
+        and not settled are given back by the broker at once (their attempt counts)."""
         self._requests.put(None)
+
+        def drain() -> None:
+            try:
+                for _ in self._call:
+                    pass
+            except grpc.RpcError:
+                pass
+
+        t = threading.Thread(target=drain, name="subscription-close", daemon=True)
+        t.start()
+        t.join(timeout_s)
         self._call.cancel()
 
 

@@ -194,6 +194,18 @@ class _Subscription:
     def close(self) -> None:
         self.closed = True
 
+    def give_back(self) -> None:
+        """The stream ended: what it holds unsettled is visible again now (a retry copy,
+        its attempt counted), not at its deadline."""
+        with self._lock:
+            held, self._outstanding = list(self._outstanding), {}
+        if held:
+            try:
+                self._pop.release_many(self.group, [(h, 0) for h in held])
+            except ChronomqError:
+                log.warning("could not give back %d messages of a closed Subscribe "
+                            "stream; they come back at their deadline", len(held))
+
 
 class _PendingSend(NamedTuple):
     messages: int
@@ -434,6 +446,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             _abort(context, exc)
         finally:
             sub.close()
+            sub.give_back()
 
     # ------------------------------------------------------------------ timer control
 

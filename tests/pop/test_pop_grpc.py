@@ -174,3 +174,21 @@ def test_sigkill_with_messages_in_flight(tmp_path: Path) -> None:
             assert c.pop("k", "G", wait_ms=1500) == []  # acked ones never come back
     finally:
         srv.terminate()
+
+
+def test_closing_a_subscription_gives_back_what_it_held(client: ChronomqClient) -> None:
+    client.create_topic("c")
+    ids = set(_send(client, "c", 4))
+    with client.subscribe("c", "G", invisible_time_s=600, max_outstanding=10) as sub:
+        responses = sub.responses()
+        held: list[pb.ReceivedMessage] = []
+        while len(held) < 4:
+            held += next(responses).messages
+        sub.ack([held[0].receipt_handle])  # applied before the stream ends
+    back: list[pb.ReceivedMessage] = []
+    while len(back) < 3:
+        got = client.pop("c", "G", wait_ms=3000)
+        assert got, "the closed stream's messages did not come back"
+        back += got
+    assert {m.message_id for m in back} == ids - {held[0].message_id}
+    assert all(m.delivery_attempt == 2 for m in back)
