@@ -50,17 +50,30 @@ def _fill(target: str, topic: str, n: int) -> None:
 def _subscriber(target: str, topic: str, total: int, done: Any, out: mp.Queue) -> None:  # type: ignore[type-arg]
     """Consume until all processes together received ``total``."""
     got = 0
-    with ChronomqClient(target) as c, c.subscribe(topic, "bench", 300, 1024) as sub:
+    with ChronomqClient(target) as c:
+        sub = c.subscribe(topic, "bench", 300, 1024)
         t0 = time.monotonic()
+        finished = threading.Event()
+
+        def watch() -> None:  # the stream may be idle when the others finish the total
+            while done.value < total and not finished.wait(0.05):
+                pass
+            finished.set()
+            sub.close()
+
+        threading.Thread(target=watch, daemon=True).start()
         for r in sub.responses():
             if r.messages:
                 got += len(r.messages)
                 sub.ack([m.receipt_handle for m in r.messages])
                 with done.get_lock():
                     done.value += len(r.messages)
-            if done.value >= total:
+            if finished.is_set() or done.value >= total:
                 break
-        out.put((got, time.monotonic() - t0))
+        elapsed = time.monotonic() - t0
+        finished.set()
+        sub.close()
+        out.put((got, elapsed))
 
 
 def _popper(target: str, topic: str, total: int, done: Any, out: mp.Queue) -> None:  # type: ignore[type-arg]

@@ -233,6 +233,9 @@ class Subscription:
         self._requests: queue.SimpleQueue[pb.SubscribeRequest | None] = queue.SimpleQueue()
         self._requests.put(first)
         self._call = stub.Subscribe(iter(self._requests.get, None), metadata=metadata)
+        self._read_lock = threading.Lock()
+        self._ended = threading.Event()  # the response stream finished
+        self._closing = threading.Event()
 
     def __enter__(self) -> Subscription:
         return self
@@ -241,11 +244,24 @@ class Subscription:
         self.close()
 
     def responses(self) -> Iterator[pb.SubscribeResponse]:
-        try:
-            yield from self._call
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED:
-                raise RpcError(exc.code(), exc.details() or "") from exc
+        """The stream's responses, until it ends."""
+        while (r := self._next()) is not None:
+            yield r
+
+    def _next(self) -> pb.SubscribeResponse | None:
+        with self._read_lock:  # a gRPC call is read by one thread at a time
+            if self._ended.is_set():
+                return None
+            try:
+                return next(self._call)  # type: ignore[no-any-return]
+            except StopIteration:
+                pass
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.CANCELLED:
+                    self._ended.set()
+                    raise RpcError(exc.code(), exc.details() or "") from exc
+            self._ended.set()
+            return None
 
     def messages(self) -> Iterator[pb.ReceivedMessage]:
         for response in self.responses():
@@ -271,18 +287,20 @@ class Subscription:
     def close(self, timeout_s: float = 5.0) -> None:
         """End the stream: settlements sent so far are applied first; messages pushed
         and not settled are given back by the broker at once (their attempt counts)."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
         self._requests.put(None)
 
-        def drain() -> None:
+        def drain() -> None:  # read to the end (what comes now is given back anyway)
             try:
-                for _ in self._call:
+                while self._next() is not None:
                     pass
-            except grpc.RpcError:
+            except RpcError:
                 pass
 
-        t = threading.Thread(target=drain, name="subscription-close", daemon=True)
-        t.start()
-        t.join(timeout_s)
+        threading.Thread(target=drain, name="subscription-close", daemon=True).start()
+        self._ended.wait(timeout_s)
         self._call.cancel()
 
 
