@@ -138,7 +138,8 @@ class _Subscription:
         done: list[tuple[str, ChronomqError | None]] = []
         if request.ack:
             handles = list(request.ack)
-            done += zip(handles, pop.ack_many(group, handles), strict=True)
+            done += zip(handles, pop.ack_many(group, handles, self._outstanding),
+                        strict=True)
         if request.nack:
             release = [(n.receipt_handle, n.delay_ms if n.HasField("delay_ms") else None)
                        for n in request.nack if not n.dead_letter]

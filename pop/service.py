@@ -34,7 +34,9 @@ import random
 import re
 import threading
 from collections import Counter, OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pop.checkpoint import (
     PopCheckpoint,
@@ -136,8 +138,7 @@ class _QueueLeases:
     checkpoints: dict[int, PopCheckpoint] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class PoppedMessage:
+class PoppedMessage(NamedTuple):
     message: Message
     receipt_handle: str
     delivery_attempt: int
@@ -369,8 +370,8 @@ class PopService:
 
     # ------------------------------------------------------------------ handles
 
-    def _decode(self, group: str, text: str, now: int) -> ReceiptHandle:
-        h = self._handles.decode(group, text)
+    def _decode(self, group: str, text: str, now: int, verify: bool = True) -> ReceiptHandle:
+        h = self._handles.decode(group, text, verify)
         if now >= h.expire_at_ms:
             raise ReceiptHandleExpired(
                 f"receipt handle expired at {h.expire_at_ms} (now {now}): the lease ran out "
@@ -427,10 +428,12 @@ class PopService:
         if error is not None:
             raise error
 
-    def ack_many(self, group: str, receipt_handles: list[str]) -> list[ChronomqError | None]:
+    def ack_many(self, group: str, receipt_handles: list[str],
+                 issued: Container[str] = ()) -> list[ChronomqError | None]:
         """Acknowledge several handles with one RocksDB write per topic; one outcome per
-        handle (None = acknowledged)."""
-        handles, results = self._decode_all(group, receipt_handles)
+        handle (None = acknowledged).  Handles in ``issued`` are known to have been issued
+        to ``group`` by this broker (a Subscribe stream's): their MAC is not recomputed."""
+        handles, results = self._decode_all(group, receipt_handles, issued)
         for origin, items in _by_origin(handles).items():
             ops: dict[bytes, bytes | None] = {}
             acked = 0
@@ -450,7 +453,7 @@ class PopService:
                 self._acked += acked
         return results
 
-    def _decode_all(self, group: str, texts: list[str]
+    def _decode_all(self, group: str, texts: list[str], issued: Container[str] = ()
                     ) -> tuple[list[ReceiptHandle | None], list[ChronomqError | None]]:
         try:
             check_group(group)
@@ -461,7 +464,7 @@ class PopService:
         results: list[ChronomqError | None] = []
         for text in texts:
             try:
-                handles.append(self._decode(group, text, now))
+                handles.append(self._decode(group, text, now, text not in issued))
                 results.append(None)
             except ChronomqError as exc:
                 handles.append(None)
