@@ -1,9 +1,10 @@
 """Timer lateness: messages due uniformly at RATE msgs/s for SECONDS, end to end.
 
 Starts ``chronomq serve`` (default durable settings) on 127.0.0.1, sends every message
-ahead of time with ``deliver_at_ms`` spaced evenly, and has consumer processes long-poll
-Pop (32 per call) and Ack.  Lateness = consumer receive time - deliver_at_ms.  Also
-prints the broker's own lateness (append time - deliver_at_ms) from Stats.
+ahead of time with ``deliver_at_ms`` spaced evenly, and has consumer processes receive
+them over the Subscribe stream (or, with ``--api pop``, long-poll Pop (32 per call) and
+Ack).  Lateness = consumer receive time - deliver_at_ms.  Also prints the broker's own
+lateness (append time - deliver_at_ms) from Stats.
 
     .venv/bin/python bench/bench_timer.py --rate 2000 --seconds 10
     .venv/bin/python bench/bench_timer.py --hot 200000      # all due at one instant
@@ -15,8 +16,10 @@ import argparse
 import multiprocessing as mp
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -30,17 +33,43 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _consumer(target: str, expected: int, stop_at: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _consumer(target: str, total: int, stop_at: float, api: str, done: Any,
+              out: mp.Queue) -> None:  # type: ignore[type-arg]
+    """Receive until all consumers together have ``total`` (or ``stop_at`` passes)."""
     late: list[int] = []
+
+    def count(n: int) -> None:
+        with done.get_lock():
+            done.value += n
+
     with ChronomqClient(target) as c:
-        while time.time() < stop_at:
+        if api == "subscribe":
+            sub = c.subscribe(TOPIC, "bench", 300, 2048)
+            finished = threading.Event()
+
+            def watch() -> None:  # an idle stream is closed once the others are done
+                while done.value < total and time.time() < stop_at:
+                    if finished.wait(0.05):
+                        break
+                sub.close()
+
+            threading.Thread(target=watch, daemon=True).start()
+            for r in sub.responses():
+                now = _now_ms()
+                late.extend(now - m.deliver_at_ms for m in r.messages)
+                if r.messages:
+                    sub.ack([m.receipt_handle for m in r.messages])
+                    count(len(r.messages))
+            finished.set()
+            out.put(late)
+            return
+        while time.time() < stop_at and done.value < total:
             got = c.pop(TOPIC, "bench", max_messages=32, invisible_time_s=300, wait_ms=500)
             now = _now_ms()
             late.extend(now - m.deliver_at_ms for m in got)
             if got:
                 c.ack("bench", [m.receipt_handle for m in got])
-            if len(late) >= expected:
-                break
+                count(len(got))
     out.put(late)
 
 
@@ -75,6 +104,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--hot", type=int, default=0, help="N messages all due at one instant")
     ap.add_argument("--consumers", type=int, default=2)
+    ap.add_argument("--api", choices=["subscribe", "pop"], default="subscribe",
+                    help="consumers use the Subscribe stream or unary Pop(32) + Ack")
     args = ap.parse_args()
     total = args.hot or args.rate * args.seconds
     with tempfile.TemporaryDirectory(prefix="chronomq-bench-") as tmp:
@@ -98,9 +129,10 @@ def main() -> None:
                 return
             ctx = mp.get_context("spawn")
             q = ctx.Queue()
+            done = ctx.Value("q", 0)
             stop_at = time.time() + lead_ms / 1000 + args.seconds + 60
             procs = [ctx.Process(target=_consumer,
-                                 args=(srv.target, total // args.consumers + 1, stop_at, q))
+                                 args=(srv.target, total, stop_at, args.api, done, q))
                      for _ in range(args.consumers)]
             for p in procs:
                 p.start()
@@ -114,7 +146,8 @@ def main() -> None:
             lateness.sort()
             drained_ms = lateness[-1] if lateness else -1
             label = f"hot second {total}" if args.hot else f"{args.rate}/s for {args.seconds} s"
-            print(f"timer lateness, {label}, {args.consumers} consumers (Pop 32 + Ack):")
+            api = "Subscribe" if args.api == "subscribe" else "Pop 32 + Ack"
+            print(f"timer lateness, {label}, {args.consumers} consumers ({api}):")
             print(f"  received {len(lateness)} of {total}; early {sum(x < 0 for x in lateness)}")
             print(f"  end-to-end lateness ms: p50 {_pct(lateness, 0.5)}  "
                   f"p99 {_pct(lateness, 0.99)}  max {drained_ms}")
