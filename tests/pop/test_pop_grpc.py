@@ -165,7 +165,8 @@ def test_sigkill_with_messages_in_flight(tmp_path: Path) -> None:
     try:
         with ChronomqClient(srv.target) as c:
             back: list[pb.ReceivedMessage] = []
-            while time.monotonic() < time.monotonic() + 30 and len(back) < 15:
+            give_up = time.monotonic() + 30
+            while time.monotonic() < give_up and len(back) < 15:
                 got = c.pop("k", "G", invisible_time_s=60, wait_ms=2000)
                 assert not got or _now_ms() >= deadline  # never before the deadline
                 back += got
