@@ -58,7 +58,7 @@ def test_long_poll_wakes_on_timer_delivery_and_on_revive(client: ChronomqClient)
     got = client.pop("t", "G", invisible_time_s=1, wait_ms=5000)
     received = _now_ms()
     assert [m.message_id for m in got] == [mid] and received >= due
-    deadline = received + 1000  # not acked: it comes back after its invisible time
+    deadline = due + 1000  # leased no earlier than due; not acked: back after 1 s
     again = client.pop("t", "G", wait_ms=5000)
     assert [m.message_id for m in again] == [mid] and _now_ms() >= deadline
     assert again[0].delivery_attempt == 2 and again[0].topic == "t"
