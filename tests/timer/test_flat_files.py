@@ -15,8 +15,7 @@ from store.message import Draft
 from store.store import StoreConfig
 from store.topics import Topic
 from tests.conftest import CREDS, create_bucket
-from tiered.errors import TierUnavailable
-from tiered.provider import Provider
+from tests.tiered.faults import FaultyProvider
 from timer.service import TimerConfig, TimerOutcome
 
 SEC = 1000
@@ -141,28 +140,12 @@ def test_parked_messages_survive_restart(env: Env) -> None:
         env.broker = env2.broker  # closed by the fixture
 
 
-class FlakyWrites:
-    """Wraps a real provider; its next ``failures`` writes fail (fault injection)."""
-
-    def __init__(self, inner: Provider, failures: int) -> None:
-        self.inner, self.failures, self.name = inner, failures, "flaky"
-
-    def write(self, path: str, data: bytes) -> None:
-        if self.failures > 0:
-            self.failures -= 1
-            raise TierUnavailable("injected failure")
-        self.inner.write(path, data)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
-
 def test_a_failed_flat_file_write_keeps_the_records_parked(tmp_path: Path,
                                                            manual_clock: ManualClock) -> None:
     e = Env(tmp_path, manual_clock, TierConfig(provider="local", local_dir=str(tmp_path / "t")))
     try:
         e.broker.create_topic(Topic("t", 1))
-        flaky = FlakyWrites(e.broker.flat_files.provider, failures=1)
+        flaky = FaultyProvider(e.broker.flat_files.provider, failures=1)
         e.broker.flat_files.provider = flaky
         now = e.clock.now_ms()
         due, flags = e.broker.resolve_deliver_at(0, 30 * SEC, now)
