@@ -1,0 +1,124 @@
+"""TieredQueue: one topic queue on the tier, as two FlatFiles.
+
+::
+
+    <broker>/data/<topic>/<queue>/log/...   the queue's records, byte for byte as in the
+                                            local CommitLog (same codec, CRC included)
+    <broker>/data/<topic>/<queue>/cq/...    24-byte entries (store.consumequeue.ENTRY):
+                                            log position, record size, tag hash, store time
+
+Entry ``i`` of the cq stream is queue offset ``first_queue_offset + i``, so a lookup by
+queue offset is one ranged read of the cq and one of the log.  The log is committed before
+the cq, so a committed entry always points at committed bytes.  Appends of queue offsets
+already in the tier are skipped: a dispatcher that replays after a crash adds nothing
+twice.  Not thread-safe: the owner serialises calls.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+from store.consumequeue import ENTRY
+from tiered.errors import TierError
+from tiered.flatfile import FlatFile, FlatFileMeta
+from tiered.provider import Provider
+
+
+class TieredEntry(NamedTuple):
+    queue_offset: int
+    tag_hash: int
+    store_at_ms: int
+    record: bytes
+
+
+class TieredQueue:
+    def __init__(self, provider: Provider, broker: str, topic: str, queue_id: int,
+                 meta_json: str | None = None, segment_bytes: int = 1 << 30,
+                 upload_timeout_s: float = 30.0,
+                 uploader: ThreadPoolExecutor | None = None) -> None:
+        self.topic, self.queue_id = topic, queue_id
+        prefix = f"{broker}/data/{topic}/{queue_id}"
+        log_meta = cq_meta = None
+        self.first_queue_offset = -1  # none yet
+        if meta_json:
+            raw = json.loads(meta_json)
+            if raw.get("version") != 1:
+                raise TierError(f"unknown tiered queue metadata version {raw.get('version')!r}")
+            self.first_queue_offset = raw["first_queue_offset"]
+            log_meta = FlatFileMeta.from_json(raw["log"])
+            cq_meta = FlatFileMeta.from_json(raw["cq"])
+        self.log = FlatFile(provider, prefix + "/log", log_meta, segment_bytes,
+                            upload_timeout_s, uploader)
+        self.cq = FlatFile(provider, prefix + "/cq", cq_meta,
+                           max(ENTRY.size, segment_bytes // 64 // ENTRY.size * ENTRY.size),
+                           upload_timeout_s, uploader)
+
+    def to_json(self) -> str:
+        return json.dumps({"version": 1, "first_queue_offset": self.first_queue_offset,
+                           "log": self.log.meta.to_json(), "cq": self.cq.meta.to_json()})
+
+    # ------------------------------------------------------------------ offsets
+
+    @property
+    def next_queue_offset(self) -> int:
+        """The queue offset the next appended record must have (accepted, maybe not yet
+        committed)."""
+        if self.first_queue_offset < 0:
+            return -1
+        return self.first_queue_offset + self.cq.append_position // ENTRY.size
+
+    @property
+    def committed_queue_offset(self) -> int:
+        """Every queue offset below this is durable in the tier."""
+        if self.first_queue_offset < 0:
+            return -1
+        return self.first_queue_offset + self.cq.commit_position // ENTRY.size
+
+    @property
+    def min_queue_offset(self) -> int:
+        """The oldest queue offset still in the tier."""
+        return self.first_queue_offset + self.cq.start_position // ENTRY.size
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self.log.buffered_bytes + self.cq.buffered_bytes
+
+    # ------------------------------------------------------------------ writes
+
+    def append(self, queue_offset: int, record: bytes, tag_hash: int, store_at_ms: int) -> bool:
+        """Buffer one record; False if the tier already has this queue offset."""
+        nxt = self.next_queue_offset
+        if nxt < 0:
+            self.first_queue_offset = queue_offset
+        elif queue_offset < nxt:
+            return False
+        elif queue_offset > nxt:
+            raise TierError(f"{self.topic}/{self.queue_id}: queue offset {queue_offset} "
+                            f"leaves a gap after {nxt - 1}")
+        pos = self.log.append(record, store_at_ms)
+        self.cq.append(ENTRY.pack(pos, len(record), tag_hash, store_at_ms), store_at_ms)
+        return True
+
+    def commit(self) -> bool:
+        """Upload the buffered records, then their entries.  True when both are durable;
+        False after a failed upload (its FlatFile switched segment; retry later)."""
+        return self.log.commit() and self.cq.commit()
+
+    # ------------------------------------------------------------------ reads
+
+    def read(self, queue_offset: int, count: int) -> list[TieredEntry]:
+        """Up to ``count`` committed entries from ``queue_offset`` with their records."""
+        start = max(queue_offset, self.min_queue_offset)
+        end = min(queue_offset + count, self.committed_queue_offset)
+        if self.first_queue_offset < 0 or start >= end:
+            return []
+        raw = self.cq.read((start - self.first_queue_offset) * ENTRY.size,
+                           (end - start) * ENTRY.size)
+        entries = [ENTRY.unpack_from(raw, i) for i in range(0, len(raw), ENTRY.size)]
+        first_pos = entries[0][0]
+        last_pos, last_size = entries[-1][0], entries[-1][1]
+        span = self.log.read(first_pos, last_pos + last_size - first_pos)  # contiguous: one span
+        return [TieredEntry(start + i, tag, at, span[pos - first_pos : pos - first_pos + size])
+                for i, (pos, size, tag, at) in enumerate(entries)]
