@@ -1,0 +1,215 @@
+"""TieredDispatcher: follows the local CommitLog on its own thread and uploads each topic
+queue to the tier (``tiered.queue``), in batches, with its own checkpoint.
+
+A batch is committed when the buffered bytes reach ``batch_bytes`` or the oldest buffered
+record is ``batch_ms`` old, whichever comes first.  After each commit the queue's metadata
+is written to ``<meta_dir>/<topic>/<queue>.json`` (atomically, locally) and then the
+checkpoint: the CommitLog offset of the oldest record not yet durable in the tier.  After
+a crash the dispatcher replays from the checkpoint; queue offsets already in the tier are
+skipped, so the tier gets nothing twice and loses nothing.  Delayed records (the timer's)
+are not uploaded: they reach their topic, and the tier, when they are delivered.
+
+It runs beside the store's own dispatcher and never slows it: a slow or failing tier only
+makes this checkpoint lag (uploads switch segment on failure and retry).  Local retention
+must not delete what it has not passed: ``position()`` is registered as a guard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from store.clock import Clock
+from store.message import FLAG_DELAYED, decode_dispatch_infos
+from store.queues import tag_hash
+from store.store import MessageStore
+from tiered.errors import TierError
+from tiered.provider import Provider
+from tiered.queue import TieredEntry, TieredQueue
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class TieredConfig:
+    batch_bytes: int = 4 << 20  # upload a queue's buffer at this size ...
+    batch_ms: int = 5000  # ... or at this age
+    segment_bytes: int = 256 << 20
+    upload_timeout_s: float = 30.0
+
+
+class TieredDispatcher:
+    name = "tiered"
+
+    def __init__(self, store: MessageStore, provider: Provider, broker: str, meta_dir: str,
+                 config: TieredConfig, clock: Clock) -> None:
+        self._store = store
+        self._provider = provider
+        self._broker = broker
+        self._meta_dir = meta_dir
+        self.config = config
+        self._clock = clock
+        self._uploader = ThreadPoolExecutor(4, thread_name_prefix="tier-upload")
+        self._lock = threading.Lock()  # guards queues and positions
+        self._queues: dict[tuple[str, int], TieredQueue] = {}
+        self._first_unsaved: dict[tuple[str, int], int] = {}  # queue -> commitlog offset
+        self._oldest_ms = 0.0
+        os.makedirs(meta_dir, exist_ok=True)
+        self._checkpoint = self._load()
+        self._read_position = self._checkpoint
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ state
+
+    def _load(self) -> int:
+        for topic in os.listdir(self._meta_dir):
+            tdir = os.path.join(self._meta_dir, topic)
+            if not os.path.isdir(tdir):
+                continue
+            for name in os.listdir(tdir):
+                if name.endswith(".json"):
+                    qid = int(name[:-5])
+                    with open(os.path.join(tdir, name), encoding="utf-8") as f:
+                        self._queues[(topic, qid)] = self._new_queue(topic, qid, f.read())
+        try:
+            with open(os.path.join(self._meta_dir, "checkpoint"), encoding="utf-8") as f:
+                return int(f.read().strip())
+        except FileNotFoundError:
+            return self._store.commitlog.min_offset
+
+    def _new_queue(self, topic: str, qid: int, meta: str | None = None) -> TieredQueue:
+        return TieredQueue(self._provider, self._broker, topic, qid, meta,
+                           self.config.segment_bytes, self.config.upload_timeout_s,
+                           self._uploader)
+
+    def position(self) -> int:
+        """The CommitLog offset below which everything is durable in the tier."""
+        return self._checkpoint
+
+    def queue(self, topic: str, qid: int) -> TieredQueue | None:
+        with self._lock:
+            return self._queues.get((topic, qid))
+
+    # ------------------------------------------------------------------ work
+
+    def step(self) -> int:
+        """Read what the CommitLog confirmed since the last step, buffer it per queue,
+        and commit what is due.  Returns the records buffered."""
+        cl = self._store.commitlog
+        offset, data = cl.read_from(self._read_position, READ_CHUNK)
+        infos, used = decode_dispatch_infos(data, offset) if data else ([], 0)
+        buffered = 0
+        with self._lock:
+            for r in infos:
+                if r.flags & FLAG_DELAYED:
+                    continue
+                topic = self._store.topics.get(r.topic)
+                if topic is None or r.commit_offset < topic.since_offset:
+                    continue  # deleted, or an older topic of the same name
+                key = (r.topic, r.queue_id)
+                q = self._queues.get(key)
+                if q is None:
+                    q = self._queues[key] = self._new_queue(r.topic, r.queue_id)
+                at = r.commit_offset - offset
+                try:
+                    added = q.append(r.queue_offset, data[at : at + r.record_size],
+                                     tag_hash(r.tag), r.store_at_ms)
+                except TierError as exc:
+                    log.error("not uploading %s/%d at %d: %s", r.topic, r.queue_id,
+                              r.queue_offset, exc)
+                    continue
+                if added:
+                    buffered += 1
+                    self._first_unsaved.setdefault(key, r.commit_offset)
+                    if not self._oldest_ms:
+                        self._oldest_ms = self._clock.monotonic_ms()
+            self._read_position = offset + used
+        self.commit(force=False)
+        return buffered
+
+    def commit(self, force: bool = True) -> int:
+        """Upload buffered queues (all when ``force``, else when size or age says so),
+        persist their metadata, then the checkpoint.  Returns the queues committed."""
+        with self._lock:
+            pending = [self._queues[k] for k in self._first_unsaved]
+            size = sum(q.buffered_bytes for q in pending)
+            age = self._clock.monotonic_ms() - self._oldest_ms if self._oldest_ms else 0
+            if pending and not (force or size >= self.config.batch_bytes
+                                or age >= self.config.batch_ms):
+                return 0
+            done = 0
+            for q in pending:
+                if q.commit():
+                    self._save_queue(q)
+                    del self._first_unsaved[(q.topic, q.queue_id)]
+                    done += 1
+                else:
+                    log.warning("upload of %s/%d failed; switched segment, will retry",
+                                q.topic, q.queue_id)
+            if not self._first_unsaved:
+                self._oldest_ms = 0.0
+            checkpoint = min(self._first_unsaved.values(), default=self._read_position)
+            if checkpoint != self._checkpoint:
+                _write_atomic(os.path.join(self._meta_dir, "checkpoint"), str(checkpoint))
+                self._checkpoint = checkpoint
+            return done
+
+    def _save_queue(self, q: TieredQueue) -> None:
+        meta = q.to_json()
+        tdir = os.path.join(self._meta_dir, q.topic)
+        os.makedirs(tdir, exist_ok=True)
+        _write_atomic(os.path.join(tdir, f"{q.queue_id}.json"), meta)
+        # a copy beside the data, so another broker can mount the tier read-only
+        self._provider.write(f"{self._broker}/meta/{q.topic}/{q.queue_id}.json",
+                             meta.encode())
+
+    # ------------------------------------------------------------------ reads
+
+    def read(self, topic: str, qid: int, queue_offset: int, count: int) -> list[TieredEntry]:
+        q = self.queue(topic, qid)
+        return q.read(queue_offset, count) if q is not None else []
+
+    # ------------------------------------------------------------------ thread
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="tiered-dispatcher",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+            self._thread = None
+        try:
+            self.commit(force=True)
+        except TierError as exc:
+            log.warning("final tier upload failed (replayed on start): %s", exc)
+        self._uploader.shutdown(wait=False)
+
+    def _run(self) -> None:
+        cl = self._store.commitlog
+        while not self._stop.is_set():
+            try:
+                if not self.step():
+                    cl.wait_beyond(self._read_position, 0.2)
+            except Exception:  # keep following; the cause is logged
+                log.exception("tiered dispatch failed")
+                self._stop.wait(1.0)
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
