@@ -18,6 +18,7 @@ from store.kv import KV
 from store.message import FLAG_DELAYED, DispatchInfo, Draft
 from store.store import MessageStore
 from store.topics import Topic
+from tiered.dispatcher import TieredConfig, TieredDispatcher
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.memory import MemoryProvider
@@ -78,6 +79,17 @@ class Broker:
         self.timer = TimerService(self.store, self._timer_store, self.flat_files,
                                   config.timer, clock)
         self.store.add_dispatch_handler(self.timer)
+        self.tiered: TieredDispatcher | None = None
+        if config.tier.upload:
+            t = config.tier
+            self.tiered = TieredDispatcher(
+                self.store, self.tier, t.broker_name,
+                os.path.join(config.store.data_dir, "tiered"),
+                TieredConfig(t.upload_batch_bytes, t.upload_batch_ms, t.segment_bytes,
+                             t.upload_timeout_s), clock)
+            self.store.add_retention_guard(self.tiered.position)
+            if t.read != "disable":
+                self.pop.tier = self.tiered
 
     def open(self) -> None:
         self.store.open()
@@ -86,6 +98,8 @@ class Broker:
         """Start the store's threads and (unless driven by hand, as tests with a manual
         clock do) the timer's and the revive thread."""
         self.store.start()
+        if self.tiered is not None and timer_thread:
+            self.tiered.start()
         if timer_thread:
             self.timer.start()
             self.pop.start()
@@ -93,6 +107,8 @@ class Broker:
     def stop(self) -> None:
         self.pop.stop()  # both append to the CommitLog: stop them first
         self.timer.stop()
+        if self.tiered is not None:
+            self.tiered.stop()
         self.store.stop()
         self.timer.flush()  # parked far-future records go to their TimerFlatFiles
         self._timer_store.close()

@@ -84,6 +84,12 @@ class TierConfig:
     s3_region: str = "us-east-1"
     s3_access_key_id: str = ""
     s3_secret_access_key: str = ""
+    upload: bool = False  # copy every topic queue to the tier (the tiered message store)
+    upload_batch_bytes: int = 4 << 20  # a queue's buffer goes up at this size ...
+    upload_batch_ms: int = 5000  # ... or this age
+    segment_bytes: int = 256 << 20  # tier segment size
+    upload_timeout_s: float = 30.0  # a slower upload switches segment and retries
+    read: str = "not_in_disk"  # "disable": never; "not_in_disk": once local data is gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +114,8 @@ class BrokerConfig:
         if t.rocks_horizon_ms < t.preload_ahead_ms + t.bucket_ms:
             raise InvalidArgument("timer.rocks_horizon_ms must be at least "
                                   "timer.preload_ahead_ms + timer.bucket_ms")
+        if self.tier.read not in ("disable", "not_in_disk"):
+            raise InvalidArgument("tier.read must be 'disable' or 'not_in_disk'")
         if self.tier.provider not in ("local", "s3", "memory"):
             raise InvalidArgument("tier.provider must be 'local', 's3' or 'memory'")
         if self.tier.provider == "s3" and not self.tier.s3_bucket:

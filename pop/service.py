@@ -34,9 +34,9 @@ import random
 import re
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from pop.checkpoint import (
     PopCheckpoint,
@@ -53,7 +53,14 @@ from pop.policy import RetryPolicy
 from store.clock import Clock
 from store.errors import ChronomqError, FailedPrecondition, InvalidArgument
 from store.kv import KV
-from store.message import FLAG_DELAYED, FLAG_RETRY, Draft, Message, encode_properties
+from store.message import (
+    FLAG_DELAYED,
+    FLAG_RETRY,
+    Draft,
+    Message,
+    decode_record,
+    encode_properties,
+)
 from store.queues import tag_hash
 from store.store import MessageStore
 from store.topics import MAX_NAME_BYTES, Topic
@@ -92,6 +99,20 @@ def origin_of(topic: str) -> str:
     if topic.startswith(RETRY_PREFIX):
         return topic[len(RETRY_PREFIX):].split("%", 1)[1]
     return topic
+
+
+class TierReader(Protocol):
+    """Where Pop finds a queue's messages once local retention deleted them."""
+
+    def min_queue_offset(self, topic: str, queue_id: int) -> int | None:
+        """The oldest queue offset the tier holds, or None."""
+        ...
+
+    def read(self, topic: str, queue_id: int, queue_offset: int, count: int
+             ) -> Sequence[tuple[int, int, int, bytes]]:
+        """Up to ``count`` entries from ``queue_offset``: (queue offset, tag hash, store
+        time, record)."""
+        ...
 
 
 class ReceiptHandleExpired(FailedPrecondition):
@@ -210,6 +231,7 @@ class PopService:
         self._requeued: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.tier: TierReader | None = None  # set: read what local retention deleted
         self._recover()
 
     def policy(self, group: str) -> RetryPolicy:
@@ -313,36 +335,59 @@ class PopService:
                 lock = self._group_locks.setdefault(key, threading.Lock())
         return lock
 
+    def _bounds(self, topic: str, qid: int) -> tuple[int, int, int]:
+        """``(low, local_low, high)``: the oldest queue offset readable (local or in the
+        tier), the oldest still on local disk, and the end."""
+        local_low, high = self._store.queue_bounds(topic, qid)
+        low = local_low
+        if self.tier is not None:
+            tier_low = self.tier.min_queue_offset(topic, qid)
+            if tier_low is not None and tier_low < local_low:
+                low = tier_low
+        return low, local_low, high
+
     def _lease_queue(self, group: str, ltopic: str, origin: str, qid: int, want: int,
                      now: int, expire: int, tf: TagFilter, puts: list[tuple[bytes, bytes]],
                      deadlines: list[_Deadline]) -> list[PoppedMessage]:
         leases = self._queue(group, ltopic, qid)
-        low, _high = self._store.queue_bounds(ltopic, qid)
+        low, local_low, _high = self._bounds(ltopic, qid)
         if leases.pop_offset < low:  # retention removed what the group had not reached
             leases.pop_offset = leases.ack_offset = low
-        entries = self._store.consume_queue_entries(ltopic, qid, leases.pop_offset, want)
-        if not entries:
+        rows: list[tuple[int, int]]  # (queue offset, tag hash)
+        if leases.pop_offset < local_low and self.tier is not None:  # read from the tier
+            tiered = self.tier.read(ltopic, qid, leases.pop_offset,
+                                    min(want, local_low - leases.pop_offset))
+            rows = [(qo, tag) for qo, tag, _, _ in tiered]
+            records = [rec for _, _, _, rec in tiered]
+
+            def load(picked: list[int]) -> list[Message]:
+                return [decode_record(records[i]) for i in picked]
+        else:
+            entries = self._store.consume_queue_entries(ltopic, qid, leases.pop_offset, want)
+            rows = [(e.queue_offset, e.tag_hash) for e in entries]
+
+            def load(picked: list[int]) -> list[Message]:
+                return self._store.read_messages([(entries[i].commit_offset,
+                                                   entries[i].record_size) for i in picked])
+        if not rows:
             return []
-        count = len(entries)
-        ck = PopCheckpoint(entries[0].queue_offset, now, expire, count,
-                           bytearray((count + 7) // 8))
+        count = len(rows)
+        ck = PopCheckpoint(rows[0][0], now, expire, count, bytearray((count + 7) // 8))
         out: list[PoppedMessage] = []
         wanted = []
-        for i, e in enumerate(entries):
-            if tf.tags is None or e.tag_hash in tf.hashes:
-                wanted.append((i, e))
+        for i, (_, tag) in enumerate(rows):
+            if tf.tags is None or tag in tf.hashes:
+                wanted.append(i)
             else:
                 ck.mark(i)  # filtered out: done for this group
-        messages = self._store.read_messages([(e.commit_offset, e.record_size)
-                                              for _, e in wanted])
         encode = self._handles.encode
-        for (i, e), msg in zip(wanted, messages, strict=True):
+        for i, msg in zip(wanted, load(wanted), strict=True):
             if not tf.accepts(msg.tag):  # a tag-hash collision
                 ck.mark(i)
                 continue
             attempt = msg.delivery_attempt + 1
             msg.topic = origin
-            handle = encode(group, ReceiptHandle(ltopic, qid, ck.ck_start, e.queue_offset,
+            handle = encode(group, ReceiptHandle(ltopic, qid, ck.ck_start, rows[i][0],
                                                  expire, attempt))
             out.append(PoppedMessage(msg, handle, attempt))
         leases.pop_offset = ck.end
@@ -362,7 +407,7 @@ class PopService:
         leases = self._leases.get(key)
         if leases is None:
             raw = self._kv.get(offset_key(group, topic, qid))
-            ack = decode_offset(raw) if raw else self._store.queue_bounds(topic, qid)[0]
+            ack = decode_offset(raw) if raw else self._bounds(topic, qid)[0]
             leases = _QueueLeases(ack_offset=ack, pop_offset=ack)
             with self._lock:
                 self._leases[key] = leases
@@ -553,16 +598,21 @@ class PopService:
 
     def _read_into(self, reqs: list[_Requeue]) -> None:
         """Fill each request's message from its queue entry."""
+        local: list[_Requeue] = []
         locations = []
         for r in reqs:
-            (entry,) = self._store.consume_queue_entries(r.topic, r.queue_id,
-                                                         r.ck_start + r.index, 1) or (None,)
-            if entry is None:
-                raise FailedPrecondition(
-                    f"message at {r.topic}/{r.queue_id}/{r.ck_start + r.index} is no longer "
-                    "stored (retention)")
-            locations.append((entry.commit_offset, entry.record_size))
-        for r, m in zip(reqs, self._store.read_messages(locations), strict=True):
+            qo = r.ck_start + r.index
+            (entry,) = self._store.consume_queue_entries(r.topic, r.queue_id, qo, 1) or (None,)
+            if entry is not None:
+                local.append(r)
+                locations.append((entry.commit_offset, entry.record_size))
+                continue
+            tiered = self.tier.read(r.topic, r.queue_id, qo, 1) if self.tier else ()
+            if not tiered or tiered[0][0] != qo:
+                raise FailedPrecondition(f"message at {r.topic}/{r.queue_id}/{qo} is no "
+                                         "longer stored (retention)")
+            r.message = decode_record(tiered[0][3])
+        for r, m in zip(local, self._store.read_messages(locations), strict=True):
             r.message = m
 
     def _append_copies(self, origin: str, reqs: list[_Requeue], now: int) -> None:
@@ -726,7 +776,7 @@ class PopService:
                 for ltopic, queues in parts:
                     for qid in range(queues):
                         leases = self._queue(group, ltopic, qid)
-                        low, high = self._store.queue_bounds(ltopic, qid)
+                        low, _, high = self._bounds(ltopic, qid)
                         in_flight += sum(c.count - c.done for c in leases.checkpoints.values())
                         backlog += max(0, high - max(leases.pop_offset, low))
                         lag += max(0, high - max(leases.ack_offset, low))

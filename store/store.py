@@ -101,6 +101,7 @@ class MessageStore:
         self.queues = ConsumeQueueTable(config.data_dir, self.topics, config.cq_entries_per_file)
         self.index = KeyIndex(os.path.join(config.data_dir, "index"))
         self._extra_handlers: list[DispatchHandler] = []
+        self._retention_guards: list[Callable[[], int]] = []
         self.dispatcher: Dispatcher | None = None
         self.ids = MessageIdFormat(config.node_id)
         self._next_queue_offset: dict[tuple[str, int], int] = {}
@@ -114,6 +115,11 @@ class MessageStore:
     def add_dispatch_handler(self, handler: DispatchHandler) -> None:
         """Register another view of the CommitLog (timer, tier); call before ``open``."""
         self._extra_handlers.append(handler)
+
+    def add_retention_guard(self, position: Callable[[], int]) -> None:
+        """Local retention never deletes CommitLog data at or past ``position()`` (a
+        reader that follows the log on its own, like the tiered dispatcher)."""
+        self._retention_guards.append(position)
 
     def open(self) -> None:
         end = self.commitlog.open()
@@ -330,7 +336,8 @@ class MessageStore:
         Returns the bytes deleted."""
         assert self.dispatcher is not None
         safe = min(self.dispatcher.dispatched_offset, self.queues.position(),
-                   self.index.position(), *(h.position() for h in self._extra_handlers))
+                   self.index.position(), *(h.position() for h in self._extra_handlers),
+                   *(guard() for guard in self._retention_guards))
         cfg = self.config
         now_s = self.clock.now_ms() / 1000
         total = self.commitlog.statistics().bytes_on_disk

@@ -171,6 +171,12 @@ class TieredDispatcher:
 
     # ------------------------------------------------------------------ reads
 
+    def min_queue_offset(self, topic: str, qid: int) -> int | None:
+        q = self.queue(topic, qid)
+        if q is None or q.committed_queue_offset <= q.min_queue_offset:
+            return None
+        return q.min_queue_offset
+
     def read(self, topic: str, qid: int, queue_offset: int, count: int) -> list[TieredEntry]:
         q = self.queue(topic, qid)
         return q.read(queue_offset, count) if q is not None else []
