@@ -83,10 +83,11 @@ class TieredDispatcher:
         except FileNotFoundError:
             return self._store.commitlog.min_offset
 
-    def _new_queue(self, topic: str, qid: int, meta: str | None = None) -> TieredQueue:
+    def _new_queue(self, topic: str, qid: int, meta: str | None = None,
+                   generation: int = 0) -> TieredQueue:
         return TieredQueue(self._provider, self._broker, topic, qid, meta,
                            self.config.segment_bytes, self.config.upload_timeout_s,
-                           self._uploader)
+                           self._uploader, generation)
 
     def position(self) -> int:
         """The CommitLog offset below which everything is durable in the tier."""
@@ -114,8 +115,9 @@ class TieredDispatcher:
                     continue  # deleted, or an older topic of the same name
                 key = (r.topic, r.queue_id)
                 q = self._queues.get(key)
-                if q is None:
-                    q = self._queues[key] = self._new_queue(r.topic, r.queue_id)
+                if q is None or q.generation != topic.since_offset:  # new, or re-created
+                    q = self._queues[key] = self._new_queue(r.topic, r.queue_id,
+                                                            generation=topic.since_offset)
                 at = r.commit_offset - offset
                 try:
                     added = q.append(r.queue_offset, data[at : at + r.record_size],

@@ -2,10 +2,14 @@
 
 ::
 
-    <broker>/data/<topic>/<queue>/log/...   the queue's records, byte for byte as in the
-                                            local CommitLog (same codec, CRC included)
-    <broker>/data/<topic>/<queue>/cq/...    24-byte entries (store.consumequeue.ENTRY):
-                                            log position, record size, tag hash, store time
+    <broker>/data/<topic>/<generation>/<queue>/log/...   the queue's records, byte for
+                                byte as in the local CommitLog (same codec, CRC included)
+    <broker>/data/<topic>/<generation>/<queue>/cq/...    24-byte entries
+                                (store.consumequeue.ENTRY): log position, record size,
+                                tag hash, store time
+
+The generation is the topic's ``since_offset``: a topic deleted and created again under
+the same name starts a new generation, so its queue offsets never meet the old ones.
 
 Entry ``i`` of the cq stream is queue offset ``first_queue_offset + i``, so a lookup by
 queue offset is one ranged read of the cq and one of the log.  The log is committed before
@@ -37,18 +41,20 @@ class TieredQueue:
     def __init__(self, provider: Provider, broker: str, topic: str, queue_id: int,
                  meta_json: str | None = None, segment_bytes: int = 1 << 30,
                  upload_timeout_s: float = 30.0,
-                 uploader: ThreadPoolExecutor | None = None) -> None:
+                 uploader: ThreadPoolExecutor | None = None, generation: int = 0) -> None:
         self.topic, self.queue_id = topic, queue_id
-        prefix = f"{broker}/data/{topic}/{queue_id}"
         log_meta = cq_meta = None
         self.first_queue_offset = -1  # none yet
+        self.generation = generation
         if meta_json:
             raw = json.loads(meta_json)
             if raw.get("version") != 1:
                 raise TierError(f"unknown tiered queue metadata version {raw.get('version')!r}")
             self.first_queue_offset = raw["first_queue_offset"]
+            self.generation = raw["generation"]
             log_meta = FlatFileMeta.from_json(raw["log"])
             cq_meta = FlatFileMeta.from_json(raw["cq"])
+        prefix = f"{broker}/data/{topic}/{self.generation}/{queue_id}"
         self.log = FlatFile(provider, prefix + "/log", log_meta, segment_bytes,
                             upload_timeout_s, uploader)
         self.cq = FlatFile(provider, prefix + "/cq", cq_meta,
@@ -56,7 +62,8 @@ class TieredQueue:
                            upload_timeout_s, uploader)
 
     def to_json(self) -> str:
-        return json.dumps({"version": 1, "first_queue_offset": self.first_queue_offset,
+        return json.dumps({"version": 1, "generation": self.generation,
+                           "first_queue_offset": self.first_queue_offset,
                            "log": self.log.meta.to_json(), "cq": self.cq.meta.to_json()})
 
     # ------------------------------------------------------------------ offsets

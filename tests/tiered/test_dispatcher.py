@@ -65,3 +65,22 @@ def test_batches_go_up_by_size_or_age_and_replay_adds_nothing(tmp_path: Path,
     finally:
         tier.stop()
         store.stop()
+
+
+def test_a_re_created_topic_starts_a_new_generation_in_the_tier(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    store, tier = _open(tmp_path, manual_clock)
+    try:
+        store.create_topic(Topic("t", 1))
+        _send(store, 5)
+        tier.step()
+        tier.commit()
+        store.delete_topic("t")
+        store.create_topic(Topic("t", 1))
+        _send(store, 3, start=100)
+        tier.step()
+        tier.commit()
+        assert _bodies(tier, 0) == [b"m100", b"m101", b"m102"]
+    finally:
+        tier.stop()
+        store.stop()
