@@ -11,6 +11,7 @@ import pytest
 
 from chronomq.client import ChronomqClient, message
 from chronomq.v1 import broker_pb2 as pb
+from pop.handle import HandleCodec
 from tests.chronomq.process import ServerProcess
 from tests.conftest import RunningServer
 
@@ -157,7 +158,10 @@ def test_sigkill_with_messages_in_flight(tmp_path: Path) -> None:
         leased = []
         while len(leased) < 40:
             leased += c.pop("k", "G", invisible_time_s=3)
-        deadline = _now_ms() + 3000
+        # each lease's exact deadline, from its handle (the broker's secret is on disk)
+        codec = HandleCodec((tmp_path / "data" / "pop-secret").read_bytes())
+        deadline = {m.message_id: codec.decode("G", m.receipt_handle).expire_at_ms
+                    for m in leased}
         acked = leased[:25]
         assert c.ack("G", [m.receipt_handle for m in acked]) == [""] * 25
     srv.kill9()
@@ -168,7 +172,8 @@ def test_sigkill_with_messages_in_flight(tmp_path: Path) -> None:
             give_up = time.monotonic() + 30
             while time.monotonic() < give_up and len(back) < 15:
                 got = c.pop("k", "G", invisible_time_s=60, wait_ms=2000)
-                assert not got or _now_ms() >= deadline  # never before the deadline
+                now = _now_ms()
+                assert all(now >= deadline[m.message_id] for m in got)  # never early
                 back += got
             assert {m.message_id for m in back} == {m.message_id for m in leased[25:]}
             assert all(m.delivery_attempt == 2 for m in back)
