@@ -205,8 +205,3 @@ class FlatFile:
             self.meta.start = self.meta.segments[0].base
             doomed += [self.object_path(seg.base, start) for start in seg.objects]
         return doomed
-
-    def seal(self) -> None:
-        """Seal the open segment; the next commit starts a new one."""
-        if self.meta.segments[-1].length:
-            self.meta.segments[-1].sealed = True
