@@ -1,12 +1,12 @@
-"""FlatFile on real providers: objects per batch, reads across segments, switch-segment on
-failure and timeout (a late success is never read), retention, metadata round trip."""
+"""FlatFile on real providers (memory, local directory, moto S3): objects per batch, reads
+across segments, switch-segment on failure and timeout (a late success is never read),
+retention, metadata round trip."""
 
 from __future__ import annotations
 
 import os
 import random
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -14,13 +14,6 @@ from tests.tiered.faults import FaultyProvider
 from tiered.errors import TierError
 from tiered.flatfile import FlatFile, FlatFileMeta
 from tiered.provider import Provider
-from tiered.providers.local import LocalProvider
-from tiered.providers.memory import MemoryProvider
-
-
-@pytest.fixture(params=["memory", "local"])
-def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Provider:
-    return MemoryProvider() if request.param == "memory" else LocalProvider(str(tmp_path / "t"))
 
 
 def test_batches_become_objects_and_reads_span_them(provider: Provider) -> None:

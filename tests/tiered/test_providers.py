@@ -3,32 +3,13 @@ S3 server over HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 
-import zlib
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import CREDS, create_bucket
+from tests.conftest import CREDS
+from tests.tiered.conftest import s3_provider
 from tiered.errors import TierBadPath, TierNotFound, TierUnavailable
 from tiered.provider import Provider
-from tiered.providers.local import LocalProvider
-from tiered.providers.memory import MemoryProvider
 from tiered.providers.s3 import S3Provider, S3Settings
-
-
-def _s3(endpoint: str, bucket: str, prefix: str = "broker-a") -> S3Provider:
-    create_bucket(endpoint, bucket)
-    return S3Provider(S3Settings(bucket=bucket, prefix=prefix, endpoint_url=endpoint, **CREDS))
-
-
-@pytest.fixture(params=["memory", "local", "s3"])
-def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Provider:
-    if request.param == "memory":
-        return MemoryProvider()
-    if request.param == "local":
-        return LocalProvider(str(tmp_path / "tier"))
-    endpoint = request.getfixturevalue("s3_endpoint")
-    return _s3(endpoint, f"b-{zlib.crc32(request.node.name.encode())}")
 
 
 def test_write_read_ranges_size_exists(provider: Provider) -> None:
@@ -76,7 +57,7 @@ def test_bad_paths_are_refused(provider: Provider, bad: str) -> None:
 
 
 def test_s3_prefix_isolates_brokers(s3_endpoint: str) -> None:
-    a = _s3(s3_endpoint, "shared", prefix="broker-a")
+    a = s3_provider(s3_endpoint, "shared", prefix="broker-a")
     b = S3Provider(S3Settings(bucket="shared", prefix="broker-b", endpoint_url=s3_endpoint,
                               **CREDS))
     a.write("seg", b"A")

@@ -8,26 +8,11 @@ from pathlib import Path
 import pytest
 
 from store.message import Message, decode_record, encode_record
-from tests.conftest import CREDS, create_bucket
 from tests.tiered.faults import FaultyProvider
 from tiered.errors import TierError
 from tiered.provider import Provider
-from tiered.providers.local import LocalProvider
 from tiered.providers.memory import MemoryProvider
-from tiered.providers.s3 import S3Provider, S3Settings
 from tiered.queue import TieredQueue
-
-
-@pytest.fixture(params=["memory", "local", "s3"])
-def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Provider:
-    if request.param == "memory":
-        return MemoryProvider()
-    if request.param == "local":
-        return LocalProvider(str(tmp_path / "tier"))
-    endpoint = request.getfixturevalue("s3_endpoint")
-    bucket = f"q-{abs(hash(tmp_path)) % 10**8}"
-    create_bucket(endpoint, bucket)
-    return S3Provider(S3Settings(bucket=bucket, endpoint_url=endpoint, **CREDS))
 
 
 def _record(qo: int) -> bytes:
