@@ -162,19 +162,17 @@ class _Subscription:
             except ChronomqError as exc:
                 changed.append(pb.HandleChange(old_receipt_handle=c.receipt_handle,
                                                error=_error(exc)))
-        expire = self._clock.now_ms()
+        now = self._clock.now_ms()
         with self._lock:
             for handle, err in done:
                 self._outstanding.pop(handle, None)
                 if err is not None:
                     self._add_report().errors.append(
                         pb.SettleError(receipt_handle=handle, error=_error(err)))
-            for ch in changed:
-                old = self._outstanding.pop(ch.old_receipt_handle, None)
-                if ch.receipt_handle and old is not None:
-                    c_s = next(c.invisible_time_s for c in request.change
-                               if c.receipt_handle == ch.old_receipt_handle)
-                    self._outstanding[ch.receipt_handle] = expire + c_s * 1000
+            for c, ch in zip(request.change, changed, strict=True):  # one answer per change
+                held = self._outstanding.pop(c.receipt_handle, None)
+                if ch.receipt_handle and held is not None:
+                    self._outstanding[ch.receipt_handle] = now + c.invisible_time_s * 1000
             if changed:
                 self._add_report().changed.extend(changed)
             self._freed = True
