@@ -6,6 +6,7 @@ Thread-safe.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from concurrent.futures import Future
@@ -15,7 +16,7 @@ from pop.service import PopService
 from store.clock import Clock
 from store.errors import FailedPrecondition, InvalidArgument
 from store.kv import KV
-from store.message import FLAG_DELAYED, DispatchInfo, Draft
+from store.message import FLAG_DELAYED, DispatchInfo, Draft, Message
 from store.store import MessageStore
 from store.topics import Topic
 from tiered.dispatcher import TieredConfig, TieredDispatcher
@@ -23,9 +24,13 @@ from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.memory import MemoryProvider
 from tiered.providers.s3 import S3Provider, S3Settings
+from tiered.readahead import ReadAheadCache
+from tiered.reader import TieredReader
 from tiered.timerflatfile import TimerFlatFiles
 from timer.service import TimerService
 from timer.store import TimerStore
+
+log = logging.getLogger(__name__)
 
 
 def load_or_create_secret(path: str) -> bytes:
@@ -80,16 +85,24 @@ class Broker:
                                   config.timer, clock)
         self.store.add_dispatch_handler(self.timer)
         self.tiered: TieredDispatcher | None = None
+        self.tier_reader: TieredReader | None = None
         if config.tier.upload:
             t = config.tier
             self.tiered = TieredDispatcher(
                 self.store, self.tier, t.broker_name,
                 os.path.join(config.store.data_dir, "tiered"),
                 TieredConfig(t.upload_batch_bytes, t.upload_batch_ms, t.segment_bytes,
-                             t.upload_timeout_s), clock)
+                             t.upload_timeout_s, t.segment_ms, t.retention_ms,
+                             t.index_entries, t.index_ms), clock)
             self.store.add_retention_guard(self.tiered.position)
+            cache = None
+            if t.read_ahead_bytes > 0:
+                cache = ReadAheadCache(self.tiered.read, clock, t.read_ahead_bytes,
+                                       t.read_ahead_ttl_ms)
+            self.tier_reader = TieredReader(self.tiered, self.store, t.read, cache,
+                                            t.hot_bytes)
             if t.read != "disable":
-                self.pop.tier = self.tiered
+                self.pop.tier = self.tier_reader
 
     def open(self) -> None:
         self.store.open()
@@ -149,3 +162,32 @@ class Broker:
     def send(self, drafts: list[Draft]) -> Future[list[DispatchInfo]]:
         """Append checked drafts; resolves once they are durable."""
         return self.store.put_drafts(drafts)
+
+    # ------------------------------------------------------------------ queries
+
+    def query_by_message_id(self, message_id: str) -> list[Message]:
+        """The message with this id: from local disk, else from the tier."""
+        found = self.store.query_by_message_id(message_id)
+        if found or self.tier_reader is None:
+            return found
+        return self.tier_reader.query_by_message_id(message_id,
+                                                    self.store.ids.locate(message_id))
+
+    def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
+        """The newest ``limit`` messages of ``topic`` with ``key`` (oldest first): local
+        disk first, the tier for older ones."""
+        found = self.store.query_by_key(topic, key, limit)
+        if len(found) >= limit or self.tier_reader is None:
+            return found
+        older = self.tier_reader.query_by_key(
+            topic, key, limit - len(found), self.store.commitlog.min_offset,
+            {(m.queue_id, m.queue_offset) for m in found})
+        return older + found
+
+    def run_retention(self) -> None:
+        """Local retention, then the tier's."""
+        freed = self.store.run_retention()
+        if freed:
+            log.info("retention deleted %d bytes of commitlog", freed)
+        if self.tiered is not None:
+            self.tiered.run_retention()

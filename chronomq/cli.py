@@ -53,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     tc = tsub.add_parser("create")
     tc.add_argument("name")
     tc.add_argument("--queues", type=int, default=0, help="queue count (default: broker's)")
-    tc.add_argument("--retention-ms", type=int, default=0)
+    tc.add_argument("--retention-ms", type=int, default=0, help="local retention")
+    tc.add_argument("--tier-retention-ms", type=int, default=0,
+                    help="how long the tier keeps the topic (default: tier.retention_ms)")
     _client_args(tc)
     tl = tsub.add_parser("list")
     _client_args(tl)
@@ -144,13 +146,15 @@ def _run_client(args: argparse.Namespace) -> Any:
     with ChronomqClient(args.target, args.token, args.tls_ca) as c:
         if args.command == "topic":
             if args.topic_command == "create":
-                created = c.create_topic(args.name, args.queues, args.retention_ms)
+                created = c.create_topic(args.name, args.queues, args.retention_ms,
+                                         tier_retention_ms=args.tier_retention_ms)
                 return {"topic": args.name, "created": created}
             if args.topic_command == "delete":
                 c.delete_topic(args.name)
                 return {"topic": args.name, "deleted": True}
             return [{"name": t.name, "queue_count": t.queue_count,
-                     "retention_ms": t.retention_ms} for t in c.list_topics()]
+                     "retention_ms": t.retention_ms,
+                     "tier_retention_ms": t.tier_retention_ms} for t in c.list_topics()]
         if args.command == "send":
             body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
             props = dict(p.split("=", 1) for p in args.property)

@@ -106,10 +106,10 @@ class ChronomqClient:
     # ------------------------------------------------------------------ topics
 
     def create_topic(self, name: str, queue_count: int = 0, retention_ms: int = 0,
-                     retention_bytes: int = 0) -> bool:
+                     retention_bytes: int = 0, tier_retention_ms: int = 0) -> bool:
         """Create a topic; True if created, False if it already existed the same."""
         topic = pb.Topic(name=name, queue_count=queue_count, retention_ms=retention_ms,
-                         retention_bytes=retention_bytes)
+                         retention_bytes=retention_bytes, tier_retention_ms=tier_retention_ms)
         resp = self._call("CreateTopic", pb.CreateTopicRequest(topic=topic))
         return bool(resp.created)
 

@@ -89,7 +89,16 @@ class TierConfig:
     upload_batch_ms: int = 5000  # ... or this age
     segment_bytes: int = 256 << 20  # tier segment size
     upload_timeout_s: float = 30.0  # a slower upload switches segment and retries
-    read: str = "not_in_disk"  # "disable": never; "not_in_disk": once local data is gone
+    segment_ms: int = 3_600_000  # a tier segment also closes after this span of data
+    read: str = "not_in_disk"  # when Pop reads the tier: disable | not_in_disk |
+    #                            not_in_mem | force (tiered/reader.py)
+    hot_bytes: int = 1 << 30  # not_in_mem: the newest bytes of the CommitLog read locally
+    read_ahead_bytes: int = 64 << 20  # the read-ahead cache's bound (0: no cache)
+    read_ahead_ttl_ms: int = 10_000  # cached entries unread this long are dropped
+    retention_ms: int = 0  # keep data in the tier this long (0: forever); per topic:
+    #                        the topic's tier_retention_ms
+    index_entries: int = 1 << 20  # a tier key-index file is sealed at this many entries
+    index_ms: int = 300_000  # ... or this age
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +123,16 @@ class BrokerConfig:
         if t.rocks_horizon_ms < t.preload_ahead_ms + t.bucket_ms:
             raise InvalidArgument("timer.rocks_horizon_ms must be at least "
                                   "timer.preload_ahead_ms + timer.bucket_ms")
-        if self.tier.read not in ("disable", "not_in_disk"):
-            raise InvalidArgument("tier.read must be 'disable' or 'not_in_disk'")
+        if self.tier.read not in ("disable", "not_in_disk", "not_in_mem", "force"):
+            raise InvalidArgument("tier.read must be one of disable, not_in_disk, "
+                                  "not_in_mem, force")
+        if self.tier.retention_ms < 0:
+            raise InvalidArgument("tier.retention_ms must not be negative (0: forever)")
+        if 0 < self.tier.retention_ms < self.store.retention_ms:
+            raise InvalidArgument(
+                f"tier.retention_ms ({self.tier.retention_ms}) is shorter than local "
+                f"retention store.retention_ms ({self.store.retention_ms}): the tier "
+                "keeps data at least as long as local disk")
         if self.tier.provider not in ("local", "s3", "memory"):
             raise InvalidArgument("tier.provider must be 'local', 's3' or 'memory'")
         if self.tier.provider == "s3" and not self.tier.s3_bucket:

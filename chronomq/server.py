@@ -130,9 +130,7 @@ class BrokerServer:
             log.info("preloaded %d delayed messages from TimerFlatFiles", moved)
 
     def _retention(self) -> None:
-        freed = self.broker.store.run_retention()
-        if freed:
-            log.info("retention deleted %d bytes of commitlog", freed)
+        self.broker.run_retention()
 
     def stop(self) -> None:
         """Graceful: stop accepting, finish RPCs in flight, flush and close the store."""

@@ -214,7 +214,7 @@ class _PendingSend(NamedTuple):
 
 def _topic_pb(t: Topic) -> pb.Topic:
     return pb.Topic(name=t.name, queue_count=t.queue_count, retention_ms=t.retention_ms,
-                    retention_bytes=t.retention_bytes)
+                    retention_bytes=t.retention_bytes, tier_retention_ms=t.tier_retention_ms)
 
 
 class BrokerServicer(pb_grpc.BrokerServicer):
@@ -234,7 +234,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     context: Context) -> pb.CreateTopicResponse:
         t = request.topic
         topic = Topic(t.name, t.queue_count or self._broker.config.store.default_queue_count,
-                      t.retention_ms, t.retention_bytes)
+                      t.retention_ms, t.retention_bytes,
+                      tier_retention_ms=t.tier_retention_ms)
         try:
             created_topic, created = self._broker.create_topic(topic)
         except ChronomqError as exc:
@@ -481,16 +482,16 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                       context: Context) -> pb.QueryMessagesResponse:
         limit = min(request.max_messages or MAX_QUERY, MAX_QUERY)
         which = request.WhichOneof("selector")
-        store = self._broker.store
+        broker = self._broker
         try:
             if which == "message_id":
                 validate_message_id(request.message_id)
-                found = [m for m in store.query_by_message_id(request.message_id)
+                found = [m for m in broker.query_by_message_id(request.message_id)
                          if not request.topic or m.topic == request.topic]
             elif which == "key" and request.key:
                 if not request.topic:
                     raise InvalidArgument("a query by key needs the topic")
-                found = store.query_by_key(request.topic, request.key, limit)
+                found = broker.query_by_key(request.topic, request.key, limit)
             else:
                 raise InvalidArgument(
                     "QueryMessages needs a key (with its topic) or a message_id")

@@ -34,7 +34,7 @@ import random
 import re
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -64,6 +64,7 @@ from store.message import (
 from store.queues import tag_hash
 from store.store import MessageStore
 from store.topics import MAX_NAME_BYTES, Topic
+from tiered.errors import TierError
 from timer.wheel import TimingWheel
 
 log = logging.getLogger(__name__)
@@ -102,10 +103,15 @@ def origin_of(topic: str) -> str:
 
 
 class TierReader(Protocol):
-    """Where Pop finds a queue's messages once local retention deleted them."""
+    """Where Pop finds a queue's messages once local retention deleted them (or the read
+    strategy sends it there: ``tiered.reader``)."""
 
     def min_queue_offset(self, topic: str, queue_id: int) -> int | None:
         """The oldest queue offset the tier holds, or None."""
+        ...
+
+    def floor(self, topic: str, queue_id: int, local_low: int) -> int:
+        """The queue offset below which the queue is read from the tier."""
         ...
 
     def read(self, topic: str, queue_id: int, queue_offset: int, count: int
@@ -346,6 +352,34 @@ class PopService:
                 low = tier_low
         return low, local_low, high
 
+    def _read_rows(self, topic: str, qid: int, offset: int, want: int, local_low: int
+                   ) -> tuple[list[tuple[int, int]], Callable[[list[int]], list[Message]]]:
+        """Up to ``want`` queue entries from ``offset`` as (queue offset, tag hash) rows,
+        and a loader of the picked rows' messages: from the tier below the read
+        strategy's floor, else from the local store.  A failing tier falls back to local
+        disk when it still has the data."""
+        floor = self.tier.floor(topic, qid, local_low) if self.tier is not None else 0
+        if offset < floor and self.tier is not None:
+            try:
+                tiered = self.tier.read(topic, qid, offset, min(want, floor - offset))
+            except TierError:
+                if offset < local_low:
+                    raise
+                log.warning("tier read of %s/%d at %d failed; reading local disk", topic,
+                            qid, offset, exc_info=True)
+            else:
+                records = [rec for _, _, _, rec in tiered]
+
+                def load_tiered(picked: list[int]) -> list[Message]:
+                    return [decode_record(records[i]) for i in picked]
+                return [(qo, tag) for qo, tag, _, _ in tiered], load_tiered
+        entries = self._store.consume_queue_entries(topic, qid, offset, want)
+
+        def load_local(picked: list[int]) -> list[Message]:
+            return self._store.read_messages([(entries[i].commit_offset,
+                                               entries[i].record_size) for i in picked])
+        return [(e.queue_offset, e.tag_hash) for e in entries], load_local
+
     def _lease_queue(self, group: str, ltopic: str, origin: str, qid: int, want: int,
                      now: int, expire: int, tf: TagFilter, puts: list[tuple[bytes, bytes]],
                      deadlines: list[_Deadline]) -> list[PoppedMessage]:
@@ -353,22 +387,7 @@ class PopService:
         low, local_low, _high = self._bounds(ltopic, qid)
         if leases.pop_offset < low:  # retention removed what the group had not reached
             leases.pop_offset = leases.ack_offset = low
-        rows: list[tuple[int, int]]  # (queue offset, tag hash)
-        if leases.pop_offset < local_low and self.tier is not None:  # read from the tier
-            tiered = self.tier.read(ltopic, qid, leases.pop_offset,
-                                    min(want, local_low - leases.pop_offset))
-            rows = [(qo, tag) for qo, tag, _, _ in tiered]
-            records = [rec for _, _, _, rec in tiered]
-
-            def load(picked: list[int]) -> list[Message]:
-                return [decode_record(records[i]) for i in picked]
-        else:
-            entries = self._store.consume_queue_entries(ltopic, qid, leases.pop_offset, want)
-            rows = [(e.queue_offset, e.tag_hash) for e in entries]
-
-            def load(picked: list[int]) -> list[Message]:
-                return self._store.read_messages([(entries[i].commit_offset,
-                                                   entries[i].record_size) for i in picked])
+        rows, load = self._read_rows(ltopic, qid, leases.pop_offset, want, local_low)
         if not rows:
             return []
         count = len(rows)

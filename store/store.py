@@ -157,7 +157,8 @@ class MessageStore:
         with self._topic_lock:
             return self.topics.create(
                 Topic(topic.name, topic.queue_count, topic.retention_ms, topic.retention_bytes,
-                      since_offset=self.commitlog.confirmed_offset),
+                      since_offset=self.commitlog.confirmed_offset,
+                      tier_retention_ms=topic.tier_retention_ms),
                 system=topic.name.startswith("%"),
             )
 

@@ -29,6 +29,7 @@ class Topic:
     retention_ms: int = 0  # 0: the broker's default
     retention_bytes: int = 0
     since_offset: int = 0
+    tier_retention_ms: int = 0  # 0: the broker's default (tier.retention_ms)
 
 
 def validate_topic_name(name: str) -> None:
@@ -73,15 +74,20 @@ class TopicCatalogue:
                 raise InvalidArgument(f"topic names starting with {SYSTEM_PREFIX!r} are reserved")
         if not 1 <= topic.queue_count <= MAX_QUEUES:
             raise InvalidArgument(f"queue_count must be between 1 and {MAX_QUEUES}")
-        if topic.retention_ms < 0 or topic.retention_bytes < 0:
+        if topic.retention_ms < 0 or topic.retention_bytes < 0 or topic.tier_retention_ms < 0:
             raise InvalidArgument("retention must not be negative")
+        if 0 < topic.tier_retention_ms < topic.retention_ms:
+            raise InvalidArgument(
+                f"tier_retention_ms ({topic.tier_retention_ms}) is shorter than the topic's "
+                f"local retention_ms ({topic.retention_ms}): the tier keeps data longer")
         with self._lock:
             old = self._topics.get(topic.name)
             if old is not None:
                 if replace(old, since_offset=topic.since_offset) != topic:
                     raise AlreadyExists(
                         f"topic {topic.name!r} exists with queue_count={old.queue_count}, "
-                        f"retention_ms={old.retention_ms}; delete it first to change them"
+                        f"retention_ms={old.retention_ms}, tier_retention_ms="
+                        f"{old.tier_retention_ms}; delete it first to change them"
                     )
                 return old, False
             self._topics[topic.name] = topic

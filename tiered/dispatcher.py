@@ -3,11 +3,17 @@ queue to the tier (``tiered.queue``), in batches, with its own checkpoint.
 
 A batch is committed when the buffered bytes reach ``batch_bytes`` or the oldest buffered
 record is ``batch_ms`` old, whichever comes first.  After each commit the queue's metadata
-is written to ``<meta_dir>/<topic>/<queue>.json`` (atomically, locally) and then the
-checkpoint: the CommitLog offset of the oldest record not yet durable in the tier.  After
-a crash the dispatcher replays from the checkpoint; queue offsets already in the tier are
-skipped, so the tier gets nothing twice and loses nothing.  Delayed records (the timer's)
-are not uploaded: they reach their topic, and the tier, when they are delivered.
+is written to ``<meta_dir>/queues/<topic>/<queue>.json`` (atomically, locally) and then
+the checkpoint: the CommitLog offset of the oldest record not yet durable in the tier
+(nor in a sealed file of the key index, ``tiered.index``, kept in ``<meta_dir>/index``).
+After a crash the dispatcher replays from the checkpoint; queue offsets already in the
+tier are skipped, so the tier gets nothing twice and loses nothing.  Delayed records (the
+timer's) are not uploaded: they reach their topic, and the tier, when they are delivered.
+
+Retention in the tier (``run_retention``) is by time, per topic (``tier_retention_ms``,
+else ``TieredConfig.retention_ms``; 0 keeps forever): whole segments whose data is all
+older are dropped from the metadata, the metadata is persisted, then their objects are
+deleted.
 
 It runs beside the store's own dispatcher and never slows it: a slow or failing tier only
 makes this checkpoint lag (uploads switch segment on failure and retry).  Local retention
@@ -23,10 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from store.clock import Clock
+from store.files import write_atomic
 from store.message import FLAG_DELAYED, decode_dispatch_infos
 from store.queues import tag_hash
 from store.store import MessageStore
 from tiered.errors import TierError
+from tiered.index import IndexFile, TieredIndex
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
 
@@ -41,6 +49,10 @@ class TieredConfig:
     batch_ms: int = 5000  # ... or at this age
     segment_bytes: int = 256 << 20
     upload_timeout_s: float = 30.0
+    segment_ms: int = 3_600_000  # a segment also closes after this span of data
+    retention_ms: int = 0  # tier retention of topics that set none (0: forever)
+    index_entries: int = 1 << 20  # a key-index file is sealed at this many entries ...
+    index_ms: int = 300_000  # ... or this age
 
 
 class TieredDispatcher:
@@ -59,7 +71,9 @@ class TieredDispatcher:
         self._queues: dict[tuple[str, int], TieredQueue] = {}
         self._first_unsaved: dict[tuple[str, int], int] = {}  # queue -> commitlog offset
         self._oldest_ms = 0.0
-        os.makedirs(meta_dir, exist_ok=True)
+        os.makedirs(os.path.join(meta_dir, "queues"), exist_ok=True)
+        self.index = TieredIndex(provider, broker, os.path.join(meta_dir, "index"), clock,
+                                 config.index_entries, config.index_ms)
         self._checkpoint = self._load()
         self._read_position = self._checkpoint
         self._thread: threading.Thread | None = None
@@ -68,8 +82,9 @@ class TieredDispatcher:
     # ------------------------------------------------------------------ state
 
     def _load(self) -> int:
-        for topic in os.listdir(self._meta_dir):
-            tdir = os.path.join(self._meta_dir, topic)
+        qdir = os.path.join(self._meta_dir, "queues")
+        for topic in os.listdir(qdir):
+            tdir = os.path.join(qdir, topic)
             if not os.path.isdir(tdir):
                 continue
             for name in os.listdir(tdir):
@@ -87,7 +102,7 @@ class TieredDispatcher:
                    generation: int = 0) -> TieredQueue:
         return TieredQueue(self._provider, self._broker, topic, qid, meta,
                            self.config.segment_bytes, self.config.upload_timeout_s,
-                           self._uploader, generation)
+                           self._uploader, generation, self.config.segment_ms)
 
     def position(self) -> int:
         """The CommitLog offset below which everything is durable in the tier."""
@@ -127,6 +142,9 @@ class TieredDispatcher:
                               r.queue_offset, exc)
                     continue
                 if added:
+                    self.index.add(r.topic, r.queue_id, q.generation, r.queue_offset,
+                                   r.commit_offset, r.record_size, r.store_at_ms,
+                                   r.message_id, r.key)
                     buffered += 1
                     self._first_unsaved.setdefault(key, r.commit_offset)
                     if not self._oldest_ms:
@@ -156,20 +174,62 @@ class TieredDispatcher:
                                 q.topic, q.queue_id)
             if not self._first_unsaved:
                 self._oldest_ms = 0.0
+            if self.index.seal_due(force):
+                try:
+                    self.index.seal()
+                except TierError as exc:
+                    log.warning("upload of a key-index file failed, will retry: %s", exc)
             checkpoint = min(self._first_unsaved.values(), default=self._read_position)
+            index_position = self.index.position()
+            if index_position is not None:
+                checkpoint = min(checkpoint, index_position)
             if checkpoint != self._checkpoint:
-                _write_atomic(os.path.join(self._meta_dir, "checkpoint"), str(checkpoint))
+                write_atomic(os.path.join(self._meta_dir, "checkpoint"), str(checkpoint).encode())
                 self._checkpoint = checkpoint
             return done
 
     def _save_queue(self, q: TieredQueue) -> None:
         meta = q.to_json()
-        tdir = os.path.join(self._meta_dir, q.topic)
+        tdir = os.path.join(self._meta_dir, "queues", q.topic)
         os.makedirs(tdir, exist_ok=True)
-        _write_atomic(os.path.join(tdir, f"{q.queue_id}.json"), meta)
+        write_atomic(os.path.join(tdir, f"{q.queue_id}.json"), meta.encode())
         # a copy beside the data, so another broker can mount the tier read-only
         self._provider.write(f"{self._broker}/meta/{q.topic}/{q.queue_id}.json",
                              meta.encode())
+
+    # ------------------------------------------------------------------ retention
+
+    def tier_retention_ms(self, topic: str) -> int:
+        t = self._store.topics.get(topic)
+        ttl = t.tier_retention_ms if t is not None else 0
+        return ttl or self.config.retention_ms
+
+    def run_retention(self) -> int:
+        """Delete what is past each topic's tier retention; returns the objects deleted."""
+        now = self._clock.now_ms()
+        doomed: list[str] = []
+        with self._lock:
+            for q in list(self._queues.values()):
+                ttl = self.tier_retention_ms(q.topic)
+                if ttl <= 0:
+                    continue
+                paths = q.expire_stored_before(now - ttl)
+                if paths:
+                    self._save_queue(q)  # persisted first: a crash leaves orphans only
+                    doomed += paths
+
+            def keep(f: IndexFile) -> bool:
+                ttls = [self.tier_retention_ms(topic) for topic, _, _ in f.queues]
+                return any(t <= 0 or f.end_ms >= now - t for t in ttls)
+            doomed += self.index.expire(keep)
+        for path in doomed:
+            try:
+                self._provider.delete(path)
+            except TierError as exc:  # an orphan: costs space, never correctness
+                log.warning("could not delete expired %s: %s", path, exc)
+        if doomed:
+            log.info("tier retention deleted %d objects", len(doomed))
+        return len(doomed)
 
     # ------------------------------------------------------------------ reads
 
@@ -211,13 +271,3 @@ class TieredDispatcher:
             except Exception:  # keep following; the cause is logged
                 log.exception("tiered dispatch failed")
                 self._stop.wait(1.0)
-
-
-def _write_atomic(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-

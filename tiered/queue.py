@@ -15,7 +15,7 @@ Entry ``i`` of the cq stream is queue offset ``first_queue_offset + i``, so a lo
 queue offset is one ranged read of the cq and one of the log.  The log is committed before
 the cq, so a committed entry always points at committed bytes.  Appends of queue offsets
 already in the tier are skipped: a dispatcher that replays after a crash adds nothing
-twice.  Not thread-safe: the owner serialises calls.
+twice.  Writes (append, commit, expire) come from one owner thread; ``read`` from any.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class TieredQueue:
     def __init__(self, provider: Provider, broker: str, topic: str, queue_id: int,
                  meta_json: str | None = None, segment_bytes: int = 1 << 30,
                  upload_timeout_s: float = 30.0,
-                 uploader: ThreadPoolExecutor | None = None, generation: int = 0) -> None:
+                 uploader: ThreadPoolExecutor | None = None, generation: int = 0,
+                 segment_ms: int = 0) -> None:
         self.topic, self.queue_id = topic, queue_id
         log_meta = cq_meta = None
         self.first_queue_offset = -1  # none yet
@@ -56,15 +57,15 @@ class TieredQueue:
             cq_meta = FlatFileMeta.from_json(raw["cq"])
         prefix = f"{broker}/data/{topic}/{self.generation}/{queue_id}"
         self.log = FlatFile(provider, prefix + "/log", log_meta, segment_bytes,
-                            upload_timeout_s, uploader)
+                            upload_timeout_s, uploader, segment_ms)
         self.cq = FlatFile(provider, prefix + "/cq", cq_meta,
                            max(ENTRY.size, segment_bytes // 64 // ENTRY.size * ENTRY.size),
-                           upload_timeout_s, uploader)
+                           upload_timeout_s, uploader, segment_ms)
 
     def to_json(self) -> str:
         return json.dumps({"version": 1, "generation": self.generation,
                            "first_queue_offset": self.first_queue_offset,
-                           "log": self.log.meta.to_json(), "cq": self.cq.meta.to_json()})
+                           "log": self.log.to_json(), "cq": self.cq.to_json()})
 
     # ------------------------------------------------------------------ offsets
 
@@ -112,6 +113,19 @@ class TieredQueue:
         """Upload the buffered records, then their entries.  True when both are durable;
         False after a failed upload (its FlatFile switched segment; retry later)."""
         return self.log.commit() and self.cq.commit()
+
+    def expire_stored_before(self, at_ms: int) -> list[str]:
+        """Retention by time: drop the leading segments of entries all stored before
+        ``at_ms``, and the log segments only they point into.  Returns the object paths
+        to delete once the caller has persisted ``to_json()``."""
+        cq_pos = self.cq.segments_before(at_ms)
+        if self.first_queue_offset < 0 or cq_pos <= self.cq.start_position:
+            return []
+        if cq_pos < self.cq.commit_position:  # the first entry that stays: its record too
+            log_pos = ENTRY.unpack(self.cq.read(cq_pos, ENTRY.size))[0]
+        else:
+            log_pos = self.log.commit_position
+        return self.cq.expire_before(cq_pos) + self.log.expire_before(log_pos)
 
     # ------------------------------------------------------------------ reads
 

@@ -21,16 +21,18 @@ ALREADY_DELIVERED: TimerOutcome
 NOT_FOUND: TimerOutcome
 
 class Topic(_message.Message):
-    __slots__ = ("name", "queue_count", "retention_ms", "retention_bytes")
+    __slots__ = ("name", "queue_count", "retention_ms", "retention_bytes", "tier_retention_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIER_RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue_count: int
     retention_ms: int
     retention_bytes: int
-    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ...) -> None: ...
+    tier_retention_ms: int
+    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., tier_retention_ms: _Optional[int] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("topic",)

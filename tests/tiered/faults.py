@@ -17,6 +17,7 @@ class FaultyProvider:
         self._open = threading.Event()
         self._open.set()
         self.writes = 0
+        self.reads = 0  # ranged reads that reached the inner provider
 
     def hold(self) -> None:
         self._open.clear()
@@ -31,6 +32,10 @@ class FaultyProvider:
         self._open.wait(30)
         self.inner.write(path, data)
         self.writes += 1
+
+    def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+        self.reads += 1
+        return self.inner.read(path, offset, length)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)

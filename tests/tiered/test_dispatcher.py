@@ -19,7 +19,8 @@ def _open(root: Path, clock: ManualClock) -> tuple[MessageStore, TieredDispatche
     store.start()
     tier = TieredDispatcher(store, LocalProvider(str(root / "tier")), "b0",
                             str(root / "data" / "tiered"),
-                            TieredConfig(batch_bytes=4000, batch_ms=1000), clock)
+                            TieredConfig(batch_bytes=4000, batch_ms=1000, index_ms=1000),
+                            clock)
     return store, tier
 
 

@@ -86,7 +86,25 @@ def test_retention_drops_whole_segments_after_the_metadata(provider: Provider) -
     assert ff.read(8, 4) == b"cccc"
     with pytest.raises(TierError, match="expired"):
         ff.read(0, 4)
-    assert ff.expire_before(100) == []  # the open segment stays
+    # the last segment too, once all of it is past: the stream goes on after it
+    assert ff.expire_before(100) == ["p/00000000000000000008/00000000000000000008"]
+    assert ff.start_position == ff.commit_position == 12
+    ff.append(b"dddd")
+    assert ff.commit() and ff.read(12, 4) == b"dddd"
+
+
+def test_segments_close_by_time_and_expire_by_time(provider: Provider) -> None:
+    ff = FlatFile(provider, "p", segment_bytes=1 << 20, segment_ms=1000)
+    for at_ms, chunk in ((1000, b"aaaa"), (1500, b"bbbb"), (2200, b"cccc"), (2300, b"dddd")):
+        ff.append(chunk, at_ms)
+        assert ff.commit()
+    assert [(s.base, s.length) for s in ff.meta.segments] == [(0, 8), (8, 8)]
+    assert ff.segments_before(1500) == 0  # the first segment has data at 1500
+    assert ff.segments_before(1501) == 8
+    assert ff.segments_before(2301) == 16
+    doomed = ff.expire_before(ff.segments_before(2000))
+    assert len(doomed) == 2 and ff.start_position == 8
+    assert ff.read(8, 8) == b"ccccdddd"
 
 
 def test_metadata_of_an_unknown_version_is_refused() -> None:

@@ -1,0 +1,264 @@
+"""TieredIndex: the key / message-id index of what the tier holds, as compacted hash-slot
+files, so a lookup by key in the tier costs one ranged read per index file.
+
+The tiered dispatcher adds every record it uploads: one entry for its message id and
+one for its key, if it has one.  Entries collect in the open file (in memory); at
+``max_entries`` or ``seal_ms`` the file is sealed: its entries are grouped by hash slot,
+so each slot's entries are contiguous (the compacted layout), and the file is uploaded as
+one object::
+
+    <broker>/index/<begin commit offset:020d>
+        header   ">4sHII"  magic b"CMQX", version 1, slot count, entry count
+        slots    slot count x ">II"  (first entry, entry count)
+        entries  entry count x ">IIQQ"  (hash, queue ref, queue offset, store time ms),
+                 ordered by slot
+
+A 64-bit BLAKE2b digest of the indexed text (``m<message id>`` or
+``k<topic>\\0<key>``) picks the slot (low 32 bits) and is kept as the entry's hash (high
+32 bits); collisions are settled by reading the record.  The queue ref is the file's
+n-th (topic, queue, generation), listed in the catalogue.
+
+The catalogue ``<data>/tiered/index/catalog.json`` (copied to ``<broker>/index/catalog.json``
+for a broker that mounts the tier read-only) lists the sealed files with their CommitLog
+and time ranges.  A local copy of each file's header and slot table
+(``<data>/tiered/index/<name>.slots``) turns the slot lookup into a local ``pread``, so
+the tier sees one ranged read per file; without it (another broker) the slot is read from
+the object first.
+
+Crash safety: the open file's first CommitLog offset holds the dispatcher's checkpoint
+back (``position``), so after a crash the replay rebuilds it; records below the end of the
+last sealed file (``sealed_end``) are not added twice.  Called from the dispatcher's
+thread; lookups from any thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
+
+from store.clock import Clock
+from store.files import write_atomic
+from tiered.errors import TierError, TierNotFound
+from tiered.provider import Provider
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct(">4sHII")
+SLOT = struct.Struct(">II")
+ENTRY = struct.Struct(">IIQQ")
+MAGIC = b"CMQX"
+ENTRIES_PER_SLOT = 16  # average; a lookup reads about this many entries
+
+
+def digest(text: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")
+
+
+def id_digest(message_id: str) -> int:
+    return digest(b"m" + message_id.encode())
+
+
+def key_digest(topic: str, key: str) -> int:
+    return digest(b"k" + topic.encode() + b"\0" + key.encode())
+
+
+class IndexHit(NamedTuple):
+    topic: str
+    queue_id: int
+    generation: int
+    queue_offset: int
+    store_at_ms: int
+
+
+@dataclass(slots=True)
+class IndexFile:
+    name: str
+    begin_offset: int  # CommitLog range of the records it covers
+    end_offset: int
+    begin_ms: int
+    end_ms: int
+    entries: int
+    slots: int
+    queues: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _OpenFile:
+    begin_offset: int = -1
+    end_offset: int = 0
+    begin_ms: int = 0
+    end_ms: int = 0
+    opened_ms: float = 0.0
+    entries: list[tuple[int, int, int, int]] = field(default_factory=list)  # digest, ref, qo, at
+    queues: dict[tuple[str, int, int], int] = field(default_factory=dict)
+
+
+def compact(entries: list[tuple[int, int, int, int]]) -> tuple[bytes, int]:
+    """The compacted file of ``entries`` (digest, queue ref, queue offset, store time) and
+    its slot count."""
+    slots = max(1, len(entries) // ENTRIES_PER_SLOT)
+    by_slot: list[list[tuple[int, int, int, int]]] = [[] for _ in range(slots)]
+    for e in entries:
+        by_slot[(e[0] & 0xFFFFFFFF) % slots].append(e)
+    table = bytearray()
+    body = bytearray()
+    first = 0
+    for group in by_slot:
+        table += SLOT.pack(first, len(group))
+        for d, ref, qo, at in group:
+            body += ENTRY.pack(d >> 32, ref, qo, at)
+        first += len(group)
+    return HEADER.pack(MAGIC, 1, slots, len(entries)) + bytes(table) + bytes(body), slots
+
+
+class TieredIndex:
+    def __init__(self, provider: Provider, broker: str, local_dir: str, clock: Clock,
+                 max_entries: int = 1 << 20, seal_ms: int = 300_000) -> None:
+        self._provider = provider
+        self._prefix = f"{broker}/index"
+        self._dir = local_dir
+        self._clock = clock
+        self.max_entries = max_entries
+        self.seal_ms = seal_ms
+        self._lock = threading.Lock()  # the catalogue
+        self._open = _OpenFile()
+        os.makedirs(local_dir, exist_ok=True)
+        self.files: list[IndexFile] = []
+        self.sealed_end = 0
+        path = os.path.join(local_dir, "catalog.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                raw = json.load(f)
+            if raw.get("version") != 1:
+                raise TierError(f"unknown index catalogue version {raw.get('version')!r}")
+            self.sealed_end = raw["sealed_end"]
+            self.files = [IndexFile(**{**f, "queues": [tuple(q) for q in f["queues"]]})
+                          for f in raw["files"]]
+
+    # ------------------------------------------------------------------ writes
+
+    def position(self) -> int | None:
+        """The CommitLog offset of the oldest record only the open file holds, or None."""
+        return self._open.begin_offset if self._open.entries else None
+
+    def add(self, topic: str, queue_id: int, generation: int, queue_offset: int,
+            commit_offset: int, record_size: int, store_at_ms: int, message_id: str,
+            key: str) -> None:
+        if commit_offset < self.sealed_end:
+            return  # a replayed record a sealed file already holds
+        o = self._open
+        if not o.entries:
+            o.begin_offset, o.begin_ms = commit_offset, store_at_ms
+            o.opened_ms = self._clock.monotonic_ms()
+        qkey = (topic, queue_id, generation)
+        ref = o.queues.get(qkey)
+        if ref is None:
+            ref = o.queues[qkey] = len(o.queues)
+        o.entries.append((id_digest(message_id), ref, queue_offset, store_at_ms))
+        if key:
+            o.entries.append((key_digest(topic, key), ref, queue_offset, store_at_ms))
+        o.end_offset = commit_offset + record_size
+        o.end_ms = max(o.end_ms, store_at_ms)
+
+    def seal_due(self, force: bool = False) -> bool:
+        o = self._open
+        if not o.entries:
+            return False
+        return (force or len(o.entries) >= self.max_entries
+                or self._clock.monotonic_ms() - o.opened_ms >= self.seal_ms)
+
+    def seal(self) -> IndexFile | None:
+        """Compact, upload and list the open file; None if it is empty.  Raises
+        ``TierError`` when the upload fails (the open file stays, to retry)."""
+        o = self._open
+        if not o.entries:
+            return None
+        data, slots = compact(o.entries)
+        name = f"{o.begin_offset:020d}"
+        self._provider.write(f"{self._prefix}/{name}", data)
+        write_atomic(self._slots_path(name), data[: HEADER.size + slots * SLOT.size])
+        queues = sorted(o.queues, key=lambda q: o.queues[q])
+        f = IndexFile(name, o.begin_offset, o.end_offset, o.begin_ms, o.end_ms,
+                      len(o.entries), slots, queues)
+        with self._lock:
+            self.files.append(f)
+            self.sealed_end = o.end_offset
+            self._save()
+        self._open = _OpenFile()
+        return f
+
+    def expire(self, keep: Callable[[IndexFile], bool]) -> list[str]:
+        """Drop the files ``keep(file)`` says no longer hold anything worth finding (all
+        their data expired); returns the object paths, to delete after this returns."""
+        with self._lock:
+            gone = [f for f in self.files if not keep(f)]
+            if not gone:
+                return []
+            self.files = [f for f in self.files if keep(f)]
+            self._save()
+        for f in gone:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._slots_path(f.name))
+        return [f"{self._prefix}/{f.name}" for f in gone]
+
+    def _save(self) -> None:
+        text = json.dumps({"version": 1, "sealed_end": self.sealed_end,
+                           "files": [asdict(f) for f in self.files]})
+        write_atomic(os.path.join(self._dir, "catalog.json"), text.encode())
+        self._provider.write(f"{self._prefix}/catalog.json", text.encode())
+
+    def _slots_path(self, name: str) -> str:
+        return os.path.join(self._dir, name + ".slots")
+
+    # ------------------------------------------------------------------ lookups
+
+    def lookup(self, d: int, files: list[IndexFile]) -> list[IndexHit]:
+        """Entries whose hash matches digest ``d`` in ``files`` (one ranged tier read per
+        file that has any candidate in the slot)."""
+        hits: list[IndexHit] = []
+        for f in files:
+            slot = (d & 0xFFFFFFFF) % f.slots
+            first, count = self._slot(f, slot)
+            if not count:
+                continue
+            at = HEADER.size + f.slots * SLOT.size + first * ENTRY.size
+            raw = self._provider.read(f"{self._prefix}/{f.name}", at, count * ENTRY.size)
+            if len(raw) != count * ENTRY.size:
+                raise TierError(f"index file {f.name} is shorter than its slot table says")
+            want = d >> 32
+            for h, ref, qo, stored in ENTRY.iter_unpack(raw):
+                if h == want:
+                    topic, qid, gen = f.queues[ref]
+                    hits.append(IndexHit(topic, qid, gen, qo, stored))
+        return hits
+
+    def _slot(self, f: IndexFile, slot: int) -> tuple[int, int]:
+        at = HEADER.size + slot * SLOT.size
+        try:
+            fd = os.open(self._slots_path(f.name), os.O_RDONLY)
+        except FileNotFoundError:  # not ours (or lost): read the slot from the object
+            try:
+                raw = self._provider.read(f"{self._prefix}/{f.name}", at, SLOT.size)
+            except TierNotFound:
+                return 0, 0  # expired meanwhile
+        else:
+            try:
+                raw = os.pread(fd, SLOT.size, at)
+            finally:
+                os.close(fd)
+        if len(raw) != SLOT.size:
+            raise TierError(f"index file {f.name}: slot {slot} is beyond its table")
+        first, count = SLOT.unpack(raw)
+        return int(first), int(count)
+
+    def snapshot(self) -> list[IndexFile]:
+        with self._lock:
+            return list(self.files)
