@@ -30,7 +30,8 @@ def test_cli_topic_send_pop_query_stats(server: RunningServer,
     t = ("--target", server.target)
     _ok(capsys, "topic", "create", "orders", "--queues", "2", *t)
     out = _ok(capsys, "topic", "list", "--json", *t)
-    assert json.loads(out) == [{"name": "orders", "queue_count": 2, "retention_ms": 0}]
+    assert json.loads(out) == [{"name": "orders", "queue_count": 2, "retention_ms": 0,
+                                "tier_retention_ms": 0}]
     out = _ok(capsys, "send", "orders", "hello", "--key", "k1", "--tag", "a",
               "--property", "x=1", "--json", *t)
     mid = json.loads(out)["message_id"]
