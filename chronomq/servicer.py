@@ -532,6 +532,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             "timer.flat_buckets": t.flat_buckets, "timer.flat_objects": t.flat_objects,
             "timer.parked_in_memory": t.parked_in_memory,
         })
+        if self._broker.tiered is not None:
+            ts = self._broker.tiered.statistics()
+            out.update({f"tier.{k}": float(v) for k, v in asdict(ts).items()})
+            out["tier.lag_bytes"] = s.commitlog.confirmed_offset - ts.position
+            reader = self._broker.tier_reader
+            if reader is not None and reader.cache is not None:
+                cs = reader.cache.stats()
+                out.update({f"tier.cache_{k}": float(v) for k, v in asdict(cs).items()})
         for bound, count in zip(t.lateness_bounds_ms, t.lateness_counts, strict=False):
             out[f"timer.lateness_le_{bound}ms"] = count
         out["timer.lateness_over_5000ms"] = t.lateness_counts[-1]

@@ -5,7 +5,8 @@ A batch is committed when the buffered bytes reach ``batch_bytes`` or the oldest
 record is ``batch_ms`` old, whichever comes first.  After each commit the queue's metadata
 is written to ``<meta_dir>/queues/<topic>/<queue>.json`` (atomically, locally) and then
 the checkpoint: the CommitLog offset of the oldest record not yet durable in the tier
-(nor in a sealed file of the key index, ``tiered.index``, kept in ``<meta_dir>/index``).
+(the key index, ``tiered.index``, kept in ``<meta_dir>/index``, has persisted its entries
+by then).
 After a crash the dispatcher replays from the checkpoint; queue offsets already in the
 tier are skipped, so the tier gets nothing twice and loses nothing.  Delayed records (the
 timer's) are not uploaded: they reach their topic, and the tier, when they are delivered.
@@ -55,6 +56,18 @@ class TieredConfig:
     index_ms: int = 300_000  # ... or this age
 
 
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    position: int  # CommitLog offset below which everything is durable in the tier
+    uploaded_records: int  # since start
+    uploaded_bytes: int  # records and entries
+    upload_batches: int  # committed queue batches
+    failed_uploads: int  # each one switched a segment
+    queues: int
+    index_files: int
+    expired_objects: int
+
+
 class TieredDispatcher:
     name = "tiered"
 
@@ -71,6 +84,8 @@ class TieredDispatcher:
         self._queues: dict[tuple[str, int], TieredQueue] = {}
         self._first_unsaved: dict[tuple[str, int], int] = {}  # queue -> commitlog offset
         self._oldest_ms = 0.0
+        self._uploaded_records = self._uploaded_bytes = self._batches = 0
+        self._failed = self._expired = 0
         os.makedirs(os.path.join(meta_dir, "queues"), exist_ok=True)
         self.index = TieredIndex(provider, broker, os.path.join(meta_dir, "index"), clock,
                                  config.index_entries, config.index_ms)
@@ -165,11 +180,16 @@ class TieredDispatcher:
                 return 0
             done = 0
             for q in pending:
+                records, size = q.next_queue_offset - q.committed_queue_offset, q.buffered_bytes
                 if q.commit():
                     self._save_queue(q)
                     del self._first_unsaved[(q.topic, q.queue_id)]
                     done += 1
+                    self._uploaded_records += records
+                    self._uploaded_bytes += size
+                    self._batches += 1
                 else:
+                    self._failed += 1
                     log.warning("upload of %s/%d failed; switched segment, will retry",
                                 q.topic, q.queue_id)
             if not self._first_unsaved:
@@ -179,10 +199,8 @@ class TieredDispatcher:
                     self.index.seal()
                 except TierError as exc:
                     log.warning("upload of a key-index file failed, will retry: %s", exc)
+            self.index.persist()  # the open index file's entries, before the checkpoint
             checkpoint = min(self._first_unsaved.values(), default=self._read_position)
-            index_position = self.index.position()
-            if index_position is not None:
-                checkpoint = min(checkpoint, index_position)
             if checkpoint != self._checkpoint:
                 write_atomic(os.path.join(self._meta_dir, "checkpoint"), str(checkpoint).encode())
                 self._checkpoint = checkpoint
@@ -229,7 +247,14 @@ class TieredDispatcher:
                 log.warning("could not delete expired %s: %s", path, exc)
         if doomed:
             log.info("tier retention deleted %d objects", len(doomed))
+        self._expired += len(doomed)
         return len(doomed)
+
+    def statistics(self) -> TierStats:
+        with self._lock:
+            return TierStats(self._checkpoint, self._uploaded_records, self._uploaded_bytes,
+                             self._batches, self._failed, len(self._queues),
+                             len(self.index.files), self._expired)
 
     # ------------------------------------------------------------------ reads
 
@@ -251,12 +276,18 @@ class TieredDispatcher:
                                         daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, drain_s: float = 10.0) -> None:
+        """Stop following; first catch up with the CommitLog for up to ``drain_s`` and
+        upload everything read (what is left is replayed on the next start)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(30)
             self._thread = None
         try:
+            deadline = self._clock.monotonic_ms() + drain_s * 1000
+            while (self._read_position < self._store.commitlog.confirmed_offset
+                   and self._clock.monotonic_ms() < deadline):
+                self.step()
             self.commit(force=True)
         except TierError as exc:
             log.warning("final tier upload failed (replayed on start): %s", exc)

@@ -25,10 +25,10 @@ and time ranges.  A local copy of each file's header and slot table
 the tier sees one ranged read per file; without it (another broker) the slot is read from
 the object first.
 
-Crash safety: the open file's first CommitLog offset holds the dispatcher's checkpoint
-back (``position``), so after a crash the replay rebuilds it; records below the end of the
-last sealed file (``sealed_end``) are not added twice.  Called from the dispatcher's
-thread; lookups from any thread.
+Crash safety: the open file's entries are appended to ``<data>/tiered/index/open`` and
+fsynced (``persist``) before the dispatcher writes its checkpoint, and reloaded on start;
+records the open or a sealed file already covers are not added again when the dispatcher
+replays.  Called from the dispatcher's thread; lookups from any thread.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from tiered.provider import Provider
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">4sHII")
+OPEN_ENTRY = struct.Struct(">QQQQIQIH")  # digest, qo, at, end offset, qid, gen, size, topic len
 SLOT = struct.Struct(">II")
 ENTRY = struct.Struct(">IIQQ")
 MAGIC = b"CMQX"
@@ -99,6 +100,7 @@ class _OpenFile:
     opened_ms: float = 0.0
     entries: list[tuple[int, int, int, int]] = field(default_factory=list)  # digest, ref, qo, at
     queues: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    unsaved: bytearray = field(default_factory=bytearray)  # entries not yet in the open file
 
 
 def compact(entries: list[tuple[int, int, int, int]]) -> tuple[bytes, int]:
@@ -142,18 +144,42 @@ class TieredIndex:
             self.sealed_end = raw["sealed_end"]
             self.files = [IndexFile(**{**f, "queues": [tuple(q) for q in f["queues"]]})
                           for f in raw["files"]]
+        self._load_open()
 
     # ------------------------------------------------------------------ writes
 
-    def position(self) -> int | None:
-        """The CommitLog offset of the oldest record only the open file holds, or None."""
-        return self._open.begin_offset if self._open.entries else None
+    def _load_open(self) -> None:
+        try:
+            with open(self._open_path(), "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return
+        pos = 0
+        while pos + OPEN_ENTRY.size <= len(raw):
+            d, qo, at, end, qid, gen, size, tlen = OPEN_ENTRY.unpack_from(raw, pos)
+            if pos + OPEN_ENTRY.size + tlen > len(raw):
+                break  # a torn tail: its record is replayed
+            topic = raw[pos + OPEN_ENTRY.size : pos + OPEN_ENTRY.size + tlen].decode()
+            pos += OPEN_ENTRY.size + tlen
+            if end > self.sealed_end:  # else a sealed file has it (crash after sealing)
+                self._entry(d, topic, qid, gen, qo, end - size, size, at, save=False)
+        self._open.unsaved.clear()
 
     def add(self, topic: str, queue_id: int, generation: int, queue_offset: int,
             commit_offset: int, record_size: int, store_at_ms: int, message_id: str,
             key: str) -> None:
-        if commit_offset < self.sealed_end:
-            return  # a replayed record a sealed file already holds
+        o = self._open
+        if commit_offset < (o.end_offset if o.entries else self.sealed_end):
+            return  # a replayed record the index already holds
+        self._entry(id_digest(message_id), topic, queue_id, generation, queue_offset,
+                    commit_offset, record_size, store_at_ms)
+        if key:
+            self._entry(key_digest(topic, key), topic, queue_id, generation, queue_offset,
+                        commit_offset, record_size, store_at_ms)
+
+    def _entry(self, d: int, topic: str, queue_id: int, generation: int, queue_offset: int,
+               commit_offset: int, record_size: int, store_at_ms: int,
+               save: bool = True) -> None:
         o = self._open
         if not o.entries:
             o.begin_offset, o.begin_ms = commit_offset, store_at_ms
@@ -162,11 +188,30 @@ class TieredIndex:
         ref = o.queues.get(qkey)
         if ref is None:
             ref = o.queues[qkey] = len(o.queues)
-        o.entries.append((id_digest(message_id), ref, queue_offset, store_at_ms))
-        if key:
-            o.entries.append((key_digest(topic, key), ref, queue_offset, store_at_ms))
+        o.entries.append((d, ref, queue_offset, store_at_ms))
         o.end_offset = commit_offset + record_size
         o.end_ms = max(o.end_ms, store_at_ms)
+        if save:
+            name = topic.encode()
+            o.unsaved += OPEN_ENTRY.pack(d, queue_offset, store_at_ms, o.end_offset,
+                                         queue_id, generation, record_size, len(name)) + name
+
+    def persist(self) -> None:
+        """Make the open file's new entries durable (before the dispatcher's checkpoint
+        passes their records)."""
+        o = self._open
+        if not o.unsaved:
+            return
+        fd = os.open(self._open_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, bytes(o.unsaved))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        o.unsaved.clear()
+
+    def _open_path(self) -> str:
+        return os.path.join(self._dir, "open")
 
     def seal_due(self, force: bool = False) -> bool:
         o = self._open
@@ -192,6 +237,7 @@ class TieredIndex:
             self.files.append(f)
             self.sealed_end = o.end_offset
             self._save()
+        write_atomic(self._open_path(), b"")  # a crash before this: the load skips them
         self._open = _OpenFile()
         return f
 

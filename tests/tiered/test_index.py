@@ -64,23 +64,27 @@ def test_lookup_costs_one_ranged_read_per_file(tmp_path: Path,
     assert provider.reads == 6
 
 
-def test_catalogue_survives_a_restart_and_replay_adds_nothing(
+def test_catalogue_and_open_file_survive_a_restart_and_replay_adds_nothing(
         tmp_path: Path, manual_clock: ManualClock) -> None:
     provider: Provider = MemoryProvider()
     index = TieredIndex(provider, "b0", str(tmp_path / "idx"), manual_clock, seal_ms=1000)
     _fill(index, 0, 100, keys=10)
-    assert index.position() == 0 and not index.seal_due()
+    assert not index.seal_due()
     manual_clock.advance(1000)
     assert index.seal_due() and index.seal() is not None
-    assert index.position() is None
+    _fill(index, 100, 30, keys=10)  # in the open file, persisted
+    index.persist()
+    _fill(index, 130, 5, keys=10)  # not persisted: lost in the crash, replayed below
     again = TieredIndex(provider, "b0", str(tmp_path / "idx"), manual_clock)
     assert again.snapshot() == index.snapshot()
-    _fill(again, 50, 60, keys=10)  # a replay from before the last sealed file's end
-    assert again.position() == 100 * 100  # only records 100..109 are new
+    _fill(again, 50, 90, keys=10)  # a replay from before the last sealed file's end
     assert again.seal() is not None
     hits = again.lookup(key_digest("t", "k3"), again.snapshot())
-    assert sorted(h.store_at_ms - 1000 for h in hits) == list(range(3, 110, 10))
+    assert sorted(h.store_at_ms - 1000 for h in hits) == list(range(3, 140, 10))
+    (first, second) = again.snapshot()
+    assert (second.begin_offset, second.end_offset) == (100 * 100, 140 * 100)
     assert provider.exists("b0/index/catalog.json")
+    assert (tmp_path / "idx" / "open").read_bytes() == b""  # sealed: the open file is empty
 
 
 def test_expired_files_leave_the_catalogue_and_the_tier(tmp_path: Path,

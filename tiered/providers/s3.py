@@ -9,7 +9,7 @@ client is).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +69,11 @@ class S3Provider:
         self._s3 = boto3.client("s3", **kwargs)
         self._bucket = settings.bucket
         self._prefix = settings.prefix.strip("/") + "/" if settings.prefix.strip("/") else ""
+
+    def on_request(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(operation name)`` before every S3 request (for counting)."""
+        self._s3.meta.events.register(
+            "before-call.s3", lambda model, **_: callback(model.name))
 
     def _key(self, path: str) -> str:
         return self._prefix + check_path(path)
