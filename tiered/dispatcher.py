@@ -31,8 +31,7 @@ from dataclasses import dataclass
 
 from store.clock import Clock
 from store.files import write_atomic
-from store.message import FLAG_DELAYED, decode_dispatch_infos
-from store.queues import tag_hash
+from store.message import FLAG_DELAYED, DispatchInfo, decode_dispatch_infos
 from store.store import MessageStore
 from tiered.errors import TierError
 from tiered.index import IndexFile, TieredIndex
@@ -130,38 +129,39 @@ class TieredDispatcher:
     # ------------------------------------------------------------------ work
 
     def step(self) -> int:
-        """Read what the CommitLog confirmed since the last step, buffer it per queue,
-        and commit what is due.  Returns the records buffered."""
+        """Read what the CommitLog confirmed since the last step, buffer it per queue
+        (one append per queue and stream), and commit what is due.  Returns the records
+        buffered."""
         cl = self._store.commitlog
         offset, data = cl.read_from(self._read_position, READ_CHUNK)
         infos, used = decode_dispatch_infos(data, offset) if data else ([], 0)
+        by_queue: dict[tuple[str, int], list[DispatchInfo]] = {}
+        for r in infos:
+            if not r.flags & FLAG_DELAYED:
+                by_queue.setdefault((r.topic, r.queue_id), []).append(r)
         buffered = 0
+        view = memoryview(data)
+        covered = self.index.covered
         with self._lock:
-            for r in infos:
-                if r.flags & FLAG_DELAYED:
-                    continue
-                topic = self._store.topics.get(r.topic)
-                if topic is None or r.commit_offset < topic.since_offset:
-                    continue  # deleted, or an older topic of the same name
-                key = (r.topic, r.queue_id)
+            for key, records in by_queue.items():
+                topic = self._store.topics.get(key[0])
+                if topic is None:
+                    continue  # deleted
+                if records[0].commit_offset < topic.since_offset:  # an older namesake's
+                    records = [r for r in records if r.commit_offset >= topic.since_offset]
+                    if not records:
+                        continue
                 q = self._queues.get(key)
                 if q is None or q.generation != topic.since_offset:  # new, or re-created
-                    q = self._queues[key] = self._new_queue(r.topic, r.queue_id,
+                    q = self._queues[key] = self._new_queue(key[0], key[1],
                                                             generation=topic.since_offset)
-                at = r.commit_offset - offset
-                try:
-                    added = q.append(r.queue_offset, data[at : at + r.record_size],
-                                     tag_hash(r.tag), r.store_at_ms)
-                except TierError as exc:
-                    log.error("not uploading %s/%d at %d: %s", r.topic, r.queue_id,
-                              r.queue_offset, exc)
-                    continue
+                added, problem = q.append_batch(records, view, offset)
+                if problem:
+                    log.error("not uploading part of a queue: %s", problem)
                 if added:
-                    self.index.add(r.topic, r.queue_id, q.generation, r.queue_offset,
-                                   r.commit_offset, r.record_size, r.store_at_ms,
-                                   r.message_id, r.key)
-                    buffered += 1
-                    self._first_unsaved.setdefault(key, r.commit_offset)
+                    self.index.add_batch(key[0], key[1], q.generation, added, covered)
+                    buffered += len(added)
+                    self._first_unsaved.setdefault(key, added[0].commit_offset)
                     if not self._oldest_ms:
                         self._oldest_ms = self._clock.monotonic_ms()
             self._read_position = offset + used

@@ -109,14 +109,15 @@ class FlatFile:
 
     # ------------------------------------------------------------------ writes
 
-    def append(self, data: bytes, at_ms: int = 0) -> int:
-        """Buffer ``data``; returns the stream position it will have."""
+    def append(self, data: bytes, at_ms: int = 0, last_at_ms: int = 0) -> int:
+        """Buffer ``data`` (stored at ``at_ms``, or from ``at_ms`` to ``last_at_ms``);
+        returns the stream position it will have."""
         pos = self.append_position
         if not self._buffer:
             self._buffer_first_ms = at_ms
         self._buffer.append(data)
         self._buffered += len(data)
-        self._buffer_last_ms = at_ms
+        self._buffer_last_ms = last_at_ms or at_ms
         return pos
 
     def commit(self) -> bool:

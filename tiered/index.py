@@ -13,9 +13,9 @@ one object::
         entries  entry count x ">IIQQ"  (hash, queue ref, queue offset, store time ms),
                  ordered by slot
 
-A 64-bit BLAKE2b digest of the indexed text (``m<message id>`` or
-``k<topic>\\0<key>``) picks the slot (low 32 bits) and is kept as the entry's hash (high
-32 bits); collisions are settled by reading the record.  The queue ref is the file's
+A 64-bit digest of the indexed text (``m<message id>`` or ``k<topic>\\0<key>``): its CRC32
+picks the slot and its Adler-32 is kept as the entry's check hash; collisions are settled
+by reading the record.  The queue ref is the file's
 n-th (topic, queue, generation), listed in the catalogue.
 
 The catalogue ``<data>/tiered/index/catalog.json`` (copied to ``<broker>/index/catalog.json``
@@ -34,25 +34,29 @@ replays.  Called from the dispatcher's thread; lookups from any thread.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import struct
 import threading
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
 from store.clock import Clock
 from store.files import write_atomic
+from store.message import DispatchInfo
 from tiered.errors import TierError, TierNotFound
 from tiered.provider import Provider
 
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">4sHII")
-OPEN_ENTRY = struct.Struct(">QQQQIQIH")  # digest, qo, at, end offset, qid, gen, size, topic len
+# the open file on local disk: blocks of one queue's entries
+FRAME = struct.Struct(">II")  # payload length, CRC32 of the payload
+OPEN_BLOCK = struct.Struct(">IQIH")  # queue id, generation, entry count, topic length; topic
+OPEN_ENTRY = struct.Struct(">QQQQI")  # digest, queue offset, store time, commit offset, size
 SLOT = struct.Struct(">II")
 ENTRY = struct.Struct(">IIQQ")
 MAGIC = b"CMQX"
@@ -60,7 +64,8 @@ ENTRIES_PER_SLOT = 16  # average; a lookup reads about this many entries
 
 
 def digest(text: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")
+    """64 bits of ``text``: Adler-32 (the entry's check hash) over CRC32 (its slot)."""
+    return zlib.adler32(text) << 32 | zlib.crc32(text)
 
 
 def id_digest(message_id: str) -> int:
@@ -155,46 +160,66 @@ class TieredIndex:
         except FileNotFoundError:
             return
         pos = 0
-        while pos + OPEN_ENTRY.size <= len(raw):
-            d, qo, at, end, qid, gen, size, tlen = OPEN_ENTRY.unpack_from(raw, pos)
-            if pos + OPEN_ENTRY.size + tlen > len(raw):
-                break  # a torn tail: its record is replayed
-            topic = raw[pos + OPEN_ENTRY.size : pos + OPEN_ENTRY.size + tlen].decode()
-            pos += OPEN_ENTRY.size + tlen
-            if end > self.sealed_end:  # else a sealed file has it (crash after sealing)
-                self._entry(d, topic, qid, gen, qo, end - size, size, at, save=False)
+        while pos + FRAME.size <= len(raw):  # frames: one per persist, all or nothing
+            size, crc = FRAME.unpack_from(raw, pos)
+            frame = raw[pos + FRAME.size : pos + FRAME.size + size]
+            if len(frame) != size or zlib.crc32(frame) != crc:
+                break  # a torn tail: its records are replayed
+            pos += FRAME.size + size
+            at = 0
+            while at < len(frame):
+                qid, gen, count, tlen = OPEN_BLOCK.unpack_from(frame, at)
+                topic = frame[at + OPEN_BLOCK.size : at + OPEN_BLOCK.size + tlen].decode()
+                at += OPEN_BLOCK.size + tlen
+                body = frame[at : at + count * OPEN_ENTRY.size]
+                at += count * OPEN_ENTRY.size
+                self._add_entries(topic, qid, gen, [  # else sealed (a crash after sealing)
+                    e for e in OPEN_ENTRY.iter_unpack(body) if e[3] + e[4] > self.sealed_end])
         self._open.unsaved.clear()
 
-    def add(self, topic: str, queue_id: int, generation: int, queue_offset: int,
-            commit_offset: int, record_size: int, store_at_ms: int, message_id: str,
-            key: str) -> None:
-        o = self._open
-        if commit_offset < (o.end_offset if o.entries else self.sealed_end):
-            return  # a replayed record the index already holds
-        self._entry(id_digest(message_id), topic, queue_id, generation, queue_offset,
-                    commit_offset, record_size, store_at_ms)
-        if key:
-            self._entry(key_digest(topic, key), topic, queue_id, generation, queue_offset,
-                        commit_offset, record_size, store_at_ms)
+    @property
+    def covered(self) -> int:
+        """The CommitLog offset up to which records are indexed (open or sealed)."""
+        return self._open.end_offset if self._open.entries else self.sealed_end
 
-    def _entry(self, d: int, topic: str, queue_id: int, generation: int, queue_offset: int,
-               commit_offset: int, record_size: int, store_at_ms: int,
-               save: bool = True) -> None:
+    def add_batch(self, topic: str, queue_id: int, generation: int,
+                  records: list[DispatchInfo], covered: int) -> None:
+        """Index one queue's records (message id, and key when set), skipping those
+        below ``covered`` (``self.covered`` before this read of the CommitLog began: a
+        replay)."""
+        entries = []
+        for r in records:
+            if r.commit_offset < covered:
+                continue  # a replayed record the index already holds
+            entries.append((digest(b"m" + r.message_id.encode()), r.queue_offset,
+                            r.store_at_ms, r.commit_offset, r.record_size))
+            if r.key:
+                entries.append((key_digest(topic, r.key), r.queue_offset, r.store_at_ms,
+                                r.commit_offset, r.record_size))
+        if entries:
+            self._add_entries(topic, queue_id, generation, entries)
+
+    def _add_entries(self, topic: str, queue_id: int, generation: int,
+                     entries: list[tuple[int, int, int, int, int]]) -> None:
+        """Add (digest, queue offset, store time, commit offset, size) entries."""
+        if not entries:
+            return
         o = self._open
         if not o.entries:
-            o.begin_offset, o.begin_ms = commit_offset, store_at_ms
+            o.begin_offset, o.begin_ms = entries[0][3], entries[0][2]
             o.opened_ms = self._clock.monotonic_ms()
         qkey = (topic, queue_id, generation)
         ref = o.queues.get(qkey)
         if ref is None:
             ref = o.queues[qkey] = len(o.queues)
-        o.entries.append((d, ref, queue_offset, store_at_ms))
-        o.end_offset = commit_offset + record_size
-        o.end_ms = max(o.end_ms, store_at_ms)
-        if save:
-            name = topic.encode()
-            o.unsaved += OPEN_ENTRY.pack(d, queue_offset, store_at_ms, o.end_offset,
-                                         queue_id, generation, record_size, len(name)) + name
+        o.entries += [(d, ref, qo, at) for d, qo, at, _, _ in entries]
+        last = entries[-1]
+        o.end_offset = max(o.end_offset, last[3] + last[4])
+        o.end_ms = max(o.end_ms, max(e[2] for e in entries))
+        name = topic.encode()
+        o.unsaved += OPEN_BLOCK.pack(queue_id, generation, len(entries), len(name)) + name
+        pack = OPEN_ENTRY.pack
+        o.unsaved += b"".join(pack(*e) for e in entries)
 
     def persist(self) -> None:
         """Make the open file's new entries durable (before the dispatcher's checkpoint
@@ -204,7 +229,8 @@ class TieredIndex:
             return
         fd = os.open(self._open_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, bytes(o.unsaved))
+            payload = bytes(o.unsaved)
+            os.write(fd, FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
             os.fsync(fd)
         finally:
             os.close(fd)

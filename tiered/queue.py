@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from store.consumequeue import ENTRY
+from store.message import DispatchInfo
+from store.queues import tag_hash
 from tiered.errors import TierError
 from tiered.flatfile import FlatFile, FlatFileMeta
 from tiered.provider import Provider
@@ -108,6 +110,43 @@ class TieredQueue:
         pos = self.log.append(record, store_at_ms)
         self.cq.append(ENTRY.pack(pos, len(record), tag_hash, store_at_ms), store_at_ms)
         return True
+
+    def append_batch(self, records: list[DispatchInfo], data: bytes | memoryview,
+                     data_offset: int) -> tuple[list[DispatchInfo], str]:
+        """Buffer this queue's ``records`` (in queue order; their bytes are in ``data``,
+        which starts at CommitLog offset ``data_offset``) with one append per stream.
+        Returns the records added (those the tier already has are skipped) and, if the
+        records leave a gap in the queue, why the rest were not added ("" otherwise)."""
+        nxt = self.next_queue_offset
+        i = 0
+        while i < len(records) and nxt >= 0 and records[i].queue_offset < nxt:
+            i += 1  # a replay: already in the tier
+        todo = records[i:]
+        if not todo:
+            return [], ""
+        if nxt < 0:
+            self.first_queue_offset = nxt = todo[0].queue_offset
+        gap = None
+        for j, r in enumerate(todo):
+            if r.queue_offset != nxt + j:
+                gap, todo = r.queue_offset, todo[:j]
+                break
+        if todo:
+            pos = self.log.append_position
+            chunks, entries = [], []
+            pack = ENTRY.pack
+            for r in todo:
+                at = r.commit_offset - data_offset
+                chunks.append(data[at : at + r.record_size])
+                entries.append(pack(pos, r.record_size, tag_hash(r.tag), r.store_at_ms))
+                pos += r.record_size
+            first_ms, last_ms = todo[0].store_at_ms, todo[-1].store_at_ms
+            self.log.append(b"".join(chunks), first_ms, last_ms)
+            self.cq.append(b"".join(entries), first_ms, last_ms)
+        if gap is not None:
+            return todo, (f"{self.topic}/{self.queue_id}: queue offset {gap} leaves a gap "
+                          f"after {nxt + len(todo) - 1}")
+        return todo, ""
 
     def commit(self) -> bool:
         """Upload the buffered records, then their entries.  True when both are durable;

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from store.clock import ManualClock
+from store.message import DispatchInfo
 from tests.tiered.faults import FaultyProvider
 from tiered.index import ENTRY, HEADER, SLOT, TieredIndex, compact, id_digest, key_digest
 from tiered.provider import Provider
@@ -14,9 +15,13 @@ from tiered.providers.memory import MemoryProvider
 
 
 def _fill(index: TieredIndex, first: int, n: int, keys: int) -> None:
-    for i in range(first, first + n):
-        index.add("t", i % 2, 0, i // 2, commit_offset=100 * i, record_size=100,
-                  store_at_ms=1000 + i, message_id=f"id{i}", key=f"k{i % keys}")
+    """Records ``first`` .. ``first + n - 1`` of two queues, as one dispatcher step."""
+    covered = index.covered
+    for qid in (0, 1):
+        index.add_batch("t", qid, 0, [
+            DispatchInfo(100 * i, 100, 0, qid, i // 2, 1000 + i, 0, f"id{i}", "t",
+                         f"k{i % keys}", "")
+            for i in range(first, first + n) if i % 2 == qid], covered)
 
 
 def test_compaction_makes_each_slot_contiguous() -> None:
@@ -75,13 +80,15 @@ def test_catalogue_and_open_file_survive_a_restart_and_replay_adds_nothing(
     _fill(index, 100, 30, keys=10)  # in the open file, persisted
     index.persist()
     _fill(index, 130, 5, keys=10)  # not persisted: lost in the crash, replayed below
+    with open(tmp_path / "idx" / "open", "ab") as f:
+        f.write(b"\0\0\1\0torn")  # a frame cut short by the crash
     again = TieredIndex(provider, "b0", str(tmp_path / "idx"), manual_clock)
     assert again.snapshot() == index.snapshot()
     _fill(again, 50, 90, keys=10)  # a replay from before the last sealed file's end
     assert again.seal() is not None
     hits = again.lookup(key_digest("t", "k3"), again.snapshot())
     assert sorted(h.store_at_ms - 1000 for h in hits) == list(range(3, 140, 10))
-    (first, second) = again.snapshot()
+    (_, second) = again.snapshot()
     assert (second.begin_offset, second.end_offset) == (100 * 100, 140 * 100)
     assert provider.exists("b0/index/catalog.json")
     assert (tmp_path / "idx" / "open").read_bytes() == b""  # sealed: the open file is empty
