@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import logging
 import multiprocessing as mp
 import shutil
 import sys
@@ -124,6 +125,7 @@ def s3_requests(tmp: Path, n: int) -> None:
     from tests.conftest import CREDS, create_bucket
     from tiered.providers.s3 import S3Provider
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

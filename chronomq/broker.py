@@ -91,9 +91,11 @@ class Broker:
             self.tiered = TieredDispatcher(
                 self.store, self.tier, t.broker_name,
                 os.path.join(config.store.data_dir, "tiered"),
-                TieredConfig(t.upload_batch_bytes, t.upload_batch_ms, t.segment_bytes,
-                             t.upload_timeout_s, t.segment_ms, t.retention_ms,
-                             t.index_entries, t.index_ms), clock)
+                TieredConfig(batch_bytes=t.upload_batch_bytes, batch_ms=t.upload_batch_ms,
+                             buffer_bytes=t.upload_buffer_bytes,
+                             segment_bytes=t.segment_bytes, upload_timeout_s=t.upload_timeout_s,
+                             segment_ms=t.segment_ms, retention_ms=t.retention_ms,
+                             index_entries=t.index_entries, index_ms=t.index_ms), clock)
             self.store.add_retention_guard(self.tiered.position)
             cache = None
             if t.read_ahead_bytes > 0:

@@ -87,6 +87,7 @@ class TierConfig:
     upload: bool = False  # copy every topic queue to the tier (the tiered message store)
     upload_batch_bytes: int = 4 << 20  # a queue's buffer goes up at this size ...
     upload_batch_ms: int = 5000  # ... or this age
+    upload_buffer_bytes: int = 64 << 20  # all queues' buffers together: beyond it, all go up
     segment_bytes: int = 256 << 20  # tier segment size
     upload_timeout_s: float = 30.0  # a slower upload switches segment and retries
     segment_ms: int = 3_600_000  # a tier segment also closes after this span of data

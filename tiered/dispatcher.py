@@ -1,12 +1,13 @@
 """TieredDispatcher: follows the local CommitLog on its own thread and uploads each topic
 queue to the tier (``tiered.queue``), in batches, with its own checkpoint.
 
-A batch is committed when the buffered bytes reach ``batch_bytes`` or the oldest buffered
-record is ``batch_ms`` old, whichever comes first.  After each commit the queue's metadata
-is written to ``<meta_dir>/queues/<topic>/<queue>.json`` (atomically, locally) and then
-the checkpoint: the CommitLog offset of the oldest record not yet durable in the tier
-(the key index, ``tiered.index``, kept in ``<meta_dir>/index``, has persisted its entries
-by then).
+A queue's batch is committed when its buffered bytes reach ``batch_bytes`` or its oldest
+buffered record is ``batch_ms`` old, whichever comes first (and every queue's when all
+buffers together pass ``buffer_bytes``, which bounds the memory many queues can take).
+After each commit the queue's metadata is written to
+``<meta_dir>/queues/<topic>/<queue>.json`` (atomically, locally) and then the checkpoint:
+the CommitLog offset of the oldest record not yet durable in the tier (the key index,
+``tiered.index``, kept in ``<meta_dir>/index``, has persisted its entries by then).
 After a crash the dispatcher replays from the checkpoint; queue offsets already in the
 tier are skipped, so the tier gets nothing twice and loses nothing.  Delayed records (the
 timer's) are not uploaded: they reach their topic, and the tier, when they are delivered.
@@ -47,6 +48,7 @@ READ_CHUNK = 4 << 20
 class TieredConfig:
     batch_bytes: int = 4 << 20  # upload a queue's buffer at this size ...
     batch_ms: int = 5000  # ... or at this age
+    buffer_bytes: int = 64 << 20  # all buffers together beyond this: upload them all
     segment_bytes: int = 256 << 20
     upload_timeout_s: float = 30.0
     segment_ms: int = 3_600_000  # a segment also closes after this span of data
@@ -82,7 +84,7 @@ class TieredDispatcher:
         self._lock = threading.Lock()  # guards queues and positions
         self._queues: dict[tuple[str, int], TieredQueue] = {}
         self._first_unsaved: dict[tuple[str, int], int] = {}  # queue -> commitlog offset
-        self._oldest_ms = 0.0
+        self._since: dict[tuple[str, int], float] = {}  # queue -> when it began buffering
         self._uploaded_records = self._uploaded_bytes = self._batches = 0
         self._failed = self._expired = 0
         os.makedirs(os.path.join(meta_dir, "queues"), exist_ok=True)
@@ -161,29 +163,34 @@ class TieredDispatcher:
                 if added:
                     self.index.add_batch(key[0], key[1], q.generation, added, covered)
                     buffered += len(added)
-                    self._first_unsaved.setdefault(key, added[0].commit_offset)
-                    if not self._oldest_ms:
-                        self._oldest_ms = self._clock.monotonic_ms()
+                    if key not in self._first_unsaved:
+                        self._first_unsaved[key] = added[0].commit_offset
+                        self._since[key] = self._clock.monotonic_ms()
             self._read_position = offset + used
         self.commit(force=False)
         return buffered
 
     def commit(self, force: bool = True) -> int:
-        """Upload buffered queues (all when ``force``, else when size or age says so),
-        persist their metadata, then the checkpoint.  Returns the queues committed."""
+        """Upload the buffered queues that are due (all when ``force``; else each one
+        whose buffer reached ``batch_bytes`` or is ``batch_ms`` old, or all when the
+        buffers together exceed ``buffer_bytes``), persist their metadata, then the
+        checkpoint.  Returns the queues committed."""
         with self._lock:
+            cfg = self.config
             pending = [self._queues[k] for k in self._first_unsaved]
-            size = sum(q.buffered_bytes for q in pending)
-            age = self._clock.monotonic_ms() - self._oldest_ms if self._oldest_ms else 0
-            if pending and not (force or size >= self.config.batch_bytes
-                                or age >= self.config.batch_ms):
-                return 0
+            if not force and sum(q.buffered_bytes for q in pending) <= cfg.buffer_bytes:
+                now = self._clock.monotonic_ms()
+                pending = [q for q in pending if q.buffered_bytes >= cfg.batch_bytes
+                           or now - self._since[(q.topic, q.queue_id)] >= cfg.batch_ms]
+                if not pending and self._first_unsaved:
+                    return 0  # nothing due: the checkpoint cannot move either
             done = 0
             for q in pending:
                 records, size = q.next_queue_offset - q.committed_queue_offset, q.buffered_bytes
                 if q.commit():
                     self._save_queue(q)
                     del self._first_unsaved[(q.topic, q.queue_id)]
+                    del self._since[(q.topic, q.queue_id)]
                     done += 1
                     self._uploaded_records += records
                     self._uploaded_bytes += size
@@ -192,8 +199,6 @@ class TieredDispatcher:
                     self._failed += 1
                     log.warning("upload of %s/%d failed; switched segment, will retry",
                                 q.topic, q.queue_id)
-            if not self._first_unsaved:
-                self._oldest_ms = 0.0
             if self.index.seal_due(force):
                 try:
                     self.index.seal()
