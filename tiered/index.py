@@ -103,8 +103,14 @@ class _OpenFile:
     begin_ms: int = 0
     end_ms: int = 0
     opened_ms: float = 0.0
-    entries: list[tuple[int, int, int, int]] = field(default_factory=list)  # digest, ref, qo, at
+    count: int = 0  # entries
+    blocks: list[tuple[int, bytes]] = field(default_factory=list)  # (queue ref, OPEN_ENTRYs)
     queues: dict[tuple[str, int, int], int] = field(default_factory=dict)
+
+    def entries(self) -> list[tuple[int, int, int, int]]:
+        """(digest, queue ref, queue offset, store time) of every entry."""
+        return [(d, ref, qo, at) for ref, body in self.blocks
+                for d, qo, at, _, _ in OPEN_ENTRY.iter_unpack(body)]
     unsaved: bytearray = field(default_factory=bytearray)  # entries not yet in the open file
 
 
@@ -173,53 +179,63 @@ class TieredIndex:
                 at += OPEN_BLOCK.size + tlen
                 body = frame[at : at + count * OPEN_ENTRY.size]
                 at += count * OPEN_ENTRY.size
-                self._add_entries(topic, qid, gen, [  # else sealed (a crash after sealing)
-                    e for e in OPEN_ENTRY.iter_unpack(body) if e[3] + e[4] > self.sealed_end])
+                kept = [e for e in OPEN_ENTRY.iter_unpack(body)  # else sealed (a crash
+                        if e[3] + e[4] > self.sealed_end]          # after sealing)
+                if kept:
+                    self._add_block(topic, qid, gen,
+                                    b"".join(OPEN_ENTRY.pack(*e) for e in kept), kept)
         self._open.unsaved.clear()
 
     @property
     def covered(self) -> int:
         """The CommitLog offset up to which records are indexed (open or sealed)."""
-        return self._open.end_offset if self._open.entries else self.sealed_end
+        return self._open.end_offset if self._open.count else self.sealed_end
 
     def add_batch(self, topic: str, queue_id: int, generation: int,
                   records: list[DispatchInfo], covered: int) -> None:
         """Index one queue's records (message id, and key when set), skipping those
         below ``covered`` (``self.covered`` before this read of the CommitLog began: a
         replay)."""
-        entries = []
+        crc, adler, pack = zlib.crc32, zlib.adler32, OPEN_ENTRY.pack
+        key_prefix = b"k" + topic.encode() + b"\0"
+        parts = []
+        kept = []
         for r in records:
             if r.commit_offset < covered:
                 continue  # a replayed record the index already holds
-            entries.append((digest(b"m" + r.message_id.encode()), r.queue_offset,
-                            r.store_at_ms, r.commit_offset, r.record_size))
+            kept.append(r)
+            text = b"m" + r.message_id.encode()  # digest(), inlined: the hot loop
+            parts.append(pack(adler(text) << 32 | crc(text), r.queue_offset, r.store_at_ms,
+                              r.commit_offset, r.record_size))
             if r.key:
-                entries.append((key_digest(topic, r.key), r.queue_offset, r.store_at_ms,
-                                r.commit_offset, r.record_size))
-        if entries:
-            self._add_entries(topic, queue_id, generation, entries)
+                text = key_prefix + r.key.encode()
+                parts.append(pack(adler(text) << 32 | crc(text), r.queue_offset,
+                                  r.store_at_ms, r.commit_offset, r.record_size))
+        if parts:
+            self._add_block(topic, queue_id, generation, b"".join(parts),
+                            [(0, 0, r.store_at_ms, r.commit_offset, r.record_size)
+                             for r in (kept[0], kept[-1])])
 
-    def _add_entries(self, topic: str, queue_id: int, generation: int,
-                     entries: list[tuple[int, int, int, int, int]]) -> None:
-        """Add (digest, queue offset, store time, commit offset, size) entries."""
-        if not entries:
-            return
+    def _add_block(self, topic: str, queue_id: int, generation: int, body: bytes,
+                   ends: list[tuple[int, int, int, int, int]]) -> None:
+        """Add one queue's packed entries; ``ends`` holds (at least) its first and last
+        entry, in CommitLog order."""
         o = self._open
-        if not o.entries:
-            o.begin_offset, o.begin_ms = entries[0][3], entries[0][2]
+        first, last = ends[0], ends[-1]
+        if not o.count:
+            o.begin_offset, o.begin_ms = first[3], first[2]
             o.opened_ms = self._clock.monotonic_ms()
         qkey = (topic, queue_id, generation)
         ref = o.queues.get(qkey)
         if ref is None:
             ref = o.queues[qkey] = len(o.queues)
-        o.entries += [(d, ref, qo, at) for d, qo, at, _, _ in entries]
-        last = entries[-1]
+        n = len(body) // OPEN_ENTRY.size
+        o.blocks.append((ref, body))
+        o.count += n
         o.end_offset = max(o.end_offset, last[3] + last[4])
-        o.end_ms = max(o.end_ms, max(e[2] for e in entries))
+        o.end_ms = max(o.end_ms, first[2], last[2])
         name = topic.encode()
-        o.unsaved += OPEN_BLOCK.pack(queue_id, generation, len(entries), len(name)) + name
-        pack = OPEN_ENTRY.pack
-        o.unsaved += b"".join(pack(*e) for e in entries)
+        o.unsaved += OPEN_BLOCK.pack(queue_id, generation, n, len(name)) + name + body
 
     def persist(self) -> None:
         """Make the open file's new entries durable (before the dispatcher's checkpoint
@@ -241,24 +257,24 @@ class TieredIndex:
 
     def seal_due(self, force: bool = False) -> bool:
         o = self._open
-        if not o.entries:
+        if not o.count:
             return False
-        return (force or len(o.entries) >= self.max_entries
+        return (force or o.count >= self.max_entries
                 or self._clock.monotonic_ms() - o.opened_ms >= self.seal_ms)
 
     def seal(self) -> IndexFile | None:
         """Compact, upload and list the open file; None if it is empty.  Raises
         ``TierError`` when the upload fails (the open file stays, to retry)."""
         o = self._open
-        if not o.entries:
+        if not o.count:
             return None
-        data, slots = compact(o.entries)
+        data, slots = compact(o.entries())
         name = f"{o.begin_offset:020d}"
         self._provider.write(f"{self._prefix}/{name}", data)
         write_atomic(self._slots_path(name), data[: HEADER.size + slots * SLOT.size])
         queues = sorted(o.queues, key=lambda q: o.queues[q])
         f = IndexFile(name, o.begin_offset, o.end_offset, o.begin_ms, o.end_ms,
-                      len(o.entries), slots, queues)
+                      o.count, slots, queues)
         with self._lock:
             self.files.append(f)
             self.sealed_end = o.end_offset
