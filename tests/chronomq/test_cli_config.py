@@ -121,6 +121,9 @@ def test_config_file_and_overrides(tmp_path: Path) -> None:
     ("store.auto_create_topics=maybe", "true/false"),
     ("noequals", "section.key=value"),
     ("server.tls_cert_file=/x.pem", "both"),
+    ("tier.read=sometimes", "not_in_mem"),
+    ("tier.retention_ms=1000", "shorter than local retention"),
+    ("tier.retention_ms=-1", "negative"),
 ])
 def test_bad_config_is_explained(override: str, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):

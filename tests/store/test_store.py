@@ -134,9 +134,13 @@ def test_topic_catalogue(store: MessageStore) -> None:
         store.topics.create(Topic("%reserved", 1))
     with pytest.raises(InvalidArgument):
         store.create_topic(Topic("z", 0))
+    with pytest.raises(InvalidArgument, match="tier keeps data longer"):
+        store.create_topic(Topic("z", 1, retention_ms=10_000, tier_retention_ms=5_000))
+    assert store.create_topic(Topic("y", 1, retention_ms=5_000, tier_retention_ms=10_000))[1]
     store.stop()
     s = _reopen(store.config)
-    assert [t.name for t in s.topics.list()] == ["a"]
+    assert [(t.name, t.tier_retention_ms) for t in s.topics.list()] == [("a", 0),
+                                                                         ("y", 10_000)]
     s.stop()
 
 
