@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
+from collections import OrderedDict
 from concurrent.futures import Future
 
 from chronomq.config import BrokerConfig
@@ -31,6 +33,8 @@ from timer.service import TimerService
 from timer.store import TimerStore
 
 log = logging.getLogger(__name__)
+
+RECENT_IDS = 1 << 17  # client-chosen ids remembered in memory for the dedupe check
 
 
 def load_or_create_secret(path: str) -> bytes:
@@ -86,6 +90,8 @@ class Broker:
         self.store.add_dispatch_handler(self.timer)
         self.tiered: TieredDispatcher | None = None
         self.tier_reader: TieredReader | None = None
+        self._recent_lock = threading.Lock()
+        self._recent_ids: OrderedDict[str, int] = OrderedDict()  # id -> accepted at
         if config.tier.upload:
             t = config.tier
             self.tiered = TieredDispatcher(
@@ -160,6 +166,30 @@ class Broker:
 
     def check(self, m: Draft) -> None:
         self.store.check(m)
+
+    def seen_recently(self, message_id: str, now_ms: int) -> bool:
+        """True if a message with this client-chosen id was accepted within the dedupe
+        window (``store.dedupe_window_ms``): a replay sent twice delivers once.  Ids
+        accepted a moment ago are remembered in memory until the index has them."""
+        window = self.config.store.dedupe_window_ms
+        if window <= 0:
+            return False
+        with self._recent_lock:
+            at = self._recent_ids.get(message_id)
+            if at is None:
+                at = self.store.index.stored_at(message_id)
+            if at is not None and at >= now_ms - window:
+                return True
+            self._recent_ids[message_id] = now_ms
+            if len(self._recent_ids) > RECENT_IDS:
+                self._recent_ids.popitem(last=False)
+            return False
+
+    def forget_recent(self, message_ids: list[str]) -> None:
+        """Ids whose send failed: a retry must not count as a duplicate."""
+        with self._recent_lock:
+            for mid in message_ids:
+                self._recent_ids.pop(mid, None)
 
     def send(self, drafts: list[Draft]) -> Future[list[DispatchInfo]]:
         """Append checked drafts; resolves once they are durable."""

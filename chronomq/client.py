@@ -41,6 +41,7 @@ class SendOutcome:
     deliver_at_ms: int
     error_code: int = 0
     error: str = ""
+    duplicate: bool = False  # sent before within the broker's dedupe window: not stored
 
     @property
     def ok(self) -> bool:
@@ -68,7 +69,7 @@ def _outcomes(response: pb.SendResponse) -> list[SendOutcome]:
         if r.WhichOneof("outcome") == "error":
             out.append(SendOutcome("", 0, r.error.code, r.error.message))
         else:
-            out.append(SendOutcome(r.message_id, r.deliver_at_ms))
+            out.append(SendOutcome(r.message_id, r.deliver_at_ms, duplicate=r.duplicate))
     return out
 
 

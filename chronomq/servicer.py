@@ -210,6 +210,8 @@ class _PendingSend(NamedTuple):
     messages: int
     errors: dict[int, pb.Error]
     future: Future[list[DispatchInfo]] | None
+    duplicates: dict[int, str]  # index -> the client's message id, sent before
+    claimed: list[str]  # client-chosen ids of the accepted messages
 
 
 def _topic_pb(t: Topic) -> pb.Topic:
@@ -267,6 +269,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         now = broker.clock.now_ms()
         max_body = broker.config.store.max_body_bytes
         errors: dict[int, pb.Error] = {}
+        duplicates: dict[int, str] = {}
         accepted: list[Draft] = []
         checked_topics: set[str] = set()
         new_draft = tuple.__new__
@@ -287,14 +290,27 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             except ChronomqError as exc:
                 errors[i] = pb.Error(code=code_number(exc), message=str(exc))
                 continue
+            if mid and broker.seen_recently(mid, now):
+                duplicates[i] = mid
+                continue
             accepted.append(d)
-        return _PendingSend(n, errors, broker.send(accepted) if accepted else None)
+        claimed = [d.message_id for d in accepted if d.message_id]
+        try:
+            future = broker.send(accepted) if accepted else None
+        except BaseException:
+            broker.forget_recent(claimed)
+            raise
+        return _PendingSend(n, errors, future, duplicates, claimed)
 
     def _finish_send(self, pending: _PendingSend) -> pb.SendResponse:
-        stored: list[DispatchInfo] = pending.future.result() if pending.future else []
+        try:
+            stored: list[DispatchInfo] = pending.future.result() if pending.future else []
+        except BaseException:
+            self._broker.forget_recent(pending.claimed)  # not stored: a retry is no duplicate
+            raise
         with self._counts_lock:
             self.sent += len(stored)
-        if not pending.errors:
+        if not pending.errors and not pending.duplicates:
             return pb.SendResponse.FromString(
                 encode_send_response((m.message_id, m.deliver_at_ms) for m in stored))
         it = iter(stored)
@@ -303,6 +319,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             err = pending.errors.get(i)
             if err is not None:
                 results.append(pb.SendResult(error=err))
+            elif i in pending.duplicates:
+                results.append(pb.SendResult(message_id=pending.duplicates[i],
+                                             duplicate=True))
             else:
                 m = next(it)
                 results.append(pb.SendResult(message_id=m.message_id,

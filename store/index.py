@@ -6,6 +6,9 @@ Keys and values (``<data>/index`` RocksDB, raw bytes)::
                                        (only ids that do not name their own record:
                                         client-chosen ones and redeliveries)
     b"k" + topic + b"\\0" + key + b"\\0" + commit_offset u64  -> size u32
+    b"d" + message_id                                  -> store time ms u64
+                                       (client-chosen ids, delayed ones too: the send-side
+                                        de-duplication of ``Broker.seen_recently``)
     b"!position"                                       -> commit_offset u64
 
 The position is written in the same atomic batch as the entries it covers, so the index
@@ -49,6 +52,8 @@ class KeyIndex:
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
         puts: list[tuple[bytes, bytes]] = []
         for r in records:
+            if r.flags & FLAG_FOREIGN_ID:
+                puts.append((b"d" + r.message_id.encode(), _U64.pack(r.store_at_ms)))
             if r.flags & FLAG_DELAYED:
                 continue  # indexed when the timer delivers it
             if r.flags & FLAG_FOREIGN_ID:  # broker-assigned ids locate themselves
@@ -75,6 +80,11 @@ class KeyIndex:
             return None
         offset, size = _LOC.unpack(raw)
         return int(offset), int(size)
+
+    def stored_at(self, message_id: str) -> int | None:
+        """When a record with this client-chosen id was last stored, or None."""
+        raw = self._kv.get(b"d" + message_id.encode())
+        return int(_U64.unpack(raw)[0]) if raw else None
 
     def by_key(self, topic: str, key: str, limit: int) -> list[tuple[int, int]]:
         """Locations of the newest ``limit`` messages with ``key`` (oldest first)."""

@@ -112,14 +112,16 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class SendResult(_message.Message):
-    __slots__ = ("message_id", "error", "deliver_at_ms")
+    __slots__ = ("message_id", "error", "deliver_at_ms", "duplicate")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     error: Error
     deliver_at_ms: int
-    def __init__(self, message_id: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, message_id: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., deliver_at_ms: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SendResponse(_message.Message):
     __slots__ = ("results",)

@@ -251,3 +251,26 @@ def test_prometheus_metrics_endpoint(tmp_path: Path) -> None:
         assert "chronomq_store_topics 1.0" in text
     finally:
         srv.stop()
+
+
+def test_a_client_chosen_id_sent_again_within_the_window_is_dropped(
+        client: ChronomqClient, server: RunningServer) -> None:
+    client.create_topic("d")
+    first = client.send([message("d", b"a", message_id="replay-1"),
+                         message("d", b"later", message_id="replay-2", delay_ms=60_000),
+                         message("d", b"c")])
+    assert [(o.ok, o.duplicate) for o in first] == [(True, False)] * 3
+    again = client.send([message("d", b"a", message_id="replay-1"),
+                         message("d", b"later", message_id="replay-2", delay_ms=60_000),
+                         message("d", b"new", message_id="replay-3")])
+    assert [(o.message_id, o.duplicate) for o in again] == [
+        ("replay-1", True), ("replay-2", True), ("replay-3", False)]
+    got = client.pop("d", "g", max_messages=32)
+    assert sorted(m.body for m in got) == [b"a", b"c", b"new"]  # the delayed one is not due
+    assert [o.duplicate for o in client.send(  # twice in one request: once
+        [message("d", b"x", message_id="replay-4")] * 2)] == [False, True]
+    # the ids are in the key index too, which outlives the in-memory set (restarts)
+    broker = server.server.broker
+    assert broker.store.wait_visible(5)
+    assert broker.store.index.stored_at("replay-2") is not None  # delayed, still indexed
+    assert broker.store.index.stored_at("replay-4") is not None
