@@ -1,0 +1,173 @@
+"""The ``chronomq`` Spark data source: reads the tiered message store (a local directory
+or S3) as a DataFrame, one input partition per slice of a tiered log segment
+(``tiered.scan``), yielding Arrow record batches.
+
+::
+
+    spark.dataSource.register(ChronomqDataSource)
+    df = (spark.read.format("chronomq")
+          .option("path", "/var/lib/chronomq-tier")        # or the s3_* options
+          .option("broker", "broker-0")
+          .load()
+          .where("topic = 'orders' AND store_at_ms >= 1763800000000"))
+
+Options (plain values, so executors open their own tier): ``path`` (local-directory
+tier) or ``s3_bucket``, ``s3_prefix``, ``s3_endpoint_url``, ``s3_region``,
+``s3_access_key_id``, ``s3_secret_access_key``; ``broker`` (default ``broker-0``);
+optionally ``topic`` (comma-separated), ``start_ms``, ``end_ms``, ``key``, and
+``max_slice_bytes``.
+
+Filter push-down: ``topic = / IN``, ``store_at_ms`` bounds and ``key =`` are handled by the
+source (exactly: Spark does not evaluate them again); topic and time skip whole
+segments using the tier's metadata, the key is checked while decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.types import StructType
+
+from tiered.provider import Provider
+from tiered.providers.local import LocalProvider
+from tiered.providers.s3 import S3Provider, S3Settings
+from tiered.scan import ScanSlice, Selection, decode_slice, plan
+
+SCHEMA = ("topic string, queue_id int, queue_offset long, message_id string, key string, "
+          "tag string, born_at_ms long, store_at_ms long, deliver_at_ms long, "
+          "properties map<string,string>, body binary")
+ARROW_SCHEMA = pa.schema([
+    ("topic", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()),
+    ("message_id", pa.string()), ("key", pa.string()), ("tag", pa.string()),
+    ("born_at_ms", pa.int64()), ("store_at_ms", pa.int64()), ("deliver_at_ms", pa.int64()),
+    ("properties", pa.map_(pa.string(), pa.string())), ("body", pa.binary()),
+])
+
+
+@dataclass(frozen=True, slots=True)
+class TierLocation:
+    """Where the tier is, as plain values (picklable; executors open it themselves)."""
+
+    path: str = ""
+    s3_bucket: str = ""
+    s3_prefix: str = ""
+    s3_endpoint_url: str = ""
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
+    broker: str = "broker-0"
+
+    @staticmethod
+    def from_options(options: dict[str, str]) -> TierLocation:
+        o = {k.lower(): v for k, v in options.items()}
+        loc = TierLocation(**{f: o[f] for f in TierLocation.__slots__ if o.get(f)})
+        if not loc.path and not loc.s3_bucket:
+            raise ValueError("the chronomq data source needs the option 'path' (a "
+                             "local-directory tier) or 's3_bucket'")
+        return loc
+
+    def open(self) -> Provider:
+        if self.s3_bucket:
+            return S3Provider(S3Settings(
+                bucket=self.s3_bucket, prefix=self.s3_prefix,
+                endpoint_url=self.s3_endpoint_url, region=self.s3_region,
+                access_key_id=self.s3_access_key_id,
+                secret_access_key=self.s3_secret_access_key))
+        return LocalProvider(self.path)
+
+
+def selection_from_options(options: dict[str, str]) -> Selection:
+    o = {k.lower(): v for k, v in options.items()}
+    topics = frozenset(t.strip() for t in o.get("topic", "").split(",") if t.strip())
+    return Selection(topics, int(o.get("start_ms") or 0), int(o.get("end_ms") or 0),
+                     o.get("key", ""))
+
+
+class SlicePartition(InputPartition):
+    def __init__(self, s: ScanSlice | None) -> None:
+        super().__init__(s)
+        self.slice = s
+
+
+class ChronomqDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "chronomq"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return ChronomqReader(dict(self.options))
+
+
+class ChronomqReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.location = TierLocation.from_options(options)
+        self.selection = selection_from_options(options)
+        self.max_slice_bytes = int({k.lower(): v for k, v in options.items()}
+                                   .get("max_slice_bytes") or 64 << 20)
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        sel = self.selection
+        for f in filters:
+            column = f.attribute[0] if len(f.attribute) == 1 else ""  # type: ignore[attr-defined]
+            pushed = _narrow(sel, column, f)
+            if pushed is None:
+                yield f
+            else:
+                sel = pushed
+        self.selection = sel
+
+    def partitions(self) -> Sequence[InputPartition]:
+        slices = plan(self.location.open(), self.location.broker, self.selection,
+                      self.max_slice_bytes)
+        return [SlicePartition(s) for s in slices] or [SlicePartition(None)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        s = partition.slice  # type: ignore[attr-defined]
+        if s is None:
+            return
+        provider = self.location.open()
+        for cols in decode_slice(provider, s, self.selection):
+            yield pa.RecordBatch.from_pydict(cols, schema=ARROW_SCHEMA)
+
+
+def _narrow(sel: Selection, column: str, f: Filter) -> Selection | None:
+    """``sel`` narrowed by filter ``f``, or None when the source cannot apply it exactly."""
+    value: Any = getattr(f, "value", None)
+    if column == "topic":
+        if isinstance(f, EqualTo) and isinstance(value, str):
+            wanted = frozenset({value})
+        elif isinstance(f, In) and all(isinstance(v, str) for v in f.value):
+            wanted = frozenset(f.value)
+        else:
+            return None
+        return replace(sel, topics=sel.topics & wanted if sel.topics else wanted)
+    if column == "key" and isinstance(f, EqualTo) and isinstance(value, str) and value:
+        if sel.key and sel.key != value:
+            return None  # a second, different key: Spark evaluates it (and finds nothing)
+        return replace(sel, key=value)
+    if column == "store_at_ms" and isinstance(value, int):
+        if isinstance(f, GreaterThanOrEqual | GreaterThan):
+            start = value + (1 if isinstance(f, GreaterThan) else 0)
+            return replace(sel, start_ms=max(sel.start_ms, start))
+        if isinstance(f, LessThan | LessThanOrEqual):
+            end = value + (1 if isinstance(f, LessThanOrEqual) else 0)
+            return replace(sel, end_ms=min(sel.end_ms, end) if sel.end_ms else end)
+    return None
