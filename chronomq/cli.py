@@ -11,6 +11,9 @@
     chronomq reschedule ID (--delay-ms N | --deliver-at-ms T)
     chronomq query TOPIC (--key K | --message-id ID)
     chronomq stats
+    chronomq replay --topic T [--from T0] [--to T1] [--key K] [--into-topic T2]
+                    [--spread DURATION] [--rate N] [--master local[2]] [--tier-dir D]
+    chronomq export --topic T [--from T0] [--to T1] [--key K] --output DIR
 
 Client commands take ``--target``, ``--token`` and ``--json``.
 """
@@ -22,12 +25,15 @@ import base64
 import json
 import logging
 import sys
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.config import load_config
 from chronomq.v1 import broker_pb2 as pb
-from store.errors import ChronomqError
+from pop.policy import parse_duration_ms
+from store.errors import ChronomqError, InvalidArgument
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
@@ -124,7 +130,88 @@ def _parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("stats", help="print broker figures")
     _client_args(st)
+
+    rp = sub.add_parser("replay", help="replay a backlog from the tier into a live broker "
+                        "(a Spark job)")
+    _selection_args(rp)
+    rp.add_argument("--into-topic", default="", help="send to this topic (default: the "
+                    "message's own)")
+    rp.add_argument("--spread", default="", metavar="DURATION",
+                    help="re-time deliveries evenly over this span, e.g. 20m")
+    rp.add_argument("--rate", type=float, default=0, metavar="N",
+                    help="cap the total send rate at N msgs/s")
+    _client_args(rp)
+    ex = sub.add_parser("export", help="write a backlog from the tier as Parquet "
+                        "(a Spark job)")
+    _selection_args(ex)
+    ex.add_argument("--output", required=True, help="Parquet directory (replaced)")
+    ex.add_argument("--json", action="store_true", help="print JSON")
     return ap
+
+
+def _selection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topic", required=True, help="topic(s) to select, comma-separated")
+    p.add_argument("--from", dest="start", default="",
+                   help="stored at or after: epoch ms or ISO-8601 (default: the start)")
+    p.add_argument("--to", dest="end", default="",
+                   help="stored before: epoch ms or ISO-8601 (default: the end)")
+    p.add_argument("--key", default="", help="only messages with this key")
+    p.add_argument("--tier-dir", default="./chronomq-tier", help="local-directory tier")
+    p.add_argument("--s3-bucket", default="", help="read an S3 tier instead")
+    p.add_argument("--s3-prefix", default="")
+    p.add_argument("--s3-endpoint-url", default="")
+    p.add_argument("--s3-region", default="us-east-1")
+    p.add_argument("--s3-access-key-id", default="")
+    p.add_argument("--s3-secret-access-key", default="")
+    p.add_argument("--broker-name", default="broker-0", help="whose tier layout to read")
+    p.add_argument("--master", default="local[2]", help="local[N] or a cluster URL")
+    p.add_argument("--spark-ui", action="store_true", help="keep Spark's web UI on")
+
+
+def _time_ms(text: str) -> int:
+    if not text:
+        return 0
+    if text.isdigit():
+        return int(text)
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise InvalidArgument(f"bad time {text!r}: use epoch ms or ISO-8601") from exc
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return int(at.timestamp() * 1000)
+
+
+def _run_spark_job(args: argparse.Namespace) -> Any:
+    from spark.datasource import TierLocation
+    from spark.jobs import export, replay, select
+    from spark.session import make_session
+    from tiered.scan import Selection
+
+    location = TierLocation(
+        path="" if args.s3_bucket else args.tier_dir, s3_bucket=args.s3_bucket,
+        s3_prefix=args.s3_prefix, s3_endpoint_url=args.s3_endpoint_url,
+        s3_region=args.s3_region, s3_access_key_id=args.s3_access_key_id,
+        s3_secret_access_key=args.s3_secret_access_key, broker=args.broker_name)
+    selection = Selection(frozenset(t.strip() for t in args.topic.split(",") if t.strip()),
+                          _time_ms(args.start), _time_ms(args.end), args.key)
+    spread_ms = parse_duration_ms(args.spread) if getattr(args, "spread", "") else 0
+    t0 = time.monotonic()
+    spark = make_session(args.master, f"chronomq-{args.command}", ui=args.spark_ui)
+    started_s = time.monotonic() - t0
+    try:
+        df = select(spark, location, selection)
+        if args.command == "export":
+            rows = export(spark, df, args.output)
+            return {"exported": rows, "output": args.output,
+                    "seconds": round(time.monotonic() - t0, 2),
+                    "spark_start_seconds": round(started_s, 2)}
+        r = replay(spark, df, args.target, args.into_topic, spread_ms, args.rate, args.token)
+        return {"selected": r.selected, "sent": r.sent, "duplicates": r.duplicates,
+                "failed": r.failed, "seconds": round(r.seconds, 2),
+                "spark_start_seconds": round(started_s, 2)}
+    finally:
+        spark.stop()
 
 
 def _received_dict(m: pb.ReceivedMessage) -> dict[str, Any]:
@@ -229,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
             from chronomq.server import serve
 
             serve(load_config(args.config, args.set))
+            return 0
+        if args.command in ("replay", "export"):
+            _print(_run_spark_job(args), args.json)
             return 0
         _print(_run_client(args), args.json)
         return 0

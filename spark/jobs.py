@@ -1,0 +1,174 @@
+"""Backlog jobs over the tiered store: replay a selection into a live broker, or export
+it as Parquet.  Both read through the ``chronomq`` data source, so they run unchanged on
+``local[N]`` or a cluster.
+
+Replay sends from every partition at once (``mapInArrow``: Arrow batches in, a row of
+counts out), in requests of ``SEND_BATCH`` messages over one SendStream per partition.
+Each message keeps its original message id, so the broker's dedupe window
+(``store.dedupe_window_ms``) makes a second run of the same replay deliver nothing twice.
+``spread_ms`` re-times deliveries: a message stored at fraction f of the selected time
+span is delivered at launch + f * spread.  ``rate`` caps the total send rate (shared
+evenly by the partitions running at once).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark.datasource import TierLocation
+from tiered.scan import Selection
+
+SEND_BATCH = 500
+COUNTS = "sent long, duplicates long, failed long"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    selected: int
+    sent: int
+    duplicates: int  # already delivered by an earlier run (dedupe window)
+    failed: int
+    seconds: float
+
+
+def select(spark: SparkSession, location: TierLocation, selection: Selection) -> DataFrame:
+    """The selected messages as a DataFrame (the selection is pushed into the source)."""
+    reader = spark.read.format("chronomq").option("broker", location.broker)
+    for field in TierLocation.__slots__:
+        value = getattr(location, field)
+        if value and field != "broker":
+            reader = reader.option(field, value)
+    df = reader.load()
+    if selection.topics:
+        df = df.where(F.col("topic").isin(sorted(selection.topics)))
+    if selection.start_ms:
+        df = df.where(F.col("store_at_ms") >= selection.start_ms)
+    if selection.end_ms:
+        df = df.where(F.col("store_at_ms") < selection.end_ms)
+    if selection.key:
+        df = df.where(F.col("key") == selection.key)
+    return df
+
+
+def replay(spark: SparkSession, df: DataFrame, target: str, into_topic: str = "",
+           spread_ms: int = 0, rate: float = 0, token: str = "",
+           progress: bool = True) -> ReplayResult:
+    """Send the messages of ``df`` to the broker at ``target``."""
+    t0 = time.monotonic()
+    first_ms = span_ms = 0
+    if spread_ms:
+        lo, hi = df.agg(F.min("store_at_ms"), F.max("store_at_ms")).first() or (None, None)
+        if lo is not None and hi is not None:
+            first_ms, span_ms = int(lo), max(1, int(hi) - int(lo))
+    launch_ms = int(time.time() * 1000)
+    running = max(1, min(spark.sparkContext.defaultParallelism, df.rdd.getNumPartitions()))
+    per_task_rate = rate / running if rate else 0.0
+    sender = _Sender(target, into_topic, token, spread_ms, first_ms, span_ms, launch_ms,
+                     per_task_rate)
+    with _Progress(spark, "replay", progress):
+        counts = df.mapInArrow(sender, COUNTS).agg(
+            F.sum("sent"), F.sum("duplicates"), F.sum("failed")).first()
+    sent, dups, failed = (int(v or 0) for v in (counts or (0, 0, 0)))
+    return ReplayResult(sent + dups + failed, sent, dups, failed, time.monotonic() - t0)
+
+
+def export(spark: SparkSession, df: DataFrame, path: str, progress: bool = True) -> int:
+    """Write ``df`` as Parquet under ``path`` (replacing it); returns the rows written."""
+    with _Progress(spark, "export", progress):
+        df.write.mode("overwrite").parquet(path)
+    return int(spark.read.parquet(path).count())
+
+
+class _Sender:
+    """The per-partition send function (picklable: plain values only)."""
+
+    def __init__(self, target: str, into_topic: str, token: str, spread_ms: int,
+                 first_ms: int, span_ms: int, launch_ms: int, rate: float) -> None:
+        self.target, self.into_topic, self.token = target, into_topic, token
+        self.spread_ms, self.first_ms, self.span_ms = spread_ms, first_ms, span_ms
+        self.launch_ms, self.rate = launch_ms, rate
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from chronomq.client import ChronomqClient
+        from chronomq.v1 import broker_pb2 as pb
+
+        sent = dups = failed = 0
+        started = time.monotonic()
+        count = 0
+
+        def requests() -> Iterator[list[pb.OutgoingMessage]]:
+            nonlocal count
+            Out = pb.OutgoingMessage
+            for batch in batches:
+                cols = batch.to_pydict()
+                n = batch.num_rows
+                for at in range(0, n, SEND_BATCH):
+                    out = []
+                    for i in range(at, min(n, at + SEND_BATCH)):
+                        m = Out(topic=self.into_topic or cols["topic"][i],
+                                body=cols["body"][i], key=cols["key"][i],
+                                tag=cols["tag"][i], message_id=cols["message_id"][i],
+                                properties=dict(cols["properties"][i] or ()))
+                        if self.spread_ms:
+                            f = (cols["store_at_ms"][i] - self.first_ms) / self.span_ms
+                            m.deliver_at_ms = self.launch_ms + int(f * self.spread_ms)
+                        out.append(m)
+                    count += len(out)
+                    if self.rate:  # hold back to the task's share of the rate
+                        ahead = count / self.rate - (time.monotonic() - started)
+                        if ahead > 0:
+                            time.sleep(ahead)
+                    yield out
+
+        with ChronomqClient(self.target, self.token) as client:
+            for outcomes in client.send_stream(requests()):
+                for o in outcomes:
+                    if not o.ok:
+                        failed += 1
+                    elif o.duplicate:
+                        dups += 1
+                    else:
+                        sent += 1
+        yield pa.RecordBatch.from_pydict({"sent": [sent], "duplicates": [dups],
+                                          "failed": [failed]})
+
+
+class _Progress:
+    """Prints the job's task progress every two seconds while it runs."""
+
+    def __init__(self, spark: SparkSession, what: str, enabled: bool) -> None:
+        self._tracker = spark.sparkContext.statusTracker()
+        self._what, self._enabled = what, enabled
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Progress:
+        if self._enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._enabled:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.wait(2.0):
+            done = total = 0
+            for sid in self._tracker.getActiveStageIds():
+                info = self._tracker.getStageInfo(sid)
+                if info is not None:
+                    done += info.numCompletedTasks
+                    total += info.numTasks
+            if total:
+                print(f"{self._what}: {done}/{total} partitions done, "
+                      f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
