@@ -5,6 +5,9 @@ the selected messages once, also after the same replay runs twice; export to Par
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -115,5 +118,38 @@ def test_spread_retimes_deliveries(spark: SparkSession, tmp_path: Path,
             assert sorted(m.message_id for m in got) == sorted(o.message_id for o in first)
             stats = c.stats()
             assert stats["timer.pending_wheel"] + stats["timer.pending_rocksdb"] >= 5
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow
+def test_cli_replay_and_export(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    srv, _ = _server("local", tmp_path, request)
+    try:
+        with srv.client() as c:
+            c.create_topic("orders")
+            c.create_topic("copy")
+            sent = c.send([message("orders", f"m{i}".encode(), key="k") for i in range(40)])
+            deadline = time.monotonic() + 30
+            while c.stats()["tier.lag_bytes"] > 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        common = ["--topic", "orders", "--key", "k", "--tier-dir", str(tmp_path / "tier"),
+                  "--master", "local[1]", "--json"]
+        out = subprocess.run(
+            [sys.executable, "-m", "chronomq.cli", "replay", *common, "--into-topic", "copy",
+             "--target", srv.target], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        result = json.loads(out.stdout)
+        assert (result["selected"], result["sent"], result["duplicates"]) == (40, 40, 0)
+        assert result["spark_start_seconds"] > 0
+        out = subprocess.run(
+            [sys.executable, "-m", "chronomq.cli", "export", *common, "--output",
+             str(tmp_path / "pq")], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout)["exported"] == len(sent)
+        bad = subprocess.run([sys.executable, "-m", "chronomq.cli", "export", *common,
+                              "--output", str(tmp_path / "x"), "--from", "yesterday"],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and "epoch ms or ISO-8601" in bad.stderr
     finally:
         srv.stop()
