@@ -46,17 +46,13 @@ from pyspark.sql.types import StructType
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.s3 import S3Provider, S3Settings
+from tiered.scan import SCHEMA as SCAN_SCHEMA
 from tiered.scan import ScanSlice, Selection, decode_slice, plan
 
 SCHEMA = ("topic string, queue_id int, queue_offset long, message_id string, key string, "
           "tag string, born_at_ms long, store_at_ms long, deliver_at_ms long, "
           "properties map<string,string>, body binary")
-ARROW_SCHEMA = pa.schema([
-    ("topic", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()),
-    ("message_id", pa.string()), ("key", pa.string()), ("tag", pa.string()),
-    ("born_at_ms", pa.int64()), ("store_at_ms", pa.int64()), ("deliver_at_ms", pa.int64()),
-    ("properties", pa.map_(pa.string(), pa.string())), ("body", pa.binary()),
-])
+ARROW_SCHEMA = SCAN_SCHEMA  # one codec: tiered.scan builds the batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,9 +139,7 @@ class ChronomqReader(DataSourceReader):
         s = partition.slice  # type: ignore[attr-defined]
         if s is None:
             return
-        provider = self.location.open()
-        for cols in decode_slice(provider, s, self.selection):
-            yield pa.RecordBatch.from_pydict(cols, schema=ARROW_SCHEMA)
+        yield from decode_slice(self.location.open(), s, self.selection)
 
 
 def _narrow(sel: Selection, column: str, f: Filter) -> Selection | None:

@@ -11,18 +11,27 @@ values, so Spark can ship them to executors, which open their own provider.
 from __future__ import annotations
 
 import json
+import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from store.message import HEADER, RECORD_MAGIC
 from tiered.errors import TierError
 from tiered.flatfile import FlatFileMeta
 from tiered.provider import Provider
 
-COLUMNS = ("topic", "queue_id", "queue_offset", "message_id", "key", "tag", "born_at_ms",
-           "store_at_ms", "deliver_at_ms", "properties", "body")
+SCHEMA = pa.schema([
+    ("topic", pa.string()), ("queue_id", pa.int32()), ("queue_offset", pa.int64()),
+    ("message_id", pa.string()), ("key", pa.string()), ("tag", pa.string()),
+    ("born_at_ms", pa.int64()), ("store_at_ms", pa.int64()), ("deliver_at_ms", pa.int64()),
+    ("properties", pa.map_(pa.string(), pa.string())), ("body", pa.binary()),
+])
+COLUMNS = tuple(SCHEMA.names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,69 +104,157 @@ def _slice(topic: str, qid: int, generation: int, run: list[tuple[str, int]],
 
 
 def decode_slice(provider: Provider, s: ScanSlice,
-                 selection: Selection = Selection()) -> Iterator[dict[str, list[Any]]]:
-    """The selected records of the slice as columns (``COLUMNS``), one batch per
+                 selection: Selection = Selection()) -> Iterator[pa.RecordBatch]:
+    """The selected records of the slice as Arrow record batches (``SCHEMA``), one per
     object.  Every record's magic, size and CRC are checked; a damaged one raises
     ``TierError`` naming the object and position."""
     for path, length in zip(s.paths, s.lengths, strict=True):
         data = provider.read(path, 0, length)
         if len(data) != length:
             raise TierError(f"object {path} is shorter than its metadata says")
-        rows = _decode_rows(data, path, selection)
-        if rows:
-            cols = [list(c) for c in zip(*rows, strict=True)]
-            yield dict(zip(COLUMNS, [[s.topic] * len(rows), *cols], strict=True))
+        batch = decode_object(data, s.topic, path, selection)
+        if batch.num_rows:
+            yield batch
 
 
-def _decode_rows(data: bytes, path: str, selection: Selection) -> list[tuple[Any, ...]]:
-    """Rows of ``COLUMNS[1:]``; the hot loop, kept flat on purpose."""
-    start, end, want_key = selection.start_ms, selection.end_ms, selection.key
-    unpack, crc32, hsize, magic_ok = HEADER.unpack_from, zlib.crc32, HEADER.size, RECORD_MAGIC
+def _record_starts(data: bytes, path: str) -> list[int]:
+    """Where each record starts, checking magic, size and CRC (the only per-record
+    Python; the fields are then read column-wise with numpy)."""
     view = memoryview(data)
-    length = len(data)
-    rows: list[tuple[Any, ...]] = []
-    append = rows.append
+    length, hsize, crc32, magic_ok = len(data), HEADER.size, zlib.crc32, RECORD_MAGIC
+    prefix = struct.Struct(">III").unpack_from
+    starts: list[int] = []
+    append = starts.append
     pos = 0
     while pos < length:
         if length - pos < hsize:
             raise TierError(f"object {path}: bad record at byte {pos}: truncated header")
-        (magic, total, crc, _, qid, qo, born, store, deliver, _, id_len, topic_len, key_len,
-         tag_len, props_len, body_len) = unpack(data, pos)
-        rec_end = pos + total
-        if magic != magic_ok or total < hsize or rec_end > length \
-                or crc32(view[pos + 12 : rec_end]) != crc:
+        magic, total, crc = prefix(data, pos)
+        end = pos + total
+        if magic != magic_ok or total < hsize or end > length \
+                or crc32(view[pos + 12 : end]) != crc:
             raise TierError(f"object {path}: bad record at byte {pos}: bad magic, size "
                             "or CRC")
-        if (start and store < start) or (end and store >= end):
-            pos = rec_end
-            continue
-        p = pos + hsize
-        mid = data[p : p + id_len].decode("ascii")
-        p += id_len + topic_len
-        key = data[p : p + key_len].decode()
-        if want_key and key != want_key:
-            pos = rec_end
-            continue
-        p += key_len
-        tag = data[p : p + tag_len].decode()
-        p += tag_len
-        props = _properties(data, p, p + props_len) if props_len else []
-        p += props_len
-        append((qid, qo, mid, key, tag, born, store, deliver, props, data[p : p + body_len]))
-        pos = rec_end
-    return rows
+        append(pos)
+        pos = end
+    return starts
 
 
-def _properties(data: bytes, pos: int, end: int) -> list[tuple[str, str]]:
-    """``store.message.encode_properties`` read back as (key, value) pairs."""
-    out = []
-    while pos < end:
-        klen = int.from_bytes(data[pos : pos + 2], "big")
-        k = data[pos + 2 : pos + 2 + klen].decode()
-        pos += 2 + klen
-        vlen = int.from_bytes(data[pos : pos + 4], "big")
-        out.append((k, data[pos + 4 : pos + 4 + vlen].decode()))
-        pos += 4 + vlen
-    if pos != end:
-        raise TierError("properties overrun their length")
-    return out
+def decode_object(data: bytes, topic: str, path: str = "",
+                  selection: Selection = Selection()) -> pa.RecordBatch:
+    """One log object's records (whole records, back to back) as a record batch."""
+    starts = np.asarray(_record_starts(data, path), dtype=np.int64)
+    raw = np.frombuffer(data, dtype=np.uint8)
+    n = len(starts)
+    h = raw[starts[:, None] + np.arange(HEADER.size)].view(_HEADER_DTYPE).reshape(n)
+    store = h["store"].astype(np.int64)
+    keep = np.ones(n, dtype=bool)
+    if selection.start_ms:
+        keep &= store >= selection.start_ms
+    if selection.end_ms:
+        keep &= store < selection.end_ms
+    id_at = starts + HEADER.size
+    id_len = h["id_len"].astype(np.int64)
+    key_at = id_at + id_len + h["topic_len"]
+    key_len = h["key_len"].astype(np.int64)
+    tag_at = key_at + key_len
+    tag_len = h["tag_len"].astype(np.int64)
+    props_at = tag_at + tag_len
+    props_len = h["props_len"].astype(np.int64)
+    body_at = props_at + props_len
+    body_len = h["body_len"].astype(np.int64)
+    keys = _gather(raw, key_at, key_len, pa.string())
+    if selection.key:
+        keep &= np.asarray(pc.equal(keys, selection.key).fill_null(False))
+    if not keep.all():
+        idx = np.flatnonzero(keep)
+        h, store, keys = h[idx], store[idx], keys.take(pa.array(idx))
+        id_at, id_len, tag_at, tag_len = id_at[idx], id_len[idx], tag_at[idx], tag_len[idx]
+        props_at, props_len = props_at[idx], props_len[idx]
+        body_at, body_len = body_at[idx], body_len[idx]
+    m = len(store)
+    props = _properties(raw, props_at, props_len, path)
+    return pa.RecordBatch.from_arrays([
+        pa.array([topic] * m, pa.string()) if m else pa.array([], pa.string()),
+        pa.array(h["queue_id"].astype(np.int32)),
+        pa.array(h["queue_offset"].astype(np.int64)),
+        _gather(raw, id_at, id_len, pa.string()),
+        keys,
+        _gather(raw, tag_at, tag_len, pa.string()),
+        pa.array(h["born"].astype(np.int64)),
+        pa.array(store),
+        pa.array(h["deliver"].astype(np.int64)),
+        pa.array(props, pa.map_(pa.string(), pa.string())),
+        _gather(raw, body_at, body_len, pa.binary()),
+    ], schema=SCHEMA)
+
+
+def _gather(raw: np.ndarray, at: np.ndarray, lengths: np.ndarray,
+            kind: pa.DataType) -> pa.Array:
+    """The byte ranges ``raw[at[i] : at[i] + lengths[i]]`` as one Arrow array (a
+    vectorised gather into a contiguous value buffer)."""
+    n = len(at)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if total:
+        index = np.repeat(at - offsets[:-1], lengths) + np.arange(total)
+        values = raw[index].tobytes()
+    else:
+        values = b""
+    arr = pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets.tobytes()),
+                                          pa.py_buffer(values)])
+    if kind == pa.string():
+        arr.validate(full=True)  # UTF-8 checked, as a decode would
+    return arr
+
+
+_HEADER_DTYPE = np.dtype([
+    ("magic", ">u4"), ("total", ">u4"), ("crc", ">u4"), ("flags", ">u2"),
+    ("queue_id", ">u2"), ("queue_offset", ">u8"), ("born", ">u8"), ("store", ">u8"),
+    ("deliver", ">u8"), ("attempt", ">u4"), ("id_len", "u1"), ("topic_len", ">u2"),
+    ("key_len", ">u2"), ("tag_len", ">u2"), ("props_len", ">u4"), ("body_len", ">u4"),
+])
+assert _HEADER_DTYPE.itemsize == HEADER.size
+
+
+def _properties(raw: np.ndarray, at: np.ndarray, lengths: np.ndarray,
+                path: str) -> pa.Array:
+    """Each row's encoded properties (``store.message.encode_properties``: u16 key length,
+    key, u32 value length, value, repeated) as a map array, parsed a property at a time
+    across all rows at once."""
+    n = len(at)
+    pos, end = at.copy(), at + lengths
+    rows, key_at, key_len, val_at, val_len = [], [], [], [], []
+    active = np.flatnonzero(pos < end)
+    while len(active):
+        p = pos[active]
+        if np.any(p + 6 > end[active]):
+            raise TierError(f"object {path}: properties overrun their length")
+        klen = (raw[p].astype(np.int64) << 8) | raw[p + 1]
+        v = p + 2 + klen
+        if np.any(v + 4 > end[active]):
+            raise TierError(f"object {path}: properties overrun their length")
+        vlen = ((raw[v].astype(np.int64) << 24) | (raw[v + 1].astype(np.int64) << 16)
+                | (raw[v + 2].astype(np.int64) << 8) | raw[v + 3])
+        rows.append(active)
+        key_at.append(p + 2)
+        key_len.append(klen)
+        val_at.append(v + 4)
+        val_len.append(vlen)
+        pos[active] = v + 4 + vlen
+        if np.any(pos[active] > end[active]):
+            raise TierError(f"object {path}: properties overrun their length")
+        active = active[pos[active] < end[active]]
+    counts = np.zeros(n + 1, dtype=np.int32)
+    if rows:
+        row = np.concatenate(rows)
+        order = np.argsort(row, kind="stable")  # row-major, properties in stored order
+        np.cumsum(np.bincount(row, minlength=n), out=counts[1:])
+        keys = _gather(raw, np.concatenate(key_at)[order], np.concatenate(key_len)[order],
+                       pa.string())
+        values = _gather(raw, np.concatenate(val_at)[order], np.concatenate(val_len)[order],
+                         pa.string())
+    else:
+        keys = values = pa.array([], pa.string())
+    return pa.MapArray.from_arrays(pa.array(counts), keys, values)

@@ -83,7 +83,32 @@ def test_a_damaged_object_is_reported(tmp_path: Path, manual_clock: ManualClock)
 def _rows(provider: LocalProvider, s: ScanSlice,
           sel: Selection | None = None) -> list[dict[str, Any]]:
     out = []
-    for cols in decode_slice(provider, s, sel or Selection()):
-        out += [dict(zip(COLUMNS, values, strict=True)) for values in zip(*cols.values(),
-                                                                          strict=True)]
+    for batch in decode_slice(provider, s, sel or Selection()):
+        assert batch.schema.names == list(COLUMNS)
+        out += batch.to_pylist()
     return out
+
+
+def test_decode_object_columns_with_mixed_properties_and_filters() -> None:
+    from store.message import encode_record
+    from tiered.scan import decode_object
+
+    props = [{}, {"a": "1"}, {"x": "", "yy": "zz", "ünï": "cödé"}, {}, {"k": "v" * 300}]
+    records = [encode_record(Message(f"id{i}", "t", f"body{i}".encode() * (i + 1),
+                                     key=f"k{i % 2}", tag="tg" if i else "",
+                                     properties=p, queue_id=3, queue_offset=100 + i,
+                                     born_at_ms=10 + i, store_at_ms=1000 + i,
+                                     deliver_at_ms=2000 + i))
+               for i, p in enumerate(props)]
+    batch = decode_object(b"".join(records), "t")
+    rows = batch.to_pylist()
+    assert [dict(r["properties"]) for r in rows] == props
+    assert [r["body"] for r in rows] == [f"body{i}".encode() * (i + 1) for i in range(5)]
+    assert [(r["message_id"], r["key"], r["tag"], r["queue_id"], r["queue_offset"])
+            for r in rows][:2] == [("id0", "k0", "", 3, 100), ("id1", "k1", "tg", 3, 101)]
+    assert [(r["born_at_ms"], r["store_at_ms"], r["deliver_at_ms"]) for r in rows][4] == (
+        14, 1004, 2004)
+    picked = decode_object(b"".join(records), "t", selection=Selection(
+        start_ms=1001, end_ms=1004, key="k0")).to_pylist()
+    assert [r["message_id"] for r in picked] == ["id2"]
+    assert dict(picked[0]["properties"]) == props[2]
