@@ -143,6 +143,18 @@ class ChronomqClient:
         except grpc.RpcError as exc:
             raise RpcError(exc.code(), exc.details() or "") from exc
 
+    def send_stream_encoded(self, requests: Iterable[bytes]) -> Iterator[list[SendOutcome]]:
+        """``send_stream`` for requests already encoded as ``SendRequest`` wire bytes
+        (``chronomq.wire.encode_send_request``): no protobuf objects per message."""
+        call = self._channel.stream_stream(
+            "/chronomq.v1.Broker/SendStream", request_serializer=None,
+            response_deserializer=pb.SendResponse.FromString)
+        try:
+            for response in call(iter(requests), metadata=self._metadata):
+                yield _outcomes(response)
+        except grpc.RpcError as exc:
+            raise RpcError(exc.code(), exc.details() or "") from exc
+
     # ------------------------------------------------------------------ consume
 
     def pop(self, topic: str, group: str, max_messages: int = 32, invisible_time_s: int = 30,

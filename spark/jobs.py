@@ -98,38 +98,37 @@ class _Sender:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from chronomq.client import ChronomqClient
-        from chronomq.v1 import broker_pb2 as pb
+        from chronomq.wire import encode_outgoing, encode_send_request
 
         sent = dups = failed = 0
         started = time.monotonic()
         count = 0
 
-        def requests() -> Iterator[list[pb.OutgoingMessage]]:
+        def requests() -> Iterator[bytes]:
             nonlocal count
-            Out = pb.OutgoingMessage
             for batch in batches:
                 cols = batch.to_pydict()
                 n = batch.num_rows
+                topics = [self.into_topic] * n if self.into_topic else cols["topic"]
+                due = [0] * n
+                if self.spread_ms:
+                    due = [self.launch_ms + int((at - self.first_ms) / self.span_ms
+                                                * self.spread_ms)
+                           for at in cols["store_at_ms"]]
+                encoded = list(map(encode_outgoing, topics, cols["body"], cols["key"],
+                                   cols["tag"], cols["properties"], due,
+                                   cols["message_id"]))
                 for at in range(0, n, SEND_BATCH):
-                    out = []
-                    for i in range(at, min(n, at + SEND_BATCH)):
-                        m = Out(topic=self.into_topic or cols["topic"][i],
-                                body=cols["body"][i], key=cols["key"][i],
-                                tag=cols["tag"][i], message_id=cols["message_id"][i],
-                                properties=dict(cols["properties"][i] or ()))
-                        if self.spread_ms:
-                            f = (cols["store_at_ms"][i] - self.first_ms) / self.span_ms
-                            m.deliver_at_ms = self.launch_ms + int(f * self.spread_ms)
-                        out.append(m)
-                    count += len(out)
+                    chunk = encoded[at : at + SEND_BATCH]
+                    count += len(chunk)
                     if self.rate:  # hold back to the task's share of the rate
                         ahead = count / self.rate - (time.monotonic() - started)
                         if ahead > 0:
                             time.sleep(ahead)
-                    yield out
+                    yield encode_send_request(chunk)
 
         with ChronomqClient(self.target, self.token) as client:
-            for outcomes in client.send_stream(requests()):
+            for outcomes in client.send_stream_encoded(requests()):
                 for o in outcomes:
                     if not o.ok:
                         failed += 1
