@@ -7,8 +7,8 @@ store and the tiered dispatcher (no gRPC), then:
 1. start-up: creating the Spark session (JVM, loopback, UI off);
 2. read: ``sum(length(body))`` over every row through the data source (all columns
    decoded into Arrow batches), twice (the first pays the Python workers' start);
-3. replay: ``chronomq replay``'s job sends REPLAY of them into ``chronomq serve``
-   (default durable settings) over SendStream from every partition.
+3. replay: ``chronomq replay``'s job sends about REPLAY of them (whole queues) into
+   ``chronomq serve`` (default durable settings) over SendStream from every partition.
 
     .venv/bin/python bench/bench_spark.py --messages 2000000 --replay 500000
 """
@@ -86,8 +86,12 @@ def main() -> None:
         try:
             with ChronomqClient(srv.target) as c:
                 c.create_topic("replayed", queue_count=4)
-            part = df.limit(args.replay)
+            # whole queues, so the replay keeps one partition per slice (a limit would
+            # gather everything into one partition)
+            queues = max(1, round(4 * args.replay / args.messages))
+            part = df.where(f"queue_id < {queues}")
             r = replay(spark, part, srv.target, into_topic="replayed", progress=False)
+            print(f"  replay read {part.rdd.getNumPartitions()} partitions")
             print(f"replay: {r.sent:,} sent ({r.failed} failed) in {r.seconds:.2f} s: "
                   f"{r.sent / r.seconds:,.0f} msgs/s")
         finally:

@@ -167,23 +167,32 @@ class Broker:
     def check(self, m: Draft) -> None:
         self.store.check(m)
 
-    def seen_recently(self, message_id: str, now_ms: int) -> bool:
-        """True if a message with this client-chosen id was accepted within the dedupe
-        window (``store.dedupe_window_ms``): a replay sent twice delivers once.  Ids
-        accepted a moment ago are remembered in memory until the index has them."""
+    def seen_recently(self, message_ids: list[str], now_ms: int) -> list[bool]:
+        """For each client-chosen id, whether a message with it was accepted within the
+        dedupe window (``store.dedupe_window_ms``; a repeat within ``message_ids`` counts
+        too): a replay sent twice delivers once.  Ids accepted a moment ago are remembered
+        in memory until the index has them; the rest are one multi-get."""
         window = self.config.store.dedupe_window_ms
         if window <= 0:
-            return False
+            return [False] * len(message_ids)
+        horizon = now_ms - window
+        stored = self.store.index.stored_at(message_ids)
+        out = []
         with self._recent_lock:
-            at = self._recent_ids.get(message_id)
-            if at is None:
-                at = self.store.index.stored_at(message_id)
-            if at is not None and at >= now_ms - window:
-                return True
-            self._recent_ids[message_id] = now_ms
-            if len(self._recent_ids) > RECENT_IDS:
-                self._recent_ids.popitem(last=False)
-            return False
+            recent = self._recent_ids
+            for mid, at in zip(message_ids, stored, strict=True):
+                seen = recent.get(mid)
+                if seen is not None and seen >= horizon:
+                    out.append(True)
+                    continue
+                if at is not None and (at == 0 or at >= horizon):
+                    out.append(True)  # (0: indexed before store times were kept)
+                    continue
+                recent[mid] = now_ms
+                out.append(False)
+            while len(recent) > RECENT_IDS:
+                recent.popitem(last=False)
+        return out
 
     def forget_recent(self, message_ids: list[str]) -> None:
         """Ids whose send failed: a retry must not count as a duplicate."""

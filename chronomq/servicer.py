@@ -271,6 +271,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         errors: dict[int, pb.Error] = {}
         duplicates: dict[int, str] = {}
         accepted: list[Draft] = []
+        chosen: list[tuple[int, int]] = []  # (request index, position in accepted)
         checked_topics: set[str] = set()
         new_draft = tuple.__new__
         for i, om in enumerate(request.messages):
@@ -290,10 +291,19 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             except ChronomqError as exc:
                 errors[i] = pb.Error(code=code_number(exc), message=str(exc))
                 continue
-            if mid and broker.seen_recently(mid, now):
-                duplicates[i] = mid
-                continue
+            if mid:
+                chosen.append((i, len(accepted)))
             accepted.append(d)
+        if chosen:  # client-chosen ids: drop repeats within the dedupe window
+            repeats = broker.seen_recently([accepted[at].message_id for _, at in chosen],
+                                           now)
+            drop = set()
+            for (i, at), seen in zip(chosen, repeats, strict=True):
+                if seen:
+                    duplicates[i] = accepted[at].message_id
+                    drop.add(at)
+            if drop:
+                accepted = [d for at, d in enumerate(accepted) if at not in drop]
         claimed = [d.message_id for d in accepted if d.message_id]
         try:
             future = broker.send(accepted) if accepted else None
