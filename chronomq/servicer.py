@@ -567,7 +567,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             out["tier.lag_bytes"] = s.commitlog.confirmed_offset - ts.position
             reader = self._broker.tier_reader
             if reader is not None and reader.cache is not None:
-                cs = reader.cache.stats()
+                cs = reader.cache.statistics()
                 out.update({f"tier.cache_{k}": float(v) for k, v in asdict(cs).items()})
         for bound, count in zip(t.lateness_bounds_ms, t.lateness_counts, strict=False):
             out[f"timer.lateness_le_{bound}ms"] = count

@@ -36,7 +36,7 @@ class _QueueCache:
     read: set[int] = field(default_factory=set)  # cached offsets some group has read
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class CacheStats:
     hits: int = 0  # entries served from memory
     fetches: int = 0  # reads that went to the tier
@@ -44,6 +44,15 @@ class CacheStats:
     expired_unread: int = 0  # entries dropped before any group read them
     bytes: int = 0
     entries: int = 0
+
+
+@dataclass(slots=True)
+class _Counters:
+    hits: int = 0
+    fetches: int = 0
+    fetched: int = 0
+    expired_unread: int = 0
+    bytes: int = 0
 
 
 class ReadAheadCache:
@@ -59,14 +68,14 @@ class ReadAheadCache:
         self._queues: dict[tuple[str, int], _QueueCache] = {}
         # every cached entry in insertion (= expiry) order: key -> (expires at, bytes)
         self._order: OrderedDict[tuple[str, int, int], tuple[float, int]] = OrderedDict()
-        self._stats = CacheStats()
+        self._stats = _Counters()
 
     def window(self, topic: str, queue_id: int) -> int:
         with self._lock:
             q = self._queues.get((topic, queue_id))
             return q.window if q is not None else self.min_window
 
-    def stats(self) -> CacheStats:
+    def statistics(self) -> CacheStats:
         with self._lock:
             s = self._stats
             return CacheStats(s.hits, s.fetches, s.fetched, s.expired_unread, s.bytes,

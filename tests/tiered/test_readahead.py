@@ -36,7 +36,7 @@ def test_one_fetch_serves_the_reads_that_follow(manual_clock: ManualClock) -> No
         assert [e.queue_offset for e in batch] == list(range(at, at + 8))
         got += batch
     assert [e.record for e in got] == [e.record for e in q.read(0, 64)]
-    s = cache.stats()
+    s = cache.statistics()
     assert s.fetches == 2 and s.hits == 48  # 0..31 then 32..71 (window 32 + 8)
     assert provider.reads == 2 * 2 + 2  # each fetch: one cq read and one log read
     # a second group reading the same range costs the tier nothing
@@ -59,7 +59,7 @@ def test_window_grows_additively_and_halves_when_read_ahead_expires_unread(
     manual_clock.advance(1001)  # everything cached expires, most of it unread
     cache.read("t", 0, 1900, 1)
     assert cache.window("t", 0) == 128 // 2 + 1
-    assert cache.stats().expired_unread > 0
+    assert cache.statistics().expired_unread > 0
 
 
 def test_the_cache_stays_within_its_byte_bound(manual_clock: ManualClock) -> None:
@@ -68,5 +68,5 @@ def test_the_cache_stays_within_its_byte_bound(manual_clock: ManualClock) -> Non
     cache = _cache(q, manual_clock, max_bytes=50 * entry)
     for at in range(0, 1000, 10):
         assert len(cache.read("t", 0, at, 10)) == 10
-        assert cache.stats().bytes <= 50 * entry
+        assert cache.statistics().bytes <= 50 * entry
     assert cache.window("t", 0) < 256  # evicting unread read-ahead halved it

@@ -122,7 +122,7 @@ def test_read_strategies_send_reads_of_data_still_on_disk_to_the_tier(
         assert broker.store.commitlog.min_offset == 0  # nothing left local disk
         assert broker.tier_reader is not None and broker.tier_reader.cache is not None
         assert _pop_all(broker, "g") == sent
-        fetched = broker.tier_reader.cache.stats().fetched
+        fetched = broker.tier_reader.cache.statistics().fetched
         if strategy == "force":
             assert fetched == 400  # all of it came from the tier
         else:  # the older part came from the tier, the hot part from local disk
