@@ -1,0 +1,305 @@
+"""The systems the peer benchmark compares, behind one small client interface.
+
+* ``chronomq``: ``chronomq serve`` with its default durable settings (fsync before a Send
+  answers); Send in batches, consumption over the Subscribe stream with acks.
+* ``beanstalkd``: ``beanstalkd -b DIR`` (binlog on, its default fsync every 50 ms); put
+  with a delay (whole seconds: its protocol's unit), reserve with a TTR, delete as the
+  ack.  One request per message (its protocol has no batch put).
+* ``redis``: ``redis-server --appendonly yes --appendfsync everysec``; the sorted-set
+  delay queue as commonly written: ZADD by due time (pipelined), a mover process moving
+  due items to a list with a Lua script, consumers BLMOVE into a processing list and LREM
+  as the ack.
+
+Each client is created inside a worker process from ``(system, address)``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.chronomq.process import ServerProcess
+
+TOPIC = "bench"
+GROUP = "bench"
+BODY_BYTES = 100
+
+
+def body(seq: int, due_ms: int) -> bytes:
+    """A 100-byte body carrying its sequence number and due time."""
+    head = f"{seq}:{due_ms}:".encode()
+    return head + b"x" * (BODY_BYTES - len(head))
+
+
+def due_of(b: bytes) -> int:
+    return int(b.split(b":", 2)[1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def dir_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# ---------------------------------------------------------------------- servers
+
+class Server:
+    name = ""
+    address = ""
+    pid = 0
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def stop(self) -> None: ...
+
+    def disk_mb(self) -> float:
+        return dir_mb(self.root)
+
+
+class ChronomqServer(Server):
+    name = "chronomq"
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self._srv = ServerProcess(root / "data", f"tier.local_dir={root / 'tier'}")
+        self.address, self.pid = self._srv.target, self._srv.proc.pid
+        from chronomq.client import ChronomqClient
+
+        with ChronomqClient(self.address) as c:
+            c.create_topic(TOPIC, queue_count=4)
+
+    def stop(self) -> None:
+        self._srv.terminate()
+
+
+class BeanstalkdServer(Server):
+    name = "beanstalkd"
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        port = free_port()
+        (root / "binlog").mkdir(parents=True)
+        self._proc = subprocess.Popen(["beanstalkd", "-l", "127.0.0.1", "-p", str(port),
+                                       "-b", str(root / "binlog"), "-z", "65535"])
+        self.address, self.pid = f"127.0.0.1:{port}", self._proc.pid
+        _wait_port(port)
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(30)
+
+
+class RedisServer(Server):
+    name = "redis"
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        port = free_port()
+        root.mkdir(parents=True, exist_ok=True)
+        self._proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(root),
+             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+             "--daemonize", "no", "--logfile", str(root / "redis.log")])
+        self.address, self.pid = f"127.0.0.1:{port}", self._proc.pid
+        _wait_port(port)
+        self._mover = subprocess.Popen([sys.executable, "-m", "bench.peers", self.address],
+                                       cwd=Path(__file__).resolve().parents[1])
+
+    def stop(self) -> None:
+        self._mover.terminate()
+        self._mover.wait(30)
+        self._proc.terminate()
+        self._proc.wait(30)
+
+
+SERVERS: dict[str, type[Server]] = {"chronomq": ChronomqServer,
+                                     "beanstalkd": BeanstalkdServer, "redis": RedisServer}
+
+
+def available() -> list[str]:
+    return ["chronomq"] + [n for n, b in (("beanstalkd", "beanstalkd"),
+                                          ("redis", "redis-server")) if shutil.which(b)]
+
+
+def _wait_port(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+# ---------------------------------------------------------------------- redis mover
+
+MOVE = """
+local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 1000)
+if #items > 0 then
+  redis.call('RPUSH', KEYS[2], unpack(items))
+  redis.call('ZREM', KEYS[1], unpack(items))
+end
+return #items
+"""
+
+
+def run_mover(address: str) -> None:
+    """Move due members of the delay set to the ready list; poll every 10 ms when idle."""
+    import redis
+
+    host, port = address.split(":")
+    r = redis.Redis(host, int(port))
+    move = r.register_script(MOVE)
+    while True:
+        moved = move(keys=["delayed", "ready"], args=[int(time.time() * 1000)])
+        if moved < 1000:
+            time.sleep(0.01)
+
+
+# ---------------------------------------------------------------------- clients
+
+class Client:
+    def put(self, items: list[tuple[bytes, int]]) -> None:
+        """Store messages: (body, due ms; 0 = now)."""
+
+    def take(self) -> list[tuple[Any, bytes]]:
+        """Some delivered messages as (handle, body); [] after about a second idle."""
+        return []
+
+    def ack(self, handles: list[Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ChronomqClientAdapter(Client):
+    def __init__(self, address: str) -> None:
+        from chronomq.client import ChronomqClient
+
+        self._c = ChronomqClient(address)
+        self._sub: Any = None
+        self._q: queue.Queue[list[tuple[Any, bytes]]] = queue.Queue()
+
+    def put(self, items: list[tuple[bytes, int]]) -> None:
+        from chronomq.client import message
+
+        out = self._c.send([message(TOPIC, b, deliver_at_ms=due or None) for b, due in items])
+        if not all(o.ok for o in out):
+            raise RuntimeError("chronomq send failed")
+
+    def take(self) -> list[tuple[Any, bytes]]:
+        if self._sub is None:  # a Subscribe stream, read by a thread into a queue
+            self._sub = self._c.subscribe(TOPIC, GROUP, 300, 1024)
+            threading.Thread(target=self._read, daemon=True).start()
+        try:
+            out = self._q.get(timeout=1.0)
+        except queue.Empty:
+            return []
+        while not self._q.empty():
+            out += self._q.get_nowait()
+        return out
+
+    def _read(self) -> None:
+        try:
+            for r in self._sub.responses():
+                if r.messages:
+                    self._q.put([(m.receipt_handle, m.body) for m in r.messages])
+        except Exception:  # the stream closed
+            return
+
+    def ack(self, handles: list[Any]) -> None:
+        self._sub.ack(handles)
+
+    def close(self) -> None:
+        if self._sub is not None:
+            self._sub.close()
+        self._c.close()
+
+
+class BeanstalkdClient(Client):
+    def __init__(self, address: str) -> None:
+        import greenstalk
+
+        host, port = address.split(":")
+        self._c = greenstalk.Client((host, int(port)), encoding=None)
+
+    def put(self, items: list[tuple[bytes, int]]) -> None:
+        now = time.time() * 1000
+        for b, due in items:
+            delay = max(0, -(-(due - now) // 1000)) if due else 0  # whole seconds, rounded up
+            self._c.put(b, delay=int(delay), ttr=300)
+
+    def take(self) -> list[tuple[Any, bytes]]:
+        import greenstalk
+
+        try:
+            job = self._c.reserve(timeout=1)
+        except greenstalk.TimedOutError:
+            return []
+        return [(job, job.body)]
+
+    def ack(self, handles: list[Any]) -> None:
+        for job in handles:
+            self._c.delete(job)
+
+    def close(self) -> None:
+        self._c.close()
+
+
+class RedisClient(Client):
+    def __init__(self, address: str) -> None:
+        import redis
+
+        host, port = address.split(":")
+        self._r = redis.Redis(host, int(port))
+        self._processing = f"processing:{os.getpid()}"
+
+    def put(self, items: list[tuple[bytes, int]]) -> None:
+        now = int(time.time() * 1000)
+        p = self._r.pipeline(transaction=False)
+        for b, due in items:
+            p.zadd("delayed", {b: due or now})
+        p.execute()
+
+    def take(self) -> list[tuple[Any, bytes]]:
+        b = self._r.blmove("ready", self._processing, 1, "LEFT", "RIGHT")
+        return [(b, b)] if b is not None else []
+
+    def ack(self, handles: list[Any]) -> None:
+        p = self._r.pipeline(transaction=False)
+        for b in handles:
+            p.lrem(self._processing, 1, b)
+        p.execute()
+
+    def close(self) -> None:
+        self._r.close()
+
+
+def client(system: str, address: str) -> Client:
+    kinds: dict[str, type[Client]] = {"chronomq": ChronomqClientAdapter,
+                                      "beanstalkd": BeanstalkdClient, "redis": RedisClient}
+    return kinds[system](address)  # type: ignore[call-arg]
+
+
+if __name__ == "__main__":
+    run_mover(sys.argv[1])
