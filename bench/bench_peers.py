@@ -268,7 +268,9 @@ def _write_results(table: str, cmd: str, rounds: int) -> None:
                f"({rounds} round(s); medians, ± half the spread between rounds as noise). "
                "Each system is started fresh for each run with its durable settings; the "
                "machine runs nothing else, in the same state for all. Lateness "
-               "distributions: [`peers_lateness.png`](peers_lateness.png).\n\n"
+               "distributions: [`peers_lateness.png`](peers_lateness.png). Ratios are "
+               "chronomq / peer: above 1 is better for throughput, below 1 for lateness, "
+               "drain time, memory and disk.\n\n"
                f"{table}\n\n<!-- peers-notes -->\n")
     old_notes = text.split("<!-- peers-notes -->", 1)[1] if "<!-- peers-notes -->" in text \
         else ""
