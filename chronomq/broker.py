@@ -91,7 +91,7 @@ class Broker:
         self.tiered: TieredDispatcher | None = None
         self.tier_reader: TieredReader | None = None
         self._recent_lock = threading.Lock()
-        self._recent_ids: OrderedDict[str, int] = OrderedDict()  # id -> accepted at
+        self._recent_ids: OrderedDict[tuple[str, str], int] = OrderedDict()  # -> accepted at
         if config.tier.upload:
             t = config.tier
             self.tiered = TieredDispatcher(
@@ -167,38 +167,37 @@ class Broker:
     def check(self, m: Draft) -> None:
         self.store.check(m)
 
-    def seen_recently(self, message_ids: list[str], now_ms: int) -> list[bool]:
-        """For each client-chosen id, whether a message with it was accepted within the
-        dedupe window (``store.dedupe_window_ms``; a repeat within ``message_ids`` counts
-        too): a replay sent twice delivers once.  Ids accepted a moment ago are remembered
-        in memory until the index has them; the rest are one multi-get."""
+    def seen_recently(self, messages: list[tuple[str, str]], now_ms: int) -> list[bool]:
+        """For each (topic, client-chosen id), whether the topic accepted a message with
+        that id within the dedupe window (``store.dedupe_window_ms``; a repeat within
+        ``messages`` counts too): a replay sent twice delivers once.  Ids accepted a
+        moment ago are remembered in memory until the index has them; the rest are one
+        multi-get."""
         window = self.config.store.dedupe_window_ms
         if window <= 0:
-            return [False] * len(message_ids)
+            return [False] * len(messages)
         horizon = now_ms - window
-        stored = self.store.index.stored_at(message_ids)
+        stored = self.store.index.stored_at(messages)
         out = []
         with self._recent_lock:
             recent = self._recent_ids
-            for mid, at in zip(message_ids, stored, strict=True):
-                seen = recent.get(mid)
-                if seen is not None and seen >= horizon:
+            for m, at in zip(messages, stored, strict=True):
+                seen = recent.get(m)
+                if (seen is not None and seen >= horizon) or (at is not None
+                                                               and at >= horizon):
                     out.append(True)
                     continue
-                if at is not None and (at == 0 or at >= horizon):
-                    out.append(True)  # (0: indexed before store times were kept)
-                    continue
-                recent[mid] = now_ms
+                recent[m] = now_ms
                 out.append(False)
             while len(recent) > RECENT_IDS:
                 recent.popitem(last=False)
         return out
 
-    def forget_recent(self, message_ids: list[str]) -> None:
-        """Ids whose send failed: a retry must not count as a duplicate."""
+    def forget_recent(self, messages: list[tuple[str, str]]) -> None:
+        """(topic, id) pairs whose send failed: a retry must not count as a duplicate."""
         with self._recent_lock:
-            for mid in message_ids:
-                self._recent_ids.pop(mid, None)
+            for m in messages:
+                self._recent_ids.pop(m, None)
 
     def send(self, drafts: list[Draft]) -> Future[list[DispatchInfo]]:
         """Append checked drafts; resolves once they are durable."""

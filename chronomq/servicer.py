@@ -211,7 +211,7 @@ class _PendingSend(NamedTuple):
     errors: dict[int, pb.Error]
     future: Future[list[DispatchInfo]] | None
     duplicates: dict[int, str]  # index -> the client's message id, sent before
-    claimed: list[str]  # client-chosen ids of the accepted messages
+    claimed: list[tuple[str, str]]  # (topic, client-chosen id) of the accepted messages
 
 
 def _topic_pb(t: Topic) -> pb.Topic:
@@ -295,8 +295,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 chosen.append((i, len(accepted)))
             accepted.append(d)
         if chosen:  # client-chosen ids: drop repeats within the dedupe window
-            repeats = broker.seen_recently([accepted[at].message_id for _, at in chosen],
-                                           now)
+            repeats = broker.seen_recently(
+                [(accepted[at].topic, accepted[at].message_id) for _, at in chosen], now)
             drop = set()
             for (i, at), seen in zip(chosen, repeats, strict=True):
                 if seen:
@@ -304,7 +304,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     drop.add(at)
             if drop:
                 accepted = [d for at, d in enumerate(accepted) if at not in drop]
-        claimed = [d.message_id for d in accepted if d.message_id]
+        claimed = [(d.topic, d.message_id) for d in accepted if d.message_id]
         try:
             future = broker.send(accepted) if accepted else None
         except BaseException:

@@ -2,14 +2,14 @@
 
 Keys and values (``<data>/index`` RocksDB, raw bytes)::
 
-    b"m" + message_id                       -> commit_offset u64 | size u32 | store ms u64
+    b"m" + message_id                                  -> commit_offset u64 | size u32
                                        (only ids that do not name their own record:
                                         client-chosen ones and redeliveries)
     b"k" + topic + b"\\0" + key + b"\\0" + commit_offset u64  -> size u32
-    b"d" + message_id                                  -> store time ms u64
-                                       (delayed records with a client-chosen id; with the
-                                        "m" entries, what the send-side de-duplication of
-                                        ``Broker.seen_recently`` looks up)
+    b"d" + topic + b"\\0" + message_id                  -> store time ms u64
+                                       (every record with a client-chosen id, delayed ones
+                                        too: what the send-side de-duplication of
+                                        ``Broker.seen_recently`` looks up, per topic)
     b"!position"                                       -> commit_offset u64
 
 The position is written in the same atomic batch as the entries it covers, so the index
@@ -29,10 +29,13 @@ from store.kv import KV
 from store.message import FLAG_DELAYED, FLAG_FOREIGN_ID, DispatchInfo
 
 _LOC = struct.Struct(">QI")
-_LOC_AT = struct.Struct(">QIQ")
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _POSITION = b"!position"
+
+
+def _dedupe_key(topic: str, message_id: str) -> bytes:
+    return b"d" + topic.encode() + b"\0" + message_id.encode()
 
 
 def _key_prefix(topic: str, key: str) -> bytes:
@@ -54,13 +57,13 @@ class KeyIndex:
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
         puts: list[tuple[bytes, bytes]] = []
         for r in records:
-            if r.flags & FLAG_DELAYED:  # indexed by location when the timer delivers it
-                if r.flags & FLAG_FOREIGN_ID:
-                    puts.append((b"d" + r.message_id.encode(), _U64.pack(r.store_at_ms)))
-                continue
+            if r.flags & FLAG_FOREIGN_ID:
+                puts.append((_dedupe_key(r.topic, r.message_id), _U64.pack(r.store_at_ms)))
+            if r.flags & FLAG_DELAYED:
+                continue  # indexed by location when the timer delivers it
             if r.flags & FLAG_FOREIGN_ID:  # broker-assigned ids locate themselves
                 puts.append((b"m" + r.message_id.encode(),
-                             _LOC_AT.pack(r.commit_offset, r.record_size, r.store_at_ms)))
+                             _LOC.pack(r.commit_offset, r.record_size)))
             if r.key:
                 puts.append((_key_prefix(r.topic, r.key) + _U64.pack(r.commit_offset),
                              _U32.pack(r.record_size)))
@@ -83,23 +86,11 @@ class KeyIndex:
         offset, size = _LOC.unpack_from(raw)
         return int(offset), int(size)
 
-    def stored_at(self, message_ids: list[str]) -> list[int | None]:
-        """When a record with each client-chosen id was last stored (None: never); one
-        RocksDB multi-get for the lot."""
-        keys: list[bytes] = []
-        for mid in message_ids:
-            raw = mid.encode()
-            keys += (b"m" + raw, b"d" + raw)
-        values = self._kv.get_many(keys)
-        out: list[int | None] = []
-        for i in range(0, len(values), 2):
-            loc, delayed = values[i], values[i + 1]
-            at = [_LOC_AT.unpack(loc)[2] if loc is not None and len(loc) == _LOC_AT.size
-                  else (0 if loc is not None else None),  # an old entry: time unknown
-                  _U64.unpack(delayed)[0] if delayed is not None else None]
-            known = [a for a in at if a is not None]
-            out.append(max(known) if known else None)
-        return out
+    def stored_at(self, messages: list[tuple[str, str]]) -> list[int | None]:
+        """When a record with each (topic, client-chosen id) was last stored (None:
+        never); one RocksDB multi-get for the lot."""
+        values = self._kv.get_many([_dedupe_key(t, mid) for t, mid in messages])
+        return [int(_U64.unpack(v)[0]) if v is not None else None for v in values]
 
     def by_key(self, topic: str, key: str, limit: int) -> list[tuple[int, int]]:
         """Locations of the newest ``limit`` messages with ``key`` (oldest first)."""

@@ -75,7 +75,7 @@ class StoreConfig:
     retention_ms: int = 72 * 3600 * 1000
     retention_bytes: int = 0  # 0: no size limit
     node_id: int = 0
-    dedupe_window_ms: int = 24 * 3600 * 1000  # a client-chosen id sent again within
+    dedupe_window_ms: int = 24 * 3600 * 1000  # a client-chosen id sent again (same topic) within
     #                                           this is dropped (0: never)
 
 

@@ -272,6 +272,11 @@ def test_a_client_chosen_id_sent_again_within_the_window_is_dropped(
     # the ids are in the key index too, which outlives the in-memory set (restarts)
     broker = server.server.broker
     assert broker.store.wait_visible(5)
-    stored = broker.store.index.stored_at(["replay-2", "replay-4", "never-sent"])
+    stored = broker.store.index.stored_at([("d", "replay-2"), ("d", "replay-4"),
+                                           ("d", "never-sent"), ("other", "replay-4")])
     assert stored[0] is not None and stored[1] is not None  # replay-2 is delayed
-    assert stored[2] is None
+    assert stored[2] is None and stored[3] is None
+    # ids are per topic: the same id sent to another topic is a new message
+    client.create_topic("d2")
+    assert [o.duplicate for o in client.send([message("d2", b"a", message_id="replay-1")])] \
+        == [False]

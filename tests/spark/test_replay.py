@@ -118,8 +118,8 @@ def test_spread_retimes_deliveries(spark: SparkSession, tmp_path: Path,
             assert sorted(m.message_id for m in got) == sorted(o.message_id for o in first)
             stats = c.stats()
             assert stats["timer.pending_wheel"] + stats["timer.pending_rocksdb"] >= 5
-            # --rate: 10 messages at 2 msgs/s cannot all leave before 5 s have passed (ids
-            # are deduplicated broker-wide, so this second replay stores nothing)
+            # --rate: 10 messages at 2 msgs/s cannot all leave before 5 s have passed (the
+            # same ids into the same topic again: this second replay stores nothing)
             capped = replay(spark, df, srv.target, into_topic="later", rate=2,
                             progress=False)
             assert capped.duplicates == 10 and capped.seconds >= 5.0
