@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.peers import dir_mb
 from chronomq.client import ChronomqClient
 from spark.datasource import TierLocation
 from spark.jobs import replay, select
@@ -55,7 +56,7 @@ def build_tier(root: Path, n: int) -> None:
             pass
     tier.stop()
     store.stop()
-    mb = sum(p.stat().st_size for p in (root / "tier").rglob("*") if p.is_file()) / 1e6
+    mb = dir_mb(root / "tier")
     print(f"tier built: {n:,} messages, {mb:,.0f} MB in the tier, "
           f"{time.monotonic() - t0:.1f} s")
 

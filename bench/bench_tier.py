@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_pop import _drain, _subscriber
 from chronomq.client import ChronomqClient, message
-from tests.chronomq.process import ServerProcess
+from tests.chronomq.process import ServerProcess, wait_tier_caught_up
 
 BODY = b"x" * 1024
 
@@ -58,15 +58,6 @@ def _send_for(target: str, topic: str, seconds: float, procs: int = 2) -> float:
     return sent / seconds
 
 
-def _wait_caught_up(c: ChronomqClient, timeout_s: float = 600) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if c.stats()["tier.lag_bytes"] == 0:
-            return time.monotonic() - t0
-        time.sleep(0.1)
-    raise SystemExit("the tier did not catch up")
-
-
 TIER = ("tier.upload=true",)
 
 
@@ -90,7 +81,7 @@ def upload(tmp: Path, seconds: int) -> None:
             rate = _send_for(srv.target, "up", seconds)
             during = c.stats()
             window = time.monotonic() - t0
-            catch_up = _wait_caught_up(c)
+            catch_up = wait_tier_caught_up(c, 600, 0.1)
         recs = during["tier.uploaded_records"] - before["tier.uploaded_records"]
         mb = (during["tier.uploaded_bytes"] - before["tier.uploaded_bytes"]) / 1e6
         print(f"  tier on:  {rate:,.0f} msgs/s sent ({rate / base:.0%} of tier off); "
@@ -103,7 +94,7 @@ def upload(tmp: Path, seconds: int) -> None:
     try:
         with ChronomqClient(srv.target) as c:
             t0 = time.monotonic()
-            took = _wait_caught_up(c)
+            took = wait_tier_caught_up(c, 600, 0.1)
             s = c.stats()
         print(f"  backlog upload, no sends: {s['tier.uploaded_records']:,.0f} msgs, "
               f"{s['tier.uploaded_bytes'] / 1e6:,.0f} MB in {took:.1f} s: "
@@ -172,7 +163,7 @@ def cold(tmp: Path, n: int) -> None:
                        for b in range(0, n, 100))
             failed = sum(not o.ok for out in c.send_stream(batches) for o in out)
             assert not failed, f"{failed} sends failed"
-            _wait_caught_up(c)
+            wait_tier_caught_up(c, 600, 0.1)
             deadline = time.monotonic() + 60  # retention runs every second
             while c.stats()["commitlog.min_offset"] == 0 and time.monotonic() < deadline:
                 time.sleep(0.2)

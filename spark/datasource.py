@@ -46,13 +46,11 @@ from pyspark.sql.types import StructType
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.s3 import S3Provider, S3Settings
-from tiered.scan import SCHEMA as SCAN_SCHEMA
 from tiered.scan import ScanSlice, Selection, decode_slice, plan
 
 SCHEMA = ("topic string, queue_id int, queue_offset long, message_id string, key string, "
           "tag string, born_at_ms long, store_at_ms long, deliver_at_ms long, "
           "properties map<string,string>, body binary")
-ARROW_SCHEMA = SCAN_SCHEMA  # one codec: tiered.scan builds the batches
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,6 @@ values, so Spark can ship them to executors, which open their own provider.
 from __future__ import annotations
 
 import json
-import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from store.message import HEADER, RECORD_MAGIC
+from store.message import HEADER, HEADER_PREFIX, RECORD_MAGIC
 from tiered.errors import TierError
 from tiered.flatfile import FlatFileMeta
 from tiered.provider import Provider
@@ -122,7 +121,7 @@ def _record_starts(data: bytes, path: str) -> list[int]:
     Python; the fields are then read column-wise with numpy)."""
     view = memoryview(data)
     length, hsize, crc32, magic_ok = len(data), HEADER.size, zlib.crc32, RECORD_MAGIC
-    prefix = struct.Struct(">III").unpack_from
+    prefix = HEADER_PREFIX.unpack_from
     starts: list[int] = []
     append = starts.append
     pos = 0

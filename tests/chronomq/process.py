@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 
 class ServerProcess:
@@ -57,3 +58,14 @@ class ServerProcess:
         self._drainer.join(10)  # the process is gone, so the pipe reaches EOF
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def wait_tier_caught_up(client: Any, timeout_s: float = 60.0, poll_s: float = 0.05) -> float:
+    """Wait until the broker's tier holds everything in its CommitLog (Stats
+    ``tier.lag_bytes`` is 0); returns the seconds it took, fails after ``timeout_s``."""
+    t0 = time.monotonic()
+    while client.stats()["tier.lag_bytes"] > 0:
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"the tier did not catch up within {timeout_s} s")
+        time.sleep(poll_s)
+    return time.monotonic() - t0

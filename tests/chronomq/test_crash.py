@@ -30,6 +30,26 @@ def _send_until_killed(target: str, acked: list[str], stop: threading.Event) -> 
             pass  # the server died under us: expected
 
 
+def kill_while_sending(srv: ServerProcess, at_least: int) -> list[str]:
+    """Two SendStreams send to topic "crash" until ``at_least`` messages are
+    acknowledged (30 s at most), then the server is killed with SIGKILL while both are
+    busy; returns the acknowledged ids."""
+    acked: list[str] = []
+    stop = threading.Event()
+    threads = [threading.Thread(target=_send_until_killed, args=(srv.target, acked, stop))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(acked) < at_least and time.monotonic() < deadline:
+        time.sleep(0.01)
+    srv.kill9()
+    stop.set()
+    for t in threads:
+        t.join(30)
+    return acked
+
+
 def _drain(c: ChronomqClient) -> set[str]:
     seen: set[str] = set()
     while got := c.pop("crash", "verify", max_messages=32, invisible_time_s=300, wait_ms=0):
@@ -46,20 +66,8 @@ def test_sigkill_during_sends_loses_no_acknowledged_message(tmp_path: Path,
     srv = ServerProcess(data, "store.segment_bytes=262144")
     with ChronomqClient(srv.target) as c:
         c.create_topic("crash", queue_count=3)
-    acked: list[str] = []
-    stop = threading.Event()
-    threads = [threading.Thread(target=_send_until_killed, args=(srv.target, acked, stop))
-               for _ in range(2)]
-    for t in threads:
-        t.start()
     # When: the server is killed with SIGKILL while both streams are busy
-    deadline = time.monotonic() + 30
-    while len(acked) < 2000 * (round_no + 1) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    srv.kill9()
-    stop.set()
-    for t in threads:
-        t.join(30)
+    acked = kill_while_sending(srv, 2000 * (round_no + 1))
     assert len(acked) >= 2000, "the senders never got going"
     # Then: after a restart every acknowledged message is there, exactly once
     srv = ServerProcess(data)

@@ -18,6 +18,7 @@ from chronomq.client import ChronomqClient, message
 from chronomq.config import TierConfig
 from spark.datasource import TierLocation
 from spark.jobs import export, replay, select
+from tests.chronomq.process import wait_tier_caught_up
 from tests.conftest import CREDS, RunningServer, broker_config, create_bucket
 from tiered.scan import Selection
 
@@ -71,9 +72,7 @@ def test_replay_delivers_exactly_the_selection_once(
             time.sleep(0.05)
             end_ms = int(time.time() * 1000)
             c.send([message("orders", b"late", key="k1")])
-            deadline = time.monotonic() + 30
-            while c.stats()["tier.lag_bytes"] > 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_tier_caught_up(c)
             wanted = {o.message_id for o, i in zip(window, range(60), strict=True)
                       if i % 3 == 1}
             selection = Selection(frozenset({"orders"}), start_ms, end_ms, "k1")
@@ -105,9 +104,7 @@ def test_spread_retimes_deliveries(spark: SparkSession, tmp_path: Path,
             first = c.send([message("orders", f"a{i}".encode()) for i in range(5)])
             time.sleep(0.1)
             c.send([message("orders", f"b{i}".encode()) for i in range(5)])
-            deadline = time.monotonic() + 30
-            while c.stats()["tier.lag_bytes"] > 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_tier_caught_up(c)
             df = select(spark, location, Selection(frozenset({"orders"})))
             r = replay(spark, df, srv.target, into_topic="later", spread_ms=3_600_000,
                        progress=False)
@@ -135,9 +132,7 @@ def test_cli_replay_and_export(tmp_path: Path, request: pytest.FixtureRequest) -
             c.create_topic("orders")
             c.create_topic("copy")
             sent = c.send([message("orders", f"m{i}".encode(), key="k") for i in range(40)])
-            deadline = time.monotonic() + 30
-            while c.stats()["tier.lag_bytes"] > 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_tier_caught_up(c)
         common = ["--topic", "orders", "--key", "k", "--tier-dir", str(tmp_path / "tier"),
                   "--master", "local[1]", "--json"]
         out = subprocess.run(

@@ -4,16 +4,14 @@ message of the topic exactly once, in queue order, with no gap."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from chronomq.client import ChronomqClient
 from store.message import decode_record
-from tests.chronomq.process import ServerProcess
-from tests.chronomq.test_crash import _send_until_killed
+from tests.chronomq.process import ServerProcess, wait_tier_caught_up
+from tests.chronomq.test_crash import kill_while_sending
 from tiered.providers.local import LocalProvider
 from tiered.queue import TieredQueue
 
@@ -44,29 +42,15 @@ def test_sigkill_mid_upload_loses_and_duplicates_nothing_in_the_tier(
     srv = ServerProcess(data, *settings)
     with ChronomqClient(srv.target) as c:
         c.create_topic("crash", queue_count=2)
-    acked: list[str] = []
-    stop = threading.Event()
-    threads = [threading.Thread(target=_send_until_killed, args=(srv.target, acked, stop))
-               for _ in range(2)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 30
-    while len(acked) < 3000 * (round_no + 1) and time.monotonic() < deadline:
-        time.sleep(0.01)
     # When: killed while sends continue and batches go up every 20 ms
-    uploaded_before = len(list(tier.rglob("*")))
-    srv.kill9()
-    stop.set()
-    for t in threads:
-        t.join(30)
+    acked = kill_while_sending(srv, 3000 * (round_no + 1))
+    uploaded_before = len(list(tier.rglob("*")))  # what went up before the kill
     assert len(acked) >= 3000 and uploaded_before > 10, "uploads never got going"
     # Then: a restart resumes from the tier checkpoint and catches up
     srv = ServerProcess(data, *settings)
     with ChronomqClient(srv.target) as c:
         after = c.send_one("crash", b"after the crash")
-        deadline = time.monotonic() + 60
-        while c.stats()["tier.lag_bytes"] > 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_tier_caught_up(c)
     assert srv.terminate() == 0, "".join(srv.output)
     ids = _tier_ids(data, tier, 2)
     assert len(ids) == len(set(ids))  # nothing twice
