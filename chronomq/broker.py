@@ -12,6 +12,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
+from typing import NamedTuple
 
 from chronomq.config import BrokerConfig
 from pop.service import PopService
@@ -35,6 +36,14 @@ from timer.store import TimerStore
 log = logging.getLogger(__name__)
 
 RECENT_IDS = 1 << 17  # client-chosen ids remembered in memory for the dedupe check
+
+
+class Submission(NamedTuple):
+    """Drafts on their way into the store (``Broker.submit``)."""
+
+    duplicate: list[bool]  # per draft: a repeat of a recent client-chosen id, not stored
+    future: Future[list[DispatchInfo]] | None  # the others, in order; None if none
+    claimed: list[tuple[str, str]]  # (topic, client-chosen id) of the others
 
 
 def load_or_create_secret(path: str) -> bytes:
@@ -202,6 +211,35 @@ class Broker:
     def send(self, drafts: list[Draft]) -> Future[list[DispatchInfo]]:
         """Append checked drafts; resolves once they are durable."""
         return self.store.put_drafts(drafts)
+
+    def submit(self, drafts: list[Draft], now_ms: int) -> Submission:
+        """Append checked drafts, except those whose client-chosen id their topic accepted
+        within the dedupe window (``seen_recently``).  Pass the result to ``stored``."""
+        chosen = [(d.topic, d.message_id) for d in drafts if d.message_id]
+        duplicate = [False] * len(drafts)
+        if chosen:
+            repeats = iter(self.seen_recently(chosen, now_ms))
+            duplicate = [bool(d.message_id) and next(repeats) for d in drafts]
+            if any(duplicate):
+                drafts = [d for d, dup in zip(drafts, duplicate, strict=True) if not dup]
+        claimed = [(d.topic, d.message_id) for d in drafts if d.message_id]
+        try:
+            future = self.send(drafts) if drafts else None
+        except BaseException:
+            self.forget_recent(claimed)
+            raise
+        return Submission(duplicate, future, claimed)
+
+    def stored(self, submission: Submission) -> list[DispatchInfo]:
+        """Wait until a submission is durable: one ``DispatchInfo`` per stored draft.  If
+        it fails, its ids are forgotten, so that a retry is not taken for a duplicate."""
+        if submission.future is None:
+            return []
+        try:
+            return submission.future.result()
+        except BaseException:
+            self.forget_recent(submission.claimed)
+            raise
 
     # ------------------------------------------------------------------ queries
 

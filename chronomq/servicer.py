@@ -13,13 +13,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import asdict
 from typing import NamedTuple, NoReturn, TypeAlias
 
 import grpc
 
-from chronomq.broker import Broker
+from chronomq.broker import Broker, Submission
 from chronomq.errors import code_number, status_of
 from chronomq.notify import ArrivalNotifier
 from chronomq.v1 import broker_pb2 as pb
@@ -30,7 +29,6 @@ from store.errors import ChronomqError, InvalidArgument
 from store.message import (
     MAX_KEY_BYTES,
     MAX_TAG_BYTES,
-    DispatchInfo,
     Draft,
     Message,
     encode_properties,
@@ -209,9 +207,8 @@ class _Subscription:
 class _PendingSend(NamedTuple):
     messages: int
     errors: dict[int, pb.Error]
-    future: Future[list[DispatchInfo]] | None
+    submission: Submission
     duplicates: dict[int, str]  # index -> the client's message id, sent before
-    claimed: list[tuple[str, str]]  # (topic, client-chosen id) of the accepted messages
 
 
 def _topic_pb(t: Topic) -> pb.Topic:
@@ -294,30 +291,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             if mid:
                 chosen.append((i, len(accepted)))
             accepted.append(d)
-        if chosen:  # client-chosen ids: drop repeats within the dedupe window
-            repeats = broker.seen_recently(
-                [(accepted[at].topic, accepted[at].message_id) for _, at in chosen], now)
-            drop = set()
-            for (i, at), seen in zip(chosen, repeats, strict=True):
-                if seen:
-                    duplicates[i] = accepted[at].message_id
-                    drop.add(at)
-            if drop:
-                accepted = [d for at, d in enumerate(accepted) if at not in drop]
-        claimed = [(d.topic, d.message_id) for d in accepted if d.message_id]
-        try:
-            future = broker.send(accepted) if accepted else None
-        except BaseException:
-            broker.forget_recent(claimed)
-            raise
-        return _PendingSend(n, errors, future, duplicates, claimed)
+        submission = broker.submit(accepted, now)
+        if chosen:
+            duplicates = {i: accepted[at].message_id for i, at in chosen
+                          if submission.duplicate[at]}
+        return _PendingSend(n, errors, submission, duplicates)
 
     def _finish_send(self, pending: _PendingSend) -> pb.SendResponse:
-        try:
-            stored: list[DispatchInfo] = pending.future.result() if pending.future else []
-        except BaseException:
-            self._broker.forget_recent(pending.claimed)  # not stored: a retry is no duplicate
-            raise
+        stored = self._broker.stored(pending.submission)
         with self._counts_lock:
             self.sent += len(stored)
         if not pending.errors and not pending.duplicates:
