@@ -32,6 +32,10 @@ Every duration and size carries its unit in its name.  Example ``chronomq.toml``
 
     [tier]
     provider = "local"           # or "s3" (s3_bucket, s3_endpoint_url, ...)
+
+    [rocketmq]                   # RocketMQ 5 clients (gRPC) on a port of their own
+    enabled = false
+    port = 8081
 """
 
 from __future__ import annotations
@@ -103,12 +107,28 @@ class TierConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RocketMQConfig:
+    """The RocketMQ 5 gRPC front (``apache.rocketmq.v2.MessagingService``)."""
+
+    enabled: bool = False
+    host: str = ""  # default: server.host
+    port: int = 8081
+    advertise_address: str = ""  # host:port QueryRoute hands out; default: the address
+    #                              the client connected to
+    worker_threads: int = 256  # every connected client holds one for its Telemetry stream
+    max_concurrent_rpcs: int = 2000
+    access_key: str = ""  # when set, clients must sign requests with it and secret_key
+    secret_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     store: StoreConfig = field(default_factory=lambda: StoreConfig(data_dir="./chronomq-data"))
     pop: PopConfig = field(default_factory=PopConfig)
     timer: TimerConfig = field(default_factory=TimerConfig)
     tier: TierConfig = field(default_factory=TierConfig)
+    rocketmq: RocketMQConfig = field(default_factory=RocketMQConfig)
     groups: dict[str, RetryPolicy] = field(default_factory=dict)  # per-group retry policy
 
     def retry_policy(self) -> RetryPolicy:
@@ -138,6 +158,16 @@ class BrokerConfig:
             raise InvalidArgument("tier.provider must be 'local', 's3' or 'memory'")
         if self.tier.provider == "s3" and not self.tier.s3_bucket:
             raise InvalidArgument("tier.provider = 's3' needs tier.s3_bucket")
+        r = self.rocketmq
+        if bool(r.access_key) != bool(r.secret_key):
+            raise InvalidArgument("set both rocketmq.access_key and rocketmq.secret_key")
+        if r.enabled and self.server.auth_token and not r.access_key:
+            raise InvalidArgument(
+                "server.auth_token protects the chronomq API; the RocketMQ front needs "
+                "its own credentials too: set rocketmq.access_key and rocketmq.secret_key")
+        if r.advertise_address and not _is_host_port(r.advertise_address):
+            raise InvalidArgument(
+                f"rocketmq.advertise_address must be host:port, got {r.advertise_address!r}")
         if bool(self.server.tls_cert_file) != bool(self.server.tls_key_file):
             raise InvalidArgument("set both server.tls_cert_file and server.tls_key_file")
         for name, value in (("store.max_body_bytes", self.store.max_body_bytes),
@@ -151,6 +181,11 @@ class BrokerConfig:
                             ("timer.preload_interval_ms", self.timer.preload_interval_ms)):
             if value <= 0:
                 raise InvalidArgument(f"{name} must be positive")
+
+
+def _is_host_port(text: str) -> bool:
+    host, sep, port = text.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
 
 
 def _coerce(kind: Any, value: Any, where: str) -> Any:
@@ -209,6 +244,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         pop=_section(PopConfig, raw.get("pop", {}), "pop"),
         timer=_section(TimerConfig, raw.get("timer", {}), "timer"),
         tier=_section(TierConfig, raw.get("tier", {}), "tier"),
+        rocketmq=_section(RocketMQConfig, raw.get("rocketmq", {}), "rocketmq"),
     )
     pop = config.pop
     groups = {}

@@ -61,14 +61,21 @@ class BearerAuth(grpc.ServerInterceptor):  # type: ignore[misc]
 class BrokerServer:
     """One broker and its gRPC server.  ``start`` returns the bound port."""
 
-    def __init__(self, config: BrokerConfig, clock: Clock | None = None) -> None:
+    def __init__(self, config: BrokerConfig, clock: Clock | None = None,
+                 background: bool = True) -> None:
+        """``background=False`` leaves the timer and revive threads off: tests with a manual
+        clock drive them by hand."""
         self.config = config
+        self.background = background
         self.clock = clock or SystemClock()
         self.broker = Broker(config, self.clock)
         self.notifier = ArrivalNotifier()
         self.port = 0
         self.servicer: BrokerServicer | None = None
         self._server: grpc.Server | None = None
+        self.rocketmq_port = 0
+        self.rocketmq: Any = None  # the RocketMQServicer when [rocketmq] is enabled
+        self._rocketmq_server: grpc.Server | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._metrics_stop: Callable[[], None] | None = None
 
@@ -79,7 +86,7 @@ class BrokerServer:
         dispatcher = self.broker.store.dispatcher
         assert dispatcher is not None
         dispatcher.add_listener(self._on_dispatched)
-        self.broker.start()
+        self.broker.start(timer_thread=self.background)
         self.servicer = BrokerServicer(self.broker, self.notifier, self.config.pop.max_wait_ms)
         server = grpc.server(
             ThreadPoolExecutor(max_workers=cfg.worker_threads, thread_name_prefix="rpc"),
@@ -107,6 +114,8 @@ class BrokerServer:
         self._server = server
         for name in ("", names[0]):
             health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.rocketmq.enabled:
+            self._start_rocketmq()
         self._scheduler = BackgroundScheduler()
         self._scheduler.add_job(self._retention, "interval", id="retention",
                                 seconds=cfg.retention_interval_s, max_instances=1,
@@ -120,6 +129,37 @@ class BrokerServer:
         log.info("chronomq serving on %s:%d (data in %s)", cfg.host, self.port,
                  self.config.store.data_dir)
         return self.port
+
+    def _start_rocketmq(self) -> None:
+        """The RocketMQ 5 front on a port of its own (imported only when enabled)."""
+        from chronomq.rocketmq_front import AccessKeyAuth, RocketMQServicer
+        from chronomq.rocketmq_pb import service_grpc as rs_grpc
+
+        cfg, server_cfg = self.config.rocketmq, self.config.server
+        host = cfg.host or server_cfg.host
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=cfg.worker_threads, thread_name_prefix="rmq"),
+            interceptors=[AccessKeyAuth(cfg.access_key, cfg.secret_key)]
+            if cfg.access_key else [],
+            maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.so_reuseport", 0)])
+        address = f"{host}:{cfg.port}"
+        if server_cfg.tls_cert_file:
+            with open(server_cfg.tls_key_file, "rb") as k, \
+                    open(server_cfg.tls_cert_file, "rb") as c:
+                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+            self.rocketmq_port = server.add_secure_port(address, creds)
+        else:
+            self.rocketmq_port = server.add_insecure_port(address)
+        self.rocketmq = RocketMQServicer(
+            self.broker, self.notifier, self.config.pop.max_wait_ms,
+            cfg.advertise_address or f"{host}:{self.rocketmq_port}")
+        rs_grpc.add_MessagingServiceServicer_to_server(self.rocketmq, server)
+        server.start()
+        self._rocketmq_server = server
+        log.info("RocketMQ 5 front serving on %s:%d", host, self.rocketmq_port)
 
     def _on_dispatched(self, records: list[DispatchInfo]) -> None:
         self.notifier.arrived({origin_of(r.topic) for r in records})  # retries wake their topic
@@ -137,8 +177,10 @@ class BrokerServer:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
         self.notifier.close()  # long polls answer now instead of at their deadline
-        if self._server is not None:
-            self._server.stop(self.config.server.shutdown_grace_s).wait()
+        grace = self.config.server.shutdown_grace_s
+        stopped = [s.stop(grace) for s in (self._server, self._rocketmq_server) if s]
+        for event in stopped:
+            event.wait()
         if self._metrics_stop is not None:
             self._metrics_stop()
         self.broker.stop()
@@ -152,6 +194,9 @@ def serve(config: BrokerConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     print(f"chronomq listening on {config.server.host}:{server.port}", flush=True)
+    if server.rocketmq_port:
+        print(f"RocketMQ 5 front listening on "
+              f"{config.rocketmq.host or config.server.host}:{server.rocketmq_port}", flush=True)
     stopping.wait()
     log.info("shutting down")
     server.stop()

@@ -1,0 +1,611 @@
+"""The RocketMQ 5 front: ``apache.rocketmq.v2.MessagingService`` over gRPC, mapped onto the
+same Broker as the chronomq API.  Official RocketMQ 5 clients (Producer, SimpleConsumer)
+connect to it unchanged.
+
+How the protocol maps onto the core:
+
+- QueryRoute answers one queue per chronomq queue of the topic, all on this broker
+  (broker id 0, READ_WRITE, NORMAL and DELAY messages), at ``rocketmq.advertise_address``
+  or else the address the client dialled.
+- SendMessage stores each message under the client's own message id (a retried send is
+  recognised by that id and stored once) and answers one entry per message.  A
+  ``delivery_timestamp`` makes it a delayed message; ``recall_handle`` is its id.
+- ReceiveMessage is a Pop over every queue of the topic (the queue named in the request
+  does not narrow it) with a TAG filter, long-polling until the client's deadline.  Its
+  stream is a status, the messages, then the delivery timestamp.
+- AckMessage, ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue are Ack,
+  ChangeInvisibleTime and DeadLetter; RecallMessage is Cancel.
+- Telemetry answers each settings command with the client's settings completed.
+- FIFO, transactional, lite and priority messages, SQL92 filters and the pull API answer
+  with a clear UNSUPPORTED status.
+
+Every unary answer carries ``status.code = OK (20000)`` on success; errors are RocketMQ
+codes with chronomq's message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import math
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeAlias
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from chronomq.broker import Broker
+from chronomq.notify import ArrivalNotifier
+from chronomq.rocketmq_pb import definition as rd
+from chronomq.rocketmq_pb import service as rs
+from chronomq.rocketmq_pb import service_grpc as rs_grpc
+from pop.handle import InvalidReceiptHandle
+from pop.service import (
+    MAX_INVISIBLE_TIME_S,
+    AlreadyDone,
+    HandleSuperseded,
+    PoppedMessage,
+    ReceiptHandleExpired,
+    TagFilter,
+    check_group,
+)
+from store.errors import (
+    ChronomqError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    TopicNotFound,
+)
+from store.message import (
+    FLAG_TIMER_DELIVERY,
+    MAX_KEY_BYTES,
+    MAX_TAG_BYTES,
+    Draft,
+    Message,
+    encode_properties,
+    validate_message_id,
+)
+from store.topics import Topic
+from timer.service import TimerOutcome
+
+log = logging.getLogger(__name__)
+Context: TypeAlias = grpc.ServicerContext
+Code = rd.Code
+
+PROP_KEYS = "rocketmq.keys"  # all keys of a message with more than one, space-separated
+MAX_SEND_BATCH = 1000
+DEFAULT_INVISIBLE_S = 30  # a ReceiveMessage without invisible_duration (push consumers)
+ANSWER_MARGIN_S = 0.5  # a long poll answers this long before the client's deadline
+MS_SECONDS_BOUND = 10_000_000_000  # "seconds" above this (year 2286) can only be ms
+# Producers retry a failed send this often, waiting 10 ms, 20 ms, ... up to 1 s.
+PRODUCER_ATTEMPTS, PRODUCER_BACKOFF_MS = 3, (10, 1000)
+_UNSUPPORTED_TYPES = {rd.FIFO: "FIFO", rd.TRANSACTION: "transactional", rd.LITE: "lite",
+                      rd.PRIORITY: "priority"}
+
+
+class _Refused(Exception):
+    """An answer with a RocketMQ status code other than OK."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _ok() -> Any:
+    return rd.Status(code=Code.OK, message="OK")
+
+
+def _status(code: int, message: str) -> Any:
+    return rd.Status(code=code, message=message)
+
+
+def _code_of(exc: BaseException) -> int:
+    """The RocketMQ code for a chronomq error raised outside a more specific check."""
+    if isinstance(exc, TopicNotFound):
+        return int(Code.TOPIC_NOT_FOUND)
+    if isinstance(exc, InvalidReceiptHandle | ReceiptHandleExpired | HandleSuperseded
+                  | AlreadyDone):
+        return int(Code.INVALID_RECEIPT_HANDLE)
+    if isinstance(exc, NotFound):
+        return int(Code.NOT_FOUND)
+    if isinstance(exc, InvalidArgument | FailedPrecondition):
+        return int(Code.BAD_REQUEST)
+    if isinstance(exc, ChronomqError):
+        return int(Code.INTERNAL_SERVER_ERROR)
+    return int(Code.INTERNAL_ERROR)
+
+
+def _summary(statuses: list[Any]) -> Any:
+    """A response's own status from its entries': OK, the one error, or MULTIPLE_RESULTS."""
+    failed = [s for s in statuses if s.code != Code.OK]
+    if not failed:
+        return _ok()
+    if len(statuses) == 1:
+        return failed[0]
+    return _status(Code.MULTIPLE_RESULTS, f"{len(failed)} of {len(statuses)} entries failed; "
+                   "see each entry's status")
+
+
+def timestamp_ms(ts: Any) -> int:
+    """Epoch ms of a protobuf Timestamp.  Some clients put milliseconds into the seconds
+    field; a value above 1e10 seconds (the year 2286) can only be that."""
+    if ts.seconds > MS_SECONDS_BOUND:
+        return int(ts.seconds)
+    return int(ts.seconds) * 1000 + int(ts.nanos) // 1_000_000
+
+
+def duration_s(d: Any) -> int:
+    """Whole seconds of a protobuf Duration, rounded up: never shorter than asked."""
+    return math.ceil(int(d.seconds) + int(d.nanos) / 1e9)
+
+
+def tag_filter(expression: Any) -> TagFilter:
+    if expression.type == rd.SQL:
+        raise _Refused(Code.ILLEGAL_FILTER_EXPRESSION,
+                       "SQL92 filter expressions are not supported; use a TAG expression "
+                       "('*' or 'a || b')")
+    try:
+        return TagFilter.parse(expression.expression)
+    except InvalidArgument as exc:
+        raise _Refused(Code.ILLEGAL_FILTER_EXPRESSION, str(exc)) from exc
+
+
+def _duration_ms(ms: int) -> Duration:
+    return Duration(seconds=ms // 1000, nanos=ms % 1000 * 1_000_000)
+
+
+class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
+    def __init__(self, broker: Broker, notifier: ArrivalNotifier, max_wait_ms: int,
+                 endpoint: str) -> None:
+        """``endpoint``: host:port handed out by QueryRoute when the client's own access
+        point is unknown (or always, when ``rocketmq.advertise_address`` is set)."""
+        self._broker = broker
+        self._notifier = notifier
+        self._max_wait_ms = max_wait_ms
+        self._endpoint = endpoint
+        self._lock = threading.Lock()
+        self.clients: dict[str, float] = {}  # client id -> last heard of (monotonic s)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _heard_from(self, context: Context) -> None:
+        for key, value in context.invocation_metadata() or ():
+            if key == "x-mq-client-id":
+                with self._lock:
+                    self.clients[value] = time.monotonic()
+                return
+
+    def _endpoints(self, asked: Any) -> Any:
+        """Where clients reach this broker: the advertised address, else the address the
+        client used (it knows how to reach us), else the bound host and port."""
+        if not self._broker.config.rocketmq.advertise_address and asked.addresses:
+            return asked
+        host, _, port = self._endpoint.rpartition(":")
+        scheme = rd.DOMAIN_NAME if any(c.isalpha() for c in host) else rd.IPv4
+        if ":" in host:
+            scheme = rd.IPv6
+        return rd.Endpoints(scheme=scheme, addresses=[rd.Address(host=host, port=int(port))])
+
+    def _topic(self, name: str) -> Topic:
+        if not name:
+            raise _Refused(Code.ILLEGAL_TOPIC, "the request names no topic")
+        topic = self._broker.store.topics.get(name)
+        if topic is None:
+            if not self._broker.config.store.auto_create_topics:
+                raise _Refused(Code.TOPIC_NOT_FOUND,
+                               f"topic {name!r} does not exist (create it first: "
+                               "chronomq topic create)")
+            topic, _ = self._broker.create_topic(
+                Topic(name, self._broker.config.store.default_queue_count))
+        return topic
+
+    @staticmethod
+    def _group(resource: Any) -> str:
+        try:
+            check_group(resource.name)
+        except InvalidArgument as exc:
+            raise _Refused(Code.ILLEGAL_CONSUMER_GROUP, str(exc)) from exc
+        return str(resource.name)
+
+    # ------------------------------------------------------------------ route / session
+
+    def QueryRoute(self, request: Any, context: Context) -> Any:
+        self._heard_from(context)
+        try:
+            topic = self._topic(request.topic.name)
+        except _Refused as exc:
+            return rs.QueryRouteResponse(status=_status(exc.code, str(exc)))
+        broker = rd.Broker(name=self._broker.config.tier.broker_name, id=0,
+                           endpoints=self._endpoints(request.endpoints))
+        queues = [rd.MessageQueue(topic=request.topic, id=qid, permission=rd.READ_WRITE,
+                                  broker=broker, accept_message_types=[rd.NORMAL, rd.DELAY])
+                  for qid in range(topic.queue_count)]
+        return rs.QueryRouteResponse(status=_ok(), message_queues=queues)
+
+    def QueryAssignment(self, request: Any, context: Context) -> Any:
+        """Push consumers ask which queues to read: one is enough, as a receive pops every
+        queue of the topic."""
+        self._heard_from(context)
+        try:
+            self._group(request.group)
+            self._topic(request.topic.name)
+        except _Refused as exc:
+            return rs.QueryAssignmentResponse(status=_status(exc.code, str(exc)))
+        broker = rd.Broker(name=self._broker.config.tier.broker_name, id=0,
+                           endpoints=self._endpoints(request.endpoints))
+        queue = rd.MessageQueue(topic=request.topic, id=0, permission=rd.READ_WRITE,
+                                broker=broker, accept_message_types=[rd.NORMAL, rd.DELAY])
+        return rs.QueryAssignmentResponse(status=_ok(),
+                                          assignments=[rd.Assignment(message_queue=queue)])
+
+    def Heartbeat(self, request: Any, context: Context) -> Any:
+        self._heard_from(context)
+        if request.HasField("group"):
+            try:
+                self._group(request.group)
+            except _Refused as exc:
+                return rs.HeartbeatResponse(status=_status(exc.code, str(exc)))
+        return rs.HeartbeatResponse(status=_ok())
+
+    def NotifyClientTermination(self, request: Any, context: Context) -> Any:
+        for key, value in context.invocation_metadata() or ():
+            if key == "x-mq-client-id":
+                with self._lock:
+                    self.clients.pop(value, None)
+        return rs.NotifyClientTerminationResponse(status=_ok())
+
+    def Telemetry(self, request_iterator: Iterable[Any], context: Context) -> Iterator[Any]:
+        """Answer every settings command with the client's settings completed by the
+        broker's: some clients wait for this reply before they start."""
+        self._heard_from(context)
+        for command in request_iterator:
+            if command.HasField("settings"):
+                yield rs.TelemetryCommand(status=_ok(),
+                                          settings=self._settings(command.settings))
+            # thread stack traces and verify results are not asked for: ignored
+
+    def _settings(self, asked: Any) -> Any:
+        out = rd.Settings()
+        out.CopyFrom(asked)
+        config = self._broker.config
+        if asked.HasField("publishing") or asked.client_type == rd.PRODUCER:
+            out.publishing.max_body_size = config.store.max_body_bytes
+            out.publishing.validate_message_type = True
+            initial, most = PRODUCER_BACKOFF_MS
+            out.backoff_policy.CopyFrom(rd.RetryPolicy(
+                max_attempts=PRODUCER_ATTEMPTS,
+                exponential_backoff=rd.ExponentialBackoff(
+                    initial=_duration_ms(initial), max=_duration_ms(most), multiplier=2.0)))
+        if asked.HasField("subscription"):
+            sub = out.subscription
+            sub.fifo = False
+            sub.receive_batch_size = config.pop.max_messages_cap
+            lpt = asked.subscription.long_polling_timeout
+            asked_ms = lpt.seconds * 1000 + lpt.nanos // 1_000_000
+            sub.long_polling_timeout.CopyFrom(_duration_ms(
+                min(asked_ms or self._max_wait_ms, self._max_wait_ms)))
+            policy = self._broker.pop.policy(asked.subscription.group.name)
+            out.backoff_policy.CopyFrom(rd.RetryPolicy(
+                max_attempts=policy.max_attempts,
+                customized_backoff=rd.CustomizedBackoff(
+                    next=[_duration_ms(ms) for ms in policy.backoff_ms])))
+        out.metric.on = False
+        return out
+
+    # ------------------------------------------------------------------ send
+
+    def _draft(self, m: Any, now: int) -> Draft:
+        sp = m.system_properties
+        if sp.message_type in _UNSUPPORTED_TYPES or sp.message_group:
+            kind = _UNSUPPORTED_TYPES.get(sp.message_type, "FIFO")
+            raise _Refused(Code.UNSUPPORTED if kind != "FIFO"
+                           else Code.VERIFY_FIFO_MESSAGE_UNSUPPORTED,
+                           f"{kind} messages are not supported by chronomq; send NORMAL or "
+                           "DELAY messages")
+        topic = self._topic(m.topic.name)
+        body = bytes(m.body)
+        if sp.body_encoding == rd.GZIP:
+            try:
+                body = zlib.decompress(body, zlib.MAX_WBITS | 32)
+            except zlib.error as exc:
+                raise _Refused(Code.MESSAGE_CORRUPTED,
+                               f"the body is marked GZIP but does not inflate: {exc}") from exc
+        if not body:
+            raise _Refused(Code.MESSAGE_BODY_EMPTY, "the message body is empty")
+        limit = self._broker.config.store.max_body_bytes
+        if len(body) > limit:
+            raise _Refused(Code.MESSAGE_BODY_TOO_LARGE,
+                           f"the body is {len(body)} bytes, over the maximum of {limit} "
+                           "(store.max_body_bytes)")
+        try:
+            validate_message_id(sp.message_id)
+        except InvalidArgument as exc:
+            raise _Refused(Code.ILLEGAL_MESSAGE_ID, str(exc)) from exc
+        due, flags = now, 0
+        if sp.HasField("delivery_timestamp"):
+            try:
+                due, flags = self._broker.resolve_deliver_at(
+                    timestamp_ms(sp.delivery_timestamp), 0, now)
+            except ChronomqError as exc:
+                raise _Refused(Code.ILLEGAL_DELIVERY_TIME, str(exc)) from exc
+        elif sp.message_type == rd.DELAY:
+            raise _Refused(Code.ILLEGAL_DELIVERY_TIME,
+                           "a DELAY message needs system_properties.delivery_timestamp")
+        if len(sp.tag.encode()) > MAX_TAG_BYTES or "|" in sp.tag:
+            raise _Refused(Code.ILLEGAL_MESSAGE_TAG,
+                           f"a tag has at most {MAX_TAG_BYTES} bytes and no '|'")
+        keys = list(sp.keys)
+        if any(not k or k.split() != [k] for k in keys):
+            raise _Refused(Code.ILLEGAL_MESSAGE_KEY, "a key is empty or contains whitespace")
+        if len(" ".join(keys).encode()) > MAX_KEY_BYTES:
+            raise _Refused(Code.ILLEGAL_MESSAGE_KEY,
+                           f"the keys are longer than {MAX_KEY_BYTES} bytes together")
+        props = dict(m.user_properties)
+        if len(keys) > 1:
+            props[PROP_KEYS] = " ".join(keys)
+        born = timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else now
+        draft = Draft(sp.message_id, topic.name, keys[0] if keys else "", sp.tag, body,
+                      encode_properties(props) if props else b"", born or now, due, flags)
+        try:
+            self._broker.check(draft)
+        except ChronomqError as exc:
+            raise _Refused(_code_of(exc), str(exc)) from exc
+        return draft
+
+    def SendMessage(self, request: Any, context: Context) -> Any:
+        self._heard_from(context)
+        n = len(request.messages)
+        if not 1 <= n <= MAX_SEND_BATCH:
+            return rs.SendMessageResponse(status=_status(
+                Code.BAD_REQUEST, f"SendMessage takes 1 to {MAX_SEND_BATCH} messages"))
+        now = self._broker.clock.now_ms()
+        refused: dict[int, Any] = {}
+        drafts: list[Draft] = []
+        for i, m in enumerate(request.messages):
+            try:
+                drafts.append(self._draft(m, now))
+            except _Refused as exc:
+                refused[i] = _status(exc.code, str(exc))
+        try:
+            submission = self._broker.submit(drafts, now)
+            stored = iter(self._broker.stored(submission))
+        except ChronomqError as exc:
+            status = _status(_code_of(exc), str(exc))
+            return rs.SendMessageResponse(status=status, entries=[
+                rs.SendResultEntry(status=refused.get(i, status),
+                                   message_id=m.system_properties.message_id)
+                for i, m in enumerate(request.messages)])
+        dup = iter(submission.duplicate)
+        entries = []
+        for i, m in enumerate(request.messages):
+            mid = m.system_properties.message_id
+            if i in refused:
+                entries.append(rs.SendResultEntry(status=refused[i], message_id=mid))
+                continue
+            offset = 0
+            if not next(dup):  # a repeat was stored before: same answer, no offset
+                offset = next(stored).queue_offset
+            delayed = m.system_properties.HasField("delivery_timestamp")
+            entries.append(rs.SendResultEntry(status=_ok(), message_id=mid, offset=offset,
+                                              recall_handle=mid if delayed else ""))
+        return rs.SendMessageResponse(status=_summary([e.status for e in entries]),
+                                      entries=entries)
+
+    def RecallMessage(self, request: Any, context: Context) -> Any:
+        """Cancel a delayed message before its delivery time (the handle is its id)."""
+        self._heard_from(context)
+        mid = request.recall_handle
+        try:
+            validate_message_id(mid)
+            if not mid:
+                raise InvalidArgument("the recall handle is empty")
+            outcome = self._broker.timer.cancel(mid)
+        except ChronomqError as exc:
+            return rs.RecallMessageResponse(status=_status(_code_of(exc), str(exc)))
+        if outcome is TimerOutcome.CANCELLED:
+            return rs.RecallMessageResponse(status=_ok(), message_id=mid)
+        if outcome is TimerOutcome.ALREADY_DELIVERED:
+            return rs.RecallMessageResponse(status=_status(
+                Code.BAD_REQUEST, f"message {mid!r} was already delivered: a recall must "
+                "come before its delivery time"))
+        return rs.RecallMessageResponse(status=_status(
+            Code.NOT_FOUND, f"message {mid!r} is not a pending delayed message"))
+
+    # ------------------------------------------------------------------ receive
+
+    def ReceiveMessage(self, request: Any, context: Context) -> Iterator[Any]:
+        self._heard_from(context)
+        try:
+            got, invisible_s = self._receive(request, context)
+        except _Refused as exc:
+            yield rs.ReceiveMessageResponse(status=_status(exc.code, str(exc)))
+            return
+        except ChronomqError as exc:
+            yield rs.ReceiveMessageResponse(status=_status(_code_of(exc), str(exc)))
+            return
+        if not got:
+            yield rs.ReceiveMessageResponse(status=_status(
+                Code.MESSAGE_NOT_FOUND, "no message became visible before the long-polling "
+                "timeout"))
+            return
+        yield rs.ReceiveMessageResponse(status=_ok())
+        for p in got:
+            yield rs.ReceiveMessageResponse(message=_message(p, request.message_queue,
+                                                             invisible_s))
+        yield rs.ReceiveMessageResponse(delivery_timestamp=_timestamp(
+            self._broker.clock.now_ms()))
+
+    def _receive(self, request: Any, context: Context) -> tuple[list[PoppedMessage], int]:
+        group = self._group(request.group)
+        topic = self._topic(request.message_queue.topic.name).name
+        tf = tag_filter(request.filter_expression)
+        cap = self._broker.config.pop.max_messages_cap
+        if request.batch_size < 1:
+            raise _Refused(Code.BAD_REQUEST, "batch_size must be at least 1")
+        invisible_s = duration_s(request.invisible_duration) \
+            if request.HasField("invisible_duration") else DEFAULT_INVISIBLE_S
+        if not 1 <= invisible_s <= MAX_INVISIBLE_TIME_S:
+            raise _Refused(Code.ILLEGAL_INVISIBLE_TIME,
+                           f"invisible_duration must be 1 s to {MAX_INVISIBLE_TIME_S} s")
+        pop = self._broker.pop
+        want = min(request.batch_size, cap)
+        pop.validate(topic, group, want, invisible_s)
+        wait_s = self._max_wait_ms / 1000
+        if request.HasField("long_polling_timeout"):
+            lpt = request.long_polling_timeout
+            wait_s = min(wait_s, lpt.seconds + lpt.nanos / 1e9)
+        remaining = context.time_remaining()
+        if remaining is not None:  # answer before the client gives up
+            wait_s = min(wait_s, max(remaining - ANSWER_MARGIN_S, 0.0))
+        deadline = time.monotonic() + wait_s
+        while True:
+            seen = self._notifier.generation(topic)
+            got = pop.pop(topic, group, want, invisible_s, tf)
+            left = deadline - time.monotonic()
+            if got or left <= 0 or not context.is_active():
+                return got, invisible_s
+            self._notifier.wait(topic, seen, left)
+
+    # ------------------------------------------------------------------ settle
+
+    def AckMessage(self, request: Any, context: Context) -> Any:
+        self._heard_from(context)
+        try:
+            group = self._group(request.group)
+        except _Refused as exc:
+            return rs.AckMessageResponse(status=_status(exc.code, str(exc)))
+        if not request.entries:
+            return rs.AckMessageResponse(status=_status(
+                Code.BAD_REQUEST, "AckMessage needs at least one entry"))
+        outcomes = self._broker.pop.ack_many(group, [e.receipt_handle
+                                                     for e in request.entries])
+        entries = [rs.AckMessageResultEntry(
+            message_id=e.message_id, receipt_handle=e.receipt_handle,
+            status=_ok() if err is None else _status(_code_of(err), str(err)))
+            for e, err in zip(request.entries, outcomes, strict=True)]
+        return rs.AckMessageResponse(status=_summary([e.status for e in entries]),
+                                     entries=entries)
+
+    def ChangeInvisibleDuration(self, request: Any, context: Context) -> Any:
+        self._heard_from(context)
+        try:
+            group = self._group(request.group)
+            seconds = duration_s(request.invisible_duration)
+            if not 0 <= seconds <= MAX_INVISIBLE_TIME_S:
+                raise _Refused(Code.ILLEGAL_INVISIBLE_TIME,
+                               f"invisible_duration must be 0 s to {MAX_INVISIBLE_TIME_S} s")
+            handle = self._broker.pop.change_invisible_time(group, request.receipt_handle,
+                                                            seconds)
+        except _Refused as exc:
+            return rs.ChangeInvisibleDurationResponse(status=_status(exc.code, str(exc)))
+        except ChronomqError as exc:
+            return rs.ChangeInvisibleDurationResponse(status=_status(_code_of(exc), str(exc)))
+        return rs.ChangeInvisibleDurationResponse(status=_ok(), receipt_handle=handle)
+
+    def ForwardMessageToDeadLetterQueue(self, request: Any, context: Context) -> Any:
+        self._heard_from(context)
+        try:
+            group = self._group(request.group)
+        except _Refused as exc:
+            return rs.ForwardMessageToDeadLetterQueueResponse(
+                status=_status(exc.code, str(exc)))
+        reason = (f"forwarded by the client after {request.delivery_attempt} of "
+                  f"{request.max_delivery_attempts} attempts")
+        (err,) = self._broker.pop.dead_letter_many(group, [(request.receipt_handle, reason)])
+        status = _ok() if err is None else _status(_code_of(err), str(err))
+        return rs.ForwardMessageToDeadLetterQueueResponse(status=status)
+
+    # ------------------------------------------------------------------ not supported
+
+    def PullMessage(self, request: Any, context: Context) -> Iterator[Any]:
+        yield rs.PullMessageResponse(status=_unsupported("PullMessage"))
+
+    def UpdateOffset(self, request: Any, context: Context) -> Any:
+        return rs.UpdateOffsetResponse(status=_unsupported("UpdateOffset"))
+
+    def GetOffset(self, request: Any, context: Context) -> Any:
+        return rs.GetOffsetResponse(status=_unsupported("GetOffset"))
+
+    def QueryOffset(self, request: Any, context: Context) -> Any:
+        return rs.QueryOffsetResponse(status=_unsupported("QueryOffset"))
+
+    def EndTransaction(self, request: Any, context: Context) -> Any:
+        return rs.EndTransactionResponse(status=_status(
+            Code.UNSUPPORTED, "transactional messages are not supported by chronomq"))
+
+    def SyncLiteSubscription(self, request: Any, context: Context) -> Any:
+        return rs.SyncLiteSubscriptionResponse(status=_unsupported("SyncLiteSubscription"))
+
+
+def _unsupported(rpc: str) -> Any:
+    return _status(Code.UNSUPPORTED, f"{rpc} is not supported by chronomq: consume with a "
+                   "SimpleConsumer (or PushConsumer), which pops with an invisible time")
+
+
+def _timestamp(ms: int) -> Timestamp:
+    return Timestamp(seconds=ms // 1000, nanos=ms % 1000 * 1_000_000)
+
+
+def _message(p: PoppedMessage, queue: Any, invisible_s: int) -> Any:
+    m: Message = p.message
+    props = dict(m.properties)
+    keys = props.pop(PROP_KEYS, "").split() or ([m.key] if m.key else [])
+    delayed = bool(m.flags & FLAG_TIMER_DELIVERY) and m.delivery_attempt == 0
+    sp = rd.SystemProperties(
+        keys=keys, message_id=m.message_id,
+        body_digest=rd.Digest(type=rd.MD5, checksum=hashlib.md5(m.body).hexdigest().upper()),
+        body_encoding=rd.IDENTITY, message_type=rd.DELAY if delayed else rd.NORMAL,
+        born_timestamp=_timestamp(m.born_at_ms), store_timestamp=_timestamp(m.store_at_ms),
+        receipt_handle=p.receipt_handle, queue_id=m.queue_id, queue_offset=m.queue_offset,
+        invisible_duration=_duration_ms(invisible_s * 1000),
+        delivery_attempt=p.delivery_attempt)
+    if m.tag:
+        sp.tag = m.tag
+    if delayed:
+        sp.delivery_timestamp.CopyFrom(_timestamp(m.deliver_at_ms))
+    return rd.Message(topic=rd.Resource(resource_namespace=queue.topic.resource_namespace,
+                                        name=m.topic),
+                      user_properties=props, system_properties=sp, body=m.body)
+
+
+class AccessKeyAuth(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Checks the RocketMQ clients' request signature: ``authorization: MQv2-HMAC-SHA1
+    Credential=<access key>, SignedHeaders=x-mq-date-time, Signature=<hex HMAC-SHA1 of the
+    x-mq-date-time header under the secret key>``."""
+
+    def __init__(self, access_key: str, secret_key: str) -> None:
+        self._access_key = access_key
+        self._secret = secret_key.encode()
+
+        def deny(request: Any, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "missing or wrong RocketMQ credentials (access key / secret key)")
+
+        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream_in = grpc.stream_stream_rpc_method_handler(deny)
+        self._deny_stream_out = grpc.unary_stream_rpc_method_handler(deny)
+
+    def signed(self, metadata: Iterable[tuple[str, str]]) -> bool:
+        headers = dict(metadata)
+        fields = {}
+        for part in headers.get("authorization", "").removeprefix("MQv2-HMAC-SHA1 ").split(","):
+            name, _, value = part.strip().partition("=")
+            fields[name] = value
+        expected = hmac.new(self._secret, headers.get("x-mq-date-time", "").encode(),
+                            hashlib.sha1).hexdigest()
+        return (hmac.compare_digest(fields.get("Credential", ""), self._access_key)
+                and hmac.compare_digest(fields.get("Signature", "").lower(), expected))
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        if self.signed(details.invocation_metadata or ()):
+            return continuation(details)
+        if details.method.endswith("/Telemetry"):
+            return self._deny_stream_in
+        if details.method.endswith(("/ReceiveMessage", "/PullMessage")):
+            return self._deny_stream_out
+        return self._deny_unary
