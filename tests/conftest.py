@@ -57,9 +57,10 @@ def store(store_config: StoreConfig) -> Iterator[MessageStore]:
 class RunningServer:
     """A BrokerServer in this process, bound to 127.0.0.1:<free port>."""
 
-    def __init__(self, config: BrokerConfig, clock: Clock | None = None) -> None:
+    def __init__(self, config: BrokerConfig, clock: Clock | None = None,
+                 background: bool = True) -> None:
         self.config = config
-        self.server = BrokerServer(config, clock)
+        self.server = BrokerServer(config, clock, background)
         self.port = self.server.start()
         self.target = f"127.0.0.1:{self.port}"
 

@@ -280,3 +280,11 @@ def test_a_client_chosen_id_sent_again_within_the_window_is_dropped(
     client.create_topic("d2")
     assert [o.duplicate for o in client.send([message("d2", b"a", message_id="replay-1")])] \
         == [False]
+
+
+def test_pop_with_a_tag_expression(client: ChronomqClient) -> None:
+    client.create_topic("tags")
+    client.send([message("tags", t.encode() or b"none", tag=t) for t in ("a", "b", "c", "")])
+    got = client.pop("tags", "ab", max_messages=10, tag_expression="a || b")
+    assert sorted(m.tag for m in got) == ["a", "b"]
+    assert len(client.pop("tags", "all", max_messages=10, tag_expression="*")) == 4

@@ -1,0 +1,244 @@
+"""The RocketMQ front's protocol, RPC by RPC, with the generated apache.rocketmq.v2 stub over
+real gRPC: what clients rely on, and a clear status for everything it refuses."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from chronomq.rocketmq_front import duration_s, timestamp_ms
+from chronomq.rocketmq_pb import definition as rd
+from chronomq.rocketmq_pb import service as rs
+from tests.rocketmq.conftest import RocketMQEnv
+
+C = rd.Code
+
+
+def _msg(body: bytes, mid: str, topic: str = "orders", **system: Any) -> Any:
+    return rd.Message(topic=rd.Resource(name=topic), body=body,
+                      system_properties=rd.SystemProperties(
+                          message_id=mid, message_type=system.pop("message_type", rd.NORMAL),
+                          body_encoding=system.pop("body_encoding", rd.IDENTITY), **system))
+
+
+def _send(env: RocketMQEnv, *messages: Any) -> Any:
+    return env.stub.SendMessage(rs.SendMessageRequest(messages=list(messages)))
+
+
+def _receive(env: RocketMQEnv, group: str = "g", expression: str = "*",
+             filter_type: int = rd.TAG, invisible_s: int = 30, topic: str = "orders",
+             batch: int = 16) -> list[Any]:
+    request = rs.ReceiveMessageRequest(
+        group=rd.Resource(name=group),
+        message_queue=rd.MessageQueue(topic=rd.Resource(name=topic)),
+        filter_expression=rd.FilterExpression(type=filter_type, expression=expression),
+        batch_size=batch, invisible_duration=Duration(seconds=invisible_s),
+        long_polling_timeout=Duration(seconds=0))
+    return list(env.stub.ReceiveMessage(request, timeout=5))
+
+
+def test_timestamps_in_seconds_or_milliseconds() -> None:
+    assert timestamp_ms(Timestamp(seconds=1_800_000_000, nanos=250_000_000)) == \
+        1_800_000_000_250
+    assert timestamp_ms(Timestamp(seconds=1_800_000_000_250)) == 1_800_000_000_250
+    assert duration_s(Duration(seconds=9, nanos=1)) == 10  # rounded up, never shorter
+    assert duration_s(Duration(seconds=9)) == 9
+
+
+def test_query_route(rmq: RocketMQEnv) -> None:
+    asked = rd.Endpoints(scheme=rd.IPv4, addresses=[rd.Address(host="10.1.2.3", port=8081)])
+    r = rmq.stub.QueryRoute(rs.QueryRouteRequest(topic=rd.Resource(name="orders"),
+                                                 endpoints=asked))
+    assert r.status.code == C.OK
+    assert [q.id for q in r.message_queues] == [0, 1, 2, 3]
+    q = r.message_queues[0]
+    assert (q.topic.name, q.permission, q.broker.id) == ("orders", rd.READ_WRITE, 0)
+    assert set(q.accept_message_types) == {rd.NORMAL, rd.DELAY}
+    assert q.broker.endpoints == asked  # the address the client dialled
+    missing = rmq.stub.QueryRoute(rs.QueryRouteRequest(topic=rd.Resource(name="nope")))
+    assert missing.status.code == C.TOPIC_NOT_FOUND and "nope" in missing.status.message
+    bare = rmq.stub.QueryRoute(rs.QueryRouteRequest(topic=rd.Resource(name="orders")))
+    (address,) = bare.message_queues[0].broker.endpoints.addresses
+    assert f"{address.host}:{address.port}" == rmq.endpoint
+
+
+def test_telemetry_completes_settings(rmq: RocketMQEnv) -> None:
+    producer = rd.Settings(client_type=rd.PRODUCER, publishing=rd.Publishing(
+        topics=[rd.Resource(name="orders")]))
+    consumer = rd.Settings(client_type=rd.SIMPLE_CONSUMER, subscription=rd.Subscription(
+        group=rd.Resource(name="g"), long_polling_timeout=Duration(seconds=120)))
+    commands = iter([rs.TelemetryCommand(settings=producer),
+                     rs.TelemetryCommand(settings=consumer)])
+    first, second = list(rmq.stub.Telemetry(commands, timeout=5))
+    assert first.status.code == second.status.code == C.OK
+    p = first.settings
+    assert p.publishing.max_body_size == rmq.broker.config.store.max_body_bytes
+    assert p.publishing.validate_message_type
+    assert p.backoff_policy.max_attempts == 3
+    assert p.backoff_policy.WhichOneof("strategy") == "exponential_backoff"
+    assert not p.metric.on
+    s = second.settings
+    assert not s.subscription.fifo
+    assert s.subscription.receive_batch_size == rmq.broker.config.pop.max_messages_cap
+    assert s.subscription.long_polling_timeout.seconds == 5  # pop.max_wait_ms in the tests
+    assert s.backoff_policy.max_attempts == rmq.broker.config.pop.max_attempts
+    assert s.backoff_policy.customized_backoff.next[0].seconds == 1
+
+
+def test_send_answers_one_entry_per_message(rmq: RocketMQEnv) -> None:
+    r = _send(rmq, _msg(b"a", "ID-A"), _msg(b"", "ID-EMPTY"), _msg(b"c", "ID-C"))
+    assert r.status.code == C.MULTIPLE_RESULTS
+    assert [(e.message_id, e.status.code) for e in r.entries] == [
+        ("ID-A", C.OK), ("ID-EMPTY", C.MESSAGE_BODY_EMPTY), ("ID-C", C.OK)]
+    got = _receive(rmq)
+    assert got[0].status.code == C.OK
+    assert got[-1].WhichOneof("content") == "delivery_timestamp"
+    messages = [x.message for x in got if x.WhichOneof("content") == "message"]
+    assert sorted(m.system_properties.message_id for m in messages) == ["ID-A", "ID-C"]
+    m = messages[0]
+    assert m.system_properties.body_digest.type == rd.MD5
+    assert m.system_properties.body_digest.checksum == \
+        hashlib.md5(m.body).hexdigest().upper()
+    assert m.system_properties.delivery_attempt == 1
+    assert m.system_properties.receipt_handle
+
+
+def test_a_retried_send_is_stored_once(rmq: RocketMQEnv) -> None:
+    for _ in range(2):
+        r = _send(rmq, _msg(b"once", "RETRIED-ID"))
+        assert r.status.code == C.OK and r.entries[0].message_id == "RETRIED-ID"
+    messages = [x for x in _receive(rmq) if x.WhichOneof("content") == "message"]
+    assert [m.message.body for m in messages] == [b"once"]
+
+
+def test_gzip_bodies_are_stored_plain(rmq: RocketMQEnv) -> None:
+    body = b"compressible " * 1000
+    r = _send(rmq, _msg(gzip.compress(body), "GZ", body_encoding=rd.GZIP))
+    assert r.status.code == C.OK
+    (m,) = [x.message for x in _receive(rmq) if x.WhichOneof("content") == "message"]
+    assert m.body == body and m.system_properties.body_encoding == rd.IDENTITY
+    bad = _send(rmq, _msg(b"not gzip", "GZ-BAD", body_encoding=rd.GZIP))
+    assert bad.entries[0].status.code == C.MESSAGE_CORRUPTED
+
+
+@pytest.mark.parametrize(("message", "code"), [
+    (_msg(b"x", "F", message_group="g1", message_type=rd.FIFO),
+     C.VERIFY_FIFO_MESSAGE_UNSUPPORTED),
+    (_msg(b"x", "T", message_type=rd.TRANSACTION), C.UNSUPPORTED),
+    (_msg(b"x", "D", message_type=rd.DELAY), C.ILLEGAL_DELIVERY_TIME),
+    (_msg(b"x", "FAR", message_type=rd.DELAY,
+          delivery_timestamp=Timestamp(seconds=4_000_000_000_000)), C.ILLEGAL_DELIVERY_TIME),
+    (_msg(b"x", "NT", topic="nope"), C.TOPIC_NOT_FOUND),
+    (_msg(b"x" * (65 << 10), "BIG"), C.MESSAGE_BODY_TOO_LARGE),
+    (_msg(b"x", "TAG", tag="a||b"), C.ILLEGAL_MESSAGE_TAG),
+    (_msg(b"x", "KEY", keys=["two words"]), C.ILLEGAL_MESSAGE_KEY),
+    (_msg(b"x", "bad\nid"), C.ILLEGAL_MESSAGE_ID),
+])
+def test_refused_messages_get_a_clear_status_and_store_nothing(
+        rmq: RocketMQEnv, message: Any, code: int) -> None:
+    r = _send(rmq, message)
+    assert r.status.code == r.entries[0].status.code == code
+    assert r.status.message
+    assert rmq.broker.store.statistics().messages_appended == 0
+
+
+def test_receive_errors(rmq: RocketMQEnv) -> None:
+    def status(**kw: Any) -> int:
+        (only,) = _receive(rmq, **kw)
+        return int(only.status.code)
+
+    assert status() == C.MESSAGE_NOT_FOUND  # nothing there: an empty answer, not an error
+    assert status(filter_type=rd.SQL, expression="a > 1") == C.ILLEGAL_FILTER_EXPRESSION
+    assert status(expression="a ||") == C.ILLEGAL_FILTER_EXPRESSION
+    assert status(topic="nope") == C.TOPIC_NOT_FOUND
+    assert status(group="bad group") == C.ILLEGAL_CONSUMER_GROUP
+    assert status(invisible_s=0) == C.ILLEGAL_INVISIBLE_TIME
+    assert status(batch=0) == C.BAD_REQUEST
+
+
+def test_long_poll_ends_before_the_client_deadline(rmq: RocketMQEnv) -> None:
+    request = rs.ReceiveMessageRequest(
+        group=rd.Resource(name="g"),
+        message_queue=rd.MessageQueue(topic=rd.Resource(name="orders")),
+        batch_size=1, invisible_duration=Duration(seconds=30),
+        long_polling_timeout=Duration(seconds=60))
+    (only,) = list(rmq.stub.ReceiveMessage(request, timeout=1.5))  # no DEADLINE_EXCEEDED
+    assert only.status.code == C.MESSAGE_NOT_FOUND
+
+
+def test_settle_errors_and_dead_letter(rmq: RocketMQEnv) -> None:
+    _send(rmq, _msg(b"poison", "POISON"))
+    (m,) = [x.message for x in _receive(rmq) if x.WhichOneof("content") == "message"]
+    handle = m.system_properties.receipt_handle
+    group, topic = rd.Resource(name="g"), rd.Resource(name="orders")
+    bad = rmq.stub.AckMessage(rs.AckMessageRequest(group=group, topic=topic, entries=[
+        rs.AckMessageEntry(message_id="POISON", receipt_handle="garbage")]))
+    assert bad.status.code == bad.entries[0].status.code == C.INVALID_RECEIPT_HANDLE
+    foreign = rmq.stub.AckMessage(rs.AckMessageRequest(
+        group=rd.Resource(name="other"), topic=topic,
+        entries=[rs.AckMessageEntry(message_id="POISON", receipt_handle=handle)]))
+    assert foreign.status.code == C.INVALID_RECEIPT_HANDLE  # issued to another group
+    change = rmq.stub.ChangeInvisibleDuration(rs.ChangeInvisibleDurationRequest(
+        group=group, topic=topic, receipt_handle=handle, message_id="POISON",
+        invisible_duration=Duration(seconds=100_000)))
+    assert change.status.code == C.ILLEGAL_INVISIBLE_TIME
+    forward = rmq.stub.ForwardMessageToDeadLetterQueue(
+        rs.ForwardMessageToDeadLetterQueueRequest(
+            group=group, topic=topic, receipt_handle=handle, message_id="POISON",
+            delivery_attempt=1, max_delivery_attempts=16))
+    assert forward.status.code == C.OK
+    (dead,) = [x.message for x in _receive(rmq, group="dlq-reader", topic="%DLQ%g%orders")
+               if x.WhichOneof("content") == "message"]
+    assert dead.body == b"poison"
+    assert "forwarded by the client" in dead.user_properties["chronomq.dlq.reason"]
+
+
+def test_unsupported_rpcs_answer_at_once(rmq: RocketMQEnv) -> None:
+    answers = [
+        rmq.stub.EndTransaction(rs.EndTransactionRequest(), timeout=5),
+        rmq.stub.UpdateOffset(rs.UpdateOffsetRequest(), timeout=5),
+        rmq.stub.GetOffset(rs.GetOffsetRequest(), timeout=5),
+        rmq.stub.QueryOffset(rs.QueryOffsetRequest(), timeout=5),
+        rmq.stub.SyncLiteSubscription(rs.SyncLiteSubscriptionRequest(), timeout=5),
+        *rmq.stub.PullMessage(rs.PullMessageRequest(), timeout=5),
+    ]
+    assert [a.status.code for a in answers] == [C.UNSUPPORTED] * 6
+    assert all("not supported" in a.status.message for a in answers)
+
+
+def test_heartbeat_assignment_and_termination(rmq: RocketMQEnv) -> None:
+    md = (("x-mq-client-id", "client-1"),)
+    hb = rmq.stub.Heartbeat(rs.HeartbeatRequest(group=rd.Resource(name="g"),
+                                                client_type=rd.SIMPLE_CONSUMER), metadata=md)
+    assert hb.status.code == C.OK and "client-1" in rmq.running.server.rocketmq.clients
+    a = rmq.stub.QueryAssignment(rs.QueryAssignmentRequest(
+        topic=rd.Resource(name="orders"), group=rd.Resource(name="g")))
+    assert a.status.code == C.OK and len(a.assignments) == 1
+    bye = rmq.stub.NotifyClientTermination(
+        rs.NotifyClientTerminationRequest(group=rd.Resource(name="g")), metadata=md)
+    assert bye.status.code == C.OK and "client-1" not in rmq.running.server.rocketmq.clients
+
+
+def test_front_is_off_unless_enabled(tmp_path: Any) -> None:
+    from tests.conftest import RunningServer, broker_config
+    srv = RunningServer(broker_config(tmp_path / "d"))
+    try:
+        assert srv.server.rocketmq_port == 0 and srv.server.rocketmq is None
+    finally:
+        srv.stop()
+
+
+def test_unsigned_calls_are_refused_when_keys_are_set(tmp_path: Any) -> None:
+    env = RocketMQEnv(tmp_path, access_key="app", secret_key="k")
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            env.stub.QueryRoute(rs.QueryRouteRequest(topic=rd.Resource(name="orders")))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        env.close()
