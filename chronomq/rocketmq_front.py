@@ -84,6 +84,7 @@ ANSWER_MARGIN_S = 0.5  # a long poll answers this long before the client's deadl
 MS_SECONDS_BOUND = 10_000_000_000  # "seconds" above this (year 2286) can only be ms
 # Producers retry a failed send this often, waiting 10 ms, 20 ms, ... up to 1 s.
 PRODUCER_ATTEMPTS, PRODUCER_BACKOFF_MS = 3, (10, 1000)
+CLIENT_GONE_S = 120.0  # a client not heard of for this long is no longer counted
 _UNSUPPORTED_TYPES = {rd.FIFO: "FIFO", rd.TRANSACTION: "transactional", rd.LITE: "lite",
                       rd.PRIORITY: "priority"}
 
@@ -170,6 +171,23 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         self._endpoint = endpoint
         self._lock = threading.Lock()
         self.clients: dict[str, float] = {}  # client id -> last heard of (monotonic s)
+        self.sent = self.received = self.acked = 0
+
+    def figures(self) -> dict[str, float]:
+        """``rocketmq.*`` figures for Stats and /metrics."""
+        now = time.monotonic()
+        with self._lock:
+            for client, seen in list(self.clients.items()):
+                if now - seen > CLIENT_GONE_S:  # no heartbeat (every 10 s) for a while
+                    del self.clients[client]
+            return {"rocketmq.clients": len(self.clients), "rocketmq.sent": self.sent,
+                    "rocketmq.received": self.received, "rocketmq.acked": self.acked}
+
+    def _count(self, sent: int = 0, received: int = 0, acked: int = 0) -> None:
+        with self._lock:
+            self.sent += sent
+            self.received += received
+            self.acked += acked
 
     # ------------------------------------------------------------------ helpers
 
@@ -380,6 +398,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 rs.SendResultEntry(status=refused.get(i, status),
                                    message_id=m.system_properties.message_id)
                 for i, m in enumerate(request.messages)])
+        self._count(sent=len(submission.duplicate) - sum(submission.duplicate))
         dup = iter(submission.duplicate)
         entries = []
         for i, m in enumerate(request.messages):
@@ -433,6 +452,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 Code.MESSAGE_NOT_FOUND, "no message became visible before the long-polling "
                 "timeout"))
             return
+        self._count(received=len(got))
         yield rs.ReceiveMessageResponse(status=_ok())
         for p in got:
             yield rs.ReceiveMessageResponse(message=_message(p, request.message_queue,
@@ -484,6 +504,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 Code.BAD_REQUEST, "AckMessage needs at least one entry"))
         outcomes = self._broker.pop.ack_many(group, [e.receipt_handle
                                                      for e in request.entries])
+        self._count(acked=outcomes.count(None))
         entries = [rs.AckMessageResultEntry(
             message_id=e.message_id, receipt_handle=e.receipt_handle,
             status=_ok() if err is None else _status(_code_of(err), str(err)))

@@ -157,6 +157,8 @@ class BrokerServer:
             self.broker, self.notifier, self.config.pop.max_wait_ms,
             cfg.advertise_address or f"{host}:{self.rocketmq_port}")
         rs_grpc.add_MessagingServiceServicer_to_server(self.rocketmq, server)
+        assert self.servicer is not None
+        self.servicer.more_figures.append(self.rocketmq.figures)
         server.start()
         self._rocketmq_server = server
         log.info("RocketMQ 5 front serving on %s:%d", host, self.rocketmq_port)

@@ -226,6 +226,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self._counts_lock = threading.Lock()
         self.sent = 0
         self.popped = 0
+        # other fronts' figures, reported by Stats and /metrics too
+        self.more_figures: list[Callable[[], dict[str, float]]] = []
 
     # ------------------------------------------------------------------ topics
 
@@ -553,4 +555,6 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         for bound, count in zip(t.lateness_bounds_ms, t.lateness_counts, strict=False):
             out[f"timer.lateness_le_{bound}ms"] = count
         out["timer.lateness_over_5000ms"] = t.lateness_counts[-1]
+        for source in self.more_figures:
+            out.update(source())
         return out

@@ -186,3 +186,8 @@ def test_many_messages_each_once(rmq: RocketMQEnv, producer: Producer,
             seen.add(m.message_id)
             consumer.ack(m)
     assert seen == sent
+    with rmq.running.client() as native:
+        figures = native.stats()
+    assert (figures["rocketmq.sent"], figures["rocketmq.received"],
+            figures["rocketmq.acked"]) == (100, 100, 100)
+    assert figures["rocketmq.clients"] >= 2  # this producer and consumer
