@@ -23,14 +23,19 @@ class ServerProcess:
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 60
         self.output: list[str] = []
+        rocketmq = "rocketmq.enabled=true" in settings
+        self.rocketmq_target = ""  # host:port of the RocketMQ front, when enabled
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
                 break
             self.output.append(line)
-            m = re.search(r"listening on ([\d.]+):(\d+)", line)
-            if m:
-                self.target = f"{m.group(1)}:{m.group(2)}"
+            m = re.search(r"^(chronomq|RocketMQ 5 front) listening on ([\d.]+):(\d+)", line)
+            if m and m.group(1) == "RocketMQ 5 front":
+                self.rocketmq_target = f"{m.group(2)}:{m.group(3)}"
+            elif m:
+                self.target = f"{m.group(2)}:{m.group(3)}"
+            if m and (self.rocketmq_target or not rocketmq):
                 self._drainer = threading.Thread(target=self._drain, daemon=True)
                 self._drainer.start()
                 return

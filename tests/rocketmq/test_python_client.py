@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 from rocketmq import (
     ClientConfiguration,
+    ConsumeResult,
     Credentials,
     FilterExpression,
     Message,
+    MessageListener,
     Producer,
+    PushConsumer,
     SimpleConsumer,
 )
 from rocketmq.v5.exception import BadRequestException, NotFoundException
@@ -191,3 +194,28 @@ def test_many_messages_each_once(rmq: RocketMQEnv, producer: Producer,
     assert (figures["rocketmq.sent"], figures["rocketmq.received"],
             figures["rocketmq.acked"]) == (100, 100, 100)
     assert figures["rocketmq.clients"] >= 2  # this producer and consumer
+
+
+class _Collect(MessageListener):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    def consume(self, message: Message) -> ConsumeResult:
+        self.seen.append((message.message_id, message.delivery_attempt))
+        return ConsumeResult.SUCCESS
+
+
+def test_push_consumer(rmq: RocketMQEnv, producer: Producer) -> None:
+    listener = _Collect()
+    c = PushConsumer(_config(rmq), "pushers", listener, {"orders": FilterExpression()})
+    c.startup()
+    try:
+        sent = sorted(producer.send(_message(f"p{i}".encode())).message_id for i in range(20))
+        deadline = time.monotonic() + 30
+        while len(listener.seen) < len(sent) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(listener.seen) == [(mid, 1) for mid in sent]
+    finally:
+        c.shutdown()
+    with rmq.running.client() as native:
+        assert native.stats()["rocketmq.acked"] == len(sent)
