@@ -128,3 +128,21 @@ def test_config_file_and_overrides(tmp_path: Path) -> None:
 def test_bad_config_is_explained(override: str, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rocketmq.access_key=app"], "both rocketmq.access_key"),
+    (["rocketmq.enabled=true", "server.auth_token=t"], "its own credentials"),
+    (["rocketmq.advertise_address=broker.example"], "host:port"),
+    (["rocketmq.advertise_address=broker.example:99999"], "host:port"),
+])
+def test_bad_rocketmq_config_is_explained(overrides: list[str], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        load_config(None, overrides)
+
+
+def test_rocketmq_config() -> None:
+    cfg = load_config(None, ["rocketmq.enabled=true", "rocketmq.port=9876",
+                             "rocketmq.advertise_address=mq.example:9876"])
+    assert (cfg.rocketmq.enabled, cfg.rocketmq.port) == (True, 9876)
+    assert not load_config(None, []).rocketmq.enabled  # off unless enabled

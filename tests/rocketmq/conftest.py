@@ -23,9 +23,10 @@ from tests.conftest import RunningServer, broker_config
 
 
 class RocketMQEnv:
-    def __init__(self, root: Path, **rocketmq: object) -> None:
+    def __init__(self, root: Path, server: dict[str, object] | None = None,
+                 **rocketmq: object) -> None:
         config = dataclasses.replace(
-            broker_config(root / "data"),
+            broker_config(root / "data", **(server or {})),
             rocketmq=RocketMQConfig(enabled=True, host="127.0.0.1", port=0,
                                     **rocketmq))  # type: ignore[arg-type]
         self.clock = ManualClock(int(time.time() * 1000))
@@ -34,7 +35,9 @@ class RocketMQEnv:
         self.endpoint = f"127.0.0.1:{self.running.server.rocketmq_port}"
         for name in ("orders", "other"):
             self.broker.create_topic(Topic(name, 4))
-        self.channel = grpc.insecure_channel(self.endpoint)
+        tls = self.running.config.server.tls_cert_file
+        self.channel = grpc.secure_channel(self.endpoint, grpc.ssl_channel_credentials(
+            Path(tls).read_bytes())) if tls else grpc.insecure_channel(self.endpoint)
         self.stub = service_grpc.MessagingServiceStub(self.channel)
 
     def tick(self, ms: int) -> int:

@@ -15,6 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from chronomq.rocketmq_front import duration_s, timestamp_ms
 from chronomq.rocketmq_pb import definition as rd
 from chronomq.rocketmq_pb import service as rs
+from chronomq.rocketmq_pb import service_grpc
 from tests.rocketmq.conftest import RocketMQEnv
 
 C = rd.Code
@@ -240,5 +241,22 @@ def test_unsigned_calls_are_refused_when_keys_are_set(tmp_path: Any) -> None:
         with pytest.raises(grpc.RpcError) as err:
             env.stub.QueryRoute(rs.QueryRouteRequest(topic=rd.Resource(name="orders")))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        env.close()
+
+
+def test_tls_like_the_chronomq_api(tmp_path: Any) -> None:
+    from tests.chronomq.test_grpc_api import _self_signed
+    cert, key = _self_signed(tmp_path)
+    env = RocketMQEnv(tmp_path, server={"tls_cert_file": str(cert),
+                                        "tls_key_file": str(key)})
+    try:
+        r = env.stub.QueryRoute(rs.QueryRouteRequest(topic=rd.Resource(name="orders")))
+        assert r.status.code == C.OK
+        with grpc.insecure_channel(env.endpoint) as plain:
+            stub = service_grpc.MessagingServiceStub(plain)
+            with pytest.raises(grpc.RpcError):
+                stub.QueryRoute(rs.QueryRouteRequest(topic=rd.Resource(name="orders")),
+                                timeout=2)
     finally:
         env.close()
