@@ -260,3 +260,16 @@ def test_tls_like_the_chronomq_api(tmp_path: Any) -> None:
                                 timeout=2)
     finally:
         env.close()
+
+
+def test_advertised_address_wins(tmp_path: Any) -> None:
+    env = RocketMQEnv(tmp_path, advertise_address="mq.example.com:9876")
+    try:
+        asked = rd.Endpoints(scheme=rd.IPv4, addresses=[rd.Address(host="10.0.0.1", port=1)])
+        r = env.stub.QueryRoute(rs.QueryRouteRequest(topic=rd.Resource(name="orders"),
+                                                     endpoints=asked))
+        endpoints = r.message_queues[0].broker.endpoints
+        assert endpoints.scheme == rd.DOMAIN_NAME
+        assert [(a.host, a.port) for a in endpoints.addresses] == [("mq.example.com", 9876)]
+    finally:
+        env.close()
