@@ -12,6 +12,7 @@ temporary directory and measures, each from separate client processes:
   tests/rocketmq/nodejs first): Producer with 256 sends in flight, SimpleConsumer with 4
   receive loops acking every message.
 
+A first line measures Heartbeat, a call that does nothing: the per-call floor.
 Each line also gives the broker's CPU time per message (user + system, from /proc), which
 tells the front's cost apart from the client's: the clients share the machine's 2 cores.
 
@@ -68,6 +69,33 @@ def _stub_sender(target: str, seconds: float, out: Any) -> None:
             assert r.status.code == rd.OK, r.status
             sent += len(r.entries)
         out.put((sent, time.monotonic() - t0))
+
+
+def _heartbeats(target: str, seconds: float, out: Any) -> None:
+    """The floor: a call that does nothing, from 16 threads."""
+    import threading
+
+    import grpc
+
+    from chronomq.rocketmq_pb import service as rs
+    from chronomq.rocketmq_pb import service_grpc
+
+    counts = [0] * 16
+
+    def lane(i: int) -> None:
+        with grpc.insecure_channel(target) as ch:
+            stub = service_grpc.MessagingServiceStub(ch)
+            while time.monotonic() - t0 < seconds:
+                stub.Heartbeat(rs.HeartbeatRequest())
+                counts[i] += 1
+
+    t0 = time.monotonic()
+    lanes = [threading.Thread(target=lane, args=(i,)) for i in range(len(counts))]
+    for t in lanes:
+        t.start()
+    for t in lanes:
+        t.join()
+    out.put((sum(counts), time.monotonic() - t0))
 
 
 def _producer(target: str, seconds: float, out: Any) -> None:
@@ -165,6 +193,9 @@ def main() -> None:
             with ChronomqClient(srv.target) as c:
                 c.create_topic(TOPIC, queue_count=4)
             rmq = srv.rocketmq_target
+            _figure(srv, "rocketmq_heartbeat_calls", f"Heartbeat, generated stub, 16 threads "
+                    f"x {n} processes: the cost of a call (calls/s, CPU per call)",
+                    lambda: _run(_heartbeats, rmq, n, secs))
             _figure(srv, "rocketmq_send_batch100_200B", f"SendMessage, generated stub, "
                     f"{n} client processes, flush=sync",
                     lambda: _run(_stub_sender, rmq, n, secs))
