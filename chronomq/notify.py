@@ -8,7 +8,11 @@ between the look and the wait is never missed.  Thread-safe.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class ArrivalNotifier:
@@ -35,6 +39,19 @@ class ArrivalNotifier:
                 lambda: self._closed or self._generations.get(topic, 0) != seen_generation
                 or (also is not None and also()),
                 timeout_s)
+
+    def poll(self, topic: str, wait_s: float, fetch: Callable[[], Sequence[T]],
+             active: Callable[[], bool]) -> Sequence[T]:
+        """Long polling: ``fetch()`` now, and again on every arrival on ``topic``, until it
+        returns something, ``wait_s`` has passed or ``active()`` turns false."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            seen = self.generation(topic)
+            got = fetch()
+            left = deadline - time.monotonic()
+            if got or left <= 0 or not active():
+                return got
+            self.wait(topic, seen, left)
 
     def wake(self) -> None:
         """Let every waiter re-check its ``also`` condition."""

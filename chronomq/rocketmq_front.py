@@ -192,11 +192,10 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
     # ------------------------------------------------------------------ helpers
 
     def _heard_from(self, context: Context) -> None:
-        for key, value in context.invocation_metadata() or ():
-            if key == "x-mq-client-id":
-                with self._lock:
-                    self.clients[value] = time.monotonic()
-                return
+        client = _client_id(context)
+        if client:
+            with self._lock:
+                self.clients[client] = time.monotonic()
 
     def _endpoints(self, asked: Any) -> Any:
         """Where clients reach this broker: the advertised address, else the address the
@@ -271,10 +270,8 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return rs.HeartbeatResponse(status=_ok())
 
     def NotifyClientTermination(self, request: Any, context: Context) -> Any:
-        for key, value in context.invocation_metadata() or ():
-            if key == "x-mq-client-id":
-                with self._lock:
-                    self.clients.pop(value, None)
+        with self._lock:
+            self.clients.pop(_client_id(context), None)
         return rs.NotifyClientTerminationResponse(status=_ok())
 
     def Telemetry(self, request_iterator: Iterable[Any], context: Context) -> Iterator[Any]:
@@ -285,20 +282,20 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             if command.HasField("settings"):
                 yield rs.TelemetryCommand(status=_ok(),
                                           settings=self._settings(command.settings))
-            # thread stack traces and verify results are not asked for: ignored
+            # thread stack traces and verify results are never asked for: ignored
 
     def _settings(self, asked: Any) -> Any:
         out = rd.Settings()
         out.CopyFrom(asked)
         config = self._broker.config
+        initial, most = PRODUCER_BACKOFF_MS
+        out.backoff_policy.CopyFrom(rd.RetryPolicy(  # every client reads one: never absent
+            max_attempts=PRODUCER_ATTEMPTS,
+            exponential_backoff=rd.ExponentialBackoff(
+                initial=_duration_ms(initial), max=_duration_ms(most), multiplier=2.0)))
         if asked.HasField("publishing") or asked.client_type == rd.PRODUCER:
             out.publishing.max_body_size = config.store.max_body_bytes
             out.publishing.validate_message_type = True
-            initial, most = PRODUCER_BACKOFF_MS
-            out.backoff_policy.CopyFrom(rd.RetryPolicy(
-                max_attempts=PRODUCER_ATTEMPTS,
-                exponential_backoff=rd.ExponentialBackoff(
-                    initial=_duration_ms(initial), max=_duration_ms(most), multiplier=2.0)))
         if asked.HasField("subscription"):
             sub = out.subscription
             sub.fifo = False
@@ -482,14 +479,10 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         remaining = context.time_remaining()
         if remaining is not None:  # answer before the client gives up
             wait_s = min(wait_s, max(remaining - ANSWER_MARGIN_S, 0.0))
-        deadline = time.monotonic() + wait_s
-        while True:
-            seen = self._notifier.generation(topic)
-            got = pop.pop(topic, group, want, invisible_s, tf)
-            left = deadline - time.monotonic()
-            if got or left <= 0 or not context.is_active():
-                return got, invisible_s
-            self._notifier.wait(topic, seen, left)
+        got = self._notifier.poll(topic, wait_s,
+                                  lambda: pop.pop(topic, group, want, invisible_s, tf),
+                                  context.is_active)
+        return list(got), invisible_s
 
     # ------------------------------------------------------------------ settle
 
@@ -561,6 +554,13 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     def SyncLiteSubscription(self, request: Any, context: Context) -> Any:
         return rs.SyncLiteSubscriptionResponse(status=_unsupported("SyncLiteSubscription"))
+
+
+def _client_id(context: Context) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-mq-client-id":
+            return str(value)
+    return ""
 
 
 def _unsupported(rpc: str) -> Any:

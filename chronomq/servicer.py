@@ -11,7 +11,6 @@ import json
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import NamedTuple, NoReturn, TypeAlias
@@ -367,15 +366,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             remaining = context.time_remaining()
             if remaining is not None:  # answer before the client gives up
                 wait_s = min(wait_s, max(remaining - 0.2, 0.0))
-            deadline = time.monotonic() + wait_s
-            while True:
-                seen = self._notifier.generation(request.topic)
-                got = pop.pop(request.topic, request.group, request.max_messages,
-                              request.invisible_time_s, tf)
-                left = deadline - time.monotonic()
-                if got or left <= 0 or not context.is_active():
-                    break
-                self._notifier.wait(request.topic, seen, left)
+            got = self._notifier.poll(
+                request.topic, wait_s,
+                lambda: pop.pop(request.topic, request.group, request.max_messages,
+                                request.invisible_time_s, tf), context.is_active)
         except ChronomqError as exc:
             _abort(context, exc)
         with self._counts_lock:

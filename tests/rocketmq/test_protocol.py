@@ -74,10 +74,13 @@ def test_telemetry_completes_settings(rmq: RocketMQEnv) -> None:
         topics=[rd.Resource(name="orders")]))
     consumer = rd.Settings(client_type=rd.SIMPLE_CONSUMER, subscription=rd.Subscription(
         group=rd.Resource(name="g"), long_polling_timeout=Duration(seconds=120)))
+    bare = rd.Settings(client_type=rd.CLIENT_TYPE_UNSPECIFIED)
     commands = iter([rs.TelemetryCommand(settings=producer),
-                     rs.TelemetryCommand(settings=consumer)])
-    first, second = list(rmq.stub.Telemetry(commands, timeout=5))
-    assert first.status.code == second.status.code == C.OK
+                     rs.TelemetryCommand(settings=consumer),
+                     rs.TelemetryCommand(settings=bare)])
+    first, second, third = list(rmq.stub.Telemetry(commands, timeout=5))
+    assert first.status.code == second.status.code == third.status.code == C.OK
+    assert third.settings.HasField("backoff_policy")  # some clients crash without one
     p = first.settings
     assert p.publishing.max_body_size == rmq.broker.config.store.max_body_bytes
     assert p.publishing.validate_message_type
