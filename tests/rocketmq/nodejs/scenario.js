@@ -36,6 +36,12 @@ function view(m) {
   };
 }
 
+async function receiveAndAck(consumer, invisibleMs) {
+  const got = await consumer.receive(16, invisibleMs);
+  for (const m of got) await consumer.ack(m);
+  return got.map(view);
+}
+
 async function main() {
   const topic = 'orders';
   const result = {};
@@ -63,9 +69,7 @@ async function main() {
   result.unacked = unacked.messageId;
   result.leased = (await consumer.receive(16, 10000)).map(view);
   await advance(11000);
-  const again = await consumer.receive(16, 10000);
-  result.again = again.map(view);
-  for (const m of again) await consumer.ack(m);
+  result.again = await receiveAndAck(consumer, 10000);
 
   // delayed one minute; a second delayed message is recalled
   const delayed = await producer.send({ topic, body: Buffer.from('one minute later'),
@@ -77,9 +81,7 @@ async function main() {
   result.recalled = recalled.messageId;
   result.early = (await consumer.receive(16, 30000)).map(view);
   await advance(75000);
-  const due = await consumer.receive(16, 30000);
-  result.due = due.map(view);
-  for (const m of due) await consumer.ack(m);
+  result.due = await receiveAndAck(consumer, 30000);
   result.afterwards = (await consumer.receive(16, 30000)).map(view);
 
   await consumer.shutdown();
