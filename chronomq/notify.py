@@ -43,13 +43,14 @@ class ArrivalNotifier:
     def poll(self, topic: str, wait_s: float, fetch: Callable[[], Sequence[T]],
              active: Callable[[], bool]) -> Sequence[T]:
         """Long polling: ``fetch()`` now, and again on every arrival on ``topic``, until it
-        returns something, ``wait_s`` has passed or ``active()`` turns false."""
+        returns something, ``wait_s`` has passed, ``active()`` turns false or the notifier
+        is closed (shutdown: long polls answer at once)."""
         deadline = time.monotonic() + wait_s
         while True:
             seen = self.generation(topic)
             got = fetch()
             left = deadline - time.monotonic()
-            if got or left <= 0 or not active():
+            if got or left <= 0 or not active() or self._closed:
                 return got
             self.wait(topic, seen, left)
 
