@@ -64,6 +64,7 @@ from store.errors import (
 from store.message import (
     FLAG_TIMER_DELIVERY,
     MAX_KEY_BYTES,
+    MAX_PROPERTIES_BYTES,
     MAX_TAG_BYTES,
     Draft,
     Message,
@@ -363,9 +364,13 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         props = dict(m.user_properties)
         if len(keys) > 1:
             props[PROP_KEYS] = " ".join(keys)
+        try:
+            encoded = encode_properties(props, MAX_PROPERTIES_BYTES)
+        except InvalidArgument as exc:
+            raise _Refused(Code.MESSAGE_PROPERTIES_TOO_LARGE, str(exc)) from exc
         born = timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else now
         draft = Draft(sp.message_id, topic.name, keys[0] if keys else "", sp.tag, body,
-                      encode_properties(props) if props else b"", born or now, due, flags)
+                      encoded, born or now, due, flags)
         try:
             self._broker.check(draft)
         except ChronomqError as exc:

@@ -27,6 +27,7 @@ from pop.service import PoppedMessage, TagFilter
 from store.errors import ChronomqError, InvalidArgument
 from store.message import (
     MAX_KEY_BYTES,
+    MAX_PROPERTIES_BYTES,
     MAX_TAG_BYTES,
     Draft,
     Message,
@@ -279,8 +280,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 due, flags = broker.resolve_deliver_at(at_ms, delay_ms, now) \
                     if at_ms or delay_ms else (now, 0)
                 props = om.properties
-                d = new_draft(Draft, (mid, topic, key, tag, body, encode_properties(dict(props))
-                                      if len(props) else b"", now, due, flags, 0, b""))
+                encoded = encode_properties(dict(props), MAX_PROPERTIES_BYTES) \
+                    if len(props) else b""
+                d = new_draft(Draft, (mid, topic, key, tag, body, encoded, now, due, flags, 0,
+                                      b""))
                 # the full check once per topic and for anything out of the ordinary
                 if (mid or topic not in checked_topics or not body or len(body) > max_body
                         or len(key) > _FAST_KEY_CHARS or len(tag) > _FAST_TAG_CHARS):

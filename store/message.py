@@ -54,6 +54,7 @@ MAX_ID_BYTES = 128
 MAX_TOPIC_BYTES = 255
 MAX_KEY_BYTES = 1024
 MAX_TAG_BYTES = 255
+MAX_PROPERTIES_BYTES = 64 << 10  # a producer's properties, encoded
 
 
 @dataclass(slots=True)
@@ -77,16 +78,24 @@ class Message:
     record_size: int = 0
 
 
-def encode_properties(props: dict[str, str]) -> bytes:
-    """``(u16 key_len, key, u32 value_len, value)*``, UTF-8; empty dict -> empty bytes."""
+def encode_properties(props: dict[str, str], max_bytes: int | None = None) -> bytes:
+    """``(u16 key_len, key, u32 value_len, value)*``, UTF-8; empty dict -> empty bytes.
+    Raises ``InvalidArgument`` past ``max_bytes`` (a producer's properties: at intake,
+    ``MAX_PROPERTIES_BYTES``) or for a key longer than 65,535 bytes."""
     if not props:
         return b""
     parts: list[bytes] = []
     for k, v in props.items():
         kb = k.encode()
         vb = v.encode()
+        if len(kb) > 0xFFFF:
+            raise InvalidArgument(f"a property key is {len(kb)} bytes, over 65,535")
         parts += (_PROP_KEY.pack(len(kb)), kb, _PROP_VAL.pack(len(vb)), vb)
-    return b"".join(parts)
+    out = b"".join(parts)
+    if max_bytes is not None and len(out) > max_bytes:
+        raise InvalidArgument(f"the properties take {len(out)} bytes, over the maximum of "
+                              f"{max_bytes}")
+    return out
 
 
 def decode_properties(data: bytes | memoryview) -> dict[str, str]:

@@ -53,10 +53,12 @@ def test_per_message_errors_do_not_fail_the_batch(client: ChronomqClient,
     out = client.send([message("t", b"ok"), message("nope", b"x"), message("t", b""),
                        message("t", too_big), message("t", b"x", delay_ms=-1),
                        message("t", b"x", delay_ms=11 * 366 * 86_400_000),
-                       message("", b"x")])
+                       message("", b"x"),
+                       message("t", b"x", properties={"big": "v" * (65 << 10)})])
     assert out[0].ok
     codes = [o.error_code for o in out[1:]]
-    assert codes == [grpc.StatusCode.NOT_FOUND.value[0]] + [INVALID.value[0]] * 5
+    assert codes == [grpc.StatusCode.NOT_FOUND.value[0]] + [INVALID.value[0]] * 6
+    assert "properties take" in out[7].error
     assert "does not exist" in out[1].error and "over the maximum" in out[3].error
     assert "maximum delay" in out[5].error
     assert len(client.pop("t", "g")) == 1  # only the good one was stored

@@ -143,6 +143,10 @@ def test_gzip_bodies_are_stored_plain(rmq: RocketMQEnv) -> None:
     (_msg(b"x", "TAG", tag="a||b"), C.ILLEGAL_MESSAGE_TAG),
     (_msg(b"x", "KEY", keys=["two words"]), C.ILLEGAL_MESSAGE_KEY),
     (_msg(b"x", "bad\nid"), C.ILLEGAL_MESSAGE_ID),
+    (rd.Message(topic=rd.Resource(name="orders"), body=b"x",
+                user_properties={"big": "v" * (65 << 10)},
+                system_properties=rd.SystemProperties(message_id="PROPS")),
+     C.MESSAGE_PROPERTIES_TOO_LARGE),
 ])
 def test_refused_messages_get_a_clear_status_and_store_nothing(
         rmq: RocketMQEnv, message: Any, code: int) -> None:
