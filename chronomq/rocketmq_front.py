@@ -30,9 +30,10 @@ import hmac
 import logging
 import math
 import threading
-import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import grpc
@@ -50,6 +51,7 @@ from pop.service import (
     AlreadyDone,
     HandleSuperseded,
     PoppedMessage,
+    PopService,
     ReceiptHandleExpired,
     TagFilter,
     check_group,
@@ -85,7 +87,9 @@ ANSWER_MARGIN_S = 0.5  # a long poll answers this long before the client's deadl
 MS_SECONDS_BOUND = 10_000_000_000  # "seconds" above this (year 2286) can only be ms
 # Producers retry a failed send this often, waiting 10 ms, 20 ms, ... up to 1 s.
 PRODUCER_ATTEMPTS, PRODUCER_BACKOFF_MS = 3, (10, 1000)
-CLIENT_GONE_S = 120.0  # a client not heard of for this long is no longer counted
+CLIENT_GONE_MS = 120_000  # a client not heard of for this long is gone (heartbeats: 10 s)
+RENEW_AHEAD_MS = 10_000  # an auto_renew lease is renewed when it has this little left ...
+MAX_RENEW_MS = 3_600_000  # ... for at most this long after its receive
 _UNSUPPORTED_TYPES = {rd.FIFO: "FIFO", rd.TRANSACTION: "transactional", rd.LITE: "lite",
                       rd.PRIORITY: "priority"}
 
@@ -171,18 +175,33 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         self._max_wait_ms = max_wait_ms
         self._endpoint = endpoint
         self._lock = threading.Lock()
-        self.clients: dict[str, float] = {}  # client id -> last heard of (monotonic s)
+        self.clients: dict[str, int] = {}  # client id -> last heard of (broker clock, ms)
         self.sent = self.received = self.acked = 0
+        self.leases = LeaseRenewer(broker.pop, self.alive)
 
     def figures(self) -> dict[str, float]:
         """``rocketmq.*`` figures for Stats and /metrics."""
-        now = time.monotonic()
+        now = self._broker.clock.now_ms()
         with self._lock:
             for client, seen in list(self.clients.items()):
-                if now - seen > CLIENT_GONE_S:  # no heartbeat (every 10 s) for a while
+                if now - seen > CLIENT_GONE_MS:
                     del self.clients[client]
             return {"rocketmq.clients": len(self.clients), "rocketmq.sent": self.sent,
-                    "rocketmq.received": self.received, "rocketmq.acked": self.acked}
+                    "rocketmq.received": self.received, "rocketmq.acked": self.acked,
+                    "rocketmq.renewing": self.leases.count()}
+
+    def alive(self, client: str) -> bool:
+        """Whether a client was heard of lately (one without an id counts as alive)."""
+        if not client:
+            return True
+        with self._lock:
+            seen = self.clients.get(client)
+        return seen is not None and self._broker.clock.now_ms() - seen <= CLIENT_GONE_MS
+
+    def renew_leases(self, now_ms: int | None = None) -> int:
+        """Renew the auto_renew leases close to their deadline (a scheduled job)."""
+        return self.leases.renew_due(self._broker.clock.now_ms() if now_ms is None
+                                     else now_ms)
 
     def _count(self, sent: int = 0, received: int = 0, acked: int = 0) -> None:
         with self._lock:
@@ -196,7 +215,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         client = _client_id(context)
         if client:
             with self._lock:
-                self.clients[client] = time.monotonic()
+                self.clients[client] = self._broker.clock.now_ms()
 
     def _endpoints(self, asked: Any) -> Any:
         """Where clients reach this broker: the advertised address, else the address the
@@ -455,6 +474,9 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 "timeout"))
             return
         self._count(received=len(got))
+        if request.auto_renew:
+            self.leases.track(request.group.name, _client_id(context), got,
+                              self._broker.clock.now_ms(), invisible_s)
         yield rs.ReceiveMessageResponse(status=_ok())
         for p in got:
             yield rs.ReceiveMessageResponse(message=_message(p, request.message_queue,
@@ -500,8 +522,8 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if not request.entries:
             return rs.AckMessageResponse(status=_status(
                 Code.BAD_REQUEST, "AckMessage needs at least one entry"))
-        outcomes = self._broker.pop.ack_many(group, [e.receipt_handle
-                                                     for e in request.entries])
+        with self.leases.settling([e.receipt_handle for e in request.entries]) as current:
+            outcomes = self._broker.pop.ack_many(group, current)
         self._count(acked=outcomes.count(None))
         entries = [rs.AckMessageResultEntry(
             message_id=e.message_id, receipt_handle=e.receipt_handle,
@@ -518,8 +540,8 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             if not 0 <= seconds <= MAX_INVISIBLE_TIME_S:
                 raise _Refused(Code.ILLEGAL_INVISIBLE_TIME,
                                f"invisible_duration must be 0 s to {MAX_INVISIBLE_TIME_S} s")
-            handle = self._broker.pop.change_invisible_time(group, request.receipt_handle,
-                                                            seconds)
+            with self.leases.settling([request.receipt_handle]) as (current,):
+                handle = self._broker.pop.change_invisible_time(group, current, seconds)
         except _Refused as exc:
             return rs.ChangeInvisibleDurationResponse(status=_status(exc.code, str(exc)))
         except ChronomqError as exc:
@@ -535,7 +557,8 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 status=_status(exc.code, str(exc)))
         reason = (f"forwarded by the client after {request.delivery_attempt} of "
                   f"{request.max_delivery_attempts} attempts")
-        (err,) = self._broker.pop.dead_letter_many(group, [(request.receipt_handle, reason)])
+        with self.leases.settling([request.receipt_handle]) as (current,):
+            (err,) = self._broker.pop.dead_letter_many(group, [(current, reason)])
         status = _ok() if err is None else _status(_code_of(err), str(err))
         return rs.ForwardMessageToDeadLetterQueueResponse(status=status)
 
@@ -559,6 +582,72 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     def SyncLiteSubscription(self, request: Any, context: Context) -> Any:
         return rs.SyncLiteSubscriptionResponse(status=_unsupported("SyncLiteSubscription"))
+
+
+@dataclass(slots=True)
+class _Lease:
+    group: str
+    client: str
+    handle: str  # the current handle (renewing replaces it)
+    received_ms: int
+    expire_ms: int
+    invisible_s: int
+
+
+class LeaseRenewer:
+    """Keeps the messages of ``auto_renew`` receives (push consumers) invisible while the
+    client works on them: shortly before a lease runs out it is extended by the receive's
+    invisible duration, for at most ``MAX_RENEW_MS`` and while the client is alive.  The
+    client keeps the handle it was given; Ack, ChangeInvisibleDuration and
+    ForwardMessageToDeadLetterQueue translate it to the current one, which ends the
+    renewing.  Thread-safe: settling and renewing a handle are serialised."""
+
+    def __init__(self, pop: PopService, alive: Callable[[str], bool]) -> None:
+        self._pop = pop
+        self._alive = alive
+        self._lock = threading.Lock()
+        self._leases: dict[str, _Lease] = {}  # handle as issued -> its lease
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._leases)
+
+    def track(self, group: str, client: str, got: list[PoppedMessage], now_ms: int,
+              invisible_s: int) -> None:
+        expire = now_ms + invisible_s * 1000
+        with self._lock:
+            for p in got:
+                self._leases[p.receipt_handle] = _Lease(group, client, p.receipt_handle,
+                                                        now_ms, expire, invisible_s)
+
+    @contextmanager
+    def settling(self, handles: list[str]) -> Iterator[list[str]]:
+        """The current handles for ``handles`` while they are settled; they stop being
+        renewed."""
+        with self._lock:
+            yield [lease.handle if (lease := self._leases.pop(h, None)) else h
+                   for h in handles]
+
+    def renew_due(self, now_ms: int) -> int:
+        """Renew the leases within ``RENEW_AHEAD_MS`` of their deadline; returns how many."""
+        renewed = 0
+        with self._lock:
+            for issued, lease in list(self._leases.items()):
+                if lease.expire_ms - now_ms > RENEW_AHEAD_MS:
+                    continue
+                if (lease.expire_ms <= now_ms or now_ms - lease.received_ms >= MAX_RENEW_MS
+                        or not self._alive(lease.client)):
+                    del self._leases[issued]  # left to run out: revive redelivers it
+                    continue
+                try:
+                    lease.handle = self._pop.change_invisible_time(
+                        lease.group, lease.handle, lease.invisible_s)
+                except ChronomqError:  # acknowledged or dead-lettered meanwhile
+                    del self._leases[issued]
+                    continue
+                lease.expire_ms = now_ms + lease.invisible_s * 1000
+                renewed += 1
+        return renewed
 
 
 def _client_id(context: Context) -> str:

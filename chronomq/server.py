@@ -123,6 +123,10 @@ class BrokerServer:
         self._scheduler.add_job(self._preload, "interval", id="timer-preload",
                                 seconds=self.config.timer.preload_interval_ms / 1000,
                                 max_instances=1, coalesce=True, next_run_time=datetime.now())
+        if self.rocketmq is not None and self.background:
+            self._scheduler.add_job(self.rocketmq.renew_leases, "interval",
+                                    id="rocketmq-renew", seconds=1, max_instances=1,
+                                    coalesce=True)
         self._scheduler.start()
         if cfg.metrics_port:
             self._metrics_stop = start_metrics(cfg.host, cfg.metrics_port, self.servicer)

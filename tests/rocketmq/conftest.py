@@ -46,6 +46,8 @@ class RocketMQEnv:
         while not self.broker.timer.load_due(now):
             pass
         self.broker.timer.deliver_due(now)
+        front = self.running.server.rocketmq
+        front.renew_leases(now)  # the scheduled job's step
         self.broker.pop.revive_due(now)
         self.broker.store.wait_visible()
         return now

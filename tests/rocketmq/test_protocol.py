@@ -12,7 +12,7 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from chronomq.rocketmq_front import duration_s, timestamp_ms
+from chronomq.rocketmq_front import CLIENT_GONE_MS, MAX_RENEW_MS, duration_s, timestamp_ms
 from chronomq.rocketmq_pb import definition as rd
 from chronomq.rocketmq_pb import service as rs
 from chronomq.rocketmq_pb import service_grpc
@@ -280,3 +280,63 @@ def test_advertised_address_wins(tmp_path: Any) -> None:
         assert [(a.host, a.port) for a in endpoints.addresses] == [("mq.example.com", 9876)]
     finally:
         env.close()
+
+
+def _receive_auto_renew(env: RocketMQEnv, client: str) -> list[Any]:
+    request = rs.ReceiveMessageRequest(
+        group=rd.Resource(name="pushers"),
+        message_queue=rd.MessageQueue(topic=rd.Resource(name="orders")),
+        filter_expression=rd.FilterExpression(type=rd.TAG, expression="*"),
+        batch_size=16, auto_renew=True, long_polling_timeout=Duration(seconds=0))
+    return [x.message for x in env.stub.ReceiveMessage(
+        request, timeout=5, metadata=(("x-mq-client-id", client),))
+        if x.WhichOneof("content") == "message"]
+
+
+def test_auto_renew_keeps_a_message_while_its_client_lives(rmq: RocketMQEnv) -> None:
+    _send(rmq, _msg(b"slow work", "SLOW"))
+    (m,) = _receive_auto_renew(rmq, "push-1")
+    assert m.system_properties.invisible_duration.seconds == 30  # the default
+    issued = m.system_properties.receipt_handle
+    heartbeat = rs.HeartbeatRequest(group=rd.Resource(name="pushers"))
+    for _ in range(12):  # two minutes of work, far past the 30 s invisible time
+        rmq.stub.Heartbeat(heartbeat, metadata=(("x-mq-client-id", "push-1"),))
+        rmq.tick(10_000)
+        assert _receive_auto_renew(rmq, "push-2") == []  # nobody else gets it
+    assert rmq.running.server.rocketmq.figures()["rocketmq.renewing"] == 1
+    ack = rmq.stub.AckMessage(rs.AckMessageRequest(
+        group=rd.Resource(name="pushers"), topic=rd.Resource(name="orders"),
+        entries=[rs.AckMessageEntry(message_id="SLOW", receipt_handle=issued)]))
+    assert ack.status.code == C.OK  # the handle as issued still works
+    assert rmq.running.server.rocketmq.figures()["rocketmq.renewing"] == 0
+    rmq.tick(60_000)
+    assert _receive_auto_renew(rmq, "push-2") == []
+
+
+def test_auto_renew_stops_when_the_client_is_gone(rmq: RocketMQEnv) -> None:
+    _send(rmq, _msg(b"orphan", "ORPHAN"))
+    start = rmq.clock.now_ms()
+    assert len(_receive_auto_renew(rmq, "push-1")) == 1
+    got: list[Any] = []
+    for _ in range(30):  # the client never calls again
+        rmq.tick(10_000)
+        got = _receive_auto_renew(rmq, "push-2")
+        if got:
+            break
+    (again,) = got
+    assert again.system_properties.delivery_attempt == 2
+    # renewed until the client had been silent for CLIENT_GONE_MS, then left to run out
+    assert rmq.clock.now_ms() - start >= CLIENT_GONE_MS + 10_000
+
+
+def test_auto_renew_ends_after_an_hour(rmq: RocketMQEnv) -> None:
+    _send(rmq, _msg(b"endless", "ENDLESS"))
+    start = rmq.clock.now_ms()
+    assert len(_receive_auto_renew(rmq, "push-1")) == 1
+    got: list[Any] = []
+    while not got and rmq.clock.now_ms() - start < 2 * MAX_RENEW_MS:
+        rmq.stub.Heartbeat(rs.HeartbeatRequest(), metadata=(("x-mq-client-id", "push-1"),))
+        rmq.tick(10_000)
+        got = _receive_auto_renew(rmq, "push-2")
+    assert len(got) == 1 and got[0].system_properties.delivery_attempt == 2
+    assert MAX_RENEW_MS <= rmq.clock.now_ms() - start <= MAX_RENEW_MS + 60_000
