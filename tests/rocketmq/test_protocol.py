@@ -340,3 +340,18 @@ def test_auto_renew_ends_after_an_hour(rmq: RocketMQEnv) -> None:
         got = _receive_auto_renew(rmq, "push-2")
     assert len(got) == 1 and got[0].system_properties.delivery_attempt == 2
     assert MAX_RENEW_MS <= rmq.clock.now_ms() - start <= MAX_RENEW_MS + 60_000
+
+
+def test_a_running_broker_renews_leases_every_second(tmp_path: Any) -> None:
+    import dataclasses
+
+    from chronomq.config import RocketMQConfig
+    from tests.conftest import RunningServer, broker_config
+    config = dataclasses.replace(broker_config(tmp_path / "d"), rocketmq=RocketMQConfig(
+        enabled=True, host="127.0.0.1", port=0))
+    srv = RunningServer(config)
+    try:
+        job = srv.server._scheduler.get_job("rocketmq-renew")  # type: ignore[union-attr]
+        assert job is not None and job.trigger.interval.total_seconds() == 1
+    finally:
+        srv.stop()
