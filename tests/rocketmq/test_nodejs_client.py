@@ -54,7 +54,7 @@ def _run(env: RocketMQEnv, script: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_nodejs_producer_and_simple_consumer(rmq: RocketMQEnv, node_client: Path) -> None:
+def test_nodejs_producer_simple_and_push_consumer(rmq: RocketMQEnv, node_client: Path) -> None:
     r = _run(rmq, node_client)
     (first,) = r["first"]
     assert (first["id"], first["body"], first["tag"], first["keys"], first["attempt"]) == (
@@ -68,3 +68,7 @@ def test_nodejs_producer_and_simple_consumer(rmq: RocketMQEnv, node_client: Path
     assert (due["id"], due["body"]) == (r["delayed"], "one minute later")
     assert 0 < due["deliveryTimestamp"] <= rmq.clock.now_ms()
     assert r["afterwards"] == []
+    # the PushConsumer group sees the whole topic; the ten sent for it arrive once each
+    pushed = [m["id"] for m in r["pushed"] if m["id"] in r["pushSent"]]
+    assert sorted(pushed) == sorted(r["pushSent"])
+    assert all(m["attempt"] == 1 for m in r["pushed"])

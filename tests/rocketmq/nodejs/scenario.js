@@ -7,7 +7,7 @@
 'use strict';
 
 const readline = require('node:readline');
-const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
+const { ConsumeResult, Producer, PushConsumer, SimpleConsumer } = require('rocketmq-client-nodejs');
 
 const endpoints = process.argv[2];
 const manualClock = process.argv.includes('--clock-on-stdin');
@@ -85,6 +85,33 @@ async function main() {
   result.afterwards = (await consumer.receive(16, 30000)).map(view);
 
   await consumer.shutdown();
+
+  // a PushConsumer: the client receives (auto_renew) and acks for its listener
+  const pushed = [];
+  const push = new PushConsumer({
+    endpoints, logger: quiet, consumerGroup: 'node-push',
+    subscriptions: new Map([[ topic, '*' ]]),
+    messageListener: {
+      async consume(m) {
+        pushed.push(view(m));
+        return ConsumeResult.SUCCESS;
+      },
+    },
+  });
+  await push.startup();
+  result.pushSent = [];
+  for (let i = 0; i < 10; i++) {
+    result.pushSent.push((await producer.send({ topic, body: Buffer.from(`push ${i}`) }))
+      .messageId);
+  }
+  const waitUntil = Date.now() + 30000;  // a bound, not a measurement
+  while (pushed.filter(m => result.pushSent.includes(m.id)).length < 10 &&
+         Date.now() < waitUntil) {
+    await new Promise(resolve => setTimeout(resolve, 50));
+  }
+  await push.shutdown();
+  result.pushed = pushed;
+
   await producer.shutdown();
   console.log(JSON.stringify({ result }));
 }
