@@ -123,6 +123,9 @@ class Broker:
 
     def open(self) -> None:
         self.store.open()
+        if self.tiered is not None:  # reuses the records the store's dispatcher decoded
+            assert self.store.dispatcher is not None
+            self.store.dispatcher.add_listener(self.tiered.offer)
 
     def start(self, timer_thread: bool = True) -> None:
         """Start the store's threads and (unless driven by hand, as tests with a manual

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ from tiered.queue import TieredEntry, TieredQueue
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 4 << 20
+RECENT_RECORDS = 1 << 16  # decoded records held from the store's dispatcher, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,7 @@ class TierStats:
     queues: int
     index_files: int
     expired_objects: int
+    reused_records: int  # taken as the store's dispatcher decoded them, not decoded again
 
 
 class TieredDispatcher:
@@ -86,7 +89,7 @@ class TieredDispatcher:
         self._first_unsaved: dict[tuple[str, int], int] = {}  # queue -> commitlog offset
         self._since: dict[tuple[str, int], float] = {}  # queue -> when it began buffering
         self._uploaded_records = self._uploaded_bytes = self._batches = 0
-        self._failed = self._expired = 0
+        self._failed = self._expired = self._reused = 0
         os.makedirs(os.path.join(meta_dir, "queues"), exist_ok=True)
         self.index = TieredIndex(provider, broker, os.path.join(meta_dir, "index"), clock,
                                  config.index_entries, config.index_ms)
@@ -94,6 +97,11 @@ class TieredDispatcher:
         self._read_position = self._checkpoint
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # batches the store's dispatcher decoded, in log order (``offer``): reused instead
+        # of decoding the same bytes again while this dispatcher keeps up
+        self._recent: deque[list[DispatchInfo]] = deque()
+        self._recent_lock = threading.Lock()
+        self._recent_records = 0
 
     # ------------------------------------------------------------------ state
 
@@ -130,13 +138,44 @@ class TieredDispatcher:
 
     # ------------------------------------------------------------------ work
 
+    def offer(self, records: list[DispatchInfo]) -> None:
+        """The store dispatcher's listener: a batch it dispatched (its thread)."""
+        with self._recent_lock:
+            self._recent.append(records)
+            self._recent_records += len(records)
+            while self._recent_records > RECENT_RECORDS:  # lagging far behind: decode then
+                self._recent_records -= len(self._recent.popleft())
+
+    def _take_recent(self, offset: int, length: int) -> tuple[list[DispatchInfo], int]:
+        """The offered records that tile ``[offset, offset + length)`` from its start, and
+        the bytes they cover; ``([], 0)`` when the offers do not start at ``offset``."""
+        out: list[DispatchInfo] = []
+        end, limit = offset, offset + length
+        with self._recent_lock:
+            recent = self._recent
+            while recent and recent[0][-1].commit_offset < offset:  # behind us
+                self._recent_records -= len(recent.popleft())
+            while recent:
+                batch = recent[0]
+                last = batch[-1]
+                batch_end = last.commit_offset + last.record_size
+                if batch[0].commit_offset != end or batch_end > limit:
+                    break
+                out += batch
+                end = batch_end
+                self._recent_records -= len(recent.popleft())
+        return out, end - offset
+
     def step(self) -> int:
         """Read what the CommitLog confirmed since the last step, buffer it per queue
         (one append per queue and stream), and commit what is due.  Returns the records
         buffered."""
         cl = self._store.commitlog
         offset, data = cl.read_from(self._read_position, READ_CHUNK)
-        infos, used = decode_dispatch_infos(data, offset) if data else ([], 0)
+        infos, used = self._take_recent(offset, len(data)) if data else ([], 0)
+        self._reused += len(infos)
+        if data and not used:
+            infos, used = decode_dispatch_infos(data, offset)
         by_queue: dict[tuple[str, int], list[DispatchInfo]] = {}
         for r in infos:
             if not r.flags & FLAG_DELAYED:
@@ -259,7 +298,7 @@ class TieredDispatcher:
         with self._lock:
             return TierStats(self._checkpoint, self._uploaded_records, self._uploaded_bytes,
                              self._batches, self._failed, len(self._queues),
-                             len(self.index.files), self._expired)
+                             len(self.index.files), self._expired, self._reused)
 
     # ------------------------------------------------------------------ reads
 
