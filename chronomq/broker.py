@@ -75,8 +75,7 @@ def make_provider(config: BrokerConfig) -> Provider:
             secret_access_key=tier.s3_secret_access_key))
     if tier.provider == "memory":
         return MemoryProvider()
-    data = os.path.abspath(config.store.data_dir)
-    return LocalProvider(tier.local_dir or os.path.join(os.path.dirname(data), "chronomq-tier"))
+    return LocalProvider(config.tier_local_dir())
 
 
 class Broker:

@@ -164,6 +164,9 @@ def _selection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--s3-access-key-id", default="")
     p.add_argument("--s3-secret-access-key", default="")
     p.add_argument("--broker-name", default="broker-0", help="whose tier layout to read")
+    p.add_argument("--config", default="", metavar="TOML",
+                   help="read the tier the broker with this config file writes to "
+                        "(its [tier] and store.data_dir; instead of --tier-dir / --s3-*)")
     p.add_argument("--master", default="local[2]", help="local[N] or a cluster URL")
     p.add_argument("--spark-ui", action="store_true", help="keep Spark's web UI on")
 
@@ -188,11 +191,18 @@ def _run_spark_job(args: argparse.Namespace) -> Any:
     from spark.session import make_session
     from tiered.scan import Selection
 
-    location = TierLocation(
-        path="" if args.s3_bucket else args.tier_dir, s3_bucket=args.s3_bucket,
-        s3_prefix=args.s3_prefix, s3_endpoint_url=args.s3_endpoint_url,
-        s3_region=args.s3_region, s3_access_key_id=args.s3_access_key_id,
-        s3_secret_access_key=args.s3_secret_access_key, broker=args.broker_name)
+    if args.config:
+        broker = load_config(args.config)
+        try:
+            location = TierLocation.from_tier(broker.tier, broker.tier_local_dir())
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from exc
+    else:
+        location = TierLocation(
+            path="" if args.s3_bucket else args.tier_dir, s3_bucket=args.s3_bucket,
+            s3_prefix=args.s3_prefix, s3_endpoint_url=args.s3_endpoint_url,
+            s3_region=args.s3_region, s3_access_key_id=args.s3_access_key_id,
+            s3_secret_access_key=args.s3_secret_access_key, broker=args.broker_name)
     selection = Selection(frozenset(t.strip() for t in args.topic.split(",") if t.strip()),
                           _time_ms(args.start), _time_ms(args.end), args.key)
     spread_ms = parse_duration_ms(args.spread) if getattr(args, "spread", "") else 0

@@ -131,6 +131,12 @@ class BrokerConfig:
     rocketmq: RocketMQConfig = field(default_factory=RocketMQConfig)
     groups: dict[str, RetryPolicy] = field(default_factory=dict)  # per-group retry policy
 
+    def tier_local_dir(self) -> str:
+        """The local-directory tier: ``tier.local_dir``, else ``chronomq-tier`` beside the
+        data directory."""
+        data = os.path.abspath(self.store.data_dir)
+        return self.tier.local_dir or os.path.join(os.path.dirname(data), "chronomq-tier")
+
     def retry_policy(self) -> RetryPolicy:
         """The broker-wide default retry policy of ``[pop]``."""
         return RetryPolicy(self.pop.max_attempts, parse_backoff(self.pop.retry_backoff),

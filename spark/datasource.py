@@ -67,6 +67,17 @@ class TierLocation:
     broker: str = "broker-0"
 
     @staticmethod
+    def from_tier(tier: Any, local_dir: str) -> TierLocation:
+        """The tier a broker writes to, from its ``[tier]`` settings (a
+        ``chronomq.config.TierConfig``; the S3 fields share their names)."""
+        if tier.provider == "s3":
+            return TierLocation(broker=tier.broker_name, **{
+                f: getattr(tier, f) for f in TierLocation.__slots__ if f.startswith("s3_")})
+        if tier.provider != "local":
+            raise ValueError(f"a {tier.provider!r} tier cannot be read outside the broker")
+        return TierLocation(path=local_dir, broker=tier.broker_name)
+
+    @staticmethod
     def from_options(options: dict[str, str]) -> TierLocation:
         o = {k.lower(): v for k, v in options.items()}
         loc = TierLocation(**{f: o[f] for f in TierLocation.__slots__ if o.get(f)})

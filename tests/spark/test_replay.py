@@ -28,7 +28,6 @@ def _server(kind: str, tmp_path: Path, request: pytest.FixtureRequest
     fast = {"upload": True, "upload_batch_ms": 50, "read": "not_in_disk"}
     if kind == "local":
         tier = TierConfig(provider="local", local_dir=str(tmp_path / "tier"), **fast)
-        location = TierLocation(path=str(tmp_path / "tier"))
     else:
         endpoint = request.getfixturevalue("s3_endpoint")
         bucket = f"replay-{kind}-{abs(hash(tmp_path)) % 10**8}"
@@ -36,11 +35,8 @@ def _server(kind: str, tmp_path: Path, request: pytest.FixtureRequest
         tier = TierConfig(provider="s3", s3_bucket=bucket, s3_endpoint_url=endpoint,
                           s3_access_key_id=CREDS["access_key_id"],
                           s3_secret_access_key=CREDS["secret_access_key"], **fast)
-        location = TierLocation(s3_bucket=bucket, s3_endpoint_url=endpoint,
-                                s3_access_key_id=CREDS["access_key_id"],
-                                s3_secret_access_key=CREDS["secret_access_key"])
     config = dataclasses.replace(broker_config(tmp_path / "data"), tier=tier)
-    return RunningServer(config), location
+    return RunningServer(config), TierLocation.from_tier(tier, config.tier_local_dir())
 
 
 def _drain(c: ChronomqClient, topic: str, group: str) -> list[str]:
@@ -142,8 +138,14 @@ def test_cli_replay_and_export(tmp_path: Path, request: pytest.FixtureRequest) -
         result = json.loads(out.stdout)
         assert (result["selected"], result["sent"], result["duplicates"]) == (40, 40, 0)
         assert result["spark_start_seconds"] > 0
+        # export finds the tier through the broker's config file instead
+        toml = tmp_path / "broker.toml"
+        toml.write_text(f'[store]\ndata_dir = "{tmp_path / "data"}"\n'
+                        f'[tier]\nprovider = "local"\nlocal_dir = "{tmp_path / "tier"}"\n')
+        by_config = ["--topic", "orders", "--key", "k", "--config", str(toml),
+                     "--master", "local[1]", "--json"]
         out = subprocess.run(
-            [sys.executable, "-m", "chronomq.cli", "export", *common, "--output",
+            [sys.executable, "-m", "chronomq.cli", "export", *by_config, "--output",
              str(tmp_path / "pq")], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert json.loads(out.stdout)["exported"] == len(sent)
@@ -151,5 +153,10 @@ def test_cli_replay_and_export(tmp_path: Path, request: pytest.FixtureRequest) -
                               "--output", str(tmp_path / "x"), "--from", "yesterday"],
                              capture_output=True, text=True, timeout=60)
         assert bad.returncode == 2 and "epoch ms or ISO-8601" in bad.stderr
+        toml.write_text('[tier]\nprovider = "memory"\n')
+        bad = subprocess.run([sys.executable, "-m", "chronomq.cli", "export", *by_config,
+                              "--output", str(tmp_path / "x")],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and "cannot be read outside the broker" in bad.stderr
     finally:
         srv.stop()
