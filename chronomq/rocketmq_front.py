@@ -1,6 +1,6 @@
 """The RocketMQ 5 front: ``apache.rocketmq.v2.MessagingService`` over gRPC, mapped onto the
-same Broker as the chronomq API.  Official RocketMQ 5 clients (Producer, SimpleConsumer)
-connect to it unchanged.
+same Broker as the chronomq API.  Official RocketMQ 5 clients (Producer, SimpleConsumer,
+PushConsumer) connect to it unchanged.
 
 How the protocol maps onto the core:
 
@@ -14,7 +14,8 @@ How the protocol maps onto the core:
   does not narrow it) with a TAG filter, long-polling until the client's deadline.  Its
   stream is a status, the messages, then the delivery timestamp.
 - AckMessage, ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue are Ack,
-  ChangeInvisibleTime and DeadLetter; RecallMessage is Cancel.
+  ChangeInvisibleTime and DeadLetter; RecallMessage is Cancel.  Leases of ``auto_renew``
+  receives (push consumers) are renewed while the client lives (``LeaseRenewer``).
 - Telemetry answers each settings command with the client's settings completed.
 - FIFO, transactional, lite and priority messages, SQL92 filters and the pull API answer
   with a clear UNSUPPORTED status.
@@ -429,7 +430,8 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 continue
             offset = 0
             if not next(dup):  # a repeat was stored before: same answer, no offset
-                offset = next(stored).queue_offset
+                info = next(stored)
+                mid, offset = info.message_id, info.queue_offset  # the broker's if none
             delayed = m.system_properties.HasField("delivery_timestamp")
             entries.append(rs.SendResultEntry(status=_ok(), message_id=mid, offset=offset,
                                               recall_handle=mid if delayed else ""))

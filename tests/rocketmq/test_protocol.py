@@ -113,6 +113,13 @@ def test_send_answers_one_entry_per_message(rmq: RocketMQEnv) -> None:
     assert m.system_properties.receipt_handle
 
 
+def test_a_message_without_an_id_gets_the_brokers(rmq: RocketMQEnv) -> None:
+    r = _send(rmq, _msg(b"anonymous", ""))
+    assert r.status.code == C.OK and len(r.entries[0].message_id) == 32
+    (m,) = [x.message for x in _receive(rmq) if x.WhichOneof("content") == "message"]
+    assert m.system_properties.message_id == r.entries[0].message_id
+
+
 def test_a_retried_send_is_stored_once(rmq: RocketMQEnv) -> None:
     for _ in range(2):
         r = _send(rmq, _msg(b"once", "RETRIED-ID"))
