@@ -446,7 +446,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             validate_message_id(mid)
             if not mid:
                 raise InvalidArgument("the recall handle is empty")
-            outcome = self._broker.timer.cancel(mid)
+            outcome = self._broker.timer.cancel(mid, request.topic.name)
         except ChronomqError as exc:
             return rs.RecallMessageResponse(status=_status(_code_of(exc), str(exc)))
         if outcome is TimerOutcome.CANCELLED:

@@ -360,12 +360,18 @@ class TimerService:
             return TimerOutcome.ALREADY_DELIVERED
         return key, loc[1]
 
-    def cancel(self, message_id: str) -> TimerOutcome:
+    def cancel(self, message_id: str, topic: str = "") -> TimerOutcome:
+        """Cancel a pending message; with ``topic``, only if it belongs to that topic
+        (``NOT_FOUND`` otherwise)."""
         with self._lock:
             found = self._find_pending(message_id)
             if isinstance(found, TimerOutcome):
                 return found
             key, _ = found
+            if topic:
+                (record,) = self._timers.records([key])
+                if record is None or decode_dispatch_infos(record, 0)[0][0].topic != topic:
+                    return TimerOutcome.NOT_FOUND
             self._timers.remove([(key, message_id)])
             self._wheel.remove(key)
             self._cancelled += 1

@@ -131,6 +131,8 @@ def test_recall_cancels_a_delayed_message(rmq: RocketMQEnv, producer: Producer,
     due = rmq.clock.now_ms() + 3_600_000
     receipt = producer.send(_message(b"cancel me", deliver_at_ms=due))
     keep = producer.send(_message(b"keep me", deliver_at_ms=due))
+    with pytest.raises(NotFoundException):  # the handle names a message of "orders" only
+        producer.recall_message("other", receipt.recall_handle)
     assert producer.recall_message("orders", receipt.recall_handle) == receipt.message_id
     with pytest.raises(NotFoundException):
         producer.recall_message("orders", receipt.recall_handle)
