@@ -87,6 +87,18 @@ def test_a_re_created_topic_starts_a_new_generation_in_the_tier(
         store.stop()
 
 
+def _upload_all(tier: TieredDispatcher) -> list[bytes]:
+    """Step until the CommitLog is read, commit, and return every body in the tier."""
+    while tier.step():
+        pass
+    tier.commit()
+    return sorted(_bodies(tier, 0) + _bodies(tier, 1))
+
+
+def _expected(n: int) -> list[bytes]:
+    return sorted(f"m{i}".encode() for i in range(n))
+
+
 def test_records_the_store_dispatcher_decoded_are_reused(tmp_path: Path,
                                                          manual_clock: ManualClock) -> None:
     store, tier = _open(tmp_path, manual_clock)
@@ -97,12 +109,8 @@ def test_records_the_store_dispatcher_decoded_are_reused(tmp_path: Path,
         for start in range(0, 300, 100):
             _send(store, 100, start=start)
         store.wait_visible()
-        while tier.step():
-            pass
-        tier.commit()
+        assert _upload_all(tier) == _expected(300)
         assert tier.statistics().reused_records == 300  # none decoded a second time
-        bodies = _bodies(tier, 0) + _bodies(tier, 1)
-        assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(300))
     finally:
         tier.stop()
         store.stop()
@@ -123,12 +131,8 @@ def test_a_dispatcher_behind_the_offers_decodes_itself(tmp_path: Path,
         assert tier.statistics().reused_records == 0
         _send(store, 100, start=200)  # caught up: this batch is taken as offered
         store.wait_visible()
-        while tier.step():
-            pass
-        tier.commit()
+        assert _upload_all(tier) == _expected(300)
         assert tier.statistics().reused_records == 100
-        bodies = _bodies(tier, 0) + _bodies(tier, 1)
-        assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(300))
     finally:
         tier.stop()
         store.stop()
