@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
 from chronomq.client import ChronomqClient
-from chronomq.config import BrokerConfig, PopConfig, ServerConfig
+from chronomq.config import BrokerConfig, PopConfig, ServerConfig, TierConfig
 from chronomq.server import BrokerServer
 from store.clock import Clock, ManualClock, SystemClock
 from store.store import MessageStore, StoreConfig
@@ -32,6 +33,20 @@ def create_bucket(endpoint: str, bucket: str) -> None:
     boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                  aws_access_key_id="testing",
                  aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+
+
+def tier_config(kind: str, tmp_path: Path, request: pytest.FixtureRequest, prefix: str,
+                **settings: Any) -> TierConfig:
+    """A local-directory tier under ``tmp_path`` (``kind == "local"``) or a new bucket on
+    moto's S3 server, with ``settings``."""
+    if kind == "local":
+        return TierConfig(provider="local", local_dir=str(tmp_path / "tier"), **settings)
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = f"{prefix}-{abs(hash(tmp_path)) % 10**9}"
+    create_bucket(endpoint, bucket)
+    return TierConfig(provider="s3", s3_bucket=bucket, s3_endpoint_url=endpoint,
+                      s3_access_key_id=CREDS["access_key_id"],
+                      s3_secret_access_key=CREDS["secret_access_key"], **settings)
 
 
 @pytest.fixture

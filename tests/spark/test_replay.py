@@ -15,26 +15,17 @@ import pytest
 from pyspark.sql import SparkSession
 
 from chronomq.client import ChronomqClient, message
-from chronomq.config import TierConfig
 from spark.datasource import TierLocation
 from spark.jobs import export, replay, select
 from tests.chronomq.process import wait_tier_caught_up
-from tests.conftest import CREDS, RunningServer, broker_config, create_bucket
+from tests.conftest import RunningServer, broker_config, tier_config
 from tiered.scan import Selection
 
 
 def _server(kind: str, tmp_path: Path, request: pytest.FixtureRequest
             ) -> tuple[RunningServer, TierLocation]:
     fast = {"upload": True, "upload_batch_ms": 50, "read": "not_in_disk"}
-    if kind == "local":
-        tier = TierConfig(provider="local", local_dir=str(tmp_path / "tier"), **fast)
-    else:
-        endpoint = request.getfixturevalue("s3_endpoint")
-        bucket = f"replay-{kind}-{abs(hash(tmp_path)) % 10**8}"
-        create_bucket(endpoint, bucket)
-        tier = TierConfig(provider="s3", s3_bucket=bucket, s3_endpoint_url=endpoint,
-                          s3_access_key_id=CREDS["access_key_id"],
-                          s3_secret_access_key=CREDS["secret_access_key"], **fast)
+    tier = tier_config(kind, tmp_path, request, "replay", **fast)
     config = dataclasses.replace(broker_config(tmp_path / "data"), tier=tier)
     return RunningServer(config), TierLocation.from_tier(tier, config.tier_local_dir())
 

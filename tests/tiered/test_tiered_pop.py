@@ -16,21 +16,14 @@ from store.clock import ManualClock
 from store.message import Message, draft_of
 from store.store import StoreConfig
 from store.topics import Topic
-from tests.conftest import CREDS, create_bucket
+from tests.conftest import tier_config
 
 
 def _tier(kind: str, tmp_path: Path, request: pytest.FixtureRequest,
           **settings: Any) -> TierConfig:
     small = {"upload": True, "upload_batch_bytes": 8 << 10, "segment_bytes": 32 << 10,
              **settings}
-    if kind == "local":
-        return TierConfig(provider="local", local_dir=str(tmp_path / "tier"), **small)
-    endpoint = request.getfixturevalue("s3_endpoint")
-    bucket = f"tp-{abs(hash(tmp_path)) % 10**8}"
-    create_bucket(endpoint, bucket)
-    return TierConfig(provider="s3", s3_bucket=bucket, s3_endpoint_url=endpoint,
-                      s3_access_key_id=CREDS["access_key_id"],
-                      s3_secret_access_key=CREDS["secret_access_key"], **small)
+    return tier_config(kind, tmp_path, request, "tp", **small)
 
 
 @pytest.mark.parametrize("kind", ["local", "s3"])

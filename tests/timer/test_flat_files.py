@@ -14,7 +14,7 @@ from store.clock import ManualClock
 from store.message import Draft
 from store.store import StoreConfig
 from store.topics import Topic
-from tests.conftest import CREDS, create_bucket
+from tests.conftest import tier_config
 from tests.tiered.faults import FaultyProvider
 from timer.service import TimerConfig, TimerOutcome
 
@@ -68,15 +68,7 @@ class Env:
 @pytest.fixture(params=["local", "s3"])
 def env(request: pytest.FixtureRequest, tmp_path: Path,
         manual_clock: ManualClock) -> Iterator[Env]:
-    if request.param == "local":
-        tier = TierConfig(provider="local", local_dir=str(tmp_path / "tier"))
-    else:
-        endpoint = request.getfixturevalue("s3_endpoint")
-        bucket = f"flat-{abs(hash(request.node.name)) % 10**9}"
-        create_bucket(endpoint, bucket)
-        tier = TierConfig(provider="s3", s3_bucket=bucket, s3_endpoint_url=endpoint,
-                          s3_access_key_id=CREDS["access_key_id"],
-                          s3_secret_access_key=CREDS["secret_access_key"])
+    tier = tier_config(request.param, tmp_path, request, "flat")
     e = Env(tmp_path, manual_clock, tier)
     e.broker.create_topic(Topic("t", 2))
     yield e
