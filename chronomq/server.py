@@ -58,6 +58,16 @@ class BearerAuth(grpc.ServerInterceptor):  # type: ignore[misc]
         return self._deny_stream if details.method.endswith("Stream") else self._deny_unary
 
 
+def _grpc_server(workers: int, thread_prefix: str, max_rpcs: int,
+                 interceptors: list[Any]) -> grpc.Server:
+    return grpc.server(
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_prefix),
+        interceptors=interceptors, maximum_concurrent_rpcs=max_rpcs,
+        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.so_reuseport", 0)])
+
+
 class BrokerServer:
     """One broker and its gRPC server.  ``start`` returns the bound port."""
 
@@ -88,14 +98,8 @@ class BrokerServer:
         dispatcher.add_listener(self._on_dispatched)
         self.broker.start(timer_thread=self.background)
         self.servicer = BrokerServicer(self.broker, self.notifier, self.config.pop.max_wait_ms)
-        server = grpc.server(
-            ThreadPoolExecutor(max_workers=cfg.worker_threads, thread_name_prefix="rpc"),
-            interceptors=[BearerAuth(cfg.auth_token)] if cfg.auth_token else [],
-            maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.so_reuseport", 0)],
-        )
+        server = _grpc_server(cfg.worker_threads, "rpc", cfg.max_concurrent_rpcs,
+                              [BearerAuth(cfg.auth_token)] if cfg.auth_token else [])
         broker_pb2_grpc.add_BrokerServicer_to_server(  # type: ignore[no-untyped-call]
             self.servicer, server)
         health_servicer = health.HealthServicer()
@@ -103,13 +107,7 @@ class BrokerServer:
         names = (broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name,
                  health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
-        address = f"{cfg.host}:{cfg.port}"
-        if cfg.tls_cert_file:
-            with open(cfg.tls_key_file, "rb") as k, open(cfg.tls_cert_file, "rb") as c:
-                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-            self.port = server.add_secure_port(address, creds)
-        else:
-            self.port = server.add_insecure_port(address)
+        self.port = self._bind(server, cfg.host, cfg.port)
         server.start()
         self._server = server
         for name in ("", names[0]):
@@ -139,24 +137,12 @@ class BrokerServer:
         from chronomq.rocketmq_front import AccessKeyAuth, RocketMQServicer
         from chronomq.rocketmq_pb import service_grpc as rs_grpc
 
-        cfg, server_cfg = self.config.rocketmq, self.config.server
-        host = cfg.host or server_cfg.host
-        server = grpc.server(
-            ThreadPoolExecutor(max_workers=cfg.worker_threads, thread_name_prefix="rmq"),
-            interceptors=[AccessKeyAuth(cfg.access_key, cfg.secret_key)]
-            if cfg.access_key else [],
-            maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.so_reuseport", 0)])
-        address = f"{host}:{cfg.port}"
-        if server_cfg.tls_cert_file:
-            with open(server_cfg.tls_key_file, "rb") as k, \
-                    open(server_cfg.tls_cert_file, "rb") as c:
-                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-            self.rocketmq_port = server.add_secure_port(address, creds)
-        else:
-            self.rocketmq_port = server.add_insecure_port(address)
+        cfg = self.config.rocketmq
+        host = cfg.host or self.config.server.host
+        server = _grpc_server(
+            cfg.worker_threads, "rmq", cfg.max_concurrent_rpcs,
+            [AccessKeyAuth(cfg.access_key, cfg.secret_key)] if cfg.access_key else [])
+        self.rocketmq_port = self._bind(server, host, cfg.port)
         self.rocketmq = RocketMQServicer(
             self.broker, self.notifier, self.config.pop.max_wait_ms,
             cfg.advertise_address or f"{host}:{self.rocketmq_port}")
@@ -166,6 +152,16 @@ class BrokerServer:
         server.start()
         self._rocketmq_server = server
         log.info("RocketMQ 5 front serving on %s:%d", host, self.rocketmq_port)
+
+    def _bind(self, server: grpc.Server, host: str, port: int) -> int:
+        """Listen on ``host:port`` (TLS when ``server.tls_*`` is set); the bound port."""
+        cfg = self.config.server
+        address = f"{host}:{port}"
+        if not cfg.tls_cert_file:
+            return int(server.add_insecure_port(address))
+        with open(cfg.tls_key_file, "rb") as k, open(cfg.tls_cert_file, "rb") as c:
+            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+        return int(server.add_secure_port(address, creds))
 
     def _on_dispatched(self, records: list[DispatchInfo]) -> None:
         self.notifier.arrived({origin_of(r.topic) for r in records})  # retries wake their topic
