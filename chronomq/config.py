@@ -65,6 +65,8 @@ class ServerConfig:
     max_concurrent_rpcs: int = 1000  # beyond this, calls are refused with RESOURCE_EXHAUSTED
     shutdown_grace_s: float = 5.0
     retention_interval_s: int = 60
+    crash_at: str = ""  # tests only: "label:N" exits at the Nth hit of a crash point
+    #                     (store/crashpoint.py lists the labels)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from chronomq.notify import ArrivalNotifier
 from chronomq.servicer import BrokerServicer
 from chronomq.v1 import broker_pb2, broker_pb2_grpc
 from pop.service import origin_of
+from store import crashpoint
 from store.clock import Clock, SystemClock
 from store.message import DispatchInfo
 
@@ -78,6 +79,7 @@ class BrokerServer:
         self.config = config
         self.background = background
         self.clock = clock or SystemClock()
+        crashpoint.arm_from_setting(config.server.crash_at)
         self.broker = Broker(config, self.clock)
         self.notifier = ArrivalNotifier()
         self.port = 0

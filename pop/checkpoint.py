@@ -4,6 +4,7 @@ RocksDB keys and values (``<data>/pop``, raw bytes)::
 
     b"c" + group + b"\\0" + topic + b"\\0" + queue_id u16 + ck_start u64  -> checkpoint value
     b"o" + group + b"\\0" + topic + b"\\0" + queue_id u16               -> ack offset u64
+    b"p" + group + b"\\0" + topic + b"\\0" + queue_id u16               -> pop offset u64
 
 ``topic`` is the topic the entries were leased from: the user's topic, or the group's
 retry topic (``%RETRY%<group>%<topic>``).
@@ -21,7 +22,10 @@ Checkpoint value (big-endian)::
 An entry is "done" when acked, released (Nack: its retry copy is durable), revived, or
 skipped by the group's tag filter.  ChangeInvisibleTime rewrites this one value (one
 synced write).  The ack offset is the first queue offset not yet done by the group; it
-only moves forward.
+only moves forward.  The pop offset is the first queue offset never leased; it is written
+in the same write as the checkpoints of the Pop that moves it, so after a restart the
+entries of a lease that was fully done and deleted (while an older one was still open)
+are not leased again.
 """
 
 from __future__ import annotations
@@ -94,8 +98,12 @@ def offset_key(group: str, topic: str, queue_id: int) -> bytes:
     return queue_prefix(b"o", group, topic, queue_id)
 
 
+def pop_offset_key(group: str, topic: str, queue_id: int) -> bytes:
+    return queue_prefix(b"p", group, topic, queue_id)
+
+
 def parse_key(key: bytes) -> tuple[str, str, int, int | None]:
-    """``(group, topic, queue_id, ck_start or None)`` of a checkpoint or ack-offset key."""
+    """``(group, topic, queue_id, ck_start or None)`` of a checkpoint or offset key."""
     group, topic, rest = key[1:].split(b"\0", 2)
     qid = int(_QID.unpack_from(rest)[0])
     start = int(_U64.unpack_from(rest, 2)[0]) if key[:1] == b"c" else None

@@ -7,10 +7,12 @@ consumer at a time.  Per (group, topic, queue) the service keeps:
 - the open PopCheckpoints (leases) by their start offset;
 - ``ack_offset``: the first queue offset not yet done (persisted; only moves forward).
 
-A Pop writes its PopCheckpoints with one synced RocksDB write before any message leaves
-the broker, and schedules each lease's deadline on a timing wheel (``timer.wheel``, 10 ms
-ticks).  An Ack marks a bit; a fully-done checkpoint is deleted and the ack offset moves
-to the start of the oldest open one.
+A Pop writes its PopCheckpoints and the queue's pop offset durably before any message
+leaves the broker, and schedules each lease's deadline on a timing wheel (``timer.wheel``,
+10 ms ticks).  An Ack marks a bit; a fully-done checkpoint is deleted and the ack offset
+moves to the start of the oldest open one.  Leases, acks and new deadlines answer OK only
+once durable: they are group-committed (``store.kv.GroupCommit``: one WAL fsync covers
+the writes of every consumer waiting at that moment).
 
 Redelivery goes through the CommitLog, never by rewinding an offset: when a deadline
 passes with entries not done (revive), or a consumer releases a message (Nack), a copy of
@@ -47,12 +49,14 @@ from pop.checkpoint import (
     encode_offset,
     offset_key,
     parse_key,
+    pop_offset_key,
 )
 from pop.handle import HandleCodec, ReceiptHandle
 from pop.policy import RetryPolicy
 from store.clock import Clock
+from store.crashpoint import crashpoint
 from store.errors import ChronomqError, FailedPrecondition, InvalidArgument
-from store.kv import KV
+from store.kv import KV, GroupCommit
 from store.message import (
     FLAG_DELAYED,
     FLAG_RETRY,
@@ -214,6 +218,7 @@ class PopService:
                  group_policies: dict[str, RetryPolicy] | None = None) -> None:
         self._store = store
         self._kv = kv
+        self._commit = GroupCommit(kv)  # leases, acks and deadlines: durable before OK
         self._handles = HandleCodec(secret)
         self._clock = clock
         self.max_messages_cap = max_messages_cap
@@ -249,6 +254,7 @@ class PopService:
         """Load every open lease and schedule its deadlines (needed before revive can
         run: a lease whose deadline passed while the broker was down revives at once)."""
         offsets = {parse_key(k)[:3]: decode_offset(v) for k, v in self._kv.scan(b"o")}
+        popped = {parse_key(k)[:3]: decode_offset(v) for k, v in self._kv.scan(b"p")}
         deadlines: list[_Deadline] = []
         for k, v in self._kv.scan(b"c"):
             group, topic, qid, start = parse_key(k)
@@ -261,6 +267,8 @@ class PopService:
             leases.checkpoints[ck.ck_start] = ck
             leases.pop_offset = max(leases.pop_offset, ck.end)
             deadlines += [(group, topic, qid, ck.ck_start, e) for e in ck.deadlines()]
+        for key, leases in self._leases.items():
+            leases.pop_offset = max(leases.pop_offset, popped.get(key, 0))
         for group, topic, _ in list(self._leases) + list(offsets):
             self._group_lock(group, origin_of(topic))  # known to statistics
         self._schedule(deadlines)
@@ -310,8 +318,10 @@ class PopService:
                 if want > 0:
                     out += self._lease(group, ltopic, topic, queues, want, now, expire, tf,
                                        puts, deadlines)
-            if puts:
-                self._kv.write(puts, sync=True)  # durable before messages leave the broker
+            ticket = self._commit.write(puts) if puts else 0
+        if ticket:  # durable before the messages leave the broker (one fsync for many)
+            self._commit.wait(ticket)
+            crashpoint("pop.after_checkpoint")
         self._schedule(deadlines)
         with self._lock:
             self._popped += len(out)
@@ -410,6 +420,7 @@ class PopService:
                                                  expire, attempt))
             out.append(PoppedMessage(msg, handle, attempt))
         leases.pop_offset = ck.end
+        puts.append((pop_offset_key(group, ltopic, qid), encode_offset(ck.end)))
         if ck.all_acked():  # the filter skipped everything: no lease, just move on
             if not leases.checkpoints:
                 leases.ack_offset = leases.pop_offset
@@ -427,7 +438,9 @@ class PopService:
         if leases is None:
             raw = self._kv.get(offset_key(group, topic, qid))
             ack = decode_offset(raw) if raw else self._bounds(topic, qid)[0]
-            leases = _QueueLeases(ack_offset=ack, pop_offset=ack)
+            raw = self._kv.get(pop_offset_key(group, topic, qid))
+            leases = _QueueLeases(ack_offset=ack,
+                                  pop_offset=max(ack, decode_offset(raw) if raw else 0))
             with self._lock:
                 self._leases[key] = leases
         return leases
@@ -479,10 +492,12 @@ class PopService:
             leases.ack_offset = oldest
             ops[offset_key(group, topic, qid)] = encode_offset(oldest)
 
-    def _write(self, ops: dict[bytes, bytes | None], sync: bool = False) -> None:
-        if ops:
-            self._kv.write([(k, v) for k, v in ops.items() if v is not None],
-                           [k for k, v in ops.items() if v is None], sync=sync)
+    def _write(self, ops: dict[bytes, bytes | None]) -> int:
+        """Apply ``ops`` (None: delete) without a sync; the ticket to wait for (0: none)."""
+        if not ops:
+            return 0
+        return self._commit.write([(k, v) for k, v in ops.items() if v is not None],
+                                  [k for k, v in ops.items() if v is None])
 
     # ------------------------------------------------------------------ ack
 
@@ -498,6 +513,7 @@ class PopService:
         handle (None = acknowledged).  Handles in ``issued`` are known to have been issued
         to ``group`` by this broker (a Subscribe stream's): their MAC is not recomputed."""
         handles, results = self._decode_all(group, receipt_handles, issued)
+        ticket = 0
         for origin, items in _by_origin(handles).items():
             ops: dict[bytes, bytes | None] = {}
             acked = 0
@@ -512,9 +528,12 @@ class PopService:
                         ck.mark(i)
                         acked += 1
                         self._finish(group, h.topic, h.queue_id, ck, ops)
-                self._write(ops)
+                ticket = self._write(ops) or ticket
             with self._lock:
                 self._acked += acked
+        if ticket:  # an OK ack is final: durable before the answer (one fsync for many)
+            self._commit.wait(ticket)
+            crashpoint("pop.after_ack")
         return results
 
     def _decode_all(self, group: str, texts: list[str], issued: Container[str] = ()
@@ -557,8 +576,10 @@ class PopService:
                 ck.expire_at_ms = expire
             else:
                 ck.overrides[i] = expire
-            self._kv.write([(checkpoint_key(group, h.topic, h.queue_id, ck.ck_start),
-                             encode_checkpoint(ck))], sync=True)
+            ticket = self._commit.write([(checkpoint_key(group, h.topic, h.queue_id,
+                                                         ck.ck_start), encode_checkpoint(ck))])
+        self._commit.wait(ticket)
+        crashpoint("pop.after_change_invisible")
         self._schedule([(group, h.topic, h.queue_id, h.ck_start, expire)])
         return self._handles.encode(group, ReceiptHandle(
             h.topic, h.queue_id, h.ck_start, h.queue_offset, expire, h.attempt))
@@ -814,7 +835,7 @@ class PopService:
                 del self._leases[key]
             for pair in [k for k in self._group_locks if k[1] == topic]:
                 del self._group_locks[pair]
-        doomed = [k for kind in (b"c", b"o") for k, _ in self._kv.scan(kind)
+        doomed = [k for kind in (b"c", b"o", b"p") for k, _ in self._kv.scan(kind)
                   if origin_of(parse_key(k)[1]) == topic]
         self._kv.write(deletes=doomed)
         for t in self._store.topics.list():

@@ -1,11 +1,17 @@
 """A thin wrapper over RocksDB (rocksdict, raw bytes mode) shared by the index, the POP
 checkpoints and the timer store.  RocksDB errors are wrapped in ``StoreError`` here.
 
-Thread-safe: RocksDB itself is; this class keeps no mutable state of its own.
+``GroupCommit`` makes many writers' unsynced writes durable with one WAL fsync (the same
+group commit the CommitLog does for sends): a writer writes without a sync, takes a
+ticket, and waits; whoever finds no sync running syncs the WAL for everyone whose write
+finished before that sync began.
+
+Thread-safe: RocksDB itself is; ``KV`` keeps no mutable state of its own.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
@@ -79,6 +85,13 @@ class KV:
         except Exception as exc:
             raise StoreError(f"RocksDB write failed: {exc}") from exc
 
+    def sync_wal(self) -> None:
+        """fsync RocksDB's write-ahead log: every write made before this is durable."""
+        try:
+            self._db.flush_wal(True)
+        except Exception as exc:
+            raise StoreError(f"RocksDB WAL sync failed: {exc}") from exc
+
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Items whose key starts with ``prefix``, from ``start`` (default: the prefix)."""
         ro = ReadOptions()
@@ -90,3 +103,51 @@ class KV:
         while it.valid():
             yield it.key(), it.value()
             it.next()
+
+
+class GroupCommit:
+    """One WAL fsync for a batch of writers (see the module docstring).  Thread-safe."""
+
+    def __init__(self, kv: KV) -> None:
+        self._kv = kv
+        self._cond = threading.Condition()
+        self._issued = 0  # tickets handed out: writes that have reached RocksDB
+        self._synced = 0  # every ticket up to this one is durable
+        self._syncing = False
+        self.syncs = 0
+
+    def write(self, puts: Iterable[tuple[bytes, bytes]] = (),
+              deletes: Iterable[bytes] = ()) -> int:
+        """Apply a write without syncing; returns the ticket to ``wait`` for."""
+        self._kv.write(puts, deletes)
+        with self._cond:
+            self._issued += 1
+            return self._issued
+
+    def wait(self, ticket: int) -> None:
+        """Return once the write behind ``ticket`` is durable (raises ``StoreError`` if the
+        sync fails)."""
+        with self._cond:
+            while self._synced < ticket:
+                if self._syncing:
+                    self._cond.wait()
+                    continue
+                self._syncing = True
+                target = self._issued  # every write behind these tickets has finished
+                self._cond.release()
+                synced = False
+                try:
+                    self._kv.sync_wal()
+                    synced = True
+                finally:
+                    self._cond.acquire()
+                    self._syncing = False
+                    if synced:
+                        self._synced = max(self._synced, target)
+                        self.syncs += 1
+                    self._cond.notify_all()
+
+    def write_durable(self, puts: Iterable[tuple[bytes, bytes]] = (),
+                      deletes: Iterable[bytes] = ()) -> None:
+        """``write`` then ``wait``."""
+        self.wait(self.write(puts, deletes))

@@ -1,0 +1,73 @@
+"""What an OK answer of the POP layer promises survives a restart: acks are final and
+leases are kept (real store, real RocksDB, manual clock)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pop.service import TagFilter
+from store.clock import ManualClock
+from store.topics import Topic
+from tests.pop.test_pop_service import Env
+
+
+def _env(tmp_path: Path, clock: ManualClock) -> Env:
+    e = Env(tmp_path, clock)
+    e.store.create_topic(Topic("t", 1))
+    return e
+
+
+def test_acks_of_a_later_lease_survive_a_restart_while_an_earlier_one_is_open(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    env = _env(tmp_path, manual_clock)
+    # Given: two leases on one queue; the second one fully acked, the first still open
+    env.send(6)
+    first = env.pop.pop("t", "G", 3, 60)
+    second = env.pop.pop("t", "G", 3, 60)
+    assert len(first) == len(second) == 3
+    assert env.pop.ack_many("G", [p.receipt_handle for p in second]) == [None] * 3
+    # When: the broker restarts
+    env = env.reopen()
+    try:
+        # Then: the acked messages never come back, and the open lease is kept
+        assert env.pop.pop("t", "G", 32, 60) == []
+        env.clock.advance(61_000)
+        assert env.pop.revive_due() == 3
+        again = env.pop.pop("t", "G", 32, 60)
+        assert {p.message.message_id for p in again} == \
+            {p.message.message_id for p in first}
+        assert all(p.delivery_attempt == 2 for p in again)
+    finally:
+        env.close()
+
+
+def test_messages_a_tag_filter_skipped_stay_done_after_a_restart(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    env = _env(tmp_path, manual_clock)
+    # Given: an open lease, then a Pop whose tag filter skips three messages
+    env.send(1, tag="a")
+    open_lease = env.pop.pop("t", "G", 1, 60)
+    env.send(3, tag="b")
+    assert env.pop.pop("t", "G", 32, 60, tag_filter=TagFilter.parse("a")) == []
+    # When: the broker restarts
+    env = env.reopen()
+    try:
+        # Then: the skipped messages are done for the group, the lease is still held
+        assert len(open_lease) == 1
+        assert env.pop.pop("t", "G", 32, 60) == []
+    finally:
+        env.close()
+
+
+def test_acks_and_leases_are_group_committed(tmp_path: Path,
+                                             manual_clock: ManualClock) -> None:
+    env = _env(tmp_path, manual_clock)
+    try:
+        env.send(40)
+        got = env.pop.pop("t", "G", 32, 60)
+        syncs = env.pop._commit.syncs
+        assert syncs >= 1  # the Pop waited for its leases to be durable
+        assert env.pop.ack_many("G", [p.receipt_handle for p in got]) == [None] * 32
+        assert env.pop._commit.syncs == syncs + 1  # 32 acks, one fsync
+    finally:
+        env.close()
