@@ -28,6 +28,7 @@ import threading
 from dataclasses import dataclass
 
 from store.clock import Clock
+from store.crashpoint import crashpoint
 from store.errors import ChronomqError, InvalidArgument
 from store.message import (
     FLAG_DELAYED,
@@ -139,6 +140,8 @@ class TimerService:
 
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
         delayed = [r for r in records if r.flags & FLAG_DELAYED]
+        delivered = [r for r in records if r.flags & FLAG_TIMER_DELIVERY]
+        done = self._delivered_keys(delivered) if delivered else []
         entries: list[tuple[str, int, int, bytes]] = []
         parked: list[tuple[str, int, int]] = []
         if delayed:
@@ -158,16 +161,33 @@ class TimerService:
                     else:
                         entries.append(entry)
         self._pending_position = end_offset
-        if entries or parked or end_offset - self._position > (1 << 20):
+        if entries or parked or done or end_offset - self._position > (1 << 20):
             position = self._durable_position()
-            self._timers.add(entries, position, parked)
+            self._timers.add(entries, position, parked, deletes=done)
             self._position = position
+            crashpoint("timer.after_add")
         if entries:
             self._admit([(timer_key(due, off), due) for _, due, off, _ in entries])
         try:
             self._flush_parking(force=False)
         except ChronomqError as exc:  # the records stay parked; the next flush retries
             log.warning("writing TimerFlatFiles failed, will retry: %s", exc)
+
+    def _delivered_keys(self, delivered: list[DispatchInfo]) -> list[bytes]:
+        """The timer entries (key and id key) of messages whose delivered copy is in the
+        CommitLog.  The timer thread removes them right after the copy is durable; this
+        removes them again from the log itself, in the same write as the position, so a
+        crash between the copy and the removal never delivers a message twice."""
+        located = self._timers.locate_many([r.message_id for r in delivered])
+        keys: list[bytes] = []
+        for r, loc in zip(delivered, located, strict=True):
+            if loc is None or loc[0] != r.deliver_at_ms:
+                continue  # removed already (or that id is pending again, for another time)
+            key = timer_key(*loc)
+            (record,) = self._timers.records([key])
+            if record is not None and decode_dispatch_infos(record, 0)[0][0].topic == r.topic:
+                keys += (key, id_key(r.message_id))
+        return keys
 
     def _park(self, bucket: int, entry: tuple[str, int, int, bytes]) -> None:
         if not self._parking:
@@ -194,6 +214,7 @@ class TimerService:
         try:
             for bucket, entries in parking.items():
                 self._flat.append(bucket, [(e[2], e[3]) for e in entries])
+                crashpoint("timer.after_flat_write")
                 written.append(bucket)
         finally:  # a failed write keeps its records parked (and the checkpoint behind them)
             unwritten = {b: es for b, es in parking.items() if b not in written}
@@ -225,15 +246,23 @@ class TimerService:
             held = {b: list(es) for b, es in self._parking.items() if b <= limit}
         moved = 0
         for bucket in sorted(set(self._flat.buckets_until(limit)) | set(held)):
-            moved += self._preload_bucket(bucket, held.get(bucket, []))
+            mine = held.get(bucket, [])
+            moved += self._preload_bucket(bucket, mine)
             with self._lock:  # only now, with them in RocksDB, may the checkpoint pass them
+                done = {e[2] for e in mine}
                 still = self._parking.pop(bucket, [])
                 self._parking_bytes -= sum(len(e[3]) for e in still)
+                for entry in still:  # parked again by a failed write meanwhile: keep it
+                    if entry[2] not in done:
+                        self._park(bucket, entry)
         return moved
 
     def _preload_bucket(self, bucket: int, held: list[tuple[str, int, int, bytes]]) -> int:
         entries = {(e[2]): e for e in held}
-        for offset, record in self._flat.read_bucket(bucket):
+        # exactly these objects are read and then deleted: one a parked batch writes
+        # meanwhile stays for the next preload (deleting it unread lost its messages)
+        paths = self._flat.objects(bucket)
+        for offset, record in self._flat.read_bucket(bucket, paths):
             info = decode_dispatch_infos(record, 0)[0][0]
             entries[offset] = (info.message_id, info.deliver_at_ms, offset, record)
         chosen = list(entries.values())
@@ -242,7 +271,9 @@ class TimerService:
         deletes = [id_key(e[0], b"x") for e, gone in zip(chosen, cancelled, strict=True)
                    if gone is not None] + [id_key(e[0], b"f") for e in chosen]
         self._timers.add(keep, None, deletes=deletes, sync=True)
-        self._flat.drop_bucket(bucket)
+        crashpoint("timer.after_preload")
+        self._flat.drop_bucket(bucket, paths)
+        crashpoint("timer.after_bucket_delete")
         self._admit([(timer_key(due, off), due) for _, due, off, _ in keep])
         return len(keep)
 
@@ -329,6 +360,7 @@ class TimerService:
             return 0
         try:
             stored = self._store.put_drafts(drafts).result()
+            crashpoint("timer.after_deliver_append")
         except ChronomqError:
             log.exception("timer delivery failed; the entries stay and are retried")
             with self._lock:
@@ -336,6 +368,7 @@ class TimerService:
                     self._due_now.append((key, parse_timer_key(key)[0]))
             return 0
         self._timers.remove(done)  # only now: the messages are durable under their topic
+        crashpoint("timer.after_deliver_remove")
         with self._lock:
             self._delivered += len(stored)
             self._last_delivery_ms = max(self._last_delivery_ms, stored[-1].store_at_ms)

@@ -38,6 +38,11 @@ def parse_timer_key(key: bytes) -> tuple[int, int]:
     return int(due), int(offset)
 
 
+def _pair(raw: bytes) -> tuple[int, int]:
+    due, offset = _LOC.unpack(raw)
+    return int(due), int(offset)
+
+
 def id_key(message_id: str, kind: bytes = b"i") -> bytes:
     return kind + message_id.encode()
 
@@ -77,6 +82,13 @@ class TimerStore:
             return None
         due, offset = _LOC.unpack(raw)
         return int(due), int(offset)
+
+    def locate_many(self, message_ids: list[str]) -> list[tuple[int, int] | None]:
+        """``locate`` for several ids with one multi-get."""
+        out: list[tuple[int, int] | None] = []
+        for raw in self.kv.get_many([id_key(m) for m in message_ids]):
+            out.append(None if raw is None else _pair(raw))
+        return out
 
     def records(self, keys: list[bytes]) -> list[bytes | None]:
         return self.kv.get_many(keys)

@@ -59,6 +59,12 @@ class ServerProcess:
         self._close()
         return code
 
+    def wait_exit(self, timeout_s: float = 30.0) -> int:
+        """Wait for the server to leave on its own (a crash point); its exit code."""
+        code = self.proc.wait(timeout_s)
+        self._close()
+        return code
+
     def _close(self) -> None:
         self._drainer.join(10)  # the process is gone, so the pipe reaches EOF
         if self.proc.stdout is not None:
