@@ -96,6 +96,7 @@ class Broker:
         self.timer = TimerService(self.store, self._timer_store, self.flat_files,
                                   config.timer, clock)
         self.store.add_dispatch_handler(self.timer)
+        self.store.add_dispatch_handler(self.pop.copies)
         self.tiered: TieredDispatcher | None = None
         self.tier_reader: TieredReader | None = None
         self._recent_lock = threading.Lock()

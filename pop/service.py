@@ -53,6 +53,7 @@ from pop.checkpoint import (
 )
 from pop.handle import HandleCodec, ReceiptHandle
 from pop.policy import RetryPolicy
+from pop.settle import PROP_LEASE, CopyKey, CopySettler, LeaseEntry, encode_lease
 from store.clock import Clock
 from store.crashpoint import crashpoint
 from store.errors import ChronomqError, FailedPrecondition, InvalidArgument
@@ -243,6 +244,9 @@ class PopService:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.tier: TierReader | None = None  # set: read what local retention deleted
+        # the dispatch handler that settles retry/DLQ copies with their leases (the
+        # broker registers it with the store)
+        self.copies = CopySettler(kv, store, self._mark_found)
         self._recover()
 
     def policy(self, group: str) -> RetryPolicy:
@@ -416,6 +420,7 @@ class PopService:
                 continue
             attempt = msg.delivery_attempt + 1
             msg.topic = origin
+            msg.properties.pop(PROP_LEASE, None)  # internal: the entry a copy replaced
             handle = encode(group, ReceiptHandle(ltopic, qid, ck.ck_start, rows[i][0],
                                                  expire, attempt))
             out.append(PoppedMessage(msg, handle, attempt))
@@ -628,12 +633,13 @@ class PopService:
                     continue
                 try:
                     self._read_into([r for _, r in todo])
-                    self._append_copies(origin, [r for _, r in todo], now)
+                    copies = self._append_copies(origin, [r for _, r in todo], now)
                 except ChronomqError as exc:
                     for n, _ in todo:
                         results[n] = exc
                     continue
                 self._mark_done([r for _, r in todo], self._released)
+                self.copies.settled(copies)
         return results
 
     def _read_into(self, reqs: list[_Requeue]) -> None:
@@ -655,9 +661,12 @@ class PopService:
         for r, m in zip(local, self._store.read_messages(locations), strict=True):
             r.message = m
 
-    def _append_copies(self, origin: str, reqs: list[_Requeue], now: int) -> None:
-        """Append the retry or dead-letter copy of each request; returns once durable."""
+    def _append_copies(self, origin: str, reqs: list[_Requeue], now: int) -> list[CopyKey]:
+        """Append the retry or dead-letter copy of each request; returns once durable,
+        with the copies' keys, to hand to ``copies.settled`` once the entries are marked
+        done (``pop.settle``)."""
         drafts = []
+        copies: list[tuple[CopyKey, LeaseEntry]] = []
         for r in reqs:
             m = r.message
             attempts = m.delivery_attempt + 1  # deliveries so far
@@ -677,9 +686,19 @@ class PopService:
                 target, due = retry_topic(r.group, origin), now + delay
                 flags = FLAG_RETRY | (FLAG_DELAYED if delay > 0 else 0)
             self._ensure_topic(target)
+            entry = LeaseEntry(r.group, r.topic, r.queue_id, r.ck_start + r.index)
+            props[PROP_LEASE] = encode_lease(entry)
+            copies.append(((target, m.message_id), entry))
             drafts.append(Draft(m.message_id, target, m.key, m.tag, m.body,
                                 encode_properties(props), m.born_at_ms, due, flags, attempts))
-        self._store.put_drafts(drafts).result()
+        self.copies.begin(copies)
+        try:
+            self._store.put_drafts(drafts).result()
+        except BaseException:
+            self.copies.settled([k for k, _ in copies], appended=False)
+            raise
+        crashpoint("pop.after_copy_append")
+        return [k for k, _ in copies]
 
     def _ensure_topic(self, name: str) -> None:
         if self._store.topics.get(name) is None:
@@ -706,6 +725,25 @@ class PopService:
                 else:
                     self._dead[key] += 1
         self._write(ops)
+        crashpoint("pop.after_mark_done")
+
+    def _mark_found(self, found: list[tuple[str, LeaseEntry]]) -> None:
+        """Mark done the entries whose copies the CommitLog holds (``pop.settle``): a
+        crash fell between a copy's append and its entry's mark."""
+        for copy_topic, e in found:
+            origin = origin_of(e.topic)
+            with self._group_lock(e.group, origin):
+                leases = self._leases.get((e.group, e.topic, e.queue_id))
+                ck = next((c for c in (leases.checkpoints.values() if leases else ())
+                           if c.ck_start <= e.queue_offset < c.end), None)
+                if ck is None or ck.is_acked(e.queue_offset - ck.ck_start):
+                    continue
+                reason = "recovered" if copy_topic.startswith(DLQ_PREFIX) else None
+                self._mark_done([_Requeue(e.group, e.topic, e.queue_id, ck.ck_start,
+                                          e.queue_offset - ck.ck_start, _placeholder(), 0,
+                                          reason)], self._revived)
+            log.info("the %s copy of %s/%s/%d at %d was in the CommitLog: lease entry done",
+                     copy_topic, e.group, e.topic, e.queue_id, e.queue_offset)
 
     # ------------------------------------------------------------------ revive
 
@@ -747,7 +785,7 @@ class PopService:
             # handles of these entries are expired: nothing else touches them meanwhile
             try:
                 self._read_into(reqs)
-                self._append_copies(origin, reqs, now)
+                copies = self._append_copies(origin, reqs, now)
             except ChronomqError as exc:
                 log.warning("revive of %d messages of %s/%s failed, retrying in 1 s: %s",
                             len(reqs), group, origin, exc)
@@ -755,6 +793,7 @@ class PopService:
                 continue
             with self._group_lock(group, origin):
                 self._mark_done(reqs, self._revived)
+            self.copies.settled(copies)
             revived += len(reqs)
         return revived
 

@@ -3,11 +3,17 @@ leases are kept (real store, real RocksDB, manual clock)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pytest
+
+from chronomq.client import ChronomqClient
 from pop.service import TagFilter
 from store.clock import ManualClock
+from store.crashpoint import CRASH_EXIT_CODE
 from store.topics import Topic
+from tests.chronomq.process import ServerProcess
 from tests.pop.test_pop_service import Env
 
 
@@ -71,3 +77,35 @@ def test_acks_and_leases_are_group_committed(tmp_path: Path,
         assert env.pop._commit.syncs == syncs + 1  # 32 acks, one fsync
     finally:
         env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["pop.after_copy_append", "pop.after_mark_done"])
+def test_a_crash_around_revive_redelivers_each_message_once(tmp_path: Path, label: str) -> None:
+    data = tmp_path / "data"
+    srv = ServerProcess(data, f"server.crash_at={label}:1")
+    with ChronomqClient(srv.target) as c:
+        c.create_topic("t", queue_count=1)
+        ids = {c.send_one("t", f"m{i}".encode()) for i in range(5)}
+        # Given: five messages leased for 1 s and never acked
+        got = c.pop("t", "g", max_messages=32, invisible_time_s=1, wait_ms=0)
+        assert {m.message_id for m in got} == ids
+    # When: the revive of those leases crashes the broker at the crash point
+    assert srv.wait_exit() == CRASH_EXIT_CODE
+    srv = ServerProcess(data)
+    try:
+        with ChronomqClient(srv.target) as c:
+            # Then: each message comes back exactly once more (attempt 2) ...
+            again: list[tuple[str, int]] = []
+            deadline = time.monotonic() + 15
+            while len(again) < len(ids) and time.monotonic() < deadline:
+                got = c.pop("t", "g", max_messages=32, invisible_time_s=60, wait_ms=500)
+                again += [(m.message_id, m.delivery_attempt) for m in got]
+                if got:
+                    c.ack("g", [m.receipt_handle for m in got])
+            # ... and, once acked, never again
+            later = c.pop("t", "g", max_messages=32, invisible_time_s=60, wait_ms=2500)
+        assert sorted(again) == sorted((i, 2) for i in ids)
+        assert later == []
+    finally:
+        assert srv.terminate() == 0
