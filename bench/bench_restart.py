@@ -58,7 +58,7 @@ def main() -> None:
             sent_s = time.monotonic() - t0
             while True:  # until dispatched and every parked record is on the tier
                 stats = c.stats()
-                if not stats["store.dispatch_lag_bytes"] and not stats["timer.parked_in_memory"]:
+                if not stats["store.dispatch_lag_bytes"] and not stats["timer.parked_unwritten"]:
                     break
                 time.sleep(0.2)
             settled_s = time.monotonic() - t0

@@ -143,7 +143,7 @@ class Broker:
         if self.tiered is not None:
             self.tiered.stop()
         self.store.stop()
-        self.timer.flush()  # parked far-future records go to their TimerFlatFiles
+        self.timer.flush()  # its dispatch position
         self._timer_store.close()
         self._pop_kv.close()
 

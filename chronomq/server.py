@@ -123,6 +123,10 @@ class BrokerServer:
         self._scheduler.add_job(self._preload, "interval", id="timer-preload",
                                 seconds=self.config.timer.preload_interval_ms / 1000,
                                 max_instances=1, coalesce=True, next_run_time=datetime.now())
+        self._scheduler.add_job(self.broker.timer.write_parked, "interval",
+                                id="timer-flat-write",
+                                seconds=min(self.config.timer.flat_batch_ms, 1000) / 1000 or 0.1,
+                                max_instances=1, coalesce=True)
         if self.rocketmq is not None and self.background:
             self._scheduler.add_job(self.rocketmq.renew_leases, "interval",
                                     id="rocketmq-renew", seconds=1, max_instances=1,

@@ -539,7 +539,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             "timer.cancelled": t.cancelled, "timer.rescheduled": t.rescheduled,
             "timer.last_delivery_ms": t.last_delivery_ms,
             "timer.flat_buckets": t.flat_buckets, "timer.flat_objects": t.flat_objects,
-            "timer.parked_in_memory": t.parked_in_memory,
+            "timer.parked_unwritten": t.parked_unwritten,
         })
         if self._broker.tiered is not None:
             ts = self._broker.tiered.statistics()

@@ -40,7 +40,7 @@ from store.message import (
 )
 from store.store import MessageStore
 from tiered.timerflatfile import TimerFlatFiles
-from timer.store import TimerStore, id_key, parse_timer_key, timer_key
+from timer.store import TimerStore, id_key, parked_key, parse_timer_key, timer_key
 from timer.wheel import TimingWheel
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,8 @@ class TimerStats:
     last_delivery_ms: int  # when the latest delivered batch was appended
     flat_buckets: int  # TimerFlatFile buckets on the tier
     flat_objects: int
-    parked_in_memory: int  # far-future messages waiting for their TimerFlatFile write
+    parked_unwritten: int  # far-future messages (in RocksDB) waiting for their
+    #                        TimerFlatFile write
     lateness_bounds_ms: tuple[int, ...]
     lateness_counts: tuple[int, ...]  # one per bound (<= bound) plus one for beyond
 
@@ -99,10 +100,14 @@ class TimerService:
         self._timers = timers
         self._flat = flat
         flat.recover()
-        # far-future records waiting for their TimerFlatFile object: bucket -> entries
-        self._parking: dict[int, list[tuple[str, int, int, bytes]]] = {}
-        self._parking_bytes = 0
-        self._parking_since_ms = 0.0
+        # Far-future records wait in RocksDB (``w`` keys) for their TimerFlatFile object;
+        # these figures say when to write them (any left from before a restart: soon).
+        self._parked = 1 if next(iter(timers.parked()), None) is not None else 0
+        self._parked_bytes = config.flat_batch_bytes if self._parked else 0
+        self._parked_since_ms = clock.monotonic_ms()
+        # orders the TimerFlatFile steps: writing parked records, preloading a bucket,
+        # unparking one message (taken before ``_lock``)
+        self._flat_lock = threading.Lock()
         self._preloaded_until_ms = -1  # buckets starting at or before this are preloaded
         self.config = config
         self._clock = clock
@@ -143,7 +148,7 @@ class TimerService:
         delivered = [r for r in records if r.flags & FLAG_TIMER_DELIVERY]
         done = self._delivered_keys(delivered) if delivered else []
         entries: list[tuple[str, int, int, bytes]] = []
-        parked: list[tuple[str, int, int]] = []
+        parked: list[tuple[int, tuple[str, int, int, bytes]]] = []
         if delayed:
             first = delayed[0].commit_offset
             last = delayed[-1]
@@ -156,22 +161,22 @@ class TimerService:
                              span[at : at + r.record_size])
                     bucket = self._flat.bucket_of(r.deliver_at_ms)
                     if r.deliver_at_ms >= horizon and bucket > self._preloaded_until_ms:
-                        self._park(bucket, entry)
-                        parked.append(entry[:3])
+                        parked.append((bucket, entry))
                     else:
                         entries.append(entry)
         self._pending_position = end_offset
         if entries or parked or done or end_offset - self._position > (1 << 20):
-            position = self._durable_position()
-            self._timers.add(entries, position, parked, deletes=done)
-            self._position = position
+            self._timers.add(entries, end_offset, parked, deletes=done)
+            self._position = end_offset
             crashpoint("timer.after_add")
+        if parked:
+            with self._lock:
+                if not self._parked:
+                    self._parked_since_ms = self._clock.monotonic_ms()
+                self._parked += len(parked)
+                self._parked_bytes += sum(len(e[3]) for _, e in parked)
         if entries:
             self._admit([(timer_key(due, off), due) for _, due, off, _ in entries])
-        try:
-            self._flush_parking(force=False)
-        except ChronomqError as exc:  # the records stay parked; the next flush retries
-            log.warning("writing TimerFlatFiles failed, will retry: %s", exc)
 
     def _delivered_keys(self, delivered: list[DispatchInfo]) -> list[bytes]:
         """The timer entries (key and id key) of messages whose delivered copy is in the
@@ -189,47 +194,56 @@ class TimerService:
                 keys += (key, id_key(r.message_id))
         return keys
 
-    def _park(self, bucket: int, entry: tuple[str, int, int, bytes]) -> None:
-        if not self._parking:
-            self._parking_since_ms = self._clock.monotonic_ms()
-        self._parking.setdefault(bucket, []).append(entry)
-        self._parking_bytes += len(entry[3])
-
-    def _durable_position(self) -> int:
-        """Dispatch progress that survives a crash: not past a record still parked in
-        memory (it is re-dispatched after a restart and parked again)."""
+    def write_parked(self, force: bool = False) -> int:
+        """Write parked records to their TimerFlatFiles once they are ``flat_batch_bytes``
+        or ``flat_batch_ms`` old (all of them when ``force``), then drop their ``w`` keys;
+        a bucket already preloaded goes straight into the timer store.  Skipped while a
+        preload holds the TimerFlatFiles (unless ``force``).  Returns the records written;
+        a failed write leaves them parked for the next round."""
         with self._lock:
-            waiting = [e[0][2] for e in self._parking.values() if e]
-        return min([self._pending_position, *waiting])
-
-    def _flush_parking(self, force: bool) -> None:
-        """Write parked records to their TimerFlatFiles (size or age, or ``force``)."""
-        with self._lock:
-            old = self._clock.monotonic_ms() - self._parking_since_ms >= self.config.flat_batch_ms
-            if not self._parking or not (
-                    force or old or self._parking_bytes >= self.config.flat_batch_bytes):
-                return
-            parking, self._parking, self._parking_bytes = self._parking, {}, 0
-        written: list[int] = []
+            old = self._clock.monotonic_ms() - self._parked_since_ms >= self.config.flat_batch_ms
+            if not self._parked or not (
+                    force or old or self._parked_bytes >= self.config.flat_batch_bytes):
+                return 0
+        if not self._flat_lock.acquire(blocking=force):
+            return 0
         try:
-            for bucket, entries in parking.items():
-                self._flat.append(bucket, [(e[2], e[3]) for e in entries])
+            by_bucket: dict[int, list[tuple[int, bytes]]] = {}
+            for bucket, offset, record in self._timers.parked():
+                by_bucket.setdefault(bucket, []).append((offset, record))
+            with self._lock:
+                self._parked = self._parked_bytes = 0
+            written = 0
+            for bucket, records in by_bucket.items():
+                if bucket <= self._preloaded_until_ms:
+                    written += self._preload_bucket(bucket)
+                    continue
+                try:
+                    self._flat.append(bucket, records)
+                except ChronomqError as exc:
+                    log.warning("writing a TimerFlatFile failed, will retry: %s", exc)
+                    with self._lock:
+                        self._parked += len(records)
+                        self._parked_bytes += sum(len(r) for _, r in records)
+                    continue
                 crashpoint("timer.after_flat_write")
-                written.append(bucket)
-        finally:  # a failed write keeps its records parked (and the checkpoint behind them)
-            unwritten = {b: es for b, es in parking.items() if b not in written}
-            if unwritten:
-                with self._lock:
-                    for bucket, entries in unwritten.items():
-                        for entry in entries:
-                            self._park(bucket, entry)
+                self._timers.kv.write(deletes=[parked_key(bucket, o) for o, _ in records])
+                written += len(records)
+            return written
+        finally:
+            self._flat_lock.release()
 
     def flush(self) -> None:
-        self._flush_parking(force=False)
-        position = self._durable_position()
+        position = self._pending_position
         if position != self._position:
             self._timers.add([], position)
             self._position = position
+
+    def rewind(self, offset: int) -> None:
+        """Move the dispatch position back to ``offset`` (recovery after a torn tail)."""
+        if self._position > offset:
+            self._timers.add([], offset, sync=True)
+            self._position = self._pending_position = offset
 
     # ------------------------------------------------------------------ preload
 
@@ -240,27 +254,27 @@ class TimerService:
         Returns the number of entries moved."""
         limit = now_ms + self.config.preload_ahead_ms
         limit -= limit % self.config.bucket_ms
-        with self._lock:
-            # from here on, messages for these buckets go straight to RocksDB
-            self._preloaded_until_ms = max(self._preloaded_until_ms, limit)
-            held = {b: list(es) for b, es in self._parking.items() if b <= limit}
         moved = 0
-        for bucket in sorted(set(self._flat.buckets_until(limit)) | set(held)):
-            mine = held.get(bucket, [])
-            moved += self._preload_bucket(bucket, mine)
-            with self._lock:  # only now, with them in RocksDB, may the checkpoint pass them
-                done = {e[2] for e in mine}
-                still = self._parking.pop(bucket, [])
-                self._parking_bytes -= sum(len(e[3]) for e in still)
-                for entry in still:  # parked again by a failed write meanwhile: keep it
-                    if entry[2] not in done:
-                        self._park(bucket, entry)
+        with self._flat_lock:
+            with self._lock:
+                # from here on, messages for these buckets go straight to RocksDB
+                self._preloaded_until_ms = max(self._preloaded_until_ms, limit)
+            parked = {b for b, _, _ in self._timers.parked(limit)}
+            for bucket in sorted(set(self._flat.buckets_until(limit)) | parked):
+                moved += self._preload_bucket(bucket)
         return moved
 
-    def _preload_bucket(self, bucket: int, held: list[tuple[str, int, int, bytes]]) -> int:
-        entries = {(e[2]): e for e in held}
-        # exactly these objects are read and then deleted: one a parked batch writes
-        # meanwhile stays for the next preload (deleting it unread lost its messages)
+    def _preload_bucket(self, bucket: int) -> int:
+        """Move one bucket (its parked records and its objects) into the timer store, then
+        delete those.  The caller holds ``_flat_lock``."""
+        entries: dict[int, tuple[str, int, int, bytes]] = {}
+        unparked: list[bytes] = []
+        for _, offset, record in self._timers.parked_in(bucket):
+            info = decode_dispatch_infos(record, 0)[0][0]
+            entries[offset] = (info.message_id, info.deliver_at_ms, offset, record)
+            unparked.append(parked_key(bucket, offset))
+        # exactly these objects are read and then deleted: one written meanwhile stays
+        # for the next preload (deleting it unread lost its messages)
         paths = self._flat.objects(bucket)
         for offset, record in self._flat.read_bucket(bucket, paths):
             info = decode_dispatch_infos(record, 0)[0][0]
@@ -269,7 +283,7 @@ class TimerService:
         cancelled = self._timers.tombstones([e[0] for e in chosen])
         keep = [e for e, gone in zip(chosen, cancelled, strict=True) if gone != e[1]]
         deletes = [id_key(e[0], b"x") for e, gone in zip(chosen, cancelled, strict=True)
-                   if gone is not None] + [id_key(e[0], b"f") for e in chosen]
+                   if gone is not None] + [id_key(e[0], b"f") for e in chosen] + unparked
         self._timers.add(keep, None, deletes=deletes, sync=True)
         crashpoint("timer.after_preload")
         self._flat.drop_bucket(bucket, paths)
@@ -396,7 +410,7 @@ class TimerService:
     def cancel(self, message_id: str, topic: str = "") -> TimerOutcome:
         """Cancel a pending message; with ``topic``, only if it belongs to that topic
         (``NOT_FOUND`` otherwise)."""
-        with self._lock:
+        with self._flat_lock, self._lock:
             found = self._find_pending(message_id)
             if isinstance(found, TimerOutcome):
                 return found
@@ -413,7 +427,7 @@ class TimerService:
     def reschedule(self, message_id: str, deliver_at_ms: int) -> TimerOutcome:
         now = self._clock.now_ms()
         self.check_delay(deliver_at_ms, now)
-        with self._lock:
+        with self._flat_lock, self._lock:
             found = self._find_pending(message_id)
             if isinstance(found, TimerOutcome):
                 return found
@@ -430,25 +444,25 @@ class TimerService:
         return TimerOutcome.RESCHEDULED
 
     def _unpark(self, message_id: str) -> bool:
-        """Move one parked message into RocksDB (found in memory or in its bucket's
-        objects), leaving a tombstone for the copy in the TimerFlatFile."""
+        """Move one parked message into RocksDB (still parked, or from its bucket's
+        objects, leaving a tombstone for the copy there).  The caller holds
+        ``_flat_lock`` and ``_lock``."""
         loc = self._timers.locate(message_id, b"f")
         if loc is None:
             return False
         due, offset = loc
         bucket = self._flat.bucket_of(due)
-        held = self._parking.get(bucket, [])
-        entry = next((e for e in held if e[2] == offset), None)
-        if entry is not None:
-            held.remove(entry)
-            self._parking_bytes -= len(entry[3])
-        else:
-            record = next((r for o, r in self._flat.read_bucket(bucket) if o == offset), None)
-            if record is None:
-                return False
-            entry = (message_id, due, offset, record)
+        record = self._timers.parked_record(bucket, offset)
+        if record is not None:  # not yet in an object: one atomic move
+            self._timers.add([(message_id, due, offset, record)], None,
+                             deletes=[parked_key(bucket, offset), id_key(message_id, b"f")],
+                             sync=True)
+            return True
+        record = next((r for o, r in self._flat.read_bucket(bucket) if o == offset), None)
+        if record is None:
+            return False
         self._timers.tombstone(message_id, due)
-        self._timers.add([entry], None, sync=True)
+        self._timers.add([(message_id, due, offset, record)], None, sync=True)
         return True
 
     def _not_pending(self, message_id: str) -> TimerOutcome:
@@ -506,7 +520,7 @@ class TimerService:
                 delivered=self._delivered, cancelled=self._cancelled,
                 rescheduled=self._rescheduled, last_delivery_ms=self._last_delivery_ms,
                 flat_buckets=flat.buckets, flat_objects=flat.objects,
-                parked_in_memory=sum(len(v) for v in self._parking.values()),
+                parked_unwritten=self._parked,
                 lateness_bounds_ms=LATENESS_BOUNDS_MS,
                 lateness_counts=tuple(self._lateness),
             )

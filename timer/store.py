@@ -8,7 +8,14 @@ Keys and values::
                                                       TimerFlatFile on the tier
     b"x" + message_id                              -> deliver_at_ms u64 of a cancelled copy
                                                       still in a TimerFlatFile (tombstone)
+    b"w" + bucket_start_ms u64 + commit_offset u64  -> the whole record of a far-future
+                                                      message waiting for its TimerFlatFile
+                                                      object (parked)
     b"!position"                                   -> dispatch position u64
+
+A far-future message is parked (``w`` and ``f`` keys) in the same atomic write as the
+dispatch position, so the position never waits for a TimerFlatFile write and a restart
+never dispatches a record twice; the ``w`` key goes once its object is written.
 
 ``t`` keys sort by due time, so "everything due before T" is one range scan; the value is
 the whole record, so a pending timer never depends on CommitLog retention.  ``i`` finds a
@@ -24,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from store.kv import KV
 
 _KEY = struct.Struct(">cQQ")
+_PARKED = struct.Struct(">cQQ")
 _LOC = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
 _POSITION = b"!position"
@@ -43,6 +51,10 @@ def _pair(raw: bytes) -> tuple[int, int]:
     return int(due), int(offset)
 
 
+def parked_key(bucket_start_ms: int, commit_offset: int) -> bytes:
+    return _PARKED.pack(b"w", bucket_start_ms, commit_offset)
+
+
 def id_key(message_id: str, kind: bytes = b"i") -> bytes:
     return kind + message_id.encode()
 
@@ -59,17 +71,18 @@ class TimerStore:
         return int(_U64.unpack(raw)[0]) if raw else 0
 
     def add(self, entries: list[tuple[str, int, int, bytes]], position: int | None,
-            parked: Sequence[tuple[str, int, int]] = (), deletes: Sequence[bytes] = (),
-            sync: bool = False) -> None:
-        """``(message_id, deliver_at_ms, commit_offset, record)`` entries, the ids of
-        messages ``parked`` in TimerFlatFiles, key ``deletes`` and, optionally, the dispatch
-        position, in one atomic write."""
+            parked: Sequence[tuple[int, tuple[str, int, int, bytes]]] = (),
+            deletes: Sequence[bytes] = (), sync: bool = False) -> None:
+        """``(message_id, deliver_at_ms, commit_offset, record)`` entries, ``(bucket,
+        entry)`` of messages ``parked`` for a TimerFlatFile, key ``deletes`` and,
+        optionally, the dispatch position, in one atomic write."""
         puts: list[tuple[bytes, bytes]] = []
         for message_id, due, offset, record in entries:
             puts.append((timer_key(due, offset), record))
             puts.append((id_key(message_id), _LOC.pack(due, offset)))
-        for message_id, due, offset in parked:
+        for bucket, (message_id, due, offset, record) in parked:
             puts.append((id_key(message_id, b"f"), _LOC.pack(due, offset)))
+            puts.append((parked_key(bucket, offset), record))
         if position is not None:
             puts.append((_POSITION, _U64.pack(position)))
         self.kv.write(puts, deletes, sync=sync)
@@ -122,6 +135,25 @@ class TimerStore:
     def tombstones(self, message_ids: list[str]) -> list[int | None]:
         raws = self.kv.get_many([id_key(m, b"x") for m in message_ids])
         return [int(_U64.unpack(r)[0]) if r is not None else None for r in raws]
+
+    def parked(self, until_bucket_ms: int | None = None
+               ) -> Iterator[tuple[int, int, bytes]]:
+        """``(bucket, commit_offset, record)`` of parked messages, by bucket (those of
+        buckets up to ``until_bucket_ms``)."""
+        for key, record in self.kv.scan(b"w"):
+            _, bucket, offset = _PARKED.unpack(key)
+            if until_bucket_ms is not None and bucket > until_bucket_ms:
+                return
+            yield int(bucket), int(offset), record
+
+    def parked_in(self, bucket_start_ms: int) -> Iterator[tuple[int, int, bytes]]:
+        """``(bucket, commit_offset, record)`` of the messages parked for one bucket."""
+        for key, record in self.kv.scan(b"w" + _U64.pack(bucket_start_ms)):
+            _, bucket, offset = _PARKED.unpack(key)
+            yield int(bucket), int(offset), record
+
+    def parked_record(self, bucket_start_ms: int, commit_offset: int) -> bytes | None:
+        return self.kv.get(parked_key(bucket_start_ms, commit_offset))
 
     def pending_estimate(self) -> int:
         return max(self.kv.estimate_keys() - 1, 0) // 2

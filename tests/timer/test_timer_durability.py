@@ -106,3 +106,30 @@ def test_a_crash_around_delivery_delivers_each_message_once(tmp_path: Path, labe
         assert sorted(seen) == sorted(ids)
     finally:
         assert srv.terminate() == 0
+
+
+@pytest.mark.slow
+def test_a_cancel_made_while_a_far_message_is_parked_survives_kill_9(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    settings = ("timer.rocks_horizon_ms=2000", "timer.bucket_ms=1000",
+                "timer.preload_ahead_ms=1000", "timer.wheel_window_ms=1000",
+                "timer.preload_interval_ms=200",
+                "timer.flat_batch_ms=60000")  # the far message stays parked
+    srv = ServerProcess(data, *settings)
+    with ChronomqClient(srv.target) as c:
+        c.create_topic("t", queue_count=1)
+        far = c.send_one("t", b"far", delay_ms=4000)  # beyond the horizon: parked
+        near = c.send_one("t", b"near", delay_ms=1500)  # in RocksDB
+        assert c.cancel(near) == "CANCELLED"
+    srv.kill9()
+    srv = ServerProcess(data, *settings)
+    try:
+        with ChronomqClient(srv.target) as c:
+            seen: list[str] = []
+            deadline = time.monotonic() + 8
+            while far not in seen and time.monotonic() < deadline:
+                got = c.pop("t", "g", max_messages=32, invisible_time_s=60, wait_ms=500)
+                seen += [m.message_id for m in got]
+        assert seen == [far]  # the cancelled message never arrives
+    finally:
+        assert srv.terminate() == 0
