@@ -1,0 +1,517 @@
+"""A Jepsen-style client ledger for the trust tests, and the one checker of DESIGN.md's
+durability contract.
+
+Every client thread appends what it did to its own file (JSON lines), ``os.fsync``-ed per
+entry, *before* the operation counts: a send is written before its request goes out, its
+OK after the answer arrives and before anything relies on it.  After the faults,
+``check`` compares what came out of the broker with the ledger and names each violation.
+
+All times are wall-clock epoch milliseconds, the clock the broker uses too (one machine).
+
+| kind      | written                      | fields                                         |
+|-----------|------------------------------|------------------------------------------------|
+| `send`    | before the Send request      | token, topic, lb_ms                            |
+| `sent`    | after an OK answer           | token, message_id                              |
+| `deliver` | when a Pop answer arrives    | lease, message_id, group, topic, token,        |
+|           |                              | body_ok, start_ms, at_ms, invisible_time_s,    |
+|           |                              | attempt                                        |
+| `ack`     | after an OK ack              | lease, message_id, group, at_ms                |
+| `release` | before a Nack                | lease, message_id, group, start_ms, delay_ms   |
+| `change`  | before a ChangeInvisibleTime | lease, message_id, group, start_ms,            |
+|           |                              | invisible_time_s                               |
+
+``lb_ms`` is the deliver-at lower bound: the request's start + ``delay_ms``, or the
+absolute ``deliver_at_ms``.  ``lease`` names one delivery (unique per ledger writer);
+``start_ms`` is when a request began, ``at_ms`` when its answer arrived.
+
+A body is ``<token>|<crc32 of token and padding, 8 hex>|<padding>``; the token is
+``<producer>:<seq>``, unique per message.
+
+The checker's lease bound is conservative: a lease lasts at least from its Pop request's
+start for its invisible time, cut short by any Nack or ChangeInvisibleTime *attempted*
+on it (request start + delay, or + the new invisible time), whatever their outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import threading
+import time
+import zlib
+from collections import defaultdict, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chronomq.client import ChronomqClient, SendOutcome, message
+from chronomq.v1 import broker_pb2 as pb
+
+VIOLATION_KINDS = ("LOST", "REDELIVERED_AFTER_ACK", "LEASE_BROKEN", "EARLY", "UNEXPECTED",
+                   "CORRUPT")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# ---------------------------------------------------------------------- entries
+
+
+@dataclass(frozen=True, slots=True)
+class SendAttempt:
+    token: str
+    topic: str
+    lb_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendOk:
+    token: str
+    message_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    lease: str
+    message_id: str
+    group: str
+    topic: str
+    token: str  # "" when the body does not parse
+    body_ok: bool
+    start_ms: int
+    at_ms: int
+    invisible_time_s: int
+    attempt: int
+    body_head: str = ""  # the first bytes of a body that failed its check (evidence)
+
+
+@dataclass(frozen=True, slots=True)
+class AckOk:
+    lease: str
+    message_id: str
+    group: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    lease: str
+    message_id: str
+    group: str
+    start_ms: int
+    delay_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    lease: str
+    message_id: str
+    group: str
+    start_ms: int
+    invisible_time_s: int
+
+
+Entry = SendAttempt | SendOk | Delivery | AckOk | Release | Change
+_KINDS: dict[str, type[Any]] = {"send": SendAttempt, "sent": SendOk, "deliver": Delivery,
+                                "ack": AckOk, "release": Release, "change": Change}
+_NAMES = {cls: kind for kind, cls in _KINDS.items()}
+
+
+class Ledger:
+    """One client's append-only ledger file.  Thread-safe (but give each thread its own)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def append(self, *entries: Entry) -> None:
+        """Write one operation's entries and fsync them before returning."""
+        if not entries:
+            return
+        lines = "".join(json.dumps({"k": _NAMES[type(e)], **dataclasses.asdict(e)}) + "\n"
+                        for e in entries)
+        with self._lock:
+            os.write(self._fd, lines.encode())
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def load(directory: Path) -> list[Entry]:
+    """Every entry of every ``*.jsonl`` ledger under ``directory`` (a torn last line, from
+    a client killed mid-write, is skipped: it was never counted)."""
+    out: list[Entry] = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            out.append(_KINDS[raw.pop("k")](**raw))
+    return out
+
+
+# ---------------------------------------------------------------------- bodies
+
+
+def make_body(token: str, pad_bytes: int = 64) -> bytes:
+    pad = (token.encode() * (pad_bytes // max(len(token), 1) + 1))[:pad_bytes]
+    crc = zlib.crc32(token.encode() + pad)
+    return f"{token}|{crc:08x}|".encode() + pad
+
+
+def parse_body(body: bytes) -> tuple[str, bool]:
+    """``(token, intact)``; the token is "" when the body does not parse."""
+    parts = body.split(b"|", 2)
+    if len(parts) != 3:
+        return "", False
+    try:
+        token, crc = parts[0].decode(), int(parts[1], 16)
+    except ValueError:
+        return "", False
+    return token, zlib.crc32(parts[0] + parts[2]) == crc
+
+
+# ---------------------------------------------------------------------- the ledgered client
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    message: pb.OutgoingMessage
+    token: str
+    delay_ms: int
+    deliver_at_ms: int | None
+
+
+class LedgeredClient:
+    """A ``ChronomqClient`` whose every operation is ledgered first.  One per thread.
+
+    ``horizon_ms`` follows what this client started: by then every message it sent is due
+    and every lease it holds (not acked OK) or gave back has run out, including those of
+    calls whose answer never came.  Read it while the client is idle."""
+
+    def __init__(self, client: ChronomqClient, ledger: Ledger, name: str,
+                 pad_bytes: int = 64) -> None:
+        self.client, self.ledger, self.name, self.pad_bytes = client, ledger, name, pad_bytes
+        self._horizon_ms = 0
+        self._horizon_lock = threading.Lock()  # a SendStream ledgers on gRPC's thread
+        self._open: dict[str, int] = {}  # lease -> when it runs out (or its copy is due)
+        self._seq = itertools.count()
+        self._leases = itertools.count()
+
+    @property
+    def horizon_ms(self) -> int:
+        return max(self._horizon_ms, *self._open.values(), 0)
+
+    def _extend(self, at_ms: int) -> None:
+        with self._horizon_lock:
+            self._horizon_ms = max(self._horizon_ms, at_ms)
+
+    def draft(self, topic: str, delay_ms: int | None = None, deliver_at_ms: int | None = None,
+              key: str = "") -> Draft:
+        """A message with a fresh token (not sent yet)."""
+        token = f"{self.name}:{next(self._seq)}"
+        m = message(topic, make_body(token, self.pad_bytes), key=key, delay_ms=delay_ms,
+                    deliver_at_ms=deliver_at_ms)
+        return Draft(m, token, delay_ms or 0, deliver_at_ms)
+
+    def _ledger_attempts(self, batch: list[Draft]) -> tuple[int, int]:
+        """Ledger the attempts; ``(request start, latest lower bound)``."""
+        start = now_ms()  # taken before the request: a lower bound of the broker's "now"
+        attempts = [SendAttempt(d.token, d.message.topic, d.deliver_at_ms
+                                if d.deliver_at_ms is not None else start + d.delay_ms)
+                    for d in batch]
+        self.ledger.append(*attempts)
+        return start, max((a.lb_ms for a in attempts), default=0)
+
+    def _answered(self, start_ms: int, lb_ms: int) -> None:
+        """Stored, if at all, by now: due at most this much after its lower bound."""
+        self._extend(lb_ms + now_ms() - start_ms)
+
+    def _oks(self, tokens: list[str], outcomes: list[SendOutcome]) -> None:
+        self.ledger.append(*[SendOk(t, o.message_id)
+                             for t, o in zip(tokens, outcomes, strict=True) if o.ok])
+
+    def send(self, batch: list[Draft]) -> list[SendOutcome]:
+        """One unary Send."""
+        start, lb = self._ledger_attempts(batch)
+        try:
+            outcomes = self.client.send([d.message for d in batch])
+        finally:
+            self._answered(start, lb)
+        self._oks([d.token for d in batch], outcomes)
+        return outcomes
+
+    def send_stream(self, batches: Iterable[list[Draft]]) -> Iterator[list[SendOutcome]]:
+        """SendStream: each batch is ledgered as it goes out, its OKs as its answer comes."""
+        in_flight: deque[tuple[list[str], int, int]] = deque()
+
+        def requests() -> Iterator[list[pb.OutgoingMessage]]:
+            for batch in batches:
+                start, lb = self._ledger_attempts(batch)
+                in_flight.append(([d.token for d in batch], start, lb))
+                yield [d.message for d in batch]
+
+        try:
+            for outcomes in self.client.send_stream(requests()):
+                tokens, start, lb = in_flight.popleft()
+                self._answered(start, lb)
+                self._oks(tokens, outcomes)
+                yield outcomes
+        finally:
+            for _, start, lb in list(in_flight):
+                self._answered(start, lb)
+
+    def pop(self, topic: str, group: str, max_messages: int, invisible_time_s: int,
+            wait_ms: int = 0) -> list[tuple[pb.ReceivedMessage, Delivery]]:
+        start = now_ms()
+        try:
+            got = self.client.pop(topic, group, max_messages=max_messages,
+                                  invisible_time_s=invisible_time_s, wait_ms=wait_ms)
+        except BaseException:
+            self._extend(start + invisible_time_s * 1000)  # leases we may never see
+            raise
+        at = now_ms()
+        out = []
+        for m in got:
+            token, ok = parse_body(m.body)
+            out.append((m, Delivery(f"{self.name}:{next(self._leases)}", m.message_id, group,
+                                    m.topic, token, ok, start, at, invisible_time_s,
+                                    m.delivery_attempt, "" if ok else repr(m.body[:60]))))
+        self.ledger.append(*[d for _, d in out])
+        self._open.update((d.lease, start + invisible_time_s * 1000) for _, d in out)
+        return out
+
+    def ack(self, group: str, leased: list[tuple[pb.ReceivedMessage, Delivery]]) -> list[str]:
+        """Ack; one error per message ("" = OK, ledgered)."""
+        if not leased:
+            return []
+        errors = self.client.ack(group, [m.receipt_handle for m, _ in leased])
+        at = now_ms()
+        done = [d for (_, d), e in zip(leased, errors, strict=True) if not e]
+        self.ledger.append(*[AckOk(d.lease, d.message_id, group, at) for d in done])
+        for d in done:
+            self._open.pop(d.lease, None)
+        return errors
+
+    def nack(self, group: str, leased: list[tuple[pb.ReceivedMessage, Delivery]],
+             delay_ms: int) -> list[str]:
+        if not leased:
+            return []
+        start = now_ms()
+        self.ledger.append(*[Release(d.lease, d.message_id, group, start, delay_ms)
+                             for _, d in leased])
+        errors: list[str] = []
+        try:
+            errors = self.client.nack(group, [m.receipt_handle for m, _ in leased], delay_ms)
+            return errors
+        finally:  # back after the delay; if not surely released, maybe at its deadline
+            back = now_ms() + delay_ms
+            for i, (_, d) in enumerate(leased):
+                released = i < len(errors) and not errors[i]
+                self._open[d.lease] = back if released else max(self._open.get(d.lease, 0), back)
+
+    def change_invisible_time(self, group: str, leased: tuple[pb.ReceivedMessage, Delivery],
+                              invisible_time_s: int) -> tuple[pb.ReceivedMessage, Delivery]:
+        """Returns the message with its new receipt handle (same lease in the ledger)."""
+        m, d = leased
+        self.ledger.append(Change(d.lease, d.message_id, group, now_ms(), invisible_time_s))
+        handle = ""
+        try:
+            handle = self.client.change_invisible_time(group, m.receipt_handle,
+                                                       invisible_time_s)
+        finally:  # the new deadline; if not surely moved, maybe still the old one
+            deadline = now_ms() + invisible_time_s * 1000
+            self._open[d.lease] = deadline if handle else max(self._open.get(d.lease, 0), deadline)
+        renewed = pb.ReceivedMessage()
+        renewed.CopyFrom(m)
+        renewed.receipt_handle = handle
+        return renewed, d
+
+
+DRAIN = "drain"  # the ledger name of the final drain's client
+
+
+def drain(target: str, ledgers: Path, topic: str, group: str, until_ms: int,
+          grace_s: float) -> None:
+    """The final drain: pop and ack ``group`` (ledgered as client ``DRAIN``) until
+    ``until_ms`` passed, two pops in a row found nothing and every send answered OK was
+    delivered at least once; at most until ``grace_s`` after ``until_ms``."""
+    entries = load(ledgers)
+    missing = ({e.token for e in entries if isinstance(e, SendOk)}
+               - {e.token for e in entries if isinstance(e, Delivery) and e.group == group})
+    ledger = Ledger(ledgers / f"{DRAIN}.jsonl")
+    try:
+        with ChronomqClient(target, timeout_s=10) as client:
+            lc = LedgeredClient(client, ledger, DRAIN)
+            empties = 0
+            while now_ms() < until_ms + grace_s * 1000:
+                got = lc.pop(topic, group, 32, invisible_time_s=60, wait_ms=200)
+                lc.ack(group, got)
+                missing -= {d.token for _, d in got}
+                empties = 0 if got else empties + 1
+                if now_ms() >= until_ms and empties >= 2 and not missing:
+                    return
+    finally:
+        ledger.close()
+
+
+def check_ledgers(ledgers: Path, group: str) -> Report:
+    """``check`` the ledgers in ``ledgers``, the drain's apart."""
+    entries = load(ledgers)
+
+    def drained(e: Entry) -> bool:
+        return isinstance(e, Delivery | AckOk) and e.lease.startswith(f"{DRAIN}:")
+
+    return check([e for e in entries if not drained(e)], [e for e in entries if drained(e)],
+                 group=group)
+
+
+# ---------------------------------------------------------------------- the checker
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    kind: str
+    message_id: str
+    token: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} id={self.message_id or '-'} token={self.token or '-'}: {self.detail}"
+
+
+@dataclass(slots=True)
+class Report:
+    sends_attempted: int = 0
+    sends_ok: int = 0
+    deliveries: int = 0
+    acks: int = 0
+    releases: int = 0
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def count(self, kind: str) -> int:
+        return sum(v.kind == kind for v in self.violations)
+
+    def summary(self, limit: int = 30) -> str:
+        head = (f"sends attempted {self.sends_attempted}, OK {self.sends_ok}; deliveries "
+                f"{self.deliveries}; acks {self.acks}; releases {self.releases}; violations: "
+                + (", ".join(f"{k} {self.count(k)}" for k in VIOLATION_KINDS if self.count(k))
+                   or "none"))
+        lines = [str(v) for v in self.violations[:limit]]
+        if len(self.violations) > limit:
+            lines.append(f"... and {len(self.violations) - limit} more")
+        return "\n".join([head, *lines])
+
+
+def check(entries: Iterable[Entry], drain: Iterable[Entry] = (), *, group: str) -> Report:
+    """Check the ledger of the faulty run (``entries``) plus the final drain's entries
+    against the durability contract, for the consumer group ``group``; name every
+    violation (see the module docstring for what each entry means):
+
+    - LOST: a send answered OK whose token was never delivered to ``group``;
+    - REDELIVERED_AFTER_ACK: a delivery to a group arriving after an OK ack of that
+      message id by that group arrived;
+    - LEASE_BROKEN: a delivery of an id to a group arriving before an earlier delivery's
+      lease bound, that earlier lease not acked OK before it arrived;
+    - EARLY: a delivery arriving before its send's deliver-at lower bound;
+    - UNEXPECTED: a delivered body token that was never attempted;
+    - CORRUPT: a body that fails its checksum, or a token delivered under another topic
+      or another message id than its send was answered with.
+    """
+    all_entries = [*entries, *drain]
+    attempts = {e.token: e for e in all_entries if isinstance(e, SendAttempt)}
+    sent = {e.token: e.message_id for e in all_entries if isinstance(e, SendOk)}
+    deliveries = [e for e in all_entries if isinstance(e, Delivery)]
+    acks = [e for e in all_entries if isinstance(e, AckOk)]
+    report = Report(len(attempts), len(sent), len(deliveries), len(acks),
+                    sum(isinstance(e, Release) for e in all_entries))
+    out = report.violations
+    for d in deliveries:
+        out.extend(_check_body(d, attempts, sent))
+    delivered = {d.token for d in deliveries if d.group == group and d.body_ok}
+    out.extend(Violation("LOST", mid, token, f"send answered OK, never delivered to {group}")
+               for token, mid in sent.items() if token not in delivered)
+    out.extend(_check_acks(deliveries, acks))
+    out.extend(_check_leases(deliveries, acks, all_entries))
+    return report
+
+
+def _check_body(d: Delivery, attempts: dict[str, SendAttempt],
+                sent: dict[str, str]) -> Iterator[Violation]:
+    if not d.body_ok:
+        yield Violation("CORRUPT", d.message_id, d.token,
+                        f"body fails its check (lease {d.lease}): {d.body_head}")
+        return
+    attempt = attempts.get(d.token)
+    if attempt is None:
+        yield Violation("UNEXPECTED", d.message_id, d.token,
+                        f"delivered to {d.group} (lease {d.lease}), never sent")
+        return
+    if attempt.topic != d.topic:
+        yield Violation("CORRUPT", d.message_id, d.token,
+                        f"sent to topic {attempt.topic}, delivered under {d.topic}")
+    if d.token in sent and sent[d.token] != d.message_id:
+        yield Violation("CORRUPT", d.message_id, d.token,
+                        f"send was answered with id {sent[d.token]}")
+    if d.at_ms < attempt.lb_ms:
+        yield Violation("EARLY", d.message_id, d.token,
+                        f"arrived at {d.at_ms}, {attempt.lb_ms - d.at_ms} ms before its "
+                        f"deliver-at lower bound {attempt.lb_ms} (lease {d.lease}, "
+                        f"attempt {d.attempt})")
+
+
+def _check_acks(deliveries: list[Delivery], acks: list[AckOk]) -> Iterator[Violation]:
+    first_ack: dict[tuple[str, str], AckOk] = {}
+    for a in acks:
+        key = (a.message_id, a.group)
+        if key not in first_ack or a.at_ms < first_ack[key].at_ms:
+            first_ack[key] = a
+    for d in deliveries:
+        ack = first_ack.get((d.message_id, d.group))
+        if ack is not None and d.at_ms > ack.at_ms:
+            yield Violation("REDELIVERED_AFTER_ACK", d.message_id, d.token,
+                            f"delivered to {d.group} at {d.at_ms} (lease {d.lease}, attempt "
+                            f"{d.attempt}), {d.at_ms - ack.at_ms} ms after the OK ack of lease "
+                            f"{ack.lease} arrived at {ack.at_ms}")
+
+
+def _check_leases(deliveries: list[Delivery], acks: list[AckOk],
+                  entries: list[Entry]) -> Iterator[Violation]:
+    acked_at = {a.lease: a.at_ms for a in acks}
+    cuts: dict[str, list[tuple[int, int]]] = defaultdict(list)  # lease -> (start, bound)
+    for e in entries:
+        if isinstance(e, Release):
+            cuts[e.lease].append((e.start_ms, e.start_ms + e.delay_ms))
+        elif isinstance(e, Change):
+            cuts[e.lease].append((e.start_ms, e.start_ms + e.invisible_time_s * 1000))
+    by_key: dict[tuple[str, str], list[Delivery]] = defaultdict(list)
+    for d in deliveries:
+        by_key[(d.message_id, d.group)].append(d)
+    for group_deliveries in by_key.values():
+        ordered = sorted(group_deliveries, key=lambda d: d.at_ms)
+        for j, later in enumerate(ordered):
+            for earlier in ordered[:j]:
+                if acked_at.get(earlier.lease, later.at_ms) < later.at_ms:
+                    continue  # acked before: REDELIVERED_AFTER_ACK names it
+                bound = min([earlier.start_ms + earlier.invisible_time_s * 1000,
+                             *(b for s, b in cuts[earlier.lease] if s < later.at_ms)])
+                if later.at_ms < bound:
+                    yield Violation(
+                        "LEASE_BROKEN", later.message_id, later.token,
+                        f"delivered to {later.group} at {later.at_ms} (lease {later.lease}, "
+                        f"attempt {later.attempt}) while lease {earlier.lease} (popped from "
+                        f"{earlier.start_ms}, {earlier.invisible_time_s} s, attempt "
+                        f"{earlier.attempt}) lasted until at least {bound}")
+                    break
