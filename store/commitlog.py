@@ -14,8 +14,13 @@ With ``flush=async`` futures resolve after the write, and a flush runs every
 ``flush_interval_ms``.
 
 Recovery (``open``) scans from the checkpoint to the end, checks every record's magic and
-CRC and truncates a torn tail.  A bad record followed by a valid one is corruption, not a
-torn tail: ``CorruptRecordError`` stops the start-up instead of skipping data.
+CRC and truncates a torn tail (a bad record with nothing valid after it in the newest
+segment).  Any other bad record is damaged: it is logged ("damaged record", file, offset),
+counted (``damaged_records``) and skipped, never stopping the start or the records after it
+(``store.recovery`` has the rules).  Data missing below the checkpoint (the disk lost what
+was fsynced) is reported and recovered like a torn tail.  Readers that follow the log
+skip a damaged record the same way (``decode_records``); a reader's position that may
+point inside a record is checked with ``record_boundary``.
 
 Thread-safety: ``append`` and the read methods may be called from any thread.
 """
@@ -29,17 +34,15 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from store import recovery
 from store.checkpoint import OffsetCheckpoint
 from store.clock import Clock
-from store.errors import CorruptRecordError, StorageIOError, Unavailable
-from store.message import HEADER, RECORD_MAGIC, RecordError, check_record
+from store.errors import DamagedRecord, StorageIOError, Unavailable
+from store.message import DispatchInfo, decode_dispatch_infos
 
 log = logging.getLogger(__name__)
-
-_MAGIC_BYTES = RECORD_MAGIC.to_bytes(4, "big")
-_SCAN_CHUNK = 16 << 20
 
 # A batch preparer is called on the writer thread with the CommitLog offset its first
 # record will have; it returns the encoded records and the value the caller's future gets.
@@ -55,6 +58,17 @@ class CommitLogStats:
     appended_batches: int
     fsyncs: int
     bytes_on_disk: int
+
+
+class RecordChunk(NamedTuple):
+    """Records read for a dispatcher: ``records`` decoded from ``data`` (which starts at
+    ``offset``); ``used`` is how far they take the reader: past the records, or past a
+    damaged record (then ``records`` is empty)."""
+
+    offset: int
+    data: bytes
+    records: list[DispatchInfo]
+    used: int
 
 
 @dataclass(slots=True)
@@ -101,6 +115,8 @@ class CommitLog:
         self._failure: str | None = None  # set after an I/O error: no more appends
         self._batches = 0
         self._fsyncs = 0
+        self._damaged: set[int] = set()  # CommitLog offsets of damaged records seen
+        self._damaged_lock = threading.Lock()
 
     # ------------------------------------------------------------------ life cycle
 
@@ -344,79 +360,94 @@ class CommitLog:
             bytes_on_disk=sum(s.size for s in segs),
         )
 
+    # ------------------------------------------------------------------ damage
+
+    @property
+    def damaged_records(self) -> int:
+        """Distinct damaged records seen since the start (recovery, dispatch, reads)."""
+        return len(self._damaged)
+
+    def damaged(self, offset: int, reason: str, skip: str = "") -> DamagedRecord:
+        """Count the damaged record at ``offset`` and return the error that names it.  It
+        is logged at ERROR when first seen, or whenever a reader ``skip``s it."""
+        with self._seg_lock:
+            i = bisect.bisect_right(self._bases, offset) - 1
+            path = self._segments[i].path if i >= 0 else self._dir
+        err = DamagedRecord(path, offset, reason)
+        with self._damaged_lock:
+            first = offset not in self._damaged
+            self._damaged.add(offset)
+        log.log(logging.ERROR if first or skip else logging.DEBUG, "%s%s", err,
+                f"; {skip}" if skip else "")
+        return err
+
+    def decode_records(self, offset: int, data: bytes, reader: str) -> RecordChunk:
+        """Decode the whole, CRC-checked records at the start of ``data`` (what ``read_from``
+        returned for ``offset``); a record bigger than ``data`` is read on its own.  A
+        damaged record at ``offset`` is reported (ERROR, counted) and skipped."""
+        valid, size = recovery.whole_records(data)
+        if valid == 0 and size > len(data):  # one record bigger than the read
+            offset, data = self.read_from(offset, size)
+            valid, size = recovery.whole_records(data)
+        if valid == 0 and data:
+            seg = self._segment_at(offset)
+            end = min(self._confirmed, seg.base_offset + seg.size) - seg.base_offset
+            nxt = recovery.resume_after(seg.fd, offset - seg.base_offset, end)
+            skip = (end if nxt is None else nxt) - (offset - seg.base_offset)
+            self.damaged(offset, "fails its magic/size/CRC check",
+                         f"{reader} skips {skip} bytes")
+            return RecordChunk(offset, b"", [], skip)
+        if size < 0:
+            data = data[:valid]  # stop before the damaged record; skipped on the next read
+        records, used = decode_dispatch_infos(data, offset)
+        return RecordChunk(offset, data, records, used)
+
+    def record_boundary(self, offset: int) -> int:
+        """``offset`` when a reader may resume there (a segment's start, the end, a
+        record's start; or below the oldest segment, which retention removed), else the
+        start of the record it points into; past the end: the end."""
+        if offset >= self._written:
+            return self._written
+        with self._seg_lock:
+            i = bisect.bisect_right(self._bases, offset) - 1
+            if i < 0:
+                return offset
+            seg = self._segments[i]
+        pos = offset - seg.base_offset
+        if pos == 0 or pos >= seg.size or recovery.record_at(seg.fd, pos, seg.size):
+            return offset
+        return seg.base_offset + recovery.boundary_before(seg.fd, pos, seg.size)
+
     # ------------------------------------------------------------------ recovery
 
     def _recover(self, checkpoint: int | None) -> int:
-        """Check records from the checkpoint to the end; truncate a torn tail."""
+        """Check records from the checkpoint to the end; skip damaged records; truncate a
+        torn tail."""
         start = checkpoint if checkpoint is not None else self._segments[0].base_offset
         start = max(start, self._segments[0].base_offset)
         last = self._segments[-1]
         if start > last.base_offset + last.size:
-            raise CorruptRecordError(
-                last.path, start,
-                f"the checkpoint says {start} bytes were fsynced but the log ends at "
-                f"{last.base_offset + last.size}: committed data is missing",
-            )
-        for i, seg in enumerate(self._segments):
-            if seg.base_offset + seg.size <= start:
-                continue
-            valid_end = self._scan_segment(seg, max(start - seg.base_offset, 0))
-            if valid_end < seg.size:
-                if i != len(self._segments) - 1:
-                    raise CorruptRecordError(seg.path, seg.base_offset + valid_end,
-                                             "bad record in a sealed segment")
-                log.warning("truncating torn tail of %s: %d bytes at offset %d", seg.path,
-                            seg.size - valid_end, seg.base_offset + valid_end)
-                os.ftruncate(seg.fd, valid_end)
-                os.fsync(seg.fd)
-                seg.size = valid_end
+            log.error("%s: the checkpoint says %d bytes were fsynced but the log ends at %d: "
+                      "committed data is missing (the disk lost it); recovering the newest "
+                      "segment as a torn tail", last.path, start, last.base_offset + last.size)
+            start = last.base_offset
+        for seg in self._segments:
+            if seg.base_offset + seg.size > start:
+                self._recover_segment(seg, max(start - seg.base_offset, 0), seg is last)
         return last.base_offset + last.size
 
-    def _scan_segment(self, seg: _Segment, pos: int) -> int:
-        """Return the position after the last valid record (raises on mid-file corruption)."""
-        want = _SCAN_CHUNK
-        while pos < seg.size:
-            data = os.pread(seg.fd, min(want, seg.size - pos), pos)
-            p, total = 0, 0
-            while p < len(data):
-                if len(data) - p >= 8:
-                    total = int.from_bytes(data[p + 4 : p + 8])
-                    if len(data) < p + total <= seg.size - pos:
-                        break  # the record continues past this chunk: read on from it
-                try:
-                    p += check_record(data, p)
-                except RecordError as exc:
-                    bad = pos + p
-                    if self._valid_record_after(seg, bad):
-                        raise CorruptRecordError(seg.path, seg.base_offset + bad,
-                                                 str(exc)) from exc
-                    return bad
-            want = max(_SCAN_CHUNK, total) if p == 0 else _SCAN_CHUNK
-            pos += p
-        return pos
-
-    def _valid_record_after(self, seg: _Segment, bad: int) -> bool:
-        """Is there any CRC-valid record after position ``bad`` in this segment?"""
-        pos = bad + 1
-        while pos < seg.size:
-            data = os.pread(seg.fd, min(_SCAN_CHUNK, seg.size - pos), pos)
-            i = data.find(_MAGIC_BYTES)
-            while i >= 0:
-                if self._record_valid_at(seg, pos + i):
-                    return True
-                i = data.find(_MAGIC_BYTES, i + 1)
-            pos += max(len(data) - 3, 1)
-        return False
-
-    def _record_valid_at(self, seg: _Segment, at: int) -> bool:
-        head = os.pread(seg.fd, 8, at)
-        if len(head) < 8:
-            return False
-        total = int.from_bytes(head[4:8])
-        if total < HEADER.size or at + total > seg.size:
-            return False
-        try:
-            check_record(os.pread(seg.fd, total, at), 0)
-        except RecordError:
-            return False
-        return True
+    def _recover_segment(self, seg: _Segment, pos: int, newest: bool) -> None:
+        """Walk ``seg`` from ``pos``: report damaged records; truncate a torn tail."""
+        for step in recovery.walk(seg.fd, pos, seg.size):
+            if not step.problem:
+                continue
+            if step.next is None and newest:
+                log.warning("truncating torn tail of %s: %d bytes at offset %d", seg.path,
+                            seg.size - step.at, seg.base_offset + step.at)
+                os.ftruncate(seg.fd, step.at)
+                os.fsync(seg.fd)
+                seg.size = step.at
+                return
+            nxt = seg.size if step.next is None else step.next
+            self.damaged(seg.base_offset + step.at, step.problem,
+                         f"recovery skips {nxt - step.at} bytes")

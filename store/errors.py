@@ -39,17 +39,16 @@ class StorageIOError(StoreError):
     """Raised when reading or writing a local file fails (wraps OSError)."""
 
 
-class CorruptRecordError(StoreError):
-    """Raised when a record fails its magic/CRC check somewhere other than a torn tail."""
+class DamagedRecord(StorageIOError):
+    """Raised when a record read from the CommitLog fails its magic/CRC check, cannot be
+    decoded, or is not the size its location says; ``path`` is its segment file and
+    ``offset`` its CommitLog offset.  Only that record is lost: skip it."""
 
     def __init__(self, path: str, offset: int, reason: str) -> None:
-        super().__init__(
-            f"corrupt record in {path} at commitlog offset {offset}: {reason}; "
-            "valid records follow it, so it is not a torn tail. Restore the file or move it "
-            "aside; the broker will not skip it silently"
-        )
+        super().__init__(f"damaged record in {path} at commitlog offset {offset}: {reason}")
         self.path = path
         self.offset = offset
+        self.reason = reason
 
 
 class TopicNotFound(NotFound, InvalidArgument):

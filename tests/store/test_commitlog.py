@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -9,7 +10,6 @@ import pytest
 
 from store.clock import SystemClock
 from store.commitlog import CommitLog
-from store.errors import CorruptRecordError
 from store.message import Message, decode_record, encode_record
 
 
@@ -89,30 +89,41 @@ def test_torn_header_is_truncated(tmp_path: Path) -> None:
     log.close()
 
 
-def test_corrupt_record_in_the_middle_is_reported(tmp_path: Path) -> None:
+def test_corrupt_record_in_the_middle_is_reported(tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
     log = _open(tmp_path)
     log.start()
     offsets = _append(log, _records(10))
+    end = log.confirmed_offset
     _close(log)
     os.remove(tmp_path / "checkpoint")
     seg = tmp_path / f"{0:020d}.log"
     data = bytearray(seg.read_bytes())
     data[offsets[4] + 80] ^= 0xFF  # flip a body byte of record 4; 5..9 stay valid
     seg.write_bytes(bytes(data))
-    with pytest.raises(CorruptRecordError) as err:
-        _open(tmp_path)
-    assert err.value.offset == offsets[4]
-    assert "not a torn tail" in str(err.value)
+    # When: it opens, the damaged record is skipped and reported, not a torn tail
+    with caplog.at_level(logging.ERROR):
+        log = _open(tmp_path)
+    assert log.confirmed_offset == end
+    assert log.damaged_records == 1
+    assert any("damaged record" in r.getMessage() and str(seg) in r.getMessage()
+               and str(offsets[4]) in r.getMessage() for r in caplog.records)
+    log.close()
     # and the file was not touched
     assert seg.read_bytes() == bytes(data)
 
 
-def test_checkpoint_beyond_the_data_is_reported(tmp_path: Path) -> None:
+def test_checkpoint_beyond_the_data_is_reported(tmp_path: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
     log = _open(tmp_path)
     log.start()
-    _append(log, _records(5))
+    offsets = _append(log, _records(5))
     _close(log)
     seg = tmp_path / f"{0:020d}.log"
-    os.truncate(seg, 100)  # committed bytes vanished behind our back
-    with pytest.raises(CorruptRecordError, match="committed data is missing"):
-        _open(tmp_path)
+    os.truncate(seg, offsets[3] + 100)  # committed bytes vanished behind our back
+    # When: it opens, the loss is reported and the cut record is a torn tail
+    with caplog.at_level(logging.ERROR):
+        log = _open(tmp_path)
+    assert log.confirmed_offset == offsets[3]
+    assert any("committed data is missing" in r.getMessage() for r in caplog.records)
+    log.close()
