@@ -12,6 +12,12 @@ holding ``entries_per_file`` entries.  Entry layout (big-endian, ``ENTRY.size ==
 Writes are ``pwrite`` at ``queue_offset * 24``: idempotent, so a dispatcher replaying the
 CommitLog after a crash rewrites identical bytes instead of appending duplicates.
 
+A *hole* is an entry of zeros (``record_size == 0``, ``CqEntry.is_hole``): a queue offset
+with no message, never to be read.  Holes replace the entries of records a torn tail took
+(``clear_beyond``: the queue keeps its end, so queue offsets a consumer group may already
+have passed are never given to new messages) and fill the slot of a damaged record the
+dispatcher skipped (the file has zeros there).
+
 Thread-safety: one dispatcher thread writes; any thread may read.
 """
 
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 
 ENTRY = struct.Struct(">QIIQ")
 assert ENTRY.size == 24
+_HOLE = bytes(ENTRY.size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +41,11 @@ class CqEntry:
     record_size: int
     tag_hash: int
     store_at_ms: int
+
+    @property
+    def is_hole(self) -> bool:
+        """No message has this queue offset (see the module docstring): skip it."""
+        return self.record_size == 0
 
 
 class ConsumeQueue:
@@ -117,20 +129,25 @@ class ConsumeQueue:
             if fd is not None:
                 os.fdatasync(fd)
 
-    def truncate_beyond(self, commit_end: int) -> int:
-        """Drop trailing entries that point at or past ``commit_end`` (lost CommitLog tail)."""
-        dropped = 0
-        while self.max_offset > self.min_offset:
-            last = self.max_offset - 1
+    def clear_beyond(self, commit_end: int) -> int:
+        """Turn trailing entries that point at or past ``commit_end`` (a lost CommitLog
+        tail) into holes, durably; ``max_offset`` stays.  Returns the entries cleared."""
+        cleared, last = 0, self.max_offset - 1
+        while last >= self.min_offset:
             entries = self.get(last, 1)
-            if entries and entries[0].commit_offset < commit_end:
+            if not entries:
                 break
-            base = last - last % self._per_file
-            fd = self._fds[base]
-            os.ftruncate(fd, (last - base) * ENTRY.size)
-            self.max_offset = last
-            dropped += 1
-        return dropped
+            e = entries[0]
+            if not e.is_hole:
+                if e.commit_offset < commit_end:
+                    break
+                base = last - last % self._per_file
+                os.pwrite(self._fds[base], _HOLE, (last - base) * ENTRY.size)
+                self._dirty.add(base)
+                cleared += 1
+            last -= 1
+        self.flush()
+        return cleared
 
     def delete_files_before(self, keep_from_queue_offset: int) -> int:
         """Delete whole files whose entries are all below ``keep_from_queue_offset``."""

@@ -4,7 +4,12 @@ A ``Dispatcher`` owns one named thread and a list of ``DispatchHandler``s.  Each
 keeps its own durable position (every record before it is reflected in its view); the
 thread reads from the smallest position and hands each handler the records at or past its
 own.  Handlers must be idempotent per record (ConsumeQueue writes by queue offset, index
-puts by key), so replaying after a crash duplicates nothing.
+puts by key), so replaying after a crash duplicates nothing.  After a torn tail the store
+``rewind``s every handler that got past the recovered end before anything new is appended.
+
+Records are handed over in memory as the writer appends them; a dispatcher that lags (or
+replays) reads the file instead, where every record is CRC-checked and a damaged one is
+reported and skipped (``CommitLog.decode_records``), so it never stops the records after it.
 
 Thread-safety: handlers are called only from the dispatcher's thread.
 """
@@ -19,19 +24,30 @@ from typing import Protocol
 
 from store.clock import Clock
 from store.commitlog import CommitLog
-from store.message import DispatchInfo, decode_dispatch_infos, record_size_at
+from store.message import DispatchInfo
 
 log = logging.getLogger(__name__)
 
 _READ_BYTES = 8 << 20
 
 
-class DispatchHandler(Protocol):
+class LogReader(Protocol):
+    """Anything that follows the CommitLog with a durable position of its own."""
+
     name: str
 
     def position(self) -> int:
-        """CommitLog offset up to which this handler's view is complete."""
+        """CommitLog offset up to which this reader's view is complete."""
         ...
+
+    def rewind(self, offset: int) -> None:
+        """Move this view's durable position back to offset if it is past it, and persist
+        that before returning (recovery after a torn tail)."""
+        ...
+
+
+class DispatchHandler(LogReader, Protocol):
+    """A view a ``Dispatcher`` builds from the CommitLog (``rewind``: see ``LogReader``)."""
 
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
         """Apply ``records`` (all at or past ``position()``); afterwards the position may
@@ -143,13 +159,10 @@ class Dispatcher:
                 self._pos = offset
                 return True
             return False
-        records, used = decode_dispatch_infos(data, offset)
-        if used == 0:  # a record bigger than the read: read exactly it
-            offset, data = self._log.read_from(offset, record_size_at(data))
-            records, used = decode_dispatch_infos(data, offset)
-            if used == 0:
-                return False
-        self._apply(records, offset, offset + used)
+        chunk = self._log.decode_records(offset, data, f"dispatcher {self.name}")
+        if chunk.used == 0:
+            return False
+        self._apply(chunk.records, chunk.offset, chunk.offset + chunk.used)
         return True
 
     def _apply(self, records: list[DispatchInfo], offset: int, end: int) -> None:

@@ -54,6 +54,13 @@ class KeyIndex:
     def position(self) -> int:
         return self._position
 
+    def rewind(self, offset: int) -> None:
+        """Entries of records past ``offset`` may stay: a lookup checks the record it reads
+        (``MessageStore`` verifies topic, key and id), and replay rewrites them."""
+        if self._position > offset or self._pending_position > offset:
+            self._kv.write([(_POSITION, _U64.pack(offset))], sync=True)
+            self._position = self._pending_position = offset
+
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
         puts: list[tuple[bytes, bytes]] = []
         for r in records:

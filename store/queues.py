@@ -83,13 +83,24 @@ class ConsumeQueueTable:
             q.destroy()
         shutil.rmtree(os.path.join(self._root, topic), ignore_errors=True)
 
-    def truncate_beyond(self, commit_end: int) -> int:
-        return sum(q.truncate_beyond(commit_end) for _, q in self.all_queues())
+    def clear_beyond(self, commit_end: int) -> int:
+        """Turn entries past a lost CommitLog tail into holes (``ConsumeQueue.clear_beyond``)."""
+        return sum(q.clear_beyond(commit_end) for _, q in self.all_queues())
 
     # ------------------------------------------------------------ DispatchHandler
 
     def position(self) -> int:
         return self._position
+
+    def rewind(self, offset: int) -> None:
+        if self._position > offset or self._pending_position > offset:
+            OffsetCheckpoint(self._checkpoint.path, fsync=True).write(offset)
+            dir_fd = os.open(os.path.dirname(self._checkpoint.path), os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)  # the rename too: an old position must not come back
+            finally:
+                os.close(dir_fd)
+            self._position = self._pending_position = offset
 
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
         grouped: dict[tuple[str, int], list[tuple[int, bytes]]] = defaultdict(list)

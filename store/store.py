@@ -9,9 +9,16 @@ Data directory layout::
     <data_dir>/index/          RocksDB key/message-id index (store.index)
     <data_dir>/topics.json     topic catalogue (store.topics)
 
-Start-up order: recover the CommitLog (truncate a torn tail) -> drop ConsumeQueue entries
-past its end -> replay the CommitLog into every dispatcher from its checkpoint -> take the
+Start-up order: recover the CommitLog (truncate a torn tail, skip damaged records) -> turn
+ConsumeQueue entries past its end into holes (queue offsets are never given out twice) ->
+rewind every reader of the log (dispatch handlers, ``add_log_reader``s) that is past the
+end or inside a record, durably -> replay the CommitLog into every dispatcher from its
+checkpoint -> move each queue's low mark past what local retention deleted -> take the
 next queue offsets from the ConsumeQueues -> accept writes.
+
+A damaged record (``DamagedRecord``) costs that record only: reads raise it for that
+record (``read_messages_skipping`` returns it in its place), the dispatchers skip it, and
+``statistics().damaged_records`` counts every distinct one.
 
 Thread-safe.
 """
@@ -32,8 +39,8 @@ from typing import Any
 from store.clock import Clock
 from store.commitlog import CommitLog, CommitLogStats
 from store.consumequeue import ConsumeQueue, CqEntry
-from store.dispatcher import Dispatcher, DispatchHandler
-from store.errors import StorageIOError, StoreError, TopicNotFound
+from store.dispatcher import Dispatcher, DispatchHandler, LogReader
+from store.errors import DamagedRecord, StoreError, TopicNotFound
 from store.index import KeyIndex
 from store.message import (
     FLAG_DELAYED,
@@ -46,20 +53,16 @@ from store.message import (
     Draft,
     Message,
     MessageIdFormat,
-    RecordError,
-    decode_record,
     draft_of,
     record_size_at,
     reframe_record,
     validate_message_fields,
 )
 from store.queues import ConsumeQueueTable
+from store.reader import RecordReader
 from store.topics import Topic, TopicCatalogue
 
 log = logging.getLogger(__name__)
-
-
-_COALESCE_BYTES = 1 << 20  # read_messages merges reads whose span stays under this
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,7 @@ class StoreStats:
     queues: int
     dispatched_offset: int
     messages_appended: int
+    damaged_records: int  # distinct damaged CommitLog records seen (recovery, dispatch, reads)
 
 
 class MessageStore:
@@ -103,6 +107,7 @@ class MessageStore:
         self.queues = ConsumeQueueTable(config.data_dir, self.topics, config.cq_entries_per_file)
         self.index = KeyIndex(os.path.join(config.data_dir, "index"))
         self._extra_handlers: list[DispatchHandler] = []
+        self._log_readers: list[LogReader] = []
         self._retention_guards: list[Callable[[], int]] = []
         self.dispatcher: Dispatcher | None = None
         self.ids = MessageIdFormat(config.node_id)
@@ -111,6 +116,8 @@ class MessageStore:
         self._appended = 0
         self._topic_lock = threading.Lock()
         self._stopped = False
+        # no record is bigger than its body and 1 MiB (properties, strings)
+        self.reader = RecordReader(self.commitlog, config.max_body_bytes + (1 << 20))
 
     # ------------------------------------------------------------------ life cycle
 
@@ -123,18 +130,47 @@ class MessageStore:
         reader that follows the log on its own, like the tiered dispatcher)."""
         self._retention_guards.append(position)
 
+    def add_log_reader(self, reader: LogReader) -> None:
+        """Register a reader that follows the CommitLog on its own (the tiered dispatcher):
+        ``open`` rewinds it with the dispatch handlers after a torn tail (at once when the
+        store is open already), and local retention keeps what it has not passed.  Call
+        before ``start``."""
+        self._log_readers.append(reader)
+        self._retention_guards.append(reader.position)
+        if self.dispatcher is not None:
+            self._rewind(reader)
+
     def open(self) -> None:
         end = self.commitlog.open()
-        dropped = self.queues.truncate_beyond(end)
-        if dropped:
-            log.warning("dropped %d consume-queue entries past the recovered log end", dropped)
+        cleared = self.queues.clear_beyond(end)
+        if cleared:
+            log.warning("%d consume-queue entries pointed past the recovered log end %d: "
+                        "now holes, so their queue offsets are not given out again", cleared, end)
         handlers: list[DispatchHandler] = [self.queues, self.index, *self._extra_handlers]
+        for reader in (*handlers, *self._log_readers):
+            self._rewind(reader)
         self.dispatcher = Dispatcher("dispatcher", self.commitlog, handlers, self.clock)
         self.commitlog.add_listener(self._on_appended)
         replayed_from = self.dispatcher.dispatched_offset
         self.dispatcher.catch_up()
         log.info("store open: commitlog end %d, replayed %d bytes", end, end - replayed_from)
+        self._trim_queues(self.commitlog.min_offset)  # a low mark is not kept on disk
+        self._apply_topic_retention()
         self._next_queue_offset = self.queues.max_offsets()
+
+    def _rewind(self, reader: LogReader) -> None:
+        """Move ``reader`` back to a record boundary at or before the recovered end."""
+        position = reader.position()
+        safe = self.commitlog.record_boundary(position)
+        if safe == position:
+            return
+        if position < self.commitlog.confirmed_offset:
+            log.warning("%s: position %d is inside a record; resuming at %d", reader.name,
+                        position, safe)
+        else:
+            log.warning("%s: position %d is past the recovered log end; rewinding to %d",
+                        reader.name, position, safe)
+        reader.rewind(safe)
 
     def start(self) -> None:
         assert self.dispatcher is not None, "open() first"
@@ -265,36 +301,19 @@ class MessageStore:
         return self.dispatcher.wait_dispatched(self.commitlog.confirmed_offset, timeout_s)
 
     def read_message(self, commit_offset: int, size: int) -> Message:
-        try:
-            data = self.commitlog.read(commit_offset, size)
-            return decode_record(data, 0, commit_offset)
-        except RecordError as exc:
-            raise StorageIOError(f"record at commitlog offset {commit_offset}: {exc}") from exc
+        """The record at ``commit_offset`` of ``size`` bytes (a ConsumeQueue entry's);
+        raises ``DamagedRecord`` when it fails its checks (``store.reader``)."""
+        return self.reader.read_message(commit_offset, size)
 
     def read_messages(self, locations: list[tuple[int, int]]) -> list[Message]:
-        """Read several records (``(commit_offset, size)``, in CommitLog order); records
-        close together are read with one ``pread`` of the span that holds them."""
-        out: list[Message] = []
-        i = 0
-        while i < len(locations):
-            start, size = locations[i]
-            end, j = start + size, i + 1
-            while j < len(locations):
-                nxt, nsize = locations[j]
-                if nxt < end or nxt + nsize - start > _COALESCE_BYTES:
-                    break
-                end, j = nxt + nsize, j + 1
-            try:
-                span = self.commitlog.read(start, end - start)
-            except StorageIOError:  # spans a segment boundary: read one by one
-                span, j = b"", i + 1
-            for offset, rec_size in locations[i:j]:
-                if span:
-                    out.append(decode_record(span, offset - start, offset))
-                else:
-                    out.append(self.read_message(offset, rec_size))
-            i = j
-        return out
+        """Several records (``(commit_offset, size)``, in CommitLog order, never a hole);
+        raises ``DamagedRecord`` naming the first damaged one."""
+        return self.reader.read_messages(locations)
+
+    def read_messages_skipping(self, locations: list[tuple[int, int]]
+                               ) -> list[Message | DamagedRecord]:
+        """Per location, its message or the ``DamagedRecord`` that stands for it."""
+        return self.reader.read_messages_skipping(locations)
 
     def consume_queue_entries(
         self, topic: str, queue_id: int, queue_offset: int, max_entries: int
@@ -310,26 +329,21 @@ class MessageStore:
         """The record with this id: the indexed one (client-chosen ids, redeliveries), else
         the record its broker-assigned id points at."""
         loc = self.index.by_message_id(message_id)
-        if loc is not None:
-            return self._read_located([loc])
-        offset = self.ids.locate(message_id)
-        log_ = self.commitlog
-        if offset is None or not log_.min_offset <= offset < log_.confirmed_offset:
-            return []
-        try:
-            head = self.commitlog.read(offset, HEADER.size)
-            m = self.read_message(offset, record_size_at(head))
-        except StoreError:
-            return []
-        return [m] if m.message_id == message_id else []
+        if loc is None:
+            offset = self.ids.locate(message_id)
+            if offset is None or not self.reader.on_disk(offset):
+                return []
+            try:
+                loc = offset, record_size_at(self.commitlog.read(offset, HEADER.size))
+            except StoreError:
+                return []
+        m = self.reader.read_located(*loc)
+        return [m] if m is not None and m.message_id == message_id else []
 
     def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
         self.topics.require(topic)
-        return self._read_located(self.index.by_key(topic, key, limit))
-
-    def _read_located(self, locations: list[tuple[int, int]]) -> list[Message]:
-        low = self.commitlog.min_offset  # anything below was removed by retention
-        return self.read_messages([(o, n) for o, n in locations if o >= low])
+        found = (self.reader.read_located(o, n) for o, n in self.index.by_key(topic, key, limit))
+        return [m for m in found if m is not None and m.topic == topic and m.key == key]
 
     # ------------------------------------------------------------------ retention
 
@@ -379,6 +393,7 @@ class MessageStore:
             queues=len(queues),
             dispatched_offset=self.dispatcher.dispatched_offset if self.dispatcher else 0,
             messages_appended=self._appended,
+            damaged_records=self.commitlog.damaged_records,
         )
 
     def require_topic(self, name: str) -> Topic:
@@ -386,17 +401,31 @@ class MessageStore:
 
 
 def _expire_entries(cq: ConsumeQueue, expired: Callable[[CqEntry], bool]) -> None:
-    """Move the queue's low mark past the (sorted) prefix of expired entries; drop files."""
+    """Move the queue's low mark past the (sorted) prefix of expired entries; drop files.
+    A hole counts as the first entry after it that is not one (none: not expired)."""
     lo, hi = cq.min_offset, cq.max_offset
     while lo < hi:
         mid = (lo + hi) // 2
-        e = cq.get(mid, 1)
-        if e and expired(e[0]):
+        e = _first_entry(cq, mid, hi)
+        if e is not None and expired(e):
             lo = mid + 1
         else:
             hi = mid
     cq.set_min_offset(lo)
     cq.delete_files_before(lo)
+
+
+def _first_entry(cq: ConsumeQueue, queue_offset: int, end: int) -> CqEntry | None:
+    """The first entry at or after ``queue_offset`` (below ``end``) that is not a hole."""
+    while queue_offset < end:
+        entries = cq.get(queue_offset, min(end - queue_offset, 256))
+        if not entries:
+            return None
+        for e in entries:
+            if not e.is_hole:
+                return e
+        queue_offset = entries[-1].queue_offset + 1
+    return None
 
 
 def _stored_before(horizon_ms: int, entry: CqEntry) -> bool:

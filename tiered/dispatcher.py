@@ -9,7 +9,11 @@ After each commit the queue's metadata is written to
 the CommitLog offset of the oldest record not yet durable in the tier (the key index,
 ``tiered.index``, kept in ``<meta_dir>/index``, has persisted its entries by then).
 After a crash the dispatcher replays from the checkpoint; queue offsets already in the
-tier are skipped, so the tier gets nothing twice and loses nothing.  Delayed records (the
+tier are skipped, so the tier gets nothing twice and loses nothing.  It registers with
+the store as a log reader (``MessageStore.add_log_reader``): after a torn tail the store
+``rewind``s its checkpoint to the recovered end before anything new is appended.  It
+reads the file with CRC checks when it cannot reuse the store dispatcher's records, and
+skips a damaged record (reported by the CommitLog) instead of stopping at it.  Delayed records (the
 timer's) are not uploaded: they reach their topic, and the tier, when they are delivered.
 
 Retention in the tier (``run_retention``) is by time, per topic (``tier_retention_ms``,
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 
 from store.clock import Clock
 from store.files import write_atomic
-from store.message import FLAG_DELAYED, DispatchInfo, decode_dispatch_infos
+from store.message import FLAG_DELAYED, DispatchInfo
 from store.store import MessageStore
 from tiered.errors import TierError
 from tiered.index import IndexFile, TieredIndex
@@ -70,6 +74,7 @@ class TierStats:
     index_files: int
     expired_objects: int
     reused_records: int  # taken as the store's dispatcher decoded them, not decoded again
+    damaged_objects: int = 0  # tier objects found short, missing or with a bad record
 
 
 class TieredDispatcher:
@@ -102,6 +107,7 @@ class TieredDispatcher:
         self._recent: deque[list[DispatchInfo]] = deque()
         self._recent_lock = threading.Lock()
         self._recent_records = 0
+        store.add_log_reader(self)
 
     # ------------------------------------------------------------------ state
 
@@ -131,6 +137,20 @@ class TieredDispatcher:
     def position(self) -> int:
         """The CommitLog offset below which everything is durable in the tier."""
         return self._checkpoint
+
+    def rewind(self, offset: int) -> None:
+        """Recovery after a torn tail: read again from ``offset`` when past it; the
+        checkpoint moves back first (durably)."""
+        with self._lock:
+            if self._checkpoint > offset:
+                write_atomic(os.path.join(self._meta_dir, "checkpoint"), str(offset).encode())
+                dir_fd = os.open(self._meta_dir, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+                self._checkpoint = offset
+            self._read_position = min(self._read_position, offset)
 
     def queue(self, topic: str, qid: int) -> TieredQueue | None:
         with self._lock:
@@ -175,7 +195,7 @@ class TieredDispatcher:
         infos, used = self._take_recent(offset, len(data)) if data else ([], 0)
         self._reused += len(infos)
         if data and not used:
-            infos, used = decode_dispatch_infos(data, offset)
+            offset, data, infos, used = cl.decode_records(offset, data, "tiered dispatcher")
         by_queue: dict[tuple[str, int], list[DispatchInfo]] = {}
         for r in infos:
             if not r.flags & FLAG_DELAYED:
@@ -298,7 +318,8 @@ class TieredDispatcher:
         with self._lock:
             return TierStats(self._checkpoint, self._uploaded_records, self._uploaded_bytes,
                              self._batches, self._failed, len(self._queues),
-                             len(self.index.files), self._expired, self._reused)
+                             len(self.index.files), self._expired, self._reused,
+                             sum(q.damaged_objects for q in self._queues.values()))
 
     # ------------------------------------------------------------------ reads
 

@@ -63,10 +63,10 @@ class TieredReader:
         if hot_start <= cl.min_offset:
             return local_low  # all of the local CommitLog is hot
         lo, hi = local_low, tier_end  # first queue offset whose record is hot
-        while lo < hi:
+        while lo < hi:  # a hole counts as hot: read locally, where Pop skips it
             mid = (lo + hi) // 2
             e = self._store.consume_queue_entries(topic, queue_id, mid, 1)
-            if e and e[0].commit_offset < hot_start:
+            if e and not e[0].is_hole and e[0].commit_offset < hot_start:
                 lo = mid + 1
             else:
                 hi = mid
