@@ -23,19 +23,28 @@ The metadata (segments, their objects, lengths and times) is the truth for reads
 persisted by the owner after each commit (``to_json``/``from_json``).  Writes (append,
 commit, expire) come from one owner thread; reads may come from any thread: metadata
 changes and the read plan are taken under a lock, uploads and object reads run outside it.
+
+Damage: an object shorter than the metadata says (cut by a faulty copy or disk), or
+missing, is damage, not an outage.  ``read`` refuses it (``TierError`` naming the object
+and the byte where its data ends); ``read_available`` returns the bytes that are there,
+logs the damage at ERROR (once per object and byte) and counts the object
+(``damaged_objects``), so a reader can use what survived and skip the rest.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
 
-from tiered.errors import TierError, TierUnavailable
+from tiered.errors import TierError, TierNotFound, TierUnavailable
 from tiered.provider import Provider
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -88,6 +97,7 @@ class FlatFile:
         self._buffer_last_ms = 0
         self.switches = 0  # segments sealed because an upload failed
         self._lock = threading.Lock()  # metadata changes vs. read plans
+        self._damaged: dict[str, set[int]] = {}  # damaged object -> bytes reported
 
     # ------------------------------------------------------------------ positions
 
@@ -175,14 +185,93 @@ class FlatFile:
 
     def read(self, position: int, length: int) -> bytes:
         """Committed bytes ``[position, position + length)``, short at the commit
-        position; ``TierError`` for a position before the start."""
+        position; ``TierError`` for a position before the start or a damaged object."""
         out: list[bytes] = []
         for path, offset, take in self._plan(position, length):
             chunk = self._provider.read(path, offset, take)
             if len(chunk) != take:
-                raise TierError(f"object {path} is shorter than its metadata says")
+                raise TierError(f"object {path} is shorter than its metadata says: its data "
+                                f"ends at byte {offset + len(chunk)}, {offset + take} expected")
             out.append(chunk)
         return b"".join(out)
+
+    def read_available(self, position: int, length: int) -> list[tuple[int, bytes]]:
+        """Like ``read``, but a short or missing object gives what it still holds: the
+        result is ``(stream position, bytes)`` pieces in order, with a hole wherever
+        data is missing.  Each damage is logged at ERROR once, each object counted once;
+        ``TierUnavailable`` (an outage, not damage) still raises."""
+        runs: list[tuple[int, list[bytes]]] = []  # contiguous runs of chunks
+        pos = run_end = position
+        for path, offset, take in self._plan(position, length):
+            try:
+                chunk = self._provider.read(path, offset, take)
+            except TierNotFound:  # listed in the metadata, gone from the tier
+                chunk = b""
+            if len(chunk) != take:
+                self._report_short(path, offset + len(chunk) if chunk else None,
+                                   offset + take)
+            if chunk:
+                if runs and run_end == pos:
+                    runs[-1][1].append(chunk)
+                else:
+                    runs.append((pos, [chunk]))
+                run_end = pos + len(chunk)
+            pos += take
+        return [(start, b"".join(chunks)) for start, chunks in runs]
+
+    def locate(self, position: int) -> tuple[str, int]:
+        """The object holding stream ``position`` and the byte offset inside it."""
+        plan = self._plan(position, 1)
+        if not plan:
+            raise TierError(f"position {position} of {self.prefix} is not committed")
+        path, offset, _ = plan[0]
+        return path, offset
+
+    def report_damage(self, position: int, reason: str) -> str:
+        """Record damage a reader found in the bytes at ``position`` (a record that
+        fails its check): logged at ERROR with the object and byte (once), the object
+        counted once.  Returns the ``path at byte N`` description."""
+        try:
+            path, offset = self.locate(position)
+        except TierError:  # expired meanwhile
+            return f"{self.prefix} at stream position {position}"
+        where = f"{path} at byte {offset}"
+        if self._first_damage(path, offset):
+            log.error("damaged tier object %s: %s", where, reason)
+        return where
+
+    def _report_short(self, path: str, have: int | None, want: int) -> None:
+        """Report an object that ends at byte ``have`` (None: somewhere before the read;
+        asked for) although the metadata says it holds ``want`` bytes or more."""
+        if have is None:
+            try:
+                have = self._provider.size(path)
+            except TierNotFound:
+                have = -1
+        if not self._first_damage(path, have):
+            return
+        if have < 0:
+            log.error("damaged tier object %s: it is missing although the metadata lists "
+                      "it (at least %d bytes); its data is skipped", path, want)
+        else:
+            log.error("damaged tier object %s: its data ends at byte %d but the metadata "
+                      "says it holds at least %d bytes; what follows is skipped", path,
+                      have, want)
+
+    def _first_damage(self, path: str, offset: int) -> bool:
+        """Note damage at byte ``offset`` of ``path``; False if it was noted before."""
+        with self._lock:
+            seen = self._damaged.setdefault(path, set())
+            if offset in seen:
+                return False
+            seen.add(offset)
+            return True
+
+    @property
+    def damaged_objects(self) -> int:
+        """Objects found short, missing or holding a bad record (since start)."""
+        with self._lock:
+            return len(self._damaged)
 
     def _plan(self, position: int, length: int) -> list[tuple[str, int, int]]:
         """The object reads (path, offset in object, length) that cover the range."""

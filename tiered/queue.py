@@ -16,20 +16,35 @@ queue offset is one ranged read of the cq and one of the log.  The log is commit
 the cq, so a committed entry always points at committed bytes.  Appends of queue offsets
 already in the tier are skipped: a dispatcher that replays after a crash adds nothing
 twice.  Writes (append, commit, expire) come from one owner thread; ``read`` from any.
+
+Damage in the tier (an object cut short or missing, a record that fails its magic, CRC,
+topic or queue-offset check) never fails a read: the entries it hides are skipped and
+reported (``FlatFile.read_available``; ERROR log lines name the object, the byte and the
+queue offsets), everything else stays readable.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from store.consumequeue import ENTRY
-from store.message import DispatchInfo
+from store.message import HEADER, DispatchInfo, RecordError, check_record
 from store.queues import tag_hash
 from tiered.errors import TierError
 from tiered.flatfile import FlatFile, FlatFileMeta
 from tiered.provider import Provider
+
+log = logging.getLogger(__name__)
+
+_SKIP_SPAN = 256  # entries read per step while skipping a damaged stretch
+_QUEUE_OFFSET = struct.Struct(">Q")  # record bytes 16-24 (store.message layout)
+_NAME_LENGTHS = struct.Struct(">BH")  # record bytes 52-55: id_len, topic_len
+_NAMES_AT = HEADER.size  # where the id, then the topic, start in a record
 
 
 class TieredEntry(NamedTuple):
@@ -63,6 +78,9 @@ class TieredQueue:
         self.cq = FlatFile(provider, prefix + "/cq", cq_meta,
                            max(ENTRY.size, segment_bytes // 64 // ENTRY.size * ENTRY.size),
                            upload_timeout_s, uploader, segment_ms)
+        self._topic_bytes = topic.encode()
+        self._reported: set[int] = set()  # damaged queue offsets already logged
+        self._report_lock = threading.Lock()
 
     def to_json(self) -> str:
         return json.dumps({"version": 1, "generation": self.generation,
@@ -161,24 +179,120 @@ class TieredQueue:
         if self.first_queue_offset < 0 or cq_pos <= self.cq.start_position:
             return []
         if cq_pos < self.cq.commit_position:  # the first entry that stays: its record too
-            log_pos = ENTRY.unpack(self.cq.read(cq_pos, ENTRY.size))[0]
+            pieces = self.cq.read_available(cq_pos, ENTRY.size)
+            if pieces and pieces[0][0] == cq_pos and len(pieces[0][1]) == ENTRY.size:
+                log_pos = ENTRY.unpack(pieces[0][1])[0]
+            else:  # that entry is damaged: keep every log segment rather than guess
+                log_pos = self.log.start_position
         else:
             log_pos = self.log.commit_position
         return self.cq.expire_before(cq_pos) + self.log.expire_before(log_pos)
 
     # ------------------------------------------------------------------ reads
 
+    @property
+    def damaged_objects(self) -> int:
+        """Objects of this queue found damaged (short, missing, a bad record), since start."""
+        return self.log.damaged_objects + self.cq.damaged_objects
+
     def read(self, queue_offset: int, count: int) -> list[TieredEntry]:
-        """Up to ``count`` committed entries from ``queue_offset`` with their records."""
-        start = max(queue_offset, self.min_queue_offset)
-        end = min(queue_offset + count, self.committed_queue_offset)
-        if self.first_queue_offset < 0 or start >= end:
+        """Up to ``count`` committed entries with their records, consecutive, from the
+        first readable queue offset at or after ``queue_offset``.
+
+        Damaged entries are skipped, never raised: the run ends before damage that
+        follows readable entries, and begins after damage at ``queue_offset`` (a reader
+        asking there learns where to go on; the first entry's queue offset is then past
+        ``queue_offset``).  Empty when nothing readable is left from ``queue_offset``."""
+        if self.first_queue_offset < 0:
             return []
-        raw = self.cq.read((start - self.first_queue_offset) * ENTRY.size,
-                           (end - start) * ENTRY.size)
-        entries = [ENTRY.unpack_from(raw, i) for i in range(0, len(raw), ENTRY.size)]
-        first_pos = entries[0][0]
-        last_pos, last_size = entries[-1][0], entries[-1][1]
-        span = self.log.read(first_pos, last_pos + last_size - first_pos)  # contiguous: one span
-        return [TieredEntry(start + i, tag, at, span[pos - first_pos : pos - first_pos + size])
-                for i, (pos, size, tag, at) in enumerate(entries)]
+        start = max(queue_offset, self.min_queue_offset)
+        span = count
+        while start < (committed := self.committed_queue_offset) and count > 0:
+            end = min(start + span, committed)
+            run: list[TieredEntry] = []
+            for entry in self._read_slots(start, end):
+                if entry is not None:
+                    run.append(entry)
+                    if len(run) == count:
+                        break
+                elif run:
+                    break
+            if run:
+                return run
+            start, span = end, max(count, _SKIP_SPAN)
+        return []
+
+    def _read_slots(self, start: int, end: int) -> list[TieredEntry | None]:
+        """Queue offsets ``[start, end)`` (committed): each entry with its record, or
+        None where the tier's data is damaged (reported)."""
+        entries = self._read_entries(start, end)
+        slots: list[TieredEntry | None] = [None] * (end - start)
+        if entries:
+            first_pos = min(pos for pos, _, _, _ in entries.values())
+            last_end = max(pos + size for pos, size, _, _ in entries.values())
+            pieces = self.log.read_available(first_pos, last_end - first_pos)
+            for qo, (pos, size, tag, at_ms) in entries.items():
+                record = _cut(pieces, pos, size)
+                if record is None:
+                    continue  # in a short or missing object (reported by the FlatFile)
+                problem = self._check(record, qo)
+                if problem:
+                    where = self.log.report_damage(pos, problem)
+                    self._report(qo, qo + 1, f"bad record in {where}")
+                    continue
+                slots[qo - start] = TieredEntry(qo, tag, at_ms, record)
+        missing = [start + i for i, e in enumerate(slots) if e is None]
+        if missing:
+            self._report(missing[0], missing[-1] + 1, "unreadable", missing)
+        return slots
+
+    def _read_entries(self, start: int, end: int) -> dict[int, tuple[int, int, int, int]]:
+        """The cq entries of ``[start, end)`` that are there, by queue offset; an entry
+        pointing outside the committed log is damage (reported)."""
+        first, size = self.first_queue_offset, ENTRY.size
+        out: dict[int, tuple[int, int, int, int]] = {}
+        for pos, raw in self.cq.read_available((start - first) * size, (end - start) * size):
+            skip = -pos % size  # a piece after a hole begins on an object, so on an entry
+            for at in range(skip, len(raw) - size + 1, size):
+                entry = ENTRY.unpack_from(raw, at)
+                log_pos, rec_size = entry[0], entry[1]
+                if (log_pos < self.log.start_position or rec_size < _NAMES_AT
+                        or log_pos + rec_size > self.log.commit_position):
+                    self.cq.report_damage(pos + at, f"entry ({log_pos}, {rec_size}) points "
+                                                    "outside the committed log")
+                    continue
+                out[first + (pos + at) // size] = entry
+        return out
+
+    def _check(self, record: bytes, queue_offset: int) -> str:
+        """Why ``record`` is not the record of ``queue_offset`` in this queue ("": it is)."""
+        try:
+            if check_record(record, 0) != len(record):
+                return "the record is shorter than its entry says"
+        except RecordError as exc:
+            return str(exc)
+        if _QUEUE_OFFSET.unpack_from(record, 16)[0] != queue_offset:
+            return f"the record is not the one of queue offset {queue_offset}"
+        id_len, topic_len = _NAME_LENGTHS.unpack_from(record, 52)
+        topic_at = _NAMES_AT + id_len
+        if record[topic_at : topic_at + topic_len] != self._topic_bytes:
+            return f"the record is not of topic {self.topic}"
+        return ""
+
+    def _report(self, lo: int, hi: int, why: str, offsets: list[int] | None = None) -> None:
+        """Log once, at ERROR, that queue offsets ``[lo, hi)`` (or ``offsets``) are skipped."""
+        todo = range(lo, hi) if offsets is None else offsets
+        with self._report_lock:
+            new = [qo for qo in todo if qo not in self._reported]
+            self._reported.update(new)
+        if new:
+            log.error("tier %s/%d: %d damaged entries skipped, queue offsets %d..%d (%s)",
+                      self.topic, self.queue_id, len(new), new[0], new[-1], why)
+
+
+def _cut(pieces: list[tuple[int, bytes]], position: int, size: int) -> bytes | None:
+    """Bytes ``[position, position + size)`` if one piece holds all of them."""
+    for start, data in pieces:
+        if start <= position and position + size <= start + len(data):
+            return data[position - start : position - start + size]
+    return None

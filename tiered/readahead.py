@@ -83,7 +83,8 @@ class ReadAheadCache:
 
     def read(self, topic: str, queue_id: int, queue_offset: int,
              count: int) -> list[TieredEntry]:
-        """Up to ``count`` consecutive entries from ``queue_offset``."""
+        """Up to ``count`` consecutive entries from ``queue_offset`` (or, like
+        ``TieredQueue.read``, from the first readable one after damage there)."""
         key = (topic, queue_id)
         with self._lock:
             self._sweep(self._clock.monotonic_ms())
@@ -122,6 +123,8 @@ class ReadAheadCache:
                 self._order[k] = (expires, size)
                 self._stats.bytes += size
             self._evict_to_bound()
+        if got and fetched and fetched[0].queue_offset != at:
+            return got  # the tier skipped damaged entries at ``at``: keep the run unbroken
         return got + fetched[:need]
 
     # ------------------------------------------------------------------ eviction

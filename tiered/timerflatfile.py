@@ -16,12 +16,18 @@ The object name is the CommitLog offset of its first record, so a
 batch written again after a crash replaces its earlier copy instead of adding one; the
 same record in two objects is harmless (preload keys entries by due time and offset).
 
+A damaged object (cut short, a flipped byte) costs only the entries it damaged:
+``read_bucket`` yields every entry that passes its check, finds the next valid one after
+damage (the record magic, then a CRC-valid record), and logs and counts what it skipped,
+so one bad object never holds up its bucket or the buckets after it.
+
 ``buckets`` is the sorted table of bucket start -> object paths, rebuilt by ``recover``
 from a listing.  Thread-safe.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 from collections.abc import Iterator
@@ -29,11 +35,13 @@ from dataclasses import dataclass
 
 from sortedcontainers import SortedDict
 
-from store.message import RecordError, check_record
-from tiered.errors import TierError
+from store.message import RECORD_MAGIC, RecordError, check_record
 from tiered.provider import Provider
 
+log = logging.getLogger(__name__)
+
 _OFFSET = struct.Struct(">Q")
+_MAGIC_BYTES = RECORD_MAGIC.to_bytes(4, "big")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +49,7 @@ class FlatFileStats:
     buckets: int
     objects: int
     next_bucket_ms: int
+    damaged_objects: int = 0  # objects found cut or holding a bad entry (since start)
 
 
 class TimerFlatFiles:
@@ -50,6 +59,7 @@ class TimerFlatFiles:
         self._prefix = prefix
         self._lock = threading.Lock()
         self._buckets: SortedDict = SortedDict()  # bucket start ms -> list of object paths
+        self._damaged: set[str] = set()  # objects found damaged
 
     def bucket_of(self, deliver_at_ms: int) -> int:
         return deliver_at_ms - deliver_at_ms % self.bucket_ms
@@ -81,31 +91,60 @@ class TimerFlatFiles:
         with self._lock:
             return list(self._buckets.irange(maximum=start_ms_inclusive))
 
-    def read_bucket(self, bucket_start_ms: int) -> Iterator[tuple[int, bytes]]:
-        """Every ``(commit_offset, record)`` of the bucket (CRC-checked)."""
+    def objects(self, bucket_start_ms: int) -> list[str]:
+        """The bucket's object paths as of now (read them, then drop exactly these)."""
         with self._lock:
-            paths = list(self._buckets.get(bucket_start_ms, []))
-        for path in paths:
-            data = self.provider.read(path)
-            pos = 0
-            while pos < len(data):
-                try:
-                    if len(data) - pos < _OFFSET.size:
-                        raise RecordError("truncated entry")
-                    (offset,) = _OFFSET.unpack_from(data, pos)
-                    size = check_record(data, pos + _OFFSET.size)
-                except RecordError as exc:
-                    raise TierError(f"TimerFlatFile {path} is corrupt at byte {pos}: {exc}; "
-                                    "its bucket is left in place") from exc
-                start = pos + _OFFSET.size
-                yield int(offset), data[start : start + size]
-                pos = start + size
+            return list(self._buckets.get(bucket_start_ms, []))
 
-    def drop_bucket(self, bucket_start_ms: int) -> None:
-        """Delete the bucket's objects (after its records are safely elsewhere)."""
+    def read_bucket(self, bucket_start_ms: int, paths: list[str] | None = None
+                    ) -> Iterator[tuple[int, bytes]]:
+        """Every valid ``(commit_offset, record)`` of the bucket's objects (``paths``:
+        these ones only), CRC-checked.  Damage (a cut object, a record failing its
+        check) never raises: it is logged at ERROR with the object and byte, counted in
+        ``damaged_objects``, and reading goes on at the next valid entry of the object.
+        A tier that cannot be reached still raises (``TierError``)."""
+        for path in self.objects(bucket_start_ms) if paths is None else paths:
+            yield from self._entries(path, self.provider.read(path))
+
+    def _entries(self, path: str, data: bytes) -> Iterator[tuple[int, bytes]]:
+        pos = 0
+        while pos < len(data):
+            try:
+                if len(data) - pos < _OFFSET.size:
+                    raise RecordError("truncated entry")
+                (offset,) = _OFFSET.unpack_from(data, pos)
+                size = check_record(data, pos + _OFFSET.size)
+            except RecordError as exc:
+                nxt = _next_entry(data, pos + 1)
+                self._report(path, pos, len(data), nxt, str(exc))
+                if nxt < 0:
+                    return
+                pos = nxt
+                continue
+            start = pos + _OFFSET.size
+            yield int(offset), data[start : start + size]
+            pos = start + size
+
+    def _report(self, path: str, pos: int, size: int, nxt: int, reason: str) -> None:
         with self._lock:
-            paths = self._buckets.pop(bucket_start_ms, [])
-        for path in paths:
+            self._damaged.add(path)
+        rest = (f"skipped {nxt - pos} bytes to the next valid entry" if nxt >= 0 else
+                f"the {size - pos} bytes left are skipped")
+        log.error("damaged TimerFlatFile %s at byte %d of %d: %s; %s", path, pos, size,
+                  reason, rest)
+
+    def drop_bucket(self, bucket_start_ms: int, paths: list[str] | None = None) -> None:
+        """Delete the bucket's objects (``paths``: only these, the ones whose records are
+        safely elsewhere; an object written meanwhile stays)."""
+        with self._lock:
+            objects = self._buckets.get(bucket_start_ms, [])
+            doomed = list(objects) if paths is None else [p for p in objects if p in paths]
+            left = [p for p in objects if p not in doomed]
+            if left:
+                self._buckets[bucket_start_ms] = left
+            else:
+                self._buckets.pop(bucket_start_ms, None)
+        for path in doomed:
             self.provider.delete(path)
 
     def statistics(self) -> FlatFileStats:
@@ -113,4 +152,19 @@ class TimerFlatFiles:
             return FlatFileStats(
                 buckets=len(self._buckets),
                 objects=sum(len(v) for v in self._buckets.values()),
-                next_bucket_ms=self._buckets.peekitem(0)[0] if self._buckets else 0)
+                next_bucket_ms=self._buckets.peekitem(0)[0] if self._buckets else 0,
+                damaged_objects=len(self._damaged))
+
+
+def _next_entry(data: bytes, pos: int) -> int:
+    """The first position at or after ``pos`` where a valid entry (offset, then a record
+    that passes its check) begins; -1 if none."""
+    i = data.find(_MAGIC_BYTES, pos + _OFFSET.size)
+    while i >= 0:
+        try:
+            check_record(data, i)
+        except RecordError:
+            i = data.find(_MAGIC_BYTES, i + 1)
+            continue
+        return i - _OFFSET.size
+    return -1
