@@ -21,6 +21,9 @@ retention deleted, in every strategy but ``disable``.
 
 from __future__ import annotations
 
+import contextlib
+
+from store.errors import StoreError
 from store.message import Message, decode_record
 from store.store import MessageStore
 from tiered.dispatcher import TieredDispatcher
@@ -74,9 +77,30 @@ class TieredReader:
 
     def read(self, topic: str, queue_id: int, queue_offset: int,
              count: int) -> list[TieredEntry]:
+        """Up to ``count`` consecutive entries from the first readable queue offset at or
+        after ``queue_offset`` (``TieredQueue.read``: damaged ones are skipped)."""
         if self.cache is not None:
-            return self.cache.read(topic, queue_id, queue_offset, count)
-        return self._dispatcher.read(topic, queue_id, queue_offset, count)
+            got = self.cache.read(topic, queue_id, queue_offset, count)
+        else:
+            got = self._dispatcher.read(topic, queue_id, queue_offset, count)
+        return got or self._local_after_damage(topic, queue_id, queue_offset, count)
+
+    def _local_after_damage(self, topic: str, queue_id: int, queue_offset: int,
+                            count: int) -> list[TieredEntry]:
+        """Nothing readable is left in the tier from ``queue_offset`` (all of it damaged,
+        reported by the tier) below the oldest entry on local disk: go on there, so a
+        reader is never stuck in front of the damage."""
+        local_low, _ = self._store.queue_bounds(topic, queue_id)
+        if queue_offset >= local_low or count <= 0:
+            return []
+        out = []
+        for e in self._store.consume_queue_entries(topic, queue_id, local_low, count):
+            record = b""  # a hole, or gone meanwhile: the reader's record check skips it
+            if not e.is_hole:
+                with contextlib.suppress(StoreError):
+                    record = self._store.commitlog.read(e.commit_offset, e.record_size)
+            out.append(TieredEntry(e.queue_offset, e.tag_hash, e.store_at_ms, record))
+        return out
 
     # ------------------------------------------------------------------ queries
 
