@@ -116,6 +116,28 @@ def _cq_checkpoint(config: StoreConfig) -> int | None:
     return OffsetCheckpoint(os.path.join(config.data_dir, "checkpoint", "consumequeue")).read()
 
 
+def _log_with_segments(tmp_path: Path, n: int = 40, segment_bytes: int = 2000
+                       ) -> tuple[list[int], list[bytes]]:
+    log = CommitLog(str(tmp_path), SystemClock(), segment_bytes=segment_bytes)
+    log.open()
+    log.start()
+    recs = [encode_record(Message(f"id{i}", "t", bytes([i]) * 100)) for i in range(n)]
+    offsets = []
+    for r in recs:
+        offsets.append(log.append(lambda o, r=r: ([r], o)).result(10))
+    log.stop()
+    log.close()
+    os.remove(tmp_path / "checkpoint")  # recovery scans everything
+    return offsets, recs
+
+
+def _segment_of(tmp_path: Path, offset: int) -> tuple[str, int]:
+    bases = sorted(int(n[:-4]) for n in os.listdir(tmp_path) if n.endswith(".log"))
+    base = max(b for b in bases if b <= offset)
+    return str(tmp_path / f"{base:020d}.log"), offset - base
+
+
+
 # ---------------------------------------------------------------- 1. readers are clamped
 
 
@@ -250,27 +272,6 @@ def test_queue_offsets_lost_in_a_torn_tail_become_holes(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- 3a. recovery skips damage
 
 
-def _log_with_segments(tmp_path: Path, n: int = 40, segment_bytes: int = 2000
-                       ) -> tuple[list[int], list[bytes]]:
-    log = CommitLog(str(tmp_path), SystemClock(), segment_bytes=segment_bytes)
-    log.open()
-    log.start()
-    recs = [encode_record(Message(f"id{i}", "t", bytes([i]) * 100)) for i in range(n)]
-    offsets = []
-    for r in recs:
-        offsets.append(log.append(lambda o, r=r: ([r], o)).result(10))
-    log.stop()
-    log.close()
-    os.remove(tmp_path / "checkpoint")  # recovery scans everything
-    return offsets, recs
-
-
-def _segment_of(tmp_path: Path, offset: int) -> tuple[str, int]:
-    bases = sorted(int(n[:-4]) for n in os.listdir(tmp_path) if n.endswith(".log"))
-    base = max(b for b in bases if b <= offset)
-    return str(tmp_path / f"{base:020d}.log"), offset - base
-
-
 @pytest.mark.parametrize("where", ["magic", "size", "crc", "body"])
 def test_a_damaged_record_in_a_sealed_segment_is_skipped_and_reported(
         where: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -356,6 +357,17 @@ def test_a_record_forged_inside_a_damaged_body_is_not_picked_up(tmp_path: Path) 
         assert store.query_by_message_id("FORGED") == []
     finally:
         store.stop()
+
+
+def test_whole_records_stops_at_a_cut_or_a_bad_record() -> None:
+    a, b = (encode_record(Message(f"id{i}", "t", b"x" * 50)) for i in range(2))
+    assert recovery.whole_records(a + b) == (len(a) + len(b), 0)
+    assert recovery.whole_records(a + b[:30]) == (len(a), len(b))  # cut: read on
+    assert recovery.whole_records(a + b[:5]) == (len(a), 0)
+    bad = bytearray(b)
+    bad[-1] ^= 1
+    assert recovery.whole_records(a + bytes(bad) + a) == (len(a), -1)
+    assert recovery.whole_records(b"\0" * 100) == (0, -1)
 
 
 # ---------------------------------------------------------------- 3b. dispatch skips damage
