@@ -522,9 +522,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             "store.dispatched_offset": s.dispatched_offset,
             "store.dispatch_lag_bytes": s.commitlog.confirmed_offset - s.dispatched_offset,
             "store.messages_appended": s.messages_appended,
+            "store.damaged_records": s.damaged_records,
             "pop.open_checkpoints": p.open_checkpoints, "pop.popped": p.popped,
             "pop.acked": p.acked, "pop.revived": p.revived, "pop.released": p.released,
-            "pop.dead_lettered": p.dead_lettered,
+            "pop.dead_lettered": p.dead_lettered, "pop.durable_syncs": p.durable_syncs,
+            "pop.recovered_copies": self._broker.pop.copies.recovered,
             "rpc.sent": self.sent, "rpc.popped": self.popped,
         })
         for g in self._broker.pop.group_statistics():

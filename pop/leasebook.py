@@ -222,7 +222,8 @@ class LeaseBook:
             return PopStats(open_checkpoints=open_cks, popped=self._popped, acked=self._acked,
                             revived=sum(self._revived.values()),
                             released=sum(self._released.values()),
-                            dead_lettered=sum(self._dead.values()))
+                            dead_lettered=sum(self._dead.values()),
+                            durable_syncs=self._commit.syncs)
 
     def group_statistics(self) -> list[GroupStats]:
         """Per (group, topic) that has leased since it was created."""

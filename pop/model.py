@@ -129,6 +129,8 @@ class PopStats:
     revived: int
     released: int
     dead_lettered: int
+    durable_syncs: int  # WAL fsyncs that made leases, acks and deadlines durable (each
+    #                     covers every consumer waiting at that moment)
 
 
 @dataclass(frozen=True, slots=True)

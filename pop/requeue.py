@@ -45,9 +45,16 @@ from pop.policy import RetryPolicy
 from pop.settle import PROP_LEASE, CopyKey, CopySettler, LeaseEntry, encode_lease
 from store.clock import Clock
 from store.crashpoint import crashpoint
-from store.errors import ChronomqError, FailedPrecondition, InvalidArgument
+from store.errors import ChronomqError, DamagedRecord, FailedPrecondition, InvalidArgument
 from store.kv import KV
-from store.message import FLAG_DELAYED, FLAG_RETRY, Draft, decode_record, encode_properties
+from store.message import (
+    FLAG_DELAYED,
+    FLAG_RETRY,
+    Draft,
+    RecordError,
+    decode_record,
+    encode_properties,
+)
 from store.store import MessageStore
 from store.topics import Topic
 from timer.wheel import TimingWheel
@@ -114,8 +121,15 @@ class Requeuer(LeaseBook):
                 if not todo:
                     continue
                 try:
-                    self._read_into([r for _, r in todo])
-                    copies = self._append_copies(origin, [r for _, r in todo], now)
+                    lost = self._read_into([r for _, r in todo])
+                    for n, r in todo:
+                        if r in lost:
+                            results[n] = FailedPrecondition(
+                                "the message is no longer stored (damaged or removed by "
+                                "retention); its lease runs out and it is dropped")
+                    todo = [(n, r) for n, r in todo if r not in lost]
+                    copies = self._append_copies(origin, [r for _, r in todo], now) \
+                        if todo else []
                 except ChronomqError as exc:
                     for n, _ in todo:
                         results[n] = exc
@@ -124,24 +138,38 @@ class Requeuer(LeaseBook):
                 self.copies.settled(copies)
         return results
 
-    def _read_into(self, reqs: list[Requeue]) -> None:
-        """Fill each request's message from its queue entry."""
+    def _read_into(self, reqs: list[Requeue]) -> list[Requeue]:
+        """Fill each request's message from its queue entry; returns the requests whose
+        message is gone (a hole, a damaged record, or removed by retention), logged and
+        left without one: they cannot be copied."""
         local: list[Requeue] = []
         locations = []
+        lost: list[Requeue] = []
         for r in reqs:
             qo = r.ck_start + r.index
             (entry,) = self._store.consume_queue_entries(r.topic, r.queue_id, qo, 1) or (None,)
-            if entry is not None:
+            if entry is not None and not entry.is_hole:
                 local.append(r)
                 locations.append((entry.commit_offset, entry.record_size))
                 continue
-            tiered = self.tier.read(r.topic, r.queue_id, qo, 1) if self.tier else ()
-            if not tiered or tiered[0][0] != qo:
-                raise FailedPrecondition(f"message at {r.topic}/{r.queue_id}/{qo} is no "
-                                         "longer stored (retention)")
-            r.message = decode_record(tiered[0][3])
-        for r, m in zip(local, self._store.read_messages(locations), strict=True):
-            r.message = m
+            tiered = () if entry is not None or self.tier is None else \
+                self.tier.read(r.topic, r.queue_id, qo, 1)
+            try:
+                if not tiered or tiered[0][0] != qo:
+                    raise FailedPrecondition("no longer stored (a hole, or retention)")
+                r.message = decode_record(tiered[0][3])
+            except (ChronomqError, RecordError, ValueError) as exc:
+                log.error("cannot redeliver %s/%d queue offset %d: %s", r.topic, r.queue_id,
+                          qo, exc)
+                lost.append(r)
+        for r, m in zip(local, self._store.read_messages_skipping(locations), strict=True):
+            if isinstance(m, DamagedRecord):
+                log.error("cannot redeliver %s/%d queue offset %d: %s", r.topic, r.queue_id,
+                          r.ck_start + r.index, m)
+                lost.append(r)
+            else:
+                r.message = m
+        return lost
 
     def _append_copies(self, origin: str, reqs: list[Requeue], now: int) -> list[CopyKey]:
         """Append the retry or dead-letter copy of each request; returns once durable,
@@ -264,8 +292,12 @@ class Requeuer(LeaseBook):
         for (group, origin), reqs in by_origin.items():
             # handles of these entries are expired: nothing else touches them meanwhile
             try:
-                self._read_into(reqs)
-                copies = self._append_copies(origin, reqs, now)
+                lost = self._read_into(reqs)
+                if lost:  # nothing to copy: done, or the lease would revive forever
+                    with self._group_lock(group, origin):
+                        self._mark_done(lost, self._revived)
+                    reqs = [r for r in reqs if r not in lost]
+                copies = self._append_copies(origin, reqs, now) if reqs else []
             except ChronomqError as exc:
                 log.warning("revive of %d messages of %s/%s failed, retrying in 1 s: %s",
                             len(reqs), group, origin, exc)

@@ -69,8 +69,8 @@ from pop.model import (
 from pop.requeue import Requeuer
 from pop.settle import PROP_LEASE
 from store.crashpoint import crashpoint
-from store.errors import ChronomqError, InvalidArgument
-from store.message import Message, decode_record
+from store.errors import ChronomqError, DamagedRecord, InvalidArgument
+from store.message import Message, RecordError, decode_record
 from store.topics import MAX_NAME_BYTES
 from tiered.errors import TierError
 
@@ -155,11 +155,13 @@ class PopService(Requeuer):
         return out
 
     def _read_rows(self, topic: str, qid: int, offset: int, want: int, local_low: int
-                   ) -> tuple[list[tuple[int, int]], Callable[[list[int]], list[Message]]]:
+                   ) -> tuple[list[tuple[int, int]], Callable[[list[int]], list[Message | None]]]:
         """Up to ``want`` queue entries from ``offset`` as (queue offset, tag hash) rows,
         and a loader of the picked rows' messages: from the tier below the read
         strategy's floor, else from the local store.  A failing tier falls back to local
-        disk when it still has the data."""
+        disk when it still has the data.  The loader gives None for a row with no
+        message: a hole in the ConsumeQueue, or a damaged record (logged, counted by the
+        store); the caller skips it, so it never blocks the queue."""
         floor = self.tier.floor(topic, qid, local_low) if self.tier is not None else 0
         if offset < floor and self.tier is not None:
             try:
@@ -172,23 +174,40 @@ class PopService(Requeuer):
             else:
                 records = [rec for _, _, _, rec in tiered]
 
-                def load_tiered(picked: list[int]) -> list[Message]:
-                    return [decode_record(records[i]) for i in picked]
+                def load_tiered(picked: list[int]) -> list[Message | None]:
+                    return [_decode_or_none(records[i], topic, qid, tiered[i][0])
+                            for i in picked]
                 return [(qo, tag) for qo, tag, _, _ in tiered], load_tiered
         entries = self._store.consume_queue_entries(topic, qid, offset, want)
 
-        def load_local(picked: list[int]) -> list[Message]:
-            return self._store.read_messages([(entries[i].commit_offset,
-                                               entries[i].record_size) for i in picked])
+        def load_local(picked: list[int]) -> list[Message | None]:
+            present = [i for i in picked if not entries[i].is_hole]
+            loaded = self._store.read_messages_skipping(
+                [(entries[i].commit_offset, entries[i].record_size) for i in present])
+            found: dict[int, Message] = {}
+            for i, m in zip(present, loaded, strict=True):
+                if isinstance(m, DamagedRecord):
+                    log.error("skipping %s/%d queue offset %d: %s", topic, qid,
+                              entries[i].queue_offset, m)
+                else:
+                    found[i] = m
+            return [found.get(i) for i in picked]
         return [(e.queue_offset, e.tag_hash) for e in entries], load_local
 
     def _lease_queue(self, group: str, ltopic: str, origin: str, qid: int, want: int,
                      now: int, expire: int, tf: TagFilter, puts: list[tuple[bytes, bytes]],
                      deadlines: list[Deadline]) -> list[PoppedMessage]:
         leases = self._queue(group, ltopic, qid)
-        low, local_low, _high = self._bounds(ltopic, qid)
+        low, local_low, high = self._bounds(ltopic, qid)
         if leases.pop_offset < low:  # retention removed what the group had not reached
             leases.pop_offset = leases.ack_offset = low
+        elif leases.pop_offset > high:  # the queue's tail was lost (flush = "async" and
+            # an OS crash): new messages take those queue offsets again; lease them
+            log.warning("%s/%d ends at %d, below group %s's pop offset %d: the tail was "
+                        "lost; leasing from %d", ltopic, qid, high, group,
+                        leases.pop_offset, high)
+            leases.pop_offset = high
+            leases.ack_offset = min(leases.ack_offset, high)
         rows, load = self._read_rows(ltopic, qid, leases.pop_offset, want, local_low)
         if not rows:
             return []
@@ -203,8 +222,8 @@ class PopService(Requeuer):
                 ck.mark(i)  # filtered out: done for this group
         encode = self._handles.encode
         for i, msg in zip(wanted, load(wanted), strict=True):
-            if not tf.accepts(msg.tag):  # a tag-hash collision
-                ck.mark(i)
+            if msg is None or not tf.accepts(msg.tag):  # no message there, or a tag-hash
+                ck.mark(i)  # collision: done for this group
                 continue
             attempt = msg.delivery_attempt + 1
             msg.topic = origin
@@ -286,3 +305,13 @@ class PopService(Requeuer):
         self._schedule([(group, h.topic, h.queue_id, h.ck_start, expire)])
         return self._handles.encode(group, ReceiptHandle(
             h.topic, h.queue_id, h.ck_start, h.queue_offset, expire, h.attempt))
+
+
+def _decode_or_none(record: bytes, topic: str, qid: int, queue_offset: int) -> Message | None:
+    """A record read from the tier, or None (logged) if it fails its checks."""
+    try:
+        return decode_record(record)
+    except (RecordError, ValueError) as exc:
+        log.error("skipping %s/%d queue offset %d: damaged record from the tier: %s", topic,
+                  qid, queue_offset, exc)
+        return None

@@ -109,3 +109,29 @@ def test_a_crash_around_revive_redelivers_each_message_once(tmp_path: Path, labe
         assert later == []
     finally:
         assert srv.terminate() == 0
+
+
+def test_a_damaged_record_is_skipped_and_never_blocks_its_queue(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    env = _env(tmp_path, manual_clock)
+    try:
+        sent = env.send(5)
+        # Given: one byte of the third message's body flipped on disk
+        bad = sent[2]
+        segment = tmp_path / "data" / "commitlog" / f"{0:020d}.log"
+        with open(segment, "r+b") as f:
+            at = bad.commit_offset + bad.record_size - 1
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        # When: a group pops the queue
+        got = env.pop.pop("t", "G", 32, 60)
+        # Then: every other message is delivered, the damaged one is skipped and counted
+        assert [p.message.message_id for p in got] == \
+            [m.message_id for i, m in enumerate(sent) if i != 2]
+        assert env.store.statistics().damaged_records == 1
+        assert env.pop.ack_many("G", [p.receipt_handle for p in got]) == [None] * 4
+        assert env.pop.pop("t", "G", 32, 60) == []
+    finally:
+        env.close()
