@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 from store import recovery
 from store.checkpoint import OffsetCheckpoint
 from store.clock import Clock
+from store.crashpoint import crashpoint
 from store.errors import DamagedRecord, StorageIOError, Unavailable
 from store.message import DispatchInfo, decode_dispatch_infos
 
@@ -226,10 +227,12 @@ class CommitLog:
             written = os.write(seg.fd, data)
             while written < len(data):  # os.write may be partial on huge buffers
                 written += os.write(seg.fd, data[written:])
+            crashpoint("commitlog.after_write")
             seg.size += len(data)
             self._written += len(data)
             if self._flush_sync:
                 os.fdatasync(seg.fd)
+                crashpoint("commitlog.after_fsync")
                 self._fsyncs += 1
                 self._flushed = self._written
             self._batches += 1
@@ -243,12 +246,14 @@ class CommitLog:
             fut.set_result(result)
         if self._flush_sync and self._batches % 256 == 0:
             self._checkpoint.write(self._flushed)
+            crashpoint("commitlog.checkpoint")
 
     def _active_for(self, nbytes: int) -> _Segment:
         seg = self._segments[-1]
         if seg.size > 0 and seg.size + nbytes > self._segment_bytes:
             self._fsync_active()
             seg = self._new_segment(self._written)
+            crashpoint("commitlog.after_roll")
         return seg
 
     def _new_segment(self, base_offset: int) -> _Segment:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import struct
 
+from store.crashpoint import crashpoint
 from store.kv import KV
 from store.message import FLAG_DELAYED, FLAG_FOREIGN_ID, DispatchInfo
 
@@ -78,6 +79,7 @@ class KeyIndex:
         if puts:  # entries and the position they bring us to, in one atomic batch
             puts.append((_POSITION, _U64.pack(end_offset)))
             self._kv.write(puts)
+            crashpoint("index.after_write")
             self._position = end_offset
 
     def flush(self) -> None:

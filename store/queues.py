@@ -16,6 +16,7 @@ from collections import defaultdict
 
 from store.checkpoint import OffsetCheckpoint
 from store.consumequeue import ENTRY, ConsumeQueue
+from store.crashpoint import crashpoint
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.topics import TopicCatalogue
 
@@ -120,6 +121,8 @@ class ConsumeQueueTable:
                 (qo, pack(commit_offset, size, tag_hash(tag), store_at_ms)))
         for (topic_name, qid), entries in grouped.items():
             self.queue(topic_name, qid).put_many(entries)
+        if grouped:
+            crashpoint("consumequeue.after_write")
         self._pending_position = end_offset
 
     def flush(self) -> None:
@@ -127,6 +130,7 @@ class ConsumeQueueTable:
             q.flush()
         if self._pending_position != self._position:
             self._checkpoint.write(self._pending_position)
+            crashpoint("consumequeue.checkpoint")
             self._position = self._pending_position
 
     def close(self) -> None:

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from store.clock import Clock
+from store.crashpoint import crashpoint
 from store.files import write_atomic
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.store import MessageStore
@@ -247,6 +248,7 @@ class TieredDispatcher:
             for q in pending:
                 records, size = q.next_queue_offset - q.committed_queue_offset, q.buffered_bytes
                 if q.commit():
+                    crashpoint("tier.after_upload")
                     self._save_queue(q)
                     del self._first_unsaved[(q.topic, q.queue_id)]
                     del self._since[(q.topic, q.queue_id)]
@@ -267,6 +269,7 @@ class TieredDispatcher:
             checkpoint = min(self._first_unsaved.values(), default=self._read_position)
             if checkpoint != self._checkpoint:
                 write_atomic(os.path.join(self._meta_dir, "checkpoint"), str(checkpoint).encode())
+                crashpoint("tier.checkpoint")
                 self._checkpoint = checkpoint
             return done
 
