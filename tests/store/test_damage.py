@@ -216,6 +216,7 @@ def _copy(image: Image, to: Path) -> Path:
 # ---------------------------------------------------------------------- torn tails
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["stopped", "crashed"])
 def test_a_torn_tail_of_every_length_is_truncated(kind: str, tmp_path: Path,
                                                   request: pytest.FixtureRequest,
