@@ -541,6 +541,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             "timer.cancelled": t.cancelled, "timer.rescheduled": t.rescheduled,
             "timer.last_delivery_ms": t.last_delivery_ms,
             "timer.flat_buckets": t.flat_buckets, "timer.flat_objects": t.flat_objects,
+            "timer.flat_damaged_objects": t.flat_damaged_objects,
             "timer.parked_unwritten": t.parked_unwritten,
         })
         if self._broker.tiered is not None:

@@ -152,6 +152,8 @@ class CommitLog:
             self._thread = None
         self._fsync_active()
         self._checkpoint.write(self._flushed)
+        with self._confirmed_cond:  # readers waiting for new data: there is none coming
+            self._confirmed_cond.notify_all()
 
     def close(self) -> None:
         """Close the segment files (after ``stop`` and after the dispatchers stopped)."""

@@ -134,7 +134,9 @@ class TieredQueue:
         """Buffer this queue's ``records`` (in queue order; their bytes are in ``data``,
         which starts at CommitLog offset ``data_offset``) with one append per stream.
         Returns the records added (those the tier already has are skipped) and, if the
-        records leave a gap in the queue, why the rest were not added ("" otherwise)."""
+        records go back in the queue, why the rest were not added ("" otherwise).  A gap
+        (queue offsets the local ConsumeQueue has as holes: a lost tail, a skipped damaged
+        record) is kept as hole entries, ``record_size`` 0, so the queue goes on."""
         nxt = self.next_queue_offset
         i = 0
         while i < len(records) and nxt >= 0 and records[i].queue_offset < nxt:
@@ -145,25 +147,31 @@ class TieredQueue:
         if nxt < 0:
             self.first_queue_offset = nxt = todo[0].queue_offset
         gap = None
+        expected = nxt
         for j, r in enumerate(todo):
-            if r.queue_offset != nxt + j:
+            if r.queue_offset < expected:
                 gap, todo = r.queue_offset, todo[:j]
                 break
+            expected = r.queue_offset + 1
         if todo:
             pos = self.log.append_position
             chunks, entries = [], []
             pack = ENTRY.pack
+            expected = nxt
             for r in todo:
+                if r.queue_offset > expected:  # holes
+                    entries.append(pack(pos, 0, 0, r.store_at_ms) * (r.queue_offset - expected))
                 at = r.commit_offset - data_offset
                 chunks.append(data[at : at + r.record_size])
                 entries.append(pack(pos, r.record_size, tag_hash(r.tag), r.store_at_ms))
                 pos += r.record_size
+                expected = r.queue_offset + 1
             first_ms, last_ms = todo[0].store_at_ms, todo[-1].store_at_ms
             self.log.append(b"".join(chunks), first_ms, last_ms)
             self.cq.append(b"".join(entries), first_ms, last_ms)
         if gap is not None:
-            return todo, (f"{self.topic}/{self.queue_id}: queue offset {gap} leaves a gap "
-                          f"after {nxt + len(todo) - 1}")
+            return todo, (f"{self.topic}/{self.queue_id}: queue offset {gap} goes back "
+                          f"before {expected}")
         return todo, ""
 
     def commit(self) -> bool:
@@ -225,7 +233,8 @@ class TieredQueue:
     def _read_slots(self, start: int, end: int) -> list[TieredEntry | None]:
         """Queue offsets ``[start, end)`` (committed): each entry with its record, or
         None where the tier's data is damaged (reported)."""
-        entries = self._read_entries(start, end)
+        holes: set[int] = set()
+        entries = self._read_entries(start, end, holes)
         slots: list[TieredEntry | None] = [None] * (end - start)
         if entries:
             first_pos = min(pos for pos, _, _, _ in entries.values())
@@ -241,14 +250,16 @@ class TieredQueue:
                     self._report(qo, qo + 1, f"bad record in {where}")
                     continue
                 slots[qo - start] = TieredEntry(qo, tag, at_ms, record)
-        missing = [start + i for i, e in enumerate(slots) if e is None]
+        missing = [start + i for i, e in enumerate(slots) if e is None and start + i not in holes]
         if missing:
             self._report(missing[0], missing[-1] + 1, "unreadable", missing)
         return slots
 
-    def _read_entries(self, start: int, end: int) -> dict[int, tuple[int, int, int, int]]:
+    def _read_entries(self, start: int, end: int, holes: set[int]
+                      ) -> dict[int, tuple[int, int, int, int]]:
         """The cq entries of ``[start, end)`` that are there, by queue offset; an entry
-        pointing outside the committed log is damage (reported)."""
+        pointing outside the committed log is damage (reported); hole entries go to
+        ``holes``."""
         first, size = self.first_queue_offset, ENTRY.size
         out: dict[int, tuple[int, int, int, int]] = {}
         for pos, raw in self.cq.read_available((start - first) * size, (end - start) * size):
@@ -256,6 +267,9 @@ class TieredQueue:
             for at in range(skip, len(raw) - size + 1, size):
                 entry = ENTRY.unpack_from(raw, at)
                 log_pos, rec_size = entry[0], entry[1]
+                if rec_size == 0:
+                    holes.add(first + (pos + at) // size)
+                    continue  # a hole: no message has this queue offset
                 if (log_pos < self.log.start_position or rec_size < _NAMES_AT
                         or log_pos + rec_size > self.log.commit_position):
                     self.cq.report_damage(pos + at, f"entry ({log_pos}, {rec_size}) points "

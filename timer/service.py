@@ -83,6 +83,7 @@ class TimerStats:
     last_delivery_ms: int  # when the latest delivered batch was appended
     flat_buckets: int  # TimerFlatFile buckets on the tier
     flat_objects: int
+    flat_damaged_objects: int  # TimerFlatFile objects found cut or damaged (since start)
     parked_unwritten: int  # far-future messages (in RocksDB) waiting for their
     #                        TimerFlatFile write
     lateness_bounds_ms: tuple[int, ...]
@@ -520,6 +521,7 @@ class TimerService:
                 delivered=self._delivered, cancelled=self._cancelled,
                 rescheduled=self._rescheduled, last_delivery_ms=self._last_delivery_ms,
                 flat_buckets=flat.buckets, flat_objects=flat.objects,
+                flat_damaged_objects=flat.damaged_objects,
                 parked_unwritten=self._parked,
                 lateness_bounds_ms=LATENESS_BOUNDS_MS,
                 lateness_counts=tuple(self._lateness),

@@ -556,3 +556,28 @@ def test_a_new_group_pops_from_the_tier_after_a_restart(tmp_path: Path,
         assert got == sent
     finally:
         broker.stop()
+
+
+def test_the_tier_keeps_a_queue_going_past_a_damaged_record(tmp_path: Path,
+                                                            manual_clock: ManualClock) -> None:
+    config, sent = _filled(tmp_path, 12, queues=2)
+    bad = sent[4]
+    _flip(os.path.join(_log_dir(config), SEGMENT0), bad.commit_offset)
+    store = _open(config, clock=manual_clock)
+    tier = TieredDispatcher(store, LocalProvider(str(tmp_path / "tier")), "b0",
+                            os.path.join(config.data_dir, "tiered"), TieredConfig(), manual_clock)
+    try:
+        for _ in range(5):
+            tier.step()
+        tier.commit()
+        # every other record of the damaged record's queue reaches the tier, in order,
+        # and a reader walks past the hole it left
+        got, offset = [], 0
+        while run := tier.read("t", bad.queue_id, offset, 100):
+            got += [e.queue_offset for e in run]
+            offset = run[-1].queue_offset + 1
+        assert got == [m.queue_offset for m in sent
+                       if m.queue_id == bad.queue_id and m is not bad]
+    finally:
+        tier.stop()
+        store.stop()
