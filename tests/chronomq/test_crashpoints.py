@@ -5,13 +5,14 @@ process armed with ``server.crash_at=<label>:<N>`` runs one scripted, ledgered w
 that reaches every label: immediate sends (unary and streamed, keyed, enough bytes to
 roll 32 KiB CommitLog segments), near and far delayed sends (RocksDB and the wheel;
 TimerFlatFiles in three buckets, then preload), pops, acks, ChangeInvisibleTime, Nack,
-leases left to run out (revive), timer deliveries, and tier uploads in the background.
+leases left to run out (revive), timer deliveries, tier uploads in the background, and
+780 single-message sends (the CommitLog checkpoint is written every 256 batches).
 The broker must leave with ``CRASH_EXIT_CODE`` (the label was reached, while starting,
 working or stopping); then a restart without the crash point, a drain of the group, and
 the ledger checker must find no violation; SIGTERM must exit 0.
 
 The workload stops at the first failed call (the broker is gone), so an early label
-costs little: a run takes 2-6 s.
+costs little: a run takes 2-9 s.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ CRASHPOINT_SETTINGS = (
     "timer.load_interval_ms=50",
 )
 REVIVE_SLACK_MS = 1000
+SINGLE_SENDS = 780  # with the workload's other batches, past 3 x 256 CommitLog batches
 
 
 def scripted_workload(lc: LedgeredClient) -> None:
@@ -70,10 +72,16 @@ def scripted_workload(lc: LedgeredClient) -> None:
         lc.ack(GROUP, [lc.change_invisible_time(GROUP, item, 2)])
     for n, item in enumerate(got[3:6]):  # released: now, or later through the timer
         lc.nack(GROUP, [item], delay_ms=200 * n)
-    # got[6:] are never acked: revived when their 1 s lease runs out
-    until_ms = lc.horizon_ms + 300
-    while now_ms() < until_ms:  # timer deliveries and revived copies, acked
-        lc.ack(GROUP, lc.pop(TOPIC, GROUP, 16, invisible_time_s=1, wait_ms=100))
+    # got[6:] are never acked: revived when their 1 s lease runs out.  While the timer
+    # delivers and leases revive, single-message sends (one CommitLog batch each: the
+    # CommitLog checkpoint is written every 256 batches), popped and acked now and then
+    until_ms, singles = lc.horizon_ms + 300, 0
+    while now_ms() < until_ms or singles < SINGLE_SENDS:
+        if singles < SINGLE_SENDS:
+            lc.send([lc.draft(TOPIC)])
+            singles += 1
+        if singles % 50 == 0 or singles == SINGLE_SENDS:
+            lc.ack(GROUP, lc.pop(TOPIC, GROUP, 16, invisible_time_s=1, wait_ms=50))
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +131,10 @@ def test_crash_point_keeps_the_durability_contract(tmp_path: Path, label: str,
     # When: the broker crashes at the nth hit of the label
     run = crash_run(data, ledgers, label, nth)
     assert run.exit_code == CRASH_EXIT_CODE, (
-        f"crash point {label} was not reached {nth} time(s) by the workload (exit code "
-        f"{run.exit_code}): {LABELS[label]}\n" + "\n".join(_tail(run.output)))
+        f"crash point {label} ({LABELS[label]}) was not reached {nth} time(s): the broker "
+        + ("ran the whole workload and stopped with exit code 0" if run.exit_code == 0 else
+           f"exited with code {run.exit_code} while {run.where}")
+        + "\n" + "\n".join(_tail(run.output)))
     # Then: restarted without it, the group drains with no violation of the contract
     srv = ServerProcess(data, *CRASHPOINT_SETTINGS)
     try:
