@@ -413,6 +413,14 @@ def test_the_tier_dispatcher_skips_a_damaged_record(tmp_path: Path,
         assert tier.position() == store.commitlog.confirmed_offset
         other = 1 - sent[4].queue_id  # the queue without the damaged record: all of it
         assert len(tier.read("t", other, 0, 100)) == sum(m.queue_id == other for m in sent)
+        # the rest of the damaged record's queue reaches the tier too, in order, and a
+        # reader walks past the hole it left
+        got, offset = [], 0
+        while run := tier.read("t", sent[4].queue_id, offset, 100):
+            got += [e.queue_offset for e in run]
+            offset = run[-1].queue_offset + 1
+        assert got == [m.queue_offset for m in sent
+                       if m.queue_id == sent[4].queue_id and m is not sent[4]]
         assert store.statistics().damaged_records == 1
     finally:
         tier.stop()
@@ -556,28 +564,3 @@ def test_a_new_group_pops_from_the_tier_after_a_restart(tmp_path: Path,
         assert got == sent
     finally:
         broker.stop()
-
-
-def test_the_tier_keeps_a_queue_going_past_a_damaged_record(tmp_path: Path,
-                                                            manual_clock: ManualClock) -> None:
-    config, sent = _filled(tmp_path, 12, queues=2)
-    bad = sent[4]
-    _flip(os.path.join(_log_dir(config), SEGMENT0), bad.commit_offset)
-    store = _open(config, clock=manual_clock)
-    tier = TieredDispatcher(store, LocalProvider(str(tmp_path / "tier")), "b0",
-                            os.path.join(config.data_dir, "tiered"), TieredConfig(), manual_clock)
-    try:
-        for _ in range(5):
-            tier.step()
-        tier.commit()
-        # every other record of the damaged record's queue reaches the tier, in order,
-        # and a reader walks past the hole it left
-        got, offset = [], 0
-        while run := tier.read("t", bad.queue_id, offset, 100):
-            got += [e.queue_offset for e in run]
-            offset = run[-1].queue_offset + 1
-        assert got == [m.queue_offset for m in sent
-                       if m.queue_id == bad.queue_id and m is not bad]
-    finally:
-        tier.stop()
-        store.stop()
