@@ -53,7 +53,8 @@ def main() -> None:
         result = run_chaos(workdir, ChaosPlan.long(seed, args.cycles),
                            say=lambda text: print(f"  {text}", file=sys.stderr))
         print(_line(seed, result, time.monotonic() - t0), flush=True)
-        if not result.report.ok or result.exit_code or result.worker_errors:
+        if (not result.report.ok or result.exit_code or result.worker_errors
+                or result.rpc_errors):
             clean = False
             print("  " + result.evidence(20).replace("\n", "\n  "), flush=True)
         if args.keep or not result.report.ok:

@@ -89,10 +89,11 @@ class ChaosResult:
     exit_code: int  # of the final SIGTERM
     server_log: list[str]  # every incarnation's output (WARNING and above)
     worker_errors: list[str]  # unexpected exceptions in the client threads (harness bugs)
+    rpc_errors: list[str]  # calls the broker failed while it was not being killed
 
     def evidence(self, lines: int = 60) -> str:
         return "\n".join([self.report.summary(), f"ledger: {self.ledger_dir}",
-                          *self.worker_errors,
+                          *self.worker_errors, *self.rpc_errors[:20],
                           "server log (tail):", *self.server_log[-lines:]])
 
 
@@ -104,7 +105,8 @@ class _Cluster:
     generation: int = 0
     clients: list[LedgeredClient] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # harness bugs
+    rpc_errors: list[str] = field(default_factory=list)  # failed calls while it was up
     cond: threading.Condition = field(default_factory=threading.Condition)
 
     def up(self, target: str) -> None:
@@ -149,8 +151,10 @@ def _worker(cluster: _Cluster, ledger: Ledger, name: str, seed: int, body: _Body
             lc.client = client
             try:
                 body(lc, rnd, generation)
-            except RpcError:
-                time.sleep(0.05)  # the broker died under us: expected
+            except RpcError as exc:
+                if cluster.live(generation):  # not killed: the broker failed a call
+                    cluster.rpc_errors.append(f"{name} at {now_ms()}: {exc}")
+                time.sleep(0.05)  # killed under us: expected
             except Exception as exc:  # a harness bug: the test must say so
                 cluster.errors.append(f"{name}: {exc!r}")
                 raise
@@ -238,9 +242,10 @@ def run_chaos(workdir: Path, plan: ChaosPlan, say: Callable[[str], None] = print
             quick = rnd.random() < plan.quick_kill
             time.sleep(rnd.uniform(0.05, 0.5) if quick else rnd.uniform(*plan.run_s))
             cluster.down()
+            killed_at = now_ms()
             srv.kill9()
             server_log += [f"[incarnation {cycle}] {line.rstrip()}" for line in srv.output]
-            server_log.append(f"[harness] killed -9 at {now_ms()}")
+            server_log.append(f"[harness] killed -9 at {killed_at}")
             if cycle < plan.cycles - 1:
                 srv = _start(data, restart_s)
                 cluster.up(srv.target)
@@ -261,7 +266,8 @@ def run_chaos(workdir: Path, plan: ChaosPlan, say: Callable[[str], None] = print
     server_log.append(f"[harness] SIGTERM at {now_ms()}: exit code {exit_code}")
     server_log += [f"[incarnation {plan.cycles}] {line.rstrip()}" for line in srv.output]
     report = check_ledgers(ledgers, GROUP)
-    return ChaosResult(report, ledgers, restart_s, exit_code, server_log, cluster.errors)
+    return ChaosResult(report, ledgers, restart_s, exit_code, server_log, cluster.errors,
+                       cluster.rpc_errors)
 
 
 @pytest.mark.slow
@@ -270,6 +276,7 @@ def test_kill9_chaos_keeps_the_durability_contract(tmp_path: Path) -> None:
     result = run_chaos(tmp_path, ChaosPlan.ci(seed=20261122))
     # Then: the broker stops cleanly and the ledger shows no violation
     assert not result.worker_errors, result.evidence()
+    assert not result.rpc_errors, result.evidence()
     assert result.report.sends_ok > 500 and result.report.acks > 200, result.evidence()
     assert result.exit_code == 0, result.evidence()
     assert result.report.ok, result.evidence()
