@@ -29,7 +29,8 @@ A body is ``<token>|<crc32 of token and padding, 8 hex>|<padding>``; the token i
 
 The checker's lease bound is conservative: a lease lasts at least from its Pop request's
 start for its invisible time, cut short by any Nack or ChangeInvisibleTime *attempted*
-on it (request start + delay, or + the new invisible time), whatever their outcome.
+on it before the later delivery arrived (to request start + delay, or + the new
+invisible time), whatever their outcome.
 """
 
 from __future__ import annotations

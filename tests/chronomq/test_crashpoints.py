@@ -4,7 +4,7 @@ For each label of ``store.crashpoint.LABELS``, at its first hit and at its third
 process armed with ``server.crash_at=<label>:<N>`` runs one scripted, ledgered workload
 that reaches every label: immediate sends (unary and streamed, keyed, enough bytes to
 roll 32 KiB CommitLog segments), near and far delayed sends (RocksDB and the wheel;
-TimerFlatFiles in three buckets, then preload), pops, acks, ChangeInvisibleTime, Nack,
+TimerFlatFiles in four buckets, then preload), pops, acks, ChangeInvisibleTime, Nack,
 leases left to run out (revive), timer deliveries, tier uploads in the background, and
 780 single-message sends (the CommitLog checkpoint is written every 256 batches).
 The broker must leave with ``CRASH_EXIT_CODE`` (the label was reached, while starting,
