@@ -101,9 +101,14 @@ class TimerService:
         self._timers = timers
         self._flat = flat
         flat.recover()
-        # Far-future records wait in RocksDB (``w`` keys) for their TimerFlatFile object;
-        # these figures say when to write them (any left from before a restart: soon).
-        self._parked = 1 if next(iter(timers.parked()), None) is not None else 0
+        # Far-future records wait in RocksDB (``w`` keys: the durable copy) for their
+        # TimerFlatFile object, mirrored here (bucket -> [(commit offset, record)]) so
+        # writing and preloading them never scans RocksDB (whose deleted keys would make
+        # every scan slower); the mirror is read from RocksDB once, here.
+        self._parking: dict[int, list[tuple[int, bytes]]] = {}
+        for bucket, offset, record in timers.parked():
+            self._parking.setdefault(bucket, []).append((offset, record))
+        self._parked = sum(len(v) for v in self._parking.values())
         self._parked_bytes = config.flat_batch_bytes if self._parked else 0
         self._parked_since_ms = clock.monotonic_ms()
         # orders the TimerFlatFile steps: writing parked records, preloading a bucket,
@@ -150,30 +155,34 @@ class TimerService:
         done = self._delivered_keys(delivered) if delivered else []
         entries: list[tuple[str, int, int, bytes]] = []
         parked: list[tuple[int, tuple[str, int, int, bytes]]] = []
+        span, first = b"", 0
         if delayed:
             first = delayed[0].commit_offset
             last = delayed[-1]
             span = self._store.commitlog.read(first, last.commit_offset + last.record_size - first)
-            horizon = self._clock.now_ms() + self.config.rocks_horizon_ms
-            with self._lock:
-                for r in delayed:
-                    at = r.commit_offset - first
-                    entry = (r.message_id, r.deliver_at_ms, r.commit_offset,
-                             span[at : at + r.record_size])
-                    bucket = self._flat.bucket_of(r.deliver_at_ms)
-                    if r.deliver_at_ms >= horizon and bucket > self._preloaded_until_ms:
-                        parked.append((bucket, entry))
-                    else:
-                        entries.append(entry)
-        self._pending_position = end_offset
-        if entries or parked or done or end_offset - self._position > (1 << 20):
-            self._timers.add(entries, end_offset, parked, deletes=done)
-            self._position = end_offset
-            crashpoint("timer.after_add")
-        if parked:
-            with self._lock:
+        horizon = self._clock.now_ms() + self.config.rocks_horizon_ms
+        # one lock from routing to the mirror of parked records: an unpark (Cancel,
+        # Reschedule) sees a parked record in RocksDB and in the mirror, or in neither
+        with self._lock:
+            for r in delayed:
+                at = r.commit_offset - first
+                entry = (r.message_id, r.deliver_at_ms, r.commit_offset,
+                         span[at : at + r.record_size])
+                bucket = self._flat.bucket_of(r.deliver_at_ms)
+                if r.deliver_at_ms >= horizon and bucket > self._preloaded_until_ms:
+                    parked.append((bucket, entry))
+                else:
+                    entries.append(entry)
+            self._pending_position = end_offset
+            if entries or parked or done or end_offset - self._position > (1 << 20):
+                self._timers.add(entries, end_offset, parked, deletes=done)
+                self._position = end_offset
+                crashpoint("timer.after_add")
+            if parked:
                 if not self._parked:
                     self._parked_since_ms = self._clock.monotonic_ms()
+                for bucket, e in parked:
+                    self._parking.setdefault(bucket, []).append((e[2], e[3]))
                 self._parked += len(parked)
                 self._parked_bytes += sum(len(e[3]) for _, e in parked)
         if entries:
@@ -209,21 +218,20 @@ class TimerService:
         if not self._flat_lock.acquire(blocking=force):
             return 0
         try:
-            by_bucket: dict[int, list[tuple[int, bytes]]] = {}
-            for bucket, offset, record in self._timers.parked():
-                by_bucket.setdefault(bucket, []).append((offset, record))
             with self._lock:
+                by_bucket, self._parking = self._parking, {}
                 self._parked = self._parked_bytes = 0
             written = 0
-            for bucket, records in by_bucket.items():
+            for bucket, records in sorted(by_bucket.items()):
                 if bucket <= self._preloaded_until_ms:
-                    written += self._preload_bucket(bucket)
+                    written += self._preload_bucket(bucket, records)
                     continue
                 try:
                     self._flat.append(bucket, records)
                 except ChronomqError as exc:
                     log.warning("writing a TimerFlatFile failed, will retry: %s", exc)
                     with self._lock:
+                        self._parking.setdefault(bucket, []).extend(records)
                         self._parked += len(records)
                         self._parked_bytes += sum(len(r) for _, r in records)
                     continue
@@ -260,17 +268,20 @@ class TimerService:
             with self._lock:
                 # from here on, messages for these buckets go straight to RocksDB
                 self._preloaded_until_ms = max(self._preloaded_until_ms, limit)
-            parked = {b for b, _, _ in self._timers.parked(limit)}
-            for bucket in sorted(set(self._flat.buckets_until(limit)) | parked):
-                moved += self._preload_bucket(bucket)
+                held = {b: self._parking.pop(b) for b in list(self._parking) if b <= limit}
+                for records in held.values():
+                    self._parked -= len(records)
+                    self._parked_bytes -= sum(len(r) for _, r in records)
+            for bucket in sorted(set(self._flat.buckets_until(limit)) | set(held)):
+                moved += self._preload_bucket(bucket, held.get(bucket, []))
         return moved
 
-    def _preload_bucket(self, bucket: int) -> int:
-        """Move one bucket (its parked records and its objects) into the timer store, then
-        delete those.  The caller holds ``_flat_lock``."""
+    def _preload_bucket(self, bucket: int, parked: list[tuple[int, bytes]]) -> int:
+        """Move one bucket (its ``parked`` records and its objects) into the timer store,
+        then delete those.  The caller holds ``_flat_lock``."""
         entries: dict[int, tuple[str, int, int, bytes]] = {}
         unparked: list[bytes] = []
-        for _, offset, record in self._timers.parked_in(bucket):
+        for offset, record in parked:
             info = decode_dispatch_infos(record, 0)[0][0]
             entries[offset] = (info.message_id, info.deliver_at_ms, offset, record)
             unparked.append(parked_key(bucket, offset))
@@ -281,10 +292,13 @@ class TimerService:
             info = decode_dispatch_infos(record, 0)[0][0]
             entries[offset] = (info.message_id, info.deliver_at_ms, offset, record)
         chosen = list(entries.values())
-        cancelled = self._timers.tombstones([e[0] for e in chosen])
-        keep = [e for e, gone in zip(chosen, cancelled, strict=True) if gone != e[1]]
-        deletes = [id_key(e[0], b"x") for e, gone in zip(chosen, cancelled, strict=True)
-                   if gone is not None] + [id_key(e[0], b"f") for e in chosen] + unparked
+        # only an entry whose ``f`` key still names it is loaded: that key goes in the same
+        # synced write as the entry, so one preloaded before a crash (and maybe delivered
+        # since) or cancelled meanwhile is not loaded twice
+        parked_at = self._timers.locate_many([e[0] for e in chosen], b"f")
+        keep = [e for e, at in zip(chosen, parked_at, strict=True) if at == (e[1], e[2])]
+        deletes = [id_key(e[0], b"f") for e in keep] + unparked + \
+            [id_key(e[0], b"x") for e in chosen]  # tombstones of older releases
         self._timers.add(keep, None, deletes=deletes, sync=True)
         crashpoint("timer.after_preload")
         self._flat.drop_bucket(bucket, paths)
@@ -446,24 +460,30 @@ class TimerService:
 
     def _unpark(self, message_id: str) -> bool:
         """Move one parked message into RocksDB (still parked, or from its bucket's
-        objects, leaving a tombstone for the copy there).  The caller holds
+        objects, whose copy is then skipped by the preload: no ``f`` key).  The caller holds
         ``_flat_lock`` and ``_lock``."""
         loc = self._timers.locate(message_id, b"f")
         if loc is None:
             return False
         due, offset = loc
         bucket = self._flat.bucket_of(due)
-        record = self._timers.parked_record(bucket, offset)
-        if record is not None:  # not yet in an object: one atomic move
-            self._timers.add([(message_id, due, offset, record)], None,
+        held = self._parking.get(bucket, [])
+        mine = next((e for e in held if e[0] == offset), None)
+        if mine is not None:  # not yet in an object: one atomic move
+            held.remove(mine)
+            self._parked -= 1
+            self._parked_bytes -= len(mine[1])
+            self._timers.add([(message_id, due, offset, mine[1])], None,
                              deletes=[parked_key(bucket, offset), id_key(message_id, b"f")],
                              sync=True)
             return True
         record = next((r for o, r in self._flat.read_bucket(bucket) if o == offset), None)
         if record is None:
             return False
-        self._timers.tombstone(message_id, due)
-        self._timers.add([(message_id, due, offset, record)], None, sync=True)
+        # its object stays until the bucket is preloaded: without the ``f`` key, the
+        # preload skips it
+        self._timers.add([(message_id, due, offset, record)], None,
+                         deletes=[id_key(message_id, b"f")], sync=True)
         return True
 
     def _not_pending(self, message_id: str) -> TimerOutcome:

@@ -4,10 +4,13 @@ Keys and values::
 
     b"t" + deliver_at_ms u64 + commit_offset u64   -> the message's whole CommitLog record
     b"i" + message_id                              -> deliver_at_ms u64 + commit_offset u64
-    b"f" + message_id                              -> the same, for a message parked in a
-                                                      TimerFlatFile on the tier
-    b"x" + message_id                              -> deliver_at_ms u64 of a cancelled copy
-                                                      still in a TimerFlatFile (tombstone)
+    b"f" + message_id                              -> the same, for a message parked for
+                                                      a TimerFlatFile and not yet preloaded:
+                                                      the preload loads an object's entry
+                                                      only while this key names it, and
+                                                      deletes it in the same synced write
+    b"x" + message_id                              -> (older releases: a tombstone; deleted
+                                                      when its bucket is preloaded)
     b"w" + bucket_start_ms u64 + commit_offset u64  -> the whole record of a far-future
                                                       message waiting for its TimerFlatFile
                                                       object (parked)
@@ -96,10 +99,11 @@ class TimerStore:
         due, offset = _LOC.unpack(raw)
         return int(due), int(offset)
 
-    def locate_many(self, message_ids: list[str]) -> list[tuple[int, int] | None]:
+    def locate_many(self, message_ids: list[str], kind: bytes = b"i"
+                    ) -> list[tuple[int, int] | None]:
         """``locate`` for several ids with one multi-get."""
         out: list[tuple[int, int] | None] = []
-        for raw in self.kv.get_many([id_key(m) for m in message_ids]):
+        for raw in self.kv.get_many([id_key(m, kind) for m in message_ids]):
             out.append(None if raw is None else _pair(raw))
         return out
 
@@ -127,33 +131,12 @@ class TimerStore:
                       deletes=[old_key] if old_key != new_key else [])
         return new_key
 
-    def tombstone(self, message_id: str, deliver_at_ms: int) -> None:
-        """Mark the parked copy due at ``deliver_at_ms`` as cancelled."""
-        self.kv.write([(id_key(message_id, b"x"), _U64.pack(deliver_at_ms))],
-                      [id_key(message_id, b"f")])
-
-    def tombstones(self, message_ids: list[str]) -> list[int | None]:
-        raws = self.kv.get_many([id_key(m, b"x") for m in message_ids])
-        return [int(_U64.unpack(r)[0]) if r is not None else None for r in raws]
-
-    def parked(self, until_bucket_ms: int | None = None
-               ) -> Iterator[tuple[int, int, bytes]]:
-        """``(bucket, commit_offset, record)`` of parked messages, by bucket (those of
-        buckets up to ``until_bucket_ms``)."""
+    def parked(self) -> Iterator[tuple[int, int, bytes]]:
+        """``(bucket, commit_offset, record)`` of every parked message, by bucket (a scan:
+        read once, on start)."""
         for key, record in self.kv.scan(b"w"):
             _, bucket, offset = _PARKED.unpack(key)
-            if until_bucket_ms is not None and bucket > until_bucket_ms:
-                return
             yield int(bucket), int(offset), record
-
-    def parked_in(self, bucket_start_ms: int) -> Iterator[tuple[int, int, bytes]]:
-        """``(bucket, commit_offset, record)`` of the messages parked for one bucket."""
-        for key, record in self.kv.scan(b"w" + _U64.pack(bucket_start_ms)):
-            _, bucket, offset = _PARKED.unpack(key)
-            yield int(bucket), int(offset), record
-
-    def parked_record(self, bucket_start_ms: int, commit_offset: int) -> bytes | None:
-        return self.kv.get(parked_key(bucket_start_ms, commit_offset))
 
     def pending_estimate(self) -> int:
         return max(self.kv.estimate_keys() - 1, 0) // 2
