@@ -26,7 +26,6 @@ from tiered.dispatcher import TieredConfig, TieredDispatcher
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.memory import MemoryProvider
-from tiered.providers.s3 import S3Provider, S3Settings
 from tiered.readahead import ReadAheadCache
 from tiered.reader import TieredReader
 from tiered.timerflatfile import TimerFlatFiles
@@ -69,6 +68,8 @@ def make_provider(config: BrokerConfig) -> Provider:
     """The tier the configuration names."""
     tier = config.tier
     if tier.provider == "s3":
+        # imported here: boto3 costs ~0.2 s of every start, and most brokers never use it
+        from tiered.providers.s3 import S3Provider, S3Settings
         return S3Provider(S3Settings(
             bucket=tier.s3_bucket, prefix=tier.s3_prefix, endpoint_url=tier.s3_endpoint_url,
             region=tier.s3_region, access_key_id=tier.s3_access_key_id,
