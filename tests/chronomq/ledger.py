@@ -1,10 +1,10 @@
-"""A Jepsen-style client ledger for the trust tests, and the one checker of DESIGN.md's
-durability contract.
+"""A Jepsen-style client ledger for the trust tests (its checker: ``tests.chronomq.checker``).
 
 Every client thread appends what it did to its own file (JSON lines), ``os.fsync``-ed per
 entry, *before* the operation counts: a send is written before its request goes out, its
 OK after the answer arrives and before anything relies on it.  After the faults,
-``check`` compares what came out of the broker with the ledger and names each violation.
+``checker.check`` compares what came out of the broker with the ledger and names each
+violation.
 
 All times are wall-clock epoch milliseconds, the clock the broker uses too (one machine).
 
@@ -26,11 +26,6 @@ absolute ``deliver_at_ms``.  ``lease`` names one delivery (unique per ledger wri
 
 A body is ``<token>|<crc32 of token and padding, 8 hex>|<padding>``; the token is
 ``<producer>:<seq>``, unique per message.
-
-The checker's lease bound is conservative: a lease lasts at least from its Pop request's
-start for its invisible time, cut short by any Nack or ChangeInvisibleTime *attempted*
-on it before the later delivery arrived (to request start + delay, or + the new
-invisible time), whatever their outcome.
 """
 
 from __future__ import annotations
@@ -42,17 +37,14 @@ import os
 import threading
 import time
 import zlib
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chronomq.client import ChronomqClient, SendOutcome, message
 from chronomq.v1 import broker_pb2 as pb
-
-VIOLATION_KINDS = ("LOST", "REDELIVERED_AFTER_ACK", "LEASE_BROKEN", "EARLY", "UNEXPECTED",
-                   "CORRUPT")
 
 
 def now_ms() -> int:
@@ -362,157 +354,3 @@ def drain(target: str, ledgers: Path, topic: str, group: str, until_ms: int,
                     return
     finally:
         ledger.close()
-
-
-def check_ledgers(ledgers: Path, group: str) -> Report:
-    """``check`` the ledgers in ``ledgers``, the drain's apart."""
-    entries = load(ledgers)
-
-    def drained(e: Entry) -> bool:
-        return isinstance(e, Delivery | AckOk) and e.lease.startswith(f"{DRAIN}:")
-
-    return check([e for e in entries if not drained(e)], [e for e in entries if drained(e)],
-                 group=group)
-
-
-# ---------------------------------------------------------------------- the checker
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    kind: str
-    message_id: str
-    token: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.kind} id={self.message_id or '-'} token={self.token or '-'}: {self.detail}"
-
-
-@dataclass(slots=True)
-class Report:
-    sends_attempted: int = 0
-    sends_ok: int = 0
-    deliveries: int = 0
-    acks: int = 0
-    releases: int = 0
-    violations: list[Violation] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def count(self, kind: str) -> int:
-        return sum(v.kind == kind for v in self.violations)
-
-    def summary(self, limit: int = 30) -> str:
-        head = (f"sends attempted {self.sends_attempted}, OK {self.sends_ok}; deliveries "
-                f"{self.deliveries}; acks {self.acks}; releases {self.releases}; violations: "
-                + (", ".join(f"{k} {self.count(k)}" for k in VIOLATION_KINDS if self.count(k))
-                   or "none"))
-        lines = [str(v) for v in self.violations[:limit]]
-        if len(self.violations) > limit:
-            lines.append(f"... and {len(self.violations) - limit} more")
-        return "\n".join([head, *lines])
-
-
-def check(entries: Iterable[Entry], drain: Iterable[Entry] = (), *, group: str) -> Report:
-    """Check the ledger of the faulty run (``entries``) plus the final drain's entries
-    against the durability contract, for the consumer group ``group``; name every
-    violation (see the module docstring for what each entry means):
-
-    - LOST: a send answered OK whose token was never delivered to ``group``;
-    - REDELIVERED_AFTER_ACK: a delivery to a group arriving after an OK ack of that
-      message id by that group arrived;
-    - LEASE_BROKEN: a delivery of an id to a group arriving before an earlier delivery's
-      lease bound, that earlier lease not acked OK before it arrived;
-    - EARLY: a delivery arriving before its send's deliver-at lower bound;
-    - UNEXPECTED: a delivered body token that was never attempted;
-    - CORRUPT: a body that fails its checksum, or a token delivered under another topic
-      or another message id than its send was answered with.
-    """
-    all_entries = [*entries, *drain]
-    attempts = {e.token: e for e in all_entries if isinstance(e, SendAttempt)}
-    sent = {e.token: e.message_id for e in all_entries if isinstance(e, SendOk)}
-    deliveries = [e for e in all_entries if isinstance(e, Delivery)]
-    acks = [e for e in all_entries if isinstance(e, AckOk)]
-    report = Report(len(attempts), len(sent), len(deliveries), len(acks),
-                    sum(isinstance(e, Release) for e in all_entries))
-    out = report.violations
-    for d in deliveries:
-        out.extend(_check_body(d, attempts, sent))
-    delivered = {d.token for d in deliveries if d.group == group and d.body_ok}
-    out.extend(Violation("LOST", mid, token, f"send answered OK, never delivered to {group}")
-               for token, mid in sent.items() if token not in delivered)
-    out.extend(_check_acks(deliveries, acks))
-    out.extend(_check_leases(deliveries, acks, all_entries))
-    return report
-
-
-def _check_body(d: Delivery, attempts: dict[str, SendAttempt],
-                sent: dict[str, str]) -> Iterator[Violation]:
-    if not d.body_ok:
-        yield Violation("CORRUPT", d.message_id, d.token,
-                        f"body fails its check (lease {d.lease}): {d.body_head}")
-        return
-    attempt = attempts.get(d.token)
-    if attempt is None:
-        yield Violation("UNEXPECTED", d.message_id, d.token,
-                        f"delivered to {d.group} (lease {d.lease}), never sent")
-        return
-    if attempt.topic != d.topic:
-        yield Violation("CORRUPT", d.message_id, d.token,
-                        f"sent to topic {attempt.topic}, delivered under {d.topic}")
-    if d.token in sent and sent[d.token] != d.message_id:
-        yield Violation("CORRUPT", d.message_id, d.token,
-                        f"send was answered with id {sent[d.token]}")
-    if d.at_ms < attempt.lb_ms:
-        yield Violation("EARLY", d.message_id, d.token,
-                        f"arrived at {d.at_ms}, {attempt.lb_ms - d.at_ms} ms before its "
-                        f"deliver-at lower bound {attempt.lb_ms} (lease {d.lease}, "
-                        f"attempt {d.attempt})")
-
-
-def _check_acks(deliveries: list[Delivery], acks: list[AckOk]) -> Iterator[Violation]:
-    first_ack: dict[tuple[str, str], AckOk] = {}
-    for a in acks:
-        key = (a.message_id, a.group)
-        if key not in first_ack or a.at_ms < first_ack[key].at_ms:
-            first_ack[key] = a
-    for d in deliveries:
-        ack = first_ack.get((d.message_id, d.group))
-        if ack is not None and d.at_ms > ack.at_ms:
-            yield Violation("REDELIVERED_AFTER_ACK", d.message_id, d.token,
-                            f"delivered to {d.group} at {d.at_ms} (lease {d.lease}, attempt "
-                            f"{d.attempt}), {d.at_ms - ack.at_ms} ms after the OK ack of lease "
-                            f"{ack.lease} arrived at {ack.at_ms}")
-
-
-def _check_leases(deliveries: list[Delivery], acks: list[AckOk],
-                  entries: list[Entry]) -> Iterator[Violation]:
-    acked_at = {a.lease: a.at_ms for a in acks}
-    cuts: dict[str, list[tuple[int, int]]] = defaultdict(list)  # lease -> (start, bound)
-    for e in entries:
-        if isinstance(e, Release):
-            cuts[e.lease].append((e.start_ms, e.start_ms + e.delay_ms))
-        elif isinstance(e, Change):
-            cuts[e.lease].append((e.start_ms, e.start_ms + e.invisible_time_s * 1000))
-    by_key: dict[tuple[str, str], list[Delivery]] = defaultdict(list)
-    for d in deliveries:
-        by_key[(d.message_id, d.group)].append(d)
-    for group_deliveries in by_key.values():
-        ordered = sorted(group_deliveries, key=lambda d: d.at_ms)
-        for j, later in enumerate(ordered):
-            for earlier in ordered[:j]:
-                if acked_at.get(earlier.lease, later.at_ms) < later.at_ms:
-                    continue  # acked before: REDELIVERED_AFTER_ACK names it
-                bound = min([earlier.start_ms + earlier.invisible_time_s * 1000,
-                             *(b for s, b in cuts[earlier.lease] if s < later.at_ms)])
-                if later.at_ms < bound:
-                    yield Violation(
-                        "LEASE_BROKEN", later.message_id, later.token,
-                        f"delivered to {later.group} at {later.at_ms} (lease {later.lease}, "
-                        f"attempt {later.attempt}) while lease {earlier.lease} (popped from "
-                        f"{earlier.start_ms}, {earlier.invisible_time_s} s, attempt "
-                        f"{earlier.attempt}) lasted until at least {bound}")
-                    break

@@ -25,8 +25,8 @@ import pytest
 
 from chronomq.client import ChronomqClient, RpcError
 from chronomq.v1 import broker_pb2 as pb
+from tests.chronomq.checker import VIOLATION_KINDS, Report, check, check_ledgers
 from tests.chronomq.ledger import (
-    VIOLATION_KINDS,
     AckOk,
     Change,
     Delivery,
@@ -35,11 +35,8 @@ from tests.chronomq.ledger import (
     Ledger,
     LedgeredClient,
     Release,
-    Report,
     SendAttempt,
     SendOk,
-    check,
-    check_ledgers,
     drain,
     load,
     make_body,

@@ -26,10 +26,10 @@ import pytest
 
 from chronomq.client import ChronomqClient, RpcError
 from store.crashpoint import CRASH_EXIT_CODE, LABELS
+from tests.chronomq.checker import check_ledgers
 from tests.chronomq.ledger import (
     Ledger,
     LedgeredClient,
-    check_ledgers,
     drain,
     now_ms,
 )
