@@ -5,15 +5,19 @@ Flow (DESIGN.md "one write path"):
 1. A Send due in the future is appended to the CommitLog like any message, flagged
    ``FLAG_DELAYED`` (the ConsumeQueue dispatcher skips it).
 2. This service is a dispatch handler: it copies each delayed record into the TimerStore
-   (RocksDB, keyed by due time) together with its dispatch position, atomically.
+   (RocksDB, keyed by due time) together with its dispatch position, atomically; one due
+   beyond ``rocks_horizon_ms`` is parked for its hour's TimerFlatFile instead
+   (``timer.parking``), in the same write.
 3. ``load_due`` moves entries due within ``wheel_window_ms`` from RocksDB into the
    in-memory timing wheel, so memory holds only the near future.
 4. ``deliver_due`` fires the wheel: the due messages are appended to the CommitLog again,
    under their own topic, id and due time (``FLAG_TIMER_DELIVERY``), in batches; only
-   after that append is durable are their timer entries deleted.  A crash in between
-   delivers twice (same message id), never zero times.
+   after that append is durable are their timer entries deleted.  The delivered copy
+   deletes them again when the dispatcher reaches it, in the same write as the position,
+   so a crash in between never delivers a message twice.
 
-``Cancel``/``Reschedule`` find a pending message by id wherever it is (RocksDB, wheel).
+``Cancel``/``Reschedule`` find a pending message by id wherever it is (RocksDB, wheel,
+parked, a TimerFlatFile).
 One named thread (``timer``) drives loading and delivery; tests drive ``load_due`` and
 ``deliver_due`` with a manual clock instead.  Thread-safe.
 """
@@ -40,7 +44,8 @@ from store.message import (
 )
 from store.store import MessageStore
 from tiered.timerflatfile import TimerFlatFiles
-from timer.store import TimerStore, id_key, parked_key, parse_timer_key, timer_key
+from timer.parking import ParkingLot
+from timer.store import TimerStore, id_key, parse_timer_key, timer_key
 from timer.wheel import TimingWheel
 
 log = logging.getLogger(__name__)
@@ -101,23 +106,10 @@ class TimerService:
         self._timers = timers
         self._flat = flat
         flat.recover()
-        # Far-future records wait in RocksDB (``w`` keys: the durable copy) for their
-        # TimerFlatFile object, mirrored here (bucket -> [(commit offset, record)]) so
-        # writing and preloading them never scans RocksDB (whose deleted keys would make
-        # every scan slower); the mirror is read from RocksDB once, here.
-        self._parking: dict[int, list[tuple[int, bytes]]] = {}
-        for bucket, offset, record in timers.parked():
-            self._parking.setdefault(bucket, []).append((offset, record))
-        self._parked = sum(len(v) for v in self._parking.values())
-        self._parked_bytes = config.flat_batch_bytes if self._parked else 0
-        self._parked_since_ms = clock.monotonic_ms()
-        # orders the TimerFlatFile steps: writing parked records, preloading a bucket,
-        # unparking one message (taken before ``_lock``)
-        self._flat_lock = threading.Lock()
-        self._preloaded_until_ms = -1  # buckets starting at or before this are preloaded
         self.config = config
         self._clock = clock
         self._lock = threading.Lock()
+        self._lot = ParkingLot(timers, flat, config, clock, self._lock, self._admit)
         self._wheel: TimingWheel[bytes] = TimingWheel(tick_ms=1, slots=64, levels=4,
                                                       start_ms=clock.now_ms())
         # Every timer entry whose key sorts before the cursor is in the wheel (or due now).
@@ -168,8 +160,8 @@ class TimerService:
                 at = r.commit_offset - first
                 entry = (r.message_id, r.deliver_at_ms, r.commit_offset,
                          span[at : at + r.record_size])
-                bucket = self._flat.bucket_of(r.deliver_at_ms)
-                if r.deliver_at_ms >= horizon and bucket > self._preloaded_until_ms:
+                bucket = self._lot.parks(r.deliver_at_ms, horizon)
+                if bucket is not None:
                     parked.append((bucket, entry))
                 else:
                     entries.append(entry)
@@ -179,12 +171,7 @@ class TimerService:
                 self._position = end_offset
                 crashpoint("timer.after_add")
             if parked:
-                if not self._parked:
-                    self._parked_since_ms = self._clock.monotonic_ms()
-                for bucket, e in parked:
-                    self._parking.setdefault(bucket, []).append((e[2], e[3]))
-                self._parked += len(parked)
-                self._parked_bytes += sum(len(e[3]) for _, e in parked)
+                self._lot.mirror(parked)
         if entries:
             self._admit([(timer_key(due, off), due) for _, due, off, _ in entries])
 
@@ -205,42 +192,9 @@ class TimerService:
         return keys
 
     def write_parked(self, force: bool = False) -> int:
-        """Write parked records to their TimerFlatFiles once they are ``flat_batch_bytes``
-        or ``flat_batch_ms`` old (all of them when ``force``), then drop their ``w`` keys;
-        a bucket already preloaded goes straight into the timer store.  Skipped while a
-        preload holds the TimerFlatFiles (unless ``force``).  Returns the records written;
-        a failed write leaves them parked for the next round."""
-        with self._lock:
-            old = self._clock.monotonic_ms() - self._parked_since_ms >= self.config.flat_batch_ms
-            if not self._parked or not (
-                    force or old or self._parked_bytes >= self.config.flat_batch_bytes):
-                return 0
-        if not self._flat_lock.acquire(blocking=force):
-            return 0
-        try:
-            with self._lock:
-                by_bucket, self._parking = self._parking, {}
-                self._parked = self._parked_bytes = 0
-            written = 0
-            for bucket, records in sorted(by_bucket.items()):
-                if bucket <= self._preloaded_until_ms:
-                    written += self._preload_bucket(bucket, records)
-                    continue
-                try:
-                    self._flat.append(bucket, records)
-                except ChronomqError as exc:
-                    log.warning("writing a TimerFlatFile failed, will retry: %s", exc)
-                    with self._lock:
-                        self._parking.setdefault(bucket, []).extend(records)
-                        self._parked += len(records)
-                        self._parked_bytes += sum(len(r) for _, r in records)
-                    continue
-                crashpoint("timer.after_flat_write")
-                self._timers.kv.write(deletes=[parked_key(bucket, o) for o, _ in records])
-                written += len(records)
-            return written
-        finally:
-            self._flat_lock.release()
+        """Write parked far-future records to their TimerFlatFiles (``ParkingLot.write``);
+        returns how many."""
+        return self._lot.write(force)
 
     def flush(self) -> None:
         position = self._pending_position
@@ -257,54 +211,9 @@ class TimerService:
     # ------------------------------------------------------------------ preload
 
     def preload_due(self, now_ms: int) -> int:
-        """Move every TimerFlatFile bucket that starts within ``preload_ahead_ms`` into
-        RocksDB, then delete it.  Restartable at any point: RocksDB writes are keyed by due
-        time and offset, and a bucket is deleted only after a synced write of its entries.
-        Returns the number of entries moved."""
-        limit = now_ms + self.config.preload_ahead_ms
-        limit -= limit % self.config.bucket_ms
-        moved = 0
-        with self._flat_lock:
-            with self._lock:
-                # from here on, messages for these buckets go straight to RocksDB
-                self._preloaded_until_ms = max(self._preloaded_until_ms, limit)
-                held = {b: self._parking.pop(b) for b in list(self._parking) if b <= limit}
-                for records in held.values():
-                    self._parked -= len(records)
-                    self._parked_bytes -= sum(len(r) for _, r in records)
-            for bucket in sorted(set(self._flat.buckets_until(limit)) | set(held)):
-                moved += self._preload_bucket(bucket, held.get(bucket, []))
-        return moved
-
-    def _preload_bucket(self, bucket: int, parked: list[tuple[int, bytes]]) -> int:
-        """Move one bucket (its ``parked`` records and its objects) into the timer store,
-        then delete those.  The caller holds ``_flat_lock``."""
-        entries: dict[int, tuple[str, int, int, bytes]] = {}
-        unparked: list[bytes] = []
-        for offset, record in parked:
-            info = decode_dispatch_infos(record, 0)[0][0]
-            entries[offset] = (info.message_id, info.deliver_at_ms, offset, record)
-            unparked.append(parked_key(bucket, offset))
-        # exactly these objects are read and then deleted: one written meanwhile stays
-        # for the next preload (deleting it unread lost its messages)
-        paths = self._flat.objects(bucket)
-        for offset, record in self._flat.read_bucket(bucket, paths):
-            info = decode_dispatch_infos(record, 0)[0][0]
-            entries[offset] = (info.message_id, info.deliver_at_ms, offset, record)
-        chosen = list(entries.values())
-        # only an entry whose ``f`` key still names it is loaded: that key goes in the same
-        # synced write as the entry, so one preloaded before a crash (and maybe delivered
-        # since) or cancelled meanwhile is not loaded twice
-        parked_at = self._timers.locate_many([e[0] for e in chosen], b"f")
-        keep = [e for e, at in zip(chosen, parked_at, strict=True) if at == (e[1], e[2])]
-        deletes = [id_key(e[0], b"f") for e in keep] + unparked + \
-            [id_key(e[0], b"x") for e in chosen]  # tombstones of older releases
-        self._timers.add(keep, None, deletes=deletes, sync=True)
-        crashpoint("timer.after_preload")
-        self._flat.drop_bucket(bucket, paths)
-        crashpoint("timer.after_bucket_delete")
-        self._admit([(timer_key(due, off), due) for _, due, off, _ in keep])
-        return len(keep)
+        """Move every TimerFlatFile bucket that starts within ``preload_ahead_ms`` into the
+        timer store (``ParkingLot.preload``); returns the entries moved."""
+        return self._lot.preload(now_ms)
 
     def _admit(self, keyed: list[tuple[bytes, int]]) -> None:
         """Put newly stored entries that fall inside the loaded window into the wheel."""
@@ -413,7 +322,7 @@ class TimerService:
         none; a message parked in a TimerFlatFile is first moved into RocksDB.  The caller
         holds the lock."""
         loc = self._timers.locate(message_id)
-        if loc is None and self._unpark(message_id):
+        if loc is None and self._lot.unpark(message_id):
             loc = self._timers.locate(message_id)
         if loc is None:
             return self._not_pending(message_id)
@@ -425,7 +334,7 @@ class TimerService:
     def cancel(self, message_id: str, topic: str = "") -> TimerOutcome:
         """Cancel a pending message; with ``topic``, only if it belongs to that topic
         (``NOT_FOUND`` otherwise)."""
-        with self._flat_lock, self._lock:
+        with self._lot.flat_lock, self._lock:
             found = self._find_pending(message_id)
             if isinstance(found, TimerOutcome):
                 return found
@@ -442,7 +351,7 @@ class TimerService:
     def reschedule(self, message_id: str, deliver_at_ms: int) -> TimerOutcome:
         now = self._clock.now_ms()
         self.check_delay(deliver_at_ms, now)
-        with self._flat_lock, self._lock:
+        with self._lot.flat_lock, self._lock:
             found = self._find_pending(message_id)
             if isinstance(found, TimerOutcome):
                 return found
@@ -457,34 +366,6 @@ class TimerService:
             self._rescheduled += 1
         self._wake.set()
         return TimerOutcome.RESCHEDULED
-
-    def _unpark(self, message_id: str) -> bool:
-        """Move one parked message into RocksDB (still parked, or from its bucket's
-        objects, whose copy is then skipped by the preload: no ``f`` key).  The caller holds
-        ``_flat_lock`` and ``_lock``."""
-        loc = self._timers.locate(message_id, b"f")
-        if loc is None:
-            return False
-        due, offset = loc
-        bucket = self._flat.bucket_of(due)
-        held = self._parking.get(bucket, [])
-        mine = next((e for e in held if e[0] == offset), None)
-        if mine is not None:  # not yet in an object: one atomic move
-            held.remove(mine)
-            self._parked -= 1
-            self._parked_bytes -= len(mine[1])
-            self._timers.add([(message_id, due, offset, mine[1])], None,
-                             deletes=[parked_key(bucket, offset), id_key(message_id, b"f")],
-                             sync=True)
-            return True
-        record = next((r for o, r in self._flat.read_bucket(bucket) if o == offset), None)
-        if record is None:
-            return False
-        # its object stays until the bucket is preloaded: without the ``f`` key, the
-        # preload skips it
-        self._timers.add([(message_id, due, offset, record)], None,
-                         deletes=[id_key(message_id, b"f")], sync=True)
-        return True
 
     def _not_pending(self, message_id: str) -> TimerOutcome:
         for m in self._store.query_by_message_id(message_id):
@@ -542,7 +423,7 @@ class TimerService:
                 rescheduled=self._rescheduled, last_delivery_ms=self._last_delivery_ms,
                 flat_buckets=flat.buckets, flat_objects=flat.objects,
                 flat_damaged_objects=flat.damaged_objects,
-                parked_unwritten=self._parked,
+                parked_unwritten=self._lot.unwritten,
                 lateness_bounds_ms=LATENESS_BOUNDS_MS,
                 lateness_counts=tuple(self._lateness),
             )

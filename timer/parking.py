@@ -1,0 +1,201 @@
+"""ParkingLot: far-future delayed messages between the CommitLog and their TimerFlatFiles.
+
+A delayed message due beyond ``timer.rocks_horizon_ms`` is *parked*: the timer's dispatch
+handler writes its whole record to RocksDB (``w`` key, with its ``f`` key) in the same
+atomic write as the dispatch position, so the position never waits for the tier and a
+crash never replays a record (a replay could undo a Cancel or Reschedule made since).
+The lot mirrors the parked records in memory (bucket -> [(commit offset, record)]; read
+from RocksDB once, on start) so that writing and preloading them never scan RocksDB,
+whose deleted keys would make every scan slower.
+
+- ``write`` (a scheduler job) moves parked records into their hour's TimerFlatFile
+  object, then deletes their ``w`` keys;
+- ``preload`` (a scheduler job) moves every bucket that starts within
+  ``preload_ahead_ms`` (its parked records and its objects) into the timer store with
+  one synced write, then deletes exactly the objects it read.  An object's entry is
+  loaded only while its ``f`` key still names it, and that key goes in the same write,
+  so a crash before the objects are deleted never loads (and delivers) a message twice;
+- ``unpark`` moves one message into the timer store for Cancel / Reschedule.
+
+Thread-safety: ``lock`` is the TimerService's lock (routing and the mirror change under
+it); ``flat_lock`` orders the TimerFlatFile steps and is always taken before ``lock``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from store.clock import Clock
+from store.crashpoint import crashpoint
+from store.errors import ChronomqError
+from store.message import decode_dispatch_infos
+from tiered.timerflatfile import TimerFlatFiles
+from timer.store import TimerStore, id_key, parked_key, timer_key
+
+if TYPE_CHECKING:
+    from timer.service import TimerConfig
+
+log = logging.getLogger(__name__)
+
+Parked = tuple[int, tuple[str, int, int, bytes]]  # (bucket, (id, due, offset, record))
+
+
+class ParkingLot:
+    def __init__(self, timers: TimerStore, flat: TimerFlatFiles, config: TimerConfig,
+                 clock: Clock, lock: threading.Lock,
+                 admit: Callable[[list[tuple[bytes, int]]], None]) -> None:
+        self._timers = timers
+        self._flat = flat
+        self.config = config
+        self._clock = clock
+        self._lock = lock
+        self._admit = admit  # hands newly stored timer entries to the wheel
+        self.flat_lock = threading.Lock()
+        self.preloaded_until_ms = -1  # buckets starting at or before this are preloaded
+        self._parking: dict[int, list[tuple[int, bytes]]] = {}
+        for bucket, offset, record in timers.parked():
+            self._parking.setdefault(bucket, []).append((offset, record))
+        self._parked = sum(len(v) for v in self._parking.values())
+        self._parked_bytes = config.flat_batch_bytes if self._parked else 0  # soon
+        self._parked_since_ms = clock.monotonic_ms()
+
+    @property
+    def unwritten(self) -> int:
+        """Parked messages not yet in a TimerFlatFile object."""
+        return self._parked
+
+    def parks(self, deliver_at_ms: int, horizon_ms: int) -> int | None:
+        """The bucket a message due at ``deliver_at_ms`` is parked in, or None when it goes
+        straight to the timer store.  The caller holds ``lock``."""
+        bucket = self._flat.bucket_of(deliver_at_ms)
+        if deliver_at_ms >= horizon_ms and bucket > self.preloaded_until_ms:
+            return bucket
+        return None
+
+    def mirror(self, parked: list[Parked]) -> None:
+        """Records the caller just parked in RocksDB.  The caller holds ``lock``."""
+        if not self._parked:
+            self._parked_since_ms = self._clock.monotonic_ms()
+        for bucket, e in parked:
+            self._parking.setdefault(bucket, []).append((e[2], e[3]))
+        self._parked += len(parked)
+        self._parked_bytes += sum(len(e[3]) for _, e in parked)
+
+    def write(self, force: bool = False) -> int:
+        """Write parked records to their TimerFlatFiles once they are ``flat_batch_bytes``
+        or ``flat_batch_ms`` old (all of them when ``force``), then drop their ``w`` keys;
+        a bucket already preloaded goes straight into the timer store.  Skipped while a
+        preload holds the TimerFlatFiles (unless ``force``).  Returns the records written;
+        a failed write leaves them parked for the next round."""
+        with self._lock:
+            old = self._clock.monotonic_ms() - self._parked_since_ms >= self.config.flat_batch_ms
+            if not self._parked or not (
+                    force or old or self._parked_bytes >= self.config.flat_batch_bytes):
+                return 0
+        if not self.flat_lock.acquire(blocking=force):
+            return 0
+        try:
+            with self._lock:
+                by_bucket, self._parking = self._parking, {}
+                self._parked = self._parked_bytes = 0
+            written = 0
+            for bucket, records in sorted(by_bucket.items()):
+                if bucket <= self.preloaded_until_ms:
+                    written += self._preload_bucket(bucket, records)
+                    continue
+                try:
+                    self._flat.append(bucket, records)
+                except ChronomqError as exc:
+                    log.warning("writing a TimerFlatFile failed, will retry: %s", exc)
+                    with self._lock:
+                        self._parking.setdefault(bucket, []).extend(records)
+                        self._parked += len(records)
+                        self._parked_bytes += sum(len(r) for _, r in records)
+                    continue
+                crashpoint("timer.after_flat_write")
+                self._timers.kv.write(deletes=[parked_key(bucket, o) for o, _ in records])
+                written += len(records)
+            return written
+        finally:
+            self.flat_lock.release()
+
+    def preload(self, now_ms: int) -> int:
+        """Move every TimerFlatFile bucket that starts within ``preload_ahead_ms`` into
+        RocksDB, then delete it.  Restartable at any point: RocksDB writes are keyed by due
+        time and offset, and a bucket is deleted only after a synced write of its entries.
+        Returns the number of entries moved."""
+        limit = now_ms + self.config.preload_ahead_ms
+        limit -= limit % self.config.bucket_ms
+        moved = 0
+        with self.flat_lock:
+            with self._lock:
+                # from here on, messages for these buckets go straight to RocksDB
+                self.preloaded_until_ms = max(self.preloaded_until_ms, limit)
+                held = {b: self._parking.pop(b) for b in list(self._parking) if b <= limit}
+                for records in held.values():
+                    self._parked -= len(records)
+                    self._parked_bytes -= sum(len(r) for _, r in records)
+            for bucket in sorted(set(self._flat.buckets_until(limit)) | set(held)):
+                moved += self._preload_bucket(bucket, held.get(bucket, []))
+        return moved
+
+    def _preload_bucket(self, bucket: int, parked: list[tuple[int, bytes]]) -> int:
+        """Move one bucket (its ``parked`` records and its objects) into the timer store,
+        then delete those.  The caller holds ``flat_lock``."""
+        entries: dict[int, tuple[str, int, int, bytes]] = {}
+        unparked: list[bytes] = []
+        for offset, record in parked:
+            info = decode_dispatch_infos(record, 0)[0][0]
+            entries[offset] = (info.message_id, info.deliver_at_ms, offset, record)
+            unparked.append(parked_key(bucket, offset))
+        # exactly these objects are read and then deleted: one written meanwhile stays
+        # for the next preload (deleting it unread lost its messages)
+        paths = self._flat.objects(bucket)
+        for offset, record in self._flat.read_bucket(bucket, paths):
+            info = decode_dispatch_infos(record, 0)[0][0]
+            entries[offset] = (info.message_id, info.deliver_at_ms, offset, record)
+        chosen = list(entries.values())
+        # only an entry whose ``f`` key still names it is loaded: that key goes in the same
+        # synced write as the entry, so one preloaded before a crash (and maybe delivered
+        # since) or cancelled meanwhile is not loaded twice
+        parked_at = self._timers.locate_many([e[0] for e in chosen], b"f")
+        keep = [e for e, at in zip(chosen, parked_at, strict=True) if at == (e[1], e[2])]
+        deletes = [id_key(e[0], b"f") for e in keep] + unparked + \
+            [id_key(e[0], b"x") for e in chosen]  # tombstones of older releases
+        self._timers.add(keep, None, deletes=deletes, sync=True)
+        crashpoint("timer.after_preload")
+        self._flat.drop_bucket(bucket, paths)
+        crashpoint("timer.after_bucket_delete")
+        self._admit([(timer_key(due, off), due) for _, due, off, _ in keep])
+        return len(keep)
+
+    def unpark(self, message_id: str) -> bool:
+        """Move one parked message into RocksDB (still parked, or from its bucket's
+        objects, whose copy is then skipped by the preload: no ``f`` key).  The caller holds
+        ``flat_lock`` and ``lock``."""
+        loc = self._timers.locate(message_id, b"f")
+        if loc is None:
+            return False
+        due, offset = loc
+        bucket = self._flat.bucket_of(due)
+        held = self._parking.get(bucket, [])
+        mine = next((e for e in held if e[0] == offset), None)
+        if mine is not None:  # not yet in an object: one atomic move
+            held.remove(mine)
+            self._parked -= 1
+            self._parked_bytes -= len(mine[1])
+            self._timers.add([(message_id, due, offset, mine[1])], None,
+                             deletes=[parked_key(bucket, offset), id_key(message_id, b"f")],
+                             sync=True)
+            return True
+        record = next((r for o, r in self._flat.read_bucket(bucket) if o == offset), None)
+        if record is None:
+            return False
+        # its object stays until the bucket is preloaded: without the ``f`` key, the
+        # preload skips it
+        self._timers.add([(message_id, due, offset, record)], None,
+                         deletes=[id_key(message_id, b"f")], sync=True)
+        return True
