@@ -161,9 +161,9 @@ class ParkingLot:
         # only an entry whose ``f`` key still names it is loaded: that key goes in the same
         # synced write as the entry, so one preloaded before a crash (and maybe delivered
         # since) or cancelled meanwhile is not loaded twice
-        parked_at = self._timers.locate_many([e[0] for e in chosen], b"f")
-        keep = [e for e, at in zip(chosen, parked_at, strict=True) if at == (e[1], e[2])]
-        deletes = [id_key(e[0], b"f") for e in keep] + unparked + \
+        marks = self._timers.parked_ids([e[:3] for e in chosen])
+        keep = [e for e, mark in zip(chosen, marks, strict=True) if mark is not None]
+        deletes = [m for m in marks if m is not None] + unparked + \
             [id_key(e[0], b"x") for e in chosen]  # tombstones of older releases
         self._timers.add(keep, None, deletes=deletes, sync=True)
         crashpoint("timer.after_preload")
@@ -176,10 +176,10 @@ class ParkingLot:
         """Move one parked message into RocksDB (still parked, or from its bucket's
         objects, whose copy is then skipped by the preload: no ``f`` key).  The caller holds
         ``flat_lock`` and ``lock``."""
-        loc = self._timers.locate(message_id, b"f")
-        if loc is None:
+        found = self._timers.locate_parked(message_id)
+        if found is None:
             return False
-        due, offset = loc
+        (due, offset), mark = found
         bucket = self._flat.bucket_of(due)
         held = self._parking.get(bucket, [])
         mine = next((e for e in held if e[0] == offset), None)
@@ -188,7 +188,7 @@ class ParkingLot:
             self._parked -= 1
             self._parked_bytes -= len(mine[1])
             self._timers.add([(message_id, due, offset, mine[1])], None,
-                             deletes=[parked_key(bucket, offset), id_key(message_id, b"f")],
+                             deletes=[parked_key(bucket, offset), mark],
                              sync=True)
             return True
         record = next((r for o, r in self._flat.read_bucket(bucket) if o == offset), None)
@@ -197,5 +197,5 @@ class ParkingLot:
         # its object stays until the bucket is preloaded: without the ``f`` key, the
         # preload skips it
         self._timers.add([(message_id, due, offset, record)], None,
-                         deletes=[id_key(message_id, b"f")], sync=True)
+                         deletes=[mark], sync=True)
         return True

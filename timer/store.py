@@ -4,11 +4,13 @@ Keys and values::
 
     b"t" + deliver_at_ms u64 + commit_offset u64   -> the message's whole CommitLog record
     b"i" + message_id                              -> deliver_at_ms u64 + commit_offset u64
-    b"f" + message_id                              -> the same, for a message parked for
-                                                      a TimerFlatFile and not yet preloaded:
-                                                      the preload loads an object's entry
-                                                      only while this key names it, and
-                                                      deletes it in the same synced write
+    b"f" + message_id + b"\0" + commit_offset u64  -> deliver_at_ms u64 + commit_offset u64
+                                                      of a message parked for a TimerFlatFile
+                                                      and not yet preloaded: the preload loads
+                                                      an object's entry only while its key is
+                                                      there, and deletes it in the same
+                                                      synced write (older releases wrote
+                                                      b"f" + message_id; still read)
     b"x" + message_id                              -> (older releases: a tombstone; deleted
                                                       when its bucket is preloaded)
     b"w" + bucket_start_ms u64 + commit_offset u64  -> the whole record of a far-future
@@ -58,6 +60,11 @@ def parked_key(bucket_start_ms: int, commit_offset: int) -> bytes:
     return _PARKED.pack(b"w", bucket_start_ms, commit_offset)
 
 
+def parked_id_key(message_id: str, commit_offset: int) -> bytes:
+    """The ``f`` key of one parked message (the offset tells apart two with one id)."""
+    return b"f" + message_id.encode() + b"\0" + _U64.pack(commit_offset)
+
+
 def id_key(message_id: str, kind: bytes = b"i") -> bytes:
     return kind + message_id.encode()
 
@@ -84,7 +91,7 @@ class TimerStore:
             puts.append((timer_key(due, offset), record))
             puts.append((id_key(message_id), _LOC.pack(due, offset)))
         for bucket, (message_id, due, offset, record) in parked:
-            puts.append((id_key(message_id, b"f"), _LOC.pack(due, offset)))
+            puts.append((parked_id_key(message_id, offset), _LOC.pack(due, offset)))
             puts.append((parked_key(bucket, offset), record))
         if position is not None:
             puts.append((_POSITION, _U64.pack(position)))
@@ -106,6 +113,33 @@ class TimerStore:
         for raw in self.kv.get_many([id_key(m, kind) for m in message_ids]):
             out.append(None if raw is None else _pair(raw))
         return out
+
+    def parked_ids(self, entries: list[tuple[str, int, int]]) -> list[bytes | None]:
+        """For each ``(message_id, deliver_at_ms, commit_offset)``, the ``f`` key that says
+        it is parked and not yet preloaded, or None."""
+        keys = [parked_id_key(m, off) for m, _, off in entries]
+        legacy = [id_key(m, b"f") for m, _, _ in entries]
+        found = self.kv.get_many(keys + legacy)
+        out: list[bytes | None] = []
+        for n, (_, due, off) in enumerate(entries):
+            if found[n] is not None:
+                out.append(keys[n])
+            elif (raw := found[len(entries) + n]) is not None and _pair(raw) == (due, off):
+                out.append(legacy[n])
+            else:
+                out.append(None)
+        return out
+
+    def locate_parked(self, message_id: str) -> tuple[tuple[int, int], bytes] | None:
+        """``((deliver_at_ms, commit_offset), f key)`` of a parked message with this id (the
+        newest, if several)."""
+        found: tuple[tuple[int, int], bytes] | None = None
+        for key, value in self.kv.scan(b"f" + message_id.encode() + b"\0"):
+            found = (_pair(value), key)
+        legacy = self.kv.get(id_key(message_id, b"f"))
+        if found is None and legacy is not None:
+            found = (_pair(legacy), id_key(message_id, b"f"))
+        return found
 
     def records(self, keys: list[bytes]) -> list[bytes | None]:
         return self.kv.get_many(keys)

@@ -79,8 +79,8 @@ def test_routing_at_the_horizon(env: Env) -> None:
     near = env.send(b"near", 10 * SEC - 1)  # just inside the RocksDB horizon
     far = env.send(b"far", 10 * SEC)  # at the horizon: parked on the tier
     timers = env.broker._timer_store
-    assert timers.locate(near) is not None and timers.locate(near, b"f") is None
-    assert timers.locate(far) is None and timers.locate(far, b"f") is not None
+    assert timers.locate(near) is not None and timers.locate_parked(near) is None
+    assert timers.locate(far) is None and timers.locate_parked(far) is not None
     assert len(env.objects()) == 1 and env.objects()[0].startswith("broker-0/timer/")
     assert env.broker.timer.statistics().flat_objects == 1
 

@@ -13,6 +13,7 @@ import pytest
 from chronomq.client import ChronomqClient
 from store.clock import ManualClock
 from store.crashpoint import CRASH_EXIT_CODE
+from store.message import Draft
 from store.topics import Topic
 from tests.chronomq.process import ServerProcess
 from tests.conftest import tier_config
@@ -133,3 +134,27 @@ def test_a_cancel_made_while_a_far_message_is_parked_survives_kill_9(tmp_path: P
         assert seen == [far]  # the cancelled message never arrives
     finally:
         assert srv.terminate() == 0
+
+
+def test_two_parked_messages_with_one_id_are_both_delivered(
+        request: object, tmp_path: Path, manual_clock: ManualClock) -> None:
+    env = Env(tmp_path, manual_clock, tier_config("local", tmp_path, request, "same"))  # type: ignore[arg-type]
+    try:
+        for topic in ("t", "u"):
+            env.broker.create_topic(Topic(topic, 1))
+        # Given: one client-chosen id, far ahead, in two topics (both parked, then written
+        # to their TimerFlatFile)
+        now = env.clock.now_ms()
+        due, flags = env.broker.resolve_deliver_at(0, 16 * SEC, now)
+        env.broker.send([Draft("same-id", topic, "", "", topic.encode(), b"", now, due, flags,
+                               0, b"") for topic in ("t", "u")]).result(10)
+        env.settle()
+        # When: their bucket is preloaded and they come due
+        env.clock.advance(16 * SEC)
+        assert env.timer.preload_due(env.clock.now_ms()) == 2
+        # Then: each topic gets its message (``tick`` pops topic t)
+        assert env.tick() == [b"t"]
+        got = env.broker.pop.pop("u", "g", 32, 60)
+        assert [p.message.body for p in got] == [b"u"]
+    finally:
+        env.close()
