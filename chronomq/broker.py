@@ -112,7 +112,6 @@ class Broker:
                              segment_bytes=t.segment_bytes, upload_timeout_s=t.upload_timeout_s,
                              segment_ms=t.segment_ms, retention_ms=t.retention_ms,
                              index_entries=t.index_entries, index_ms=t.index_ms), clock)
-            self.store.add_retention_guard(self.tiered.position)
             cache = None
             if t.read_ahead_bytes > 0:
                 cache = ReadAheadCache(self.tiered.read, clock, t.read_ahead_bytes,

@@ -41,6 +41,7 @@ from store.checkpoint import OffsetCheckpoint
 from store.clock import Clock
 from store.crashpoint import crashpoint
 from store.errors import DamagedRecord, StorageIOError, Unavailable
+from store.files import fsync_dir
 from store.message import DispatchInfo, decode_dispatch_infos
 
 log = logging.getLogger(__name__)
@@ -261,11 +262,7 @@ class CommitLog:
     def _new_segment(self, base_offset: int) -> _Segment:
         path = os.path.join(self._dir, _segment_name(base_offset))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        dir_fd = os.open(self._dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(self._dir)
         seg = _Segment(base_offset, path, fd, 0)
         with self._seg_lock:
             self._segments.append(seg)

@@ -14,3 +14,12 @@ def write_atomic(path: str, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def fsync_dir(path: str) -> None:
+    """fsync the directory ``path``: a file created or renamed in it stays after a crash."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -146,8 +146,3 @@ class GroupCommit:
                         self._synced = max(self._synced, target)
                         self.syncs += 1
                     self._cond.notify_all()
-
-    def write_durable(self, puts: Iterable[tuple[bytes, bytes]] = (),
-                      deletes: Iterable[bytes] = ()) -> None:
-        """``write`` then ``wait``."""
-        self.wait(self.write(puts, deletes))

@@ -17,6 +17,7 @@ from collections import defaultdict
 from store.checkpoint import OffsetCheckpoint
 from store.consumequeue import ENTRY, ConsumeQueue
 from store.crashpoint import crashpoint
+from store.files import fsync_dir
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.topics import TopicCatalogue
 
@@ -96,11 +97,8 @@ class ConsumeQueueTable:
     def rewind(self, offset: int) -> None:
         if self._position > offset or self._pending_position > offset:
             OffsetCheckpoint(self._checkpoint.path, fsync=True).write(offset)
-            dir_fd = os.open(os.path.dirname(self._checkpoint.path), os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)  # the rename too: an old position must not come back
-            finally:
-                os.close(dir_fd)
+            # the rename too: an old position must not come back
+            fsync_dir(os.path.dirname(self._checkpoint.path))
             self._position = self._pending_position = offset
 
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:

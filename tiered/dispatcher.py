@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from store.clock import Clock
 from store.crashpoint import crashpoint
-from store.files import write_atomic
+from store.files import fsync_dir, write_atomic
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.store import MessageStore
 from tiered.errors import TierError
@@ -145,11 +145,7 @@ class TieredDispatcher:
         with self._lock:
             if self._checkpoint > offset:
                 write_atomic(os.path.join(self._meta_dir, "checkpoint"), str(offset).encode())
-                dir_fd = os.open(self._meta_dir, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
+                fsync_dir(self._meta_dir)
                 self._checkpoint = offset
             self._read_position = min(self._read_position, offset)
 
