@@ -133,12 +133,12 @@ class TimerFlatFiles:
         log.error("damaged TimerFlatFile %s at byte %d of %d: %s; %s", path, pos, size,
                   reason, rest)
 
-    def drop_bucket(self, bucket_start_ms: int, paths: list[str] | None = None) -> None:
-        """Delete the bucket's objects (``paths``: only these, the ones whose records are
-        safely elsewhere; an object written meanwhile stays)."""
+    def drop_bucket(self, bucket_start_ms: int, paths: list[str]) -> None:
+        """Delete these objects of the bucket: the ones whose records are safely elsewhere
+        (read with ``objects``); an object written meanwhile stays."""
         with self._lock:
             objects = self._buckets.get(bucket_start_ms, [])
-            doomed = list(objects) if paths is None else [p for p in objects if p in paths]
+            doomed = [p for p in objects if p in paths]
             left = [p for p in objects if p not in doomed]
             if left:
                 self._buckets[bucket_start_ms] = left

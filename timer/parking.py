@@ -33,7 +33,7 @@ from store.crashpoint import crashpoint
 from store.errors import ChronomqError
 from store.message import decode_dispatch_infos
 from tiered.timerflatfile import TimerFlatFiles
-from timer.store import TimerStore, id_key, parked_key, timer_key
+from timer.store import TimerStore, parked_key, timer_key
 
 if TYPE_CHECKING:
     from timer.service import TimerConfig
@@ -163,8 +163,7 @@ class ParkingLot:
         # since) or cancelled meanwhile is not loaded twice
         marks = self._timers.parked_ids([e[:3] for e in chosen])
         keep = [e for e, mark in zip(chosen, marks, strict=True) if mark is not None]
-        deletes = [m for m in marks if m is not None] + unparked + \
-            [id_key(e[0], b"x") for e in chosen]  # tombstones of older releases
+        deletes = [m for m in marks if m is not None] + unparked
         self._timers.add(keep, None, deletes=deletes, sync=True)
         crashpoint("timer.after_preload")
         self._flat.drop_bucket(bucket, paths)

@@ -181,12 +181,12 @@ class TimerService:
         removes them again from the log itself, in the same write as the position, so a
         crash between the copy and the removal never delivers a message twice."""
         located = self._timers.locate_many([r.message_id for r in delivered])
+        # removed already (or that id is pending again, for another time): nothing to do
+        pending = [(r, timer_key(*loc)) for r, loc in zip(delivered, located, strict=True)
+                   if loc is not None and loc[0] == r.deliver_at_ms]
+        records = self._timers.records([key for _, key in pending])
         keys: list[bytes] = []
-        for r, loc in zip(delivered, located, strict=True):
-            if loc is None or loc[0] != r.deliver_at_ms:
-                continue  # removed already (or that id is pending again, for another time)
-            key = timer_key(*loc)
-            (record,) = self._timers.records([key])
+        for (r, key), record in zip(pending, records, strict=True):
             if record is not None and decode_dispatch_infos(record, 0)[0][0].topic == r.topic:
                 keys += (key, id_key(r.message_id))
         return keys

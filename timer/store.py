@@ -11,8 +11,9 @@ Keys and values::
                                                       there, and deletes it in the same
                                                       synced write (older releases wrote
                                                       b"f" + message_id; still read)
-    b"x" + message_id                              -> (older releases: a tombstone; deleted
-                                                      when its bucket is preloaded)
+    b"x" + message_id                              -> (older releases: a tombstone; no longer
+                                                      read: an unparked message's f key is
+                                                      gone, which is what preload checks)
     b"w" + bucket_start_ms u64 + commit_offset u64  -> the whole record of a far-future
                                                       message waiting for its TimerFlatFile
                                                       object (parked)
@@ -106,11 +107,10 @@ class TimerStore:
         due, offset = _LOC.unpack(raw)
         return int(due), int(offset)
 
-    def locate_many(self, message_ids: list[str], kind: bytes = b"i"
-                    ) -> list[tuple[int, int] | None]:
+    def locate_many(self, message_ids: list[str]) -> list[tuple[int, int] | None]:
         """``locate`` for several ids with one multi-get."""
         out: list[tuple[int, int] | None] = []
-        for raw in self.kv.get_many([id_key(m, kind) for m in message_ids]):
+        for raw in self.kv.get_many([id_key(m) for m in message_ids]):
             out.append(None if raw is None else _pair(raw))
         return out
 
