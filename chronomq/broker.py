@@ -17,6 +17,7 @@ from typing import NamedTuple
 from chronomq.config import BrokerConfig
 from pop.service import PopService
 from store.clock import Clock
+from store.disk import DiskGuard, unless_full
 from store.errors import FailedPrecondition, InvalidArgument
 from store.kv import KV
 from store.message import FLAG_DELAYED, DispatchInfo, Draft, Message
@@ -83,8 +84,12 @@ class Broker:
     def __init__(self, config: BrokerConfig, clock: Clock) -> None:
         self.config = config
         self.clock = clock
+        sc = config.store
+        os.makedirs(sc.data_dir, exist_ok=True)
+        self.disk = DiskGuard(sc.data_dir, clock, sc.disk_max_used_ratio, sc.disk_clean_ratio,
+                              sc.disk_reserve_bytes)
+        self.disk.release_if_short()  # before RocksDB and the CommitLog open
         self.store = MessageStore(config.store, clock)
-        os.makedirs(config.store.data_dir, exist_ok=True)
         self._pop_kv = KV(os.path.join(config.store.data_dir, "pop"))
         secret_path = config.pop.secret_file or os.path.join(config.store.data_dir, "pop-secret")
         self.pop = PopService(self.store, self._pop_kv, load_or_create_secret(secret_path),
@@ -138,12 +143,15 @@ class Broker:
             self.pop.start()
 
     def stop(self) -> None:
-        self.pop.stop()  # both append to the CommitLog: stop them first
-        self.timer.stop()
+        """Stop and flush everything.  On a full volume the reserve file makes room first,
+        and a step that still cannot write is logged and skipped (``unless_full``)."""
+        self.disk.refresh(force=True)
+        unless_full(self.pop.stop, "stopping POP")  # both append to the CommitLog: first
+        unless_full(self.timer.stop, "stopping the timer")
         if self.tiered is not None:
-            self.tiered.stop()
+            unless_full(self.tiered.stop, "stopping the tier upload")
         self.store.stop()
-        self.timer.flush()  # its dispatch position
+        unless_full(self.timer.flush, "the timer's dispatch position")
         self._timer_store.close()
         self._pop_kv.close()
 
@@ -218,6 +226,7 @@ class Broker:
     def submit(self, drafts: list[Draft], now_ms: int) -> Submission:
         """Append checked drafts, except those whose client-chosen id their topic accepted
         within the dedupe window (``seen_recently``).  Pass the result to ``stored``."""
+        self.disk.check_send(sum(len(d.body) for d in drafts))
         chosen = [(d.topic, d.message_id) for d in drafts if d.message_id]
         duplicate = [False] * len(drafts)
         if chosen:
@@ -265,10 +274,19 @@ class Broker:
             {(m.queue_id, m.queue_offset) for m in found})
         return older + found
 
-    def run_retention(self) -> None:
-        """Local retention, then the tier's."""
-        freed = self.store.run_retention()
+    def run_retention(self, force: bool = False) -> None:
+        """Local retention, then the tier's.  ``force`` (the volume is above its clean
+        watermark): local data the tier already holds goes too, whatever its age."""
+        freed = self.store.run_retention(force and self.tiered is not None)
         if freed:
             log.info("retention deleted %d bytes of commitlog", freed)
         if self.tiered is not None:
             self.tiered.run_retention()
+
+    def watch_disk(self) -> None:
+        """The disk job (every second): read the volume's use; above the clean watermark,
+        run retention now."""
+        if self.disk.should_clean():
+            log.warning("the data volume of %s is %.1f%% used: running retention now",
+                        self.config.store.data_dir, self.disk.refresh().used_ratio * 100)
+            self.run_retention(force=True)

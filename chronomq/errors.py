@@ -10,6 +10,7 @@ from store.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     StoreError,
     Unavailable,
 )
@@ -21,6 +22,7 @@ _CODES: list[tuple[type[ChronomqError], grpc.StatusCode]] = [
     (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StoreError, grpc.StatusCode.INTERNAL),
 ]
 

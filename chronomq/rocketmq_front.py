@@ -62,6 +62,7 @@ from store.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     TopicNotFound,
 )
 from store.message import (
@@ -122,6 +123,8 @@ def _code_of(exc: BaseException) -> int:
         return int(Code.NOT_FOUND)
     if isinstance(exc, InvalidArgument | FailedPrecondition):
         return int(Code.BAD_REQUEST)
+    if isinstance(exc, ResourceExhausted):  # the volume is full: back off and retry
+        return int(Code.TOO_MANY_REQUESTS)
     if isinstance(exc, ChronomqError):
         return int(Code.INTERNAL_SERVER_ERROR)
     return int(Code.INTERNAL_ERROR)

@@ -544,6 +544,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             "timer.flat_damaged_objects": t.flat_damaged_objects,
             "timer.parked_unwritten": t.parked_unwritten,
         })
+        out.update({f"disk.{k}": float(v)
+                    for k, v in asdict(self._broker.disk.refresh()).items()})
         if self._broker.tiered is not None:
             ts = self._broker.tiered.statistics()
             out.update({f"tier.{k}": float(v) for k, v in asdict(ts).items()})

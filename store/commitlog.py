@@ -22,6 +22,12 @@ was fsynced) is reported and recovered like a torn tail.  Readers that follow th
 skip a damaged record the same way (``decode_records``); a reader's position that may
 point inside a record is checked with ``record_boundary``.
 
+A write that finds the volume full (ENOSPC, EDQUOT) fails only its batch, with
+``ResourceExhausted``: the segment is cut back to its last whole batch, the preparers'
+``add_rollback`` callbacks give back what they took (queue offsets), and later appends
+go on once there is room.  Any other write error makes the log read-only.  A checkpoint
+that cannot be written for want of space is only a hint lost: recovery scans further.
+
 Thread-safety: ``append`` and the read methods may be called from any thread.
 """
 
@@ -40,11 +46,13 @@ from store import recovery
 from store.checkpoint import OffsetCheckpoint
 from store.clock import Clock
 from store.crashpoint import crashpoint
-from store.errors import DamagedRecord, StorageIOError, Unavailable
+from store.disk import NO_SPACE
+from store.errors import DamagedRecord, ResourceExhausted, StorageIOError, Unavailable
 from store.files import fsync_dir
 from store.message import DispatchInfo, decode_dispatch_infos
 
 log = logging.getLogger(__name__)
+
 
 # A batch preparer is called on the writer thread with the CommitLog offset its first
 # record will have; it returns the encoded records and the value the caller's future gets.
@@ -114,6 +122,7 @@ class CommitLog:
         self._flushed = 0  # end of the data known fsynced
         self._checkpoint = OffsetCheckpoint(os.path.join(directory, "checkpoint"))
         self._listeners: list[Callable[[list[Any]], None]] = []
+        self._rollbacks: list[Callable[[list[Any]], None]] = []
         self._failure: str | None = None  # set after an I/O error: no more appends
         self._batches = 0
         self._fsyncs = 0
@@ -151,8 +160,11 @@ class CommitLog:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._fsync_active()
-        self._checkpoint.write(self._flushed)
+        try:
+            self._fsync_active()
+        except OSError as exc:  # the data is as durable as the last fsync made it
+            log.error("final commitlog fsync failed: %s", exc)
+        self._write_checkpoint()
         with self._confirmed_cond:  # readers waiting for new data: there is none coming
             self._confirmed_cond.notify_all()
 
@@ -163,6 +175,11 @@ class CommitLog:
                 os.close(seg.fd)
             self._segments.clear()
             self._bases.clear()
+
+    def add_rollback(self, callback: Callable[[list[Any]], None]) -> None:
+        """``callback(results)`` runs on the writer thread when a batch could not be
+        written for want of space, with the values its preparers returned: undo them."""
+        self._rollbacks.append(callback)
 
     def add_listener(self, callback: Callable[[list[Any]], None]) -> None:
         """``callback(results)`` runs on the writer thread after each confirmed batch, with
@@ -226,19 +243,13 @@ class CommitLog:
             done.append((fut, result))
         data = b"".join(chunks)
         if data:
-            seg = self._active_for(len(data))
-            written = os.write(seg.fd, data)
-            while written < len(data):  # os.write may be partial on huge buffers
-                written += os.write(seg.fd, data[written:])
-            crashpoint("commitlog.after_write")
-            seg.size += len(data)
-            self._written += len(data)
-            if self._flush_sync:
-                os.fdatasync(seg.fd)
-                crashpoint("commitlog.after_fsync")
-                self._fsyncs += 1
-                self._flushed = self._written
-            self._batches += 1
+            try:
+                self._write_out(data)
+            except OSError as exc:
+                if exc.errno not in NO_SPACE:
+                    raise
+                self._refuse(done, exc)
+                return
         with self._confirmed_cond:
             self._confirmed = self._written
             self._confirmed_cond.notify_all()
@@ -248,8 +259,51 @@ class CommitLog:
         for fut, result in done:
             fut.set_result(result)
         if self._flush_sync and self._batches % 256 == 0:
-            self._checkpoint.write(self._flushed)
+            self._write_checkpoint()
             crashpoint("commitlog.checkpoint")
+
+    def _write_out(self, data: bytes) -> None:
+        """Write (and with ``flush=sync`` fsync) one batch at the end of the log.  If the
+        volume is full, the active segment is cut back to its last whole batch first."""
+        seg = self._active_for(len(data))
+        try:
+            written = os.write(seg.fd, data)
+            while written < len(data):  # os.write may be partial on huge buffers
+                written += os.write(seg.fd, data[written:])
+            crashpoint("commitlog.after_write")
+            if self._flush_sync:
+                os.fdatasync(seg.fd)
+        except OSError as exc:
+            if exc.errno in NO_SPACE:  # nothing of this batch stays (errors: read-only)
+                os.ftruncate(seg.fd, seg.size)
+                os.fdatasync(seg.fd)
+            raise
+        seg.size += len(data)
+        self._written += len(data)
+        if self._flush_sync:
+            crashpoint("commitlog.after_fsync")
+            self._fsyncs += 1
+            self._flushed = self._written
+        self._batches += 1
+
+    def _refuse(self, done: list[tuple[Future[Any], Any]], exc: OSError) -> None:
+        """A batch the full volume refused: its callers learn it, its preparers undo."""
+        log.warning("commitlog: the volume is full (%s); %d appends refused", exc, len(done))
+        results = [result for _, result in done]
+        for callback in self._rollbacks:
+            callback(results)
+        err = ResourceExhausted(f"the data volume of {self._dir} is full ({exc.strerror}): "
+                                "not stored; retry once space is freed")
+        for fut, _ in done:
+            fut.set_exception(err)
+
+    def _write_checkpoint(self) -> None:
+        try:
+            self._checkpoint.write(self._flushed)
+        except OSError as exc:  # a hint for recovery, not data: it scans further instead
+            if exc.errno not in NO_SPACE:
+                raise
+            log.warning("commitlog checkpoint not written: %s", exc)
 
     def _active_for(self, nbytes: int) -> _Segment:
         seg = self._segments[-1]
@@ -276,7 +330,7 @@ class CommitLog:
             os.fdatasync(seg.fd)
             self._fsyncs += 1
             self._flushed = self._written
-            self._checkpoint.write(self._flushed)
+            self._write_checkpoint()
 
     # ------------------------------------------------------------------ reads
 

@@ -31,6 +31,11 @@ class Unavailable(ChronomqError):
     """Raised when the service is stopping or a dependency cannot be reached; retry later."""
 
 
+class ResourceExhausted(ChronomqError):
+    """Raised when a send is refused for want of space (the data volume is above its
+    watermark, or a write found it full); retry once space is freed."""
+
+
 class StoreError(ChronomqError):
     """Raised for failures of the local store (I/O, corruption)."""
 

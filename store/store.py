@@ -39,6 +39,7 @@ from typing import Any
 from store.clock import Clock
 from store.commitlog import CommitLog, CommitLogStats
 from store.consumequeue import ConsumeQueue, CqEntry
+from store.disk import unless_full
 from store.dispatcher import Dispatcher, DispatchHandler, LogReader
 from store.errors import DamagedRecord, StoreError, TopicNotFound
 from store.index import KeyIndex
@@ -80,6 +81,10 @@ class StoreConfig:
     node_id: int = 0
     dedupe_window_ms: int = 24 * 3600 * 1000  # a client-chosen id sent again (same topic) within
     #                                           this is dropped (0: never)
+    disk_max_used_ratio: float = 0.90  # client sends are refused at or above this use of
+    #                                    the data volume (store.disk)
+    disk_clean_ratio: float = 0.80  # retention runs at once at or above this use
+    disk_reserve_bytes: int = 64 << 20  # emergency room kept in <data_dir>/disk-reserve
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +156,7 @@ class MessageStore:
             self._rewind(reader)
         self.dispatcher = Dispatcher("dispatcher", self.commitlog, handlers, self.clock)
         self.commitlog.add_listener(self._on_appended)
+        self.commitlog.add_rollback(self._give_back)
         replayed_from = self.dispatcher.dispatched_offset
         self.dispatcher.catch_up()
         log.info("store open: commitlog end %d, replayed %d bytes", end, end - replayed_from)
@@ -184,7 +190,7 @@ class MessageStore:
         self._stopped = True
         self.commitlog.stop()
         if self.dispatcher is not None:
-            self.dispatcher.stop()
+            unless_full(self.dispatcher.stop, "the dispatcher's final flush")
         self.commitlog.close()
         self.queues.close()
         self.index.close()
@@ -286,6 +292,17 @@ class MessageStore:
         self._appended += len(drafts)
         return records, infos
 
+    def _give_back(self, results: list[list[DispatchInfo]]) -> None:
+        """CommitLog rollback: a batch the full volume refused gives its queue offsets
+        back (it was the newest), so no hole is left."""
+        next_qo = self._next_queue_offset
+        for infos in results:
+            for info in infos:
+                if not info.flags & FLAG_DELAYED:
+                    slot = (info.topic, info.queue_id)
+                    next_qo[slot] = min(next_qo.get(slot, info.queue_offset), info.queue_offset)
+            self._appended -= len(infos)
+
     def _on_appended(self, results: list[Any]) -> None:
         """CommitLog listener: hand the batch's records to the dispatcher from memory."""
         if self.dispatcher is not None:
@@ -347,10 +364,11 @@ class MessageStore:
 
     # ------------------------------------------------------------------ retention
 
-    def run_retention(self) -> int:
+    def run_retention(self, force: bool = False) -> int:
         """Delete CommitLog segments past local retention (age, then total size) that every
         dispatcher has passed; drop ConsumeQueue files that point only at deleted data.
-        Returns the bytes deleted."""
+        ``force`` (the volume is nearly full and the tier holds a copy): every segment
+        they have all passed, whatever its age.  Returns the bytes deleted."""
         assert self.dispatcher is not None
         safe = min(self.dispatcher.dispatched_offset, self.queues.position(),
                    self.index.position(), *(h.position() for h in self._extra_handlers),
@@ -362,7 +380,7 @@ class MessageStore:
         for _base, end, mtime_s in self.commitlog.segment_ends():
             too_old = cfg.retention_ms > 0 and (now_s - mtime_s) * 1000 > cfg.retention_ms
             too_big = cfg.retention_bytes > 0 and total - freed > cfg.retention_bytes
-            if end > safe or not (too_old or too_big):
+            if end > safe or not (too_old or too_big or force):
                 break
             freed += self.commitlog.delete_oldest_segment()
         if freed:

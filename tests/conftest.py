@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import errno
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,43 @@ def tier_config(kind: str, tmp_path: Path, request: pytest.FixtureRequest, prefi
     return TierConfig(provider="s3", s3_bucket=bucket, s3_endpoint_url=endpoint,
                       s3_access_key_id=CREDS["access_key_id"],
                       s3_secret_access_key=CREDS["secret_access_key"], **settings)
+
+
+@pytest.fixture
+def small_volume(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
+    """``small_volume(mb)``: a tmpfs of that size mounted for this test (a real small
+    filesystem that fills up; mounting needs root, as CI has)."""
+    mounted: list[Path] = []
+
+    def mount(size_mb: int) -> Path:
+        mnt = tmp_path / f"vol{len(mounted)}"
+        mnt.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs",
+                               str(mnt)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill_volume(path: Path, limit: int | None = None) -> int:
+    """Write zeros to ``path`` until its volume is full (or ``limit`` bytes are written);
+    the bytes written."""
+    chunk = b"\0" * (1 << 20)
+    written = 0
+    with open(path, "ab", buffering=0) as f:
+        while limit is None or written < limit:
+            try:
+                written += f.write(chunk if limit is None else chunk[: limit - written])
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                break
+    return written
 
 
 @pytest.fixture
