@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from store.errors import StoreError
+from store.errors import ChronomqError, ResourceExhausted, StoreError
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -83,14 +83,23 @@ class KV:
         try:
             self._db.write(wb, self._sync if sync else self._nosync)
         except Exception as exc:
-            raise StoreError(f"RocksDB write failed: {exc}") from exc
+            raise self._write_error("write", exc) from exc
 
     def sync_wal(self) -> None:
         """fsync RocksDB's write-ahead log: every write made before this is durable."""
         try:
             self._db.flush_wal(True)
         except Exception as exc:
-            raise StoreError(f"RocksDB WAL sync failed: {exc}") from exc
+            raise self._write_error("WAL sync", exc) from exc
+
+    def _write_error(self, what: str, exc: Exception) -> ChronomqError:
+        """``ResourceExhausted`` when the volume was full (RocksDB then refuses writes
+        until it is opened again: free space and restart), else ``StoreError``."""
+        if "No space left" in str(exc):
+            return ResourceExhausted(
+                f"RocksDB {what} at {self.path} failed: the volume is full ({exc}); free "
+                "space and restart the broker")
+        return StoreError(f"RocksDB {what} failed: {exc}")
 
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Items whose key starts with ``prefix``, from ``start`` (default: the prefix)."""
