@@ -33,7 +33,6 @@ Thread-safety: ``append`` and the read methods may be called from any thread.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import threading
@@ -48,8 +47,8 @@ from store.clock import Clock
 from store.crashpoint import crashpoint
 from store.disk import NO_SPACE
 from store.errors import DamagedRecord, ResourceExhausted, StorageIOError, Unavailable
-from store.files import fsync_dir
 from store.message import DispatchInfo, decode_dispatch_infos
+from store.segments import Segment, SegmentFiles
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +80,6 @@ class RecordChunk(NamedTuple):
     used: int
 
 
-@dataclass(slots=True)
-class _Segment:
-    base_offset: int
-    path: str
-    fd: int
-    size: int
-
-
-def _segment_name(base_offset: int) -> str:
-    return f"{base_offset:020d}.log"
-
-
 class CommitLog:
     """Segmented append-only log of CRC-framed records.  Thread-safe."""
 
@@ -109,9 +96,7 @@ class CommitLog:
         self._segment_bytes = segment_bytes
         self._flush_sync = flush_sync
         self._flush_interval_ms = flush_interval_ms
-        self._segments: list[_Segment] = []
-        self._bases: list[int] = []
-        self._seg_lock = threading.Lock()  # guards _segments/_bases (roll, retention, read)
+        self._files = SegmentFiles(directory)
         self._cond = threading.Condition()  # pending appends (the writer waits on it)
         self._confirmed_cond = threading.Condition()  # readers wait for new data on it
         self._pending: list[tuple[Prepare, Future[Any]]] = []
@@ -133,17 +118,7 @@ class CommitLog:
 
     def open(self) -> int:
         """Recover the log from disk; return the end offset.  Call before ``start``."""
-        os.makedirs(self._dir, exist_ok=True)
-        names = sorted(n for n in os.listdir(self._dir) if n.endswith(".log"))
-        for name in names:
-            path = os.path.join(self._dir, name)
-            fd = os.open(path, os.O_RDWR | os.O_APPEND)
-            seg = _Segment(int(name[:-4]), path, fd, os.fstat(fd).st_size)
-            self._segments.append(seg)
-            self._bases.append(seg.base_offset)
-        if not self._segments:
-            self._new_segment(0)
-        end = self._recover(self._checkpoint.read())
+        end = self._recover(self._files.open_all(), self._checkpoint.read())
         self._written = self._confirmed = self._flushed = end
         self._checkpoint.write(end)
         return end
@@ -170,11 +145,7 @@ class CommitLog:
 
     def close(self) -> None:
         """Close the segment files (after ``stop`` and after the dispatchers stopped)."""
-        with self._seg_lock:
-            for seg in self._segments:
-                os.close(seg.fd)
-            self._segments.clear()
-            self._bases.clear()
+        self._files.close()
 
     def add_rollback(self, callback: Callable[[list[Any]], None]) -> None:
         """``callback(results)`` runs on the writer thread when a batch could not be
@@ -305,27 +276,17 @@ class CommitLog:
                 raise
             log.warning("commitlog checkpoint not written: %s", exc)
 
-    def _active_for(self, nbytes: int) -> _Segment:
-        seg = self._segments[-1]
+    def _active_for(self, nbytes: int) -> Segment:
+        seg = self._files.active
+        assert seg is not None, "open() first"
         if seg.size > 0 and seg.size + nbytes > self._segment_bytes:
             self._fsync_active()
-            seg = self._new_segment(self._written)
+            seg = self._files.new(self._written)
             crashpoint("commitlog.after_roll")
         return seg
 
-    def _new_segment(self, base_offset: int) -> _Segment:
-        path = os.path.join(self._dir, _segment_name(base_offset))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        fsync_dir(self._dir)
-        seg = _Segment(base_offset, path, fd, 0)
-        with self._seg_lock:
-            self._segments.append(seg)
-            self._bases.append(base_offset)
-        return seg
-
     def _fsync_active(self) -> None:
-        with self._seg_lock:
-            seg = self._segments[-1] if self._segments else None
+        seg = self._files.active
         if seg is not None and self._flushed < self._written:
             os.fdatasync(seg.fd)
             self._fsyncs += 1
@@ -336,8 +297,7 @@ class CommitLog:
 
     @property
     def min_offset(self) -> int:
-        with self._seg_lock:
-            return self._bases[0] if self._bases else 0
+        return self._files.min_offset
 
     @property
     def confirmed_offset(self) -> int:
@@ -353,7 +313,7 @@ class CommitLog:
 
     def read(self, offset: int, size: int) -> bytes:
         """Read ``size`` bytes at ``offset`` (within one segment)."""
-        seg = self._segment_at(offset)
+        seg = self._files.holding(offset)
         data = os.pread(seg.fd, size, offset - seg.base_offset)
         if len(data) != size:
             raise StorageIOError(f"short read at commitlog offset {offset}")
@@ -366,48 +326,24 @@ class CommitLog:
         ``offset`` is at the end of one.  The data may end in the middle of a record.
         """
         confirmed = self._confirmed
-        with self._seg_lock:
-            i = bisect.bisect_right(self._bases, offset) - 1
-            if i < 0:  # retention removed it; resume at the oldest data
-                i, offset = 0, self._bases[0]
-            seg = self._segments[i]
-            if offset >= seg.base_offset + seg.size and i + 1 < len(self._segments):
-                seg = self._segments[i + 1]
-                offset = seg.base_offset
-        end = min(confirmed, seg.base_offset + seg.size, offset + max_bytes)
+        offset, seg = self._files.for_reading(offset)
+        end = min(confirmed, seg.end, offset + max_bytes)
         if end <= offset:
             return offset, b""
         return offset, os.pread(seg.fd, end - offset, offset - seg.base_offset)
-
-    def _segment_at(self, offset: int) -> _Segment:
-        with self._seg_lock:
-            i = bisect.bisect_right(self._bases, offset) - 1
-            if i < 0 or offset >= self._segments[i].base_offset + self._segments[i].size:
-                raise StorageIOError(f"commitlog offset {offset} is not on local disk")
-            return self._segments[i]
 
     # ------------------------------------------------------------------ retention
 
     def segment_ends(self) -> list[tuple[int, int, float]]:
         """``(base_offset, end_offset, mtime_s)`` of every sealed (non-active) segment."""
-        with self._seg_lock:
-            sealed = self._segments[:-1]
-        return [(s.base_offset, s.base_offset + s.size, os.path.getmtime(s.path)) for s in sealed]
+        return [(s.base_offset, s.end, os.path.getmtime(s.path)) for s in self._files.sealed()]
 
     def delete_oldest_segment(self) -> int:
         """Delete the oldest sealed segment; return its size in bytes."""
-        with self._seg_lock:
-            if len(self._segments) < 2:
-                return 0
-            seg = self._segments.pop(0)
-            self._bases.pop(0)
-        os.close(seg.fd)
-        os.unlink(seg.path)
-        return seg.size
+        return self._files.delete_oldest()
 
     def statistics(self) -> CommitLogStats:
-        with self._seg_lock:
-            segs = list(self._segments)
+        segs = self._files.all()
         return CommitLogStats(
             min_offset=segs[0].base_offset if segs else 0,
             max_offset=self._written,
@@ -428,10 +364,8 @@ class CommitLog:
     def damaged(self, offset: int, reason: str, skip: str = "") -> DamagedRecord:
         """Count the damaged record at ``offset`` and return the error that names it.  It
         is logged at ERROR when first seen, or whenever a reader ``skip``s it."""
-        with self._seg_lock:
-            i = bisect.bisect_right(self._bases, offset) - 1
-            path = self._segments[i].path if i >= 0 else self._dir
-        err = DamagedRecord(path, offset, reason)
+        seg = self._files.at_or_before(offset)
+        err = DamagedRecord(seg.path if seg is not None else self._dir, offset, reason)
         with self._damaged_lock:
             first = offset not in self._damaged
             self._damaged.add(offset)
@@ -448,8 +382,8 @@ class CommitLog:
             offset, data = self.read_from(offset, size)
             valid, size = recovery.whole_records(data)
         if valid == 0 and data:
-            seg = self._segment_at(offset)
-            end = min(self._confirmed, seg.base_offset + seg.size) - seg.base_offset
+            seg = self._files.holding(offset)
+            end = min(self._confirmed, seg.end) - seg.base_offset
             nxt = recovery.resume_after(seg.fd, offset - seg.base_offset, end)
             skip = (end if nxt is None else nxt) - (offset - seg.base_offset)
             self.damaged(offset, "fails its magic/size/CRC check",
@@ -466,11 +400,9 @@ class CommitLog:
         start of the record it points into; past the end: the end."""
         if offset >= self._written:
             return self._written
-        with self._seg_lock:
-            i = bisect.bisect_right(self._bases, offset) - 1
-            if i < 0:
-                return offset
-            seg = self._segments[i]
+        seg = self._files.at_or_before(offset)
+        if seg is None:
+            return offset
         pos = offset - seg.base_offset
         if pos == 0 or pos >= seg.size or recovery.record_at(seg.fd, pos, seg.size):
             return offset
@@ -478,34 +410,20 @@ class CommitLog:
 
     # ------------------------------------------------------------------ recovery
 
-    def _recover(self, checkpoint: int | None) -> int:
+    def _recover(self, segments: list[Segment], checkpoint: int | None) -> int:
         """Check records from the checkpoint to the end; skip damaged records; truncate a
         torn tail."""
-        start = checkpoint if checkpoint is not None else self._segments[0].base_offset
-        start = max(start, self._segments[0].base_offset)
-        last = self._segments[-1]
-        if start > last.base_offset + last.size:
+        start = checkpoint if checkpoint is not None else segments[0].base_offset
+        start = max(start, segments[0].base_offset)
+        last = segments[-1]
+        if start > last.end:
             log.error("%s: the checkpoint says %d bytes were fsynced but the log ends at %d: "
                       "committed data is missing (the disk lost it); recovering the newest "
-                      "segment as a torn tail", last.path, start, last.base_offset + last.size)
+                      "segment as a torn tail", last.path, start, last.end)
             start = last.base_offset
-        for seg in self._segments:
-            if seg.base_offset + seg.size > start:
-                self._recover_segment(seg, max(start - seg.base_offset, 0), seg is last)
-        return last.base_offset + last.size
-
-    def _recover_segment(self, seg: _Segment, pos: int, newest: bool) -> None:
-        """Walk ``seg`` from ``pos``: report damaged records; truncate a torn tail."""
-        for step in recovery.walk(seg.fd, pos, seg.size):
-            if not step.problem:
-                continue
-            if step.next is None and newest:
-                log.warning("truncating torn tail of %s: %d bytes at offset %d", seg.path,
-                            seg.size - step.at, seg.base_offset + step.at)
-                os.ftruncate(seg.fd, step.at)
-                os.fsync(seg.fd)
-                seg.size = step.at
-                return
-            nxt = seg.size if step.next is None else step.next
-            self.damaged(seg.base_offset + step.at, step.problem,
-                         f"recovery skips {nxt - step.at} bytes")
+        for seg in segments:
+            if seg.end > start:
+                seg.size = recovery.recover_segment(
+                    seg.fd, seg.path, seg.base_offset, seg.size,
+                    max(start - seg.base_offset, 0), seg is last, self.damaged)
+        return last.end

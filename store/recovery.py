@@ -28,12 +28,15 @@ Thread-safe: pure functions over ``pread``.
 
 from __future__ import annotations
 
+import logging
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from store.message import HEADER, HEADER_PREFIX, RECORD_MAGIC, RecordError, check_record
+
+log = logging.getLogger(__name__)
 
 SCAN_CHUNK = 16 << 20  # bytes read at a time when walking or scanning a segment
 _MAGIC = RECORD_MAGIC.to_bytes(4, "big")
@@ -164,3 +167,22 @@ def whole_records(data: bytes) -> tuple[int, int]:
             return p, -1
         p += total
     return p, 0
+
+
+def recover_segment(fd: int, path: str, base_offset: int, size: int, pos: int, newest: bool,
+                    damaged: Callable[[int, str, str], object]) -> int:
+    """Walk a segment from ``pos``: report each damaged record (``damaged(commit
+    offset, problem, what is skipped)``); in the ``newest`` segment truncate a torn tail.
+    Returns the segment's size afterwards."""
+    for step in walk(fd, pos, size):
+        if not step.problem:
+            continue
+        if step.next is None and newest:
+            log.warning("truncating torn tail of %s: %d bytes at offset %d", path,
+                        size - step.at, base_offset + step.at)
+            os.ftruncate(fd, step.at)
+            os.fsync(fd)
+            return step.at
+        nxt = size if step.next is None else step.next
+        damaged(base_offset + step.at, step.problem, f"recovery skips {nxt - step.at} bytes")
+    return size
