@@ -18,16 +18,25 @@ with no message, never to be read.  Holes replace the entries of records a torn 
 have passed are never given to new messages) and fill the slot of a damaged record the
 dispatcher skipped (the file has zeros there).
 
+A queue holds no file descriptor of its own: every read and write borrows one from the
+shared ``FileCache`` (bounded, least recently used closed first), so the number of queues
+does not decide the number of open files.  Loading a queue lists its folder and stats its
+newest file; nothing is opened until it is read or written.
+
 Thread-safety: one dispatcher thread writes; any thread may read.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import shutil
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from store.filecache import FileCache
 
 ENTRY = struct.Struct(">QIIQ")
 assert ENTRY.size == 24
@@ -51,11 +60,13 @@ class CqEntry:
 class ConsumeQueue:
     """One topic/queue's entries.  Writer: the dispatcher thread; readers: any thread."""
 
-    def __init__(self, directory: str, entries_per_file: int = 300_000) -> None:
+    def __init__(self, directory: str, files: FileCache,
+                 entries_per_file: int = 300_000) -> None:
         self._dir = directory
+        self._files = files
         self._per_file = entries_per_file
-        self._fds: dict[int, int] = {}  # first queue offset of a file -> fd
-        self._lock = threading.Lock()
+        self._bases: list[int] = []  # first queue offset of each file, ascending
+        self._lock = threading.Lock()  # _bases
         self._dirty: set[int] = set()
         os.makedirs(directory, exist_ok=True)
         self.min_offset = 0
@@ -63,25 +74,24 @@ class ConsumeQueue:
         self._load()
 
     def _load(self) -> None:
-        bases = sorted(int(n[:-3]) for n in os.listdir(self._dir) if n.endswith(".cq"))
-        for base in bases:
-            self._fds[base] = os.open(self._path(base), os.O_RDWR)
-        if bases:
-            self.min_offset = bases[0]
-            last = bases[-1]
-            size = os.fstat(self._fds[last]).st_size
-            self.max_offset = last + size // ENTRY.size
+        self._bases = sorted(int(n[:-3]) for n in os.listdir(self._dir) if n.endswith(".cq"))
+        if self._bases:
+            self.min_offset = self._bases[0]
+            last = self._bases[-1]
+            self.max_offset = last + os.stat(self._path(last)).st_size // ENTRY.size
 
     def _path(self, base: int) -> str:
         return os.path.join(self._dir, f"{base:020d}.cq")
 
-    def _fd(self, base: int, create: bool) -> int | None:
-        fd = self._fds.get(base)
-        if fd is None and create:
-            fd = os.open(self._path(base), os.O_RDWR | os.O_CREAT, 0o644)
+    def _write(self, base: int, data: bytes, at: int) -> None:
+        if base not in self._dirty:
             with self._lock:
-                self._fds[base] = fd
-        return fd
+                i = bisect.bisect_left(self._bases, base)
+                if i == len(self._bases) or self._bases[i] != base:
+                    self._bases.insert(i, base)
+        with self._files.use(self._path(base), create=True) as fd:
+            os.pwrite(fd, data, at)
+        self._dirty.add(base)
 
     def put_many(self, entries: list[tuple[int, bytes]]) -> None:
         """``(queue_offset, packed entry)`` in offset order; each run of consecutive
@@ -94,10 +104,8 @@ class ConsumeQueue:
             j = i + 1
             while j < limit and entries[j][0] == first + (j - i):
                 j += 1
-            fd = self._fd(base, create=True)
-            assert fd is not None
-            os.pwrite(fd, b"".join([e[1] for e in entries[i:j]]), (first - base) * ENTRY.size)
-            self._dirty.add(base)
+            self._write(base, b"".join([e[1] for e in entries[i:j]]),
+                        (first - base) * ENTRY.size)
             if first + (j - i) > self.max_offset:
                 self.max_offset = first + (j - i)
             i = j
@@ -110,24 +118,27 @@ class ConsumeQueue:
         if count <= 0:
             return []
         base = queue_offset - queue_offset % self._per_file
-        with self._lock:
-            fd = self._fds.get(base)
-        if fd is None:
-            return []
         count = min(count, base + self._per_file - queue_offset)
-        data = os.pread(fd, count * ENTRY.size, (queue_offset - base) * ENTRY.size)
+        try:
+            with self._files.use(self._path(base)) as fd:
+                data = os.pread(fd, count * ENTRY.size, (queue_offset - base) * ENTRY.size)
+        except FileNotFoundError:  # never written, or deleted by retention meanwhile
+            return []
         return [
             CqEntry(queue_offset + i, *ENTRY.unpack_from(data, i * ENTRY.size))
             for i in range(len(data) // ENTRY.size)
         ]
 
     def flush(self) -> None:
-        """fsync every file written since the last flush."""
+        """fsync every file written since the last flush (through the cache: a file it
+        closed meanwhile is opened again; see ``store.filecache``)."""
         dirty, self._dirty = self._dirty, set()
-        for base in dirty:
-            fd = self._fds.get(base)
-            if fd is not None:
-                os.fdatasync(fd)
+        for base in sorted(dirty):
+            try:
+                with self._files.use(self._path(base)) as fd:
+                    os.fdatasync(fd)
+            except FileNotFoundError:  # deleted by retention since it was written
+                continue
 
     def clear_beyond(self, commit_end: int) -> int:
         """Turn trailing entries that point at or past ``commit_end`` (a lost CommitLog
@@ -142,30 +153,60 @@ class ConsumeQueue:
                 if e.commit_offset < commit_end:
                     break
                 base = last - last % self._per_file
-                os.pwrite(self._fds[base], _HOLE, (last - base) * ENTRY.size)
-                self._dirty.add(base)
+                self._write(base, _HOLE, (last - base) * ENTRY.size)
                 cleared += 1
             last -= 1
         self.flush()
         return cleared
 
+    def expire(self, expired: Callable[[CqEntry], bool]) -> None:
+        """Move the low mark past the (sorted) prefix of expired entries and delete the
+        files below it.  A hole counts as the first entry after it that is not one (none:
+        not expired)."""
+        lo, hi = self.min_offset, self.max_offset
+        first = self._first_entry(lo, hi)
+        if first is None or not expired(first):
+            return  # the usual case, one read: nothing (more) to expire
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = self._first_entry(mid, hi)
+            if e is not None and expired(e):
+                lo = mid + 1
+            else:
+                hi = mid
+        self.set_min_offset(lo)
+        self.delete_files_before(lo)
+
+    def _first_entry(self, queue_offset: int, end: int) -> CqEntry | None:
+        """The first entry at or after ``queue_offset`` (below ``end``) that is not a hole."""
+        while queue_offset < end:
+            entries = self.get(queue_offset, min(end - queue_offset, 256))
+            if not entries:
+                return None
+            for e in entries:
+                if not e.is_hole:
+                    return e
+            queue_offset = entries[-1].queue_offset + 1
+        return None
+
     def delete_files_before(self, keep_from_queue_offset: int) -> int:
         """Delete whole files whose entries are all below ``keep_from_queue_offset``."""
         deleted = 0
         with self._lock:
-            bases = sorted(self._fds)
+            bases = list(self._bases)
         for base in bases[:-1]:
             if base + self._per_file > keep_from_queue_offset:
                 break
             with self._lock:
-                fd = self._fds.pop(base)
-            os.close(fd)
-            os.unlink(self._path(base))
+                self._bases.remove(base)
+            path = self._path(base)
+            self._files.forget(path)
+            os.unlink(path)
             self._dirty.discard(base)
             deleted += 1
         with self._lock:
-            if self._fds:
-                self.min_offset = max(self.min_offset, min(self._fds))
+            if self._bases:
+                self.min_offset = max(self.min_offset, self._bases[0])
         return deleted
 
     def set_min_offset(self, queue_offset: int) -> None:
@@ -173,10 +214,11 @@ class ConsumeQueue:
         self.min_offset = max(self.min_offset, min(queue_offset, self.max_offset))
 
     def close(self) -> None:
+        """Close this queue's descriptors in the cache."""
         with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+            bases = list(self._bases)
+        for base in bases:
+            self._files.forget(self._path(base))
 
     def destroy(self) -> None:
         self.close()

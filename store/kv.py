@@ -19,6 +19,11 @@ from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from store.errors import ChronomqError, ResourceExhausted, StoreError
 
+# RocksDB keeps every table file open by default (max_open_files = -1): a database that
+# grows to thousands of SST files would hold as many descriptors.  Capped, RocksDB's
+# table cache closes the least recently used one (store.openfiles budgets for it).
+ROCKSDB_MAX_OPEN_FILES = 64
+
 
 def prefix_end(prefix: bytes) -> bytes | None:
     """The smallest key greater than every key starting with ``prefix`` (None: no bound)."""
@@ -34,10 +39,13 @@ def prefix_end(prefix: bytes) -> bytes | None:
 class KV:
     """One RocksDB database in raw mode."""
 
-    def __init__(self, path: str, write_buffer_bytes: int = 64 << 20) -> None:
+    def __init__(self, path: str, write_buffer_bytes: int = 64 << 20,
+                 max_open_files: int = ROCKSDB_MAX_OPEN_FILES) -> None:
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_write_buffer_size(write_buffer_bytes)
+        opts.set_max_open_files(max_open_files)
+        opts.set_keep_log_file_num(4)  # old LOG files are not held open, only kept
         try:
             self._db = Rdict(path, opts)
         except Exception as exc:

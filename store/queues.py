@@ -3,7 +3,24 @@
 Position checkpoint: ``<data>/checkpoint/consumequeue`` (``store.checkpoint`` layout),
 written after the queue files it covers are fsynced.
 
-Thread-safety: ``dispatch``/``flush`` run on the dispatcher thread; lookups from any thread.
+Queues are loaded lazily: start-up reads no queue folder, and a queue is loaded (its
+folder listed, its newest file's size read; ``ConsumeQueue``) the first time it is read or
+written.  What start-up used to do to every queue is done to each one as it loads:
+
+* retention: entries below the CommitLog's low mark (``expire(min_commit_offset, ...)``)
+  and older than their topic's ``retention_ms`` are expired, the same as
+  ``MessageStore.run_retention`` does to the queues already loaded;
+* the next queue offset a send takes is the loaded queue's end (``next_offset``).
+
+Only turning entries past a lost CommitLog tail into holes (``clear_beyond``) walks every
+queue on disk, and the store asks for it only when the CommitLog lost something a
+dispatcher may have seen (``MessageStore.open``).
+
+Every queue file is read and written through one ``FileCache`` of ``max_open_files``
+descriptors, so the number of queues never decides the number of open files.
+
+Thread-safety: ``dispatch``/``flush`` run on the dispatcher thread; lookups and loads from
+any thread.
 """
 
 from __future__ import annotations
@@ -13,13 +30,17 @@ import shutil
 import threading
 import zlib
 from collections import defaultdict
+from collections.abc import Callable
 
 from store.checkpoint import OffsetCheckpoint
-from store.consumequeue import ENTRY, ConsumeQueue
+from store.consumequeue import ENTRY, ConsumeQueue, CqEntry
 from store.crashpoint import crashpoint
+from store.filecache import FileCache, FileCacheStats
 from store.files import fsync_dir
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.topics import TopicCatalogue
+
+Key = tuple[str, int]  # (topic, queue id)
 
 
 def tag_hash(tag: str) -> int:
@@ -28,52 +49,62 @@ def tag_hash(tag: str) -> int:
 
 
 class ConsumeQueueTable:
-    """ConsumeQueues by (topic, queue_id), plus their dispatch handler."""
+    """ConsumeQueues by (topic, queue_id), loaded on first use, plus their dispatch
+    handler."""
 
     name = "consumequeue"
 
-    def __init__(self, root: str, catalogue: TopicCatalogue, entries_per_file: int) -> None:
+    def __init__(self, root: str, catalogue: TopicCatalogue, entries_per_file: int,
+                 max_open_files: int, now_ms: Callable[[], int]) -> None:
         self._root = os.path.join(root, "consumequeue")
         self._catalogue = catalogue
         self._per_file = entries_per_file
-        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
-        self._lock = threading.Lock()
+        self._now_ms = now_ms
+        self.files = FileCache(max_open_files)
+        self._queues: dict[Key, ConsumeQueue] = {}
+        self._lock = threading.Lock()  # loading and dropping queues
+        self._dirty: set[Key] = set()  # written since the last flush (dispatcher thread)
+        self._min_commit_offset = 0  # entries below it are expired (the CommitLog's low mark)
+        self._floors: dict[Key, int] = {}  # the low mark each loaded queue was expired to
+        os.makedirs(self._root, exist_ok=True)
         os.makedirs(os.path.join(root, "checkpoint"), exist_ok=True)
         self._checkpoint = OffsetCheckpoint(os.path.join(root, "checkpoint", "consumequeue"))
         self._position = self._checkpoint.read() or 0
         self._pending_position = self._position
-        self._load()
 
-    def _load(self) -> None:
-        if not os.path.isdir(self._root):
-            return
-        for topic in os.listdir(self._root):
-            if self._catalogue.get(topic) is None:
-                continue  # deleted while the broker was down; removed by retention
-            for qid in os.listdir(os.path.join(self._root, topic)):
-                if qid.isdigit():
-                    self.queue(topic, int(qid))
+    def _dir(self, key: Key) -> str:
+        return os.path.join(self._root, key[0], str(key[1]))
 
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
-        key = (topic, queue_id)
-        cq = self._queues.get(key)
-        if cq is None:
-            with self._lock:
-                cq = self._queues.get(key)
-                if cq is None:
-                    cq = ConsumeQueue(os.path.join(self._root, topic, str(queue_id)),
-                                      self._per_file)
-                    self._queues[key] = cq
+        """The queue, loaded or created."""
+        cq = self._queues.get((topic, queue_id)) or self._load((topic, queue_id), create=True)
+        assert cq is not None
         return cq
 
     def existing(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        return self._queues.get((topic, queue_id))
+        """The queue if it has ever been written (its folder exists), loaded."""
+        cq = self._queues.get((topic, queue_id))
+        return cq if cq is not None else self._load((topic, queue_id), create=False)
 
-    def max_offsets(self) -> dict[tuple[str, int], int]:
+    def _load(self, key: Key, create: bool) -> ConsumeQueue | None:
         with self._lock:
-            return {k: q.max_offset for k, q in self._queues.items()}
+            cq = self._queues.get(key)
+            if cq is not None:
+                return cq
+            path = self._dir(key)
+            if not create and not os.path.isdir(path):
+                return None
+            cq = ConsumeQueue(path, self.files, self._per_file)
+            self._expire_one(key, cq, self._now_ms())
+            self._queues[key] = cq
+            return cq
 
-    def all_queues(self) -> list[tuple[tuple[str, int], ConsumeQueue]]:
+    def next_offset(self, topic: str, queue_id: int) -> int:
+        """The queue offset the next message of this queue gets (its end on disk)."""
+        cq = self.existing(topic, queue_id)
+        return cq.max_offset if cq is not None else 0
+
+    def loaded(self) -> list[tuple[Key, ConsumeQueue]]:
         with self._lock:
             return list(self._queues.items())
 
@@ -81,13 +112,43 @@ class ConsumeQueueTable:
         with self._lock:
             doomed = [k for k in self._queues if k[0] == topic]
             queues = [self._queues.pop(k) for k in doomed]
+            self._dirty.difference_update(doomed)
+            for k in doomed:
+                self._floors.pop(k, None)
         for q in queues:
             q.destroy()
         shutil.rmtree(os.path.join(self._root, topic), ignore_errors=True)
 
     def clear_beyond(self, commit_end: int) -> int:
-        """Turn entries past a lost CommitLog tail into holes (``ConsumeQueue.clear_beyond``)."""
-        return sum(q.clear_beyond(commit_end) for _, q in self.all_queues())
+        """Turn entries past a lost CommitLog tail into holes (``ConsumeQueue.clear_beyond``)
+        in every queue on disk (each one loaded).  Returns the entries cleared."""
+        cleared = 0
+        for topic in self._catalogue.list():
+            for qid in range(topic.queue_count):
+                cq = self.existing(topic.name, qid)
+                if cq is not None:
+                    cleared += cq.clear_beyond(commit_end)
+        return cleared
+
+    # ------------------------------------------------------------------ retention
+
+    def expire(self, min_commit_offset: int) -> None:
+        """Retention: expire entries below the CommitLog's low mark and past their topic's
+        ``retention_ms`` in the loaded queues; the others when they load."""
+        self._min_commit_offset = min_commit_offset
+        now_ms = self._now_ms()
+        for key, cq in self.loaded():
+            self._expire_one(key, cq, now_ms)
+
+    def _expire_one(self, key: Key, cq: ConsumeQueue, now_ms: int) -> None:
+        low = self._min_commit_offset
+        if self._floors.get(key, 0) < low:  # a queue already past this low mark is skipped
+            cq.expire(lambda e: e.commit_offset < low)
+            self._floors[key] = low
+        topic = self._catalogue.get(key[0])
+        if topic is not None and topic.retention_ms > 0:
+            horizon = now_ms - topic.retention_ms
+            cq.expire(lambda e: _stored_before(e, horizon))
 
     # ------------------------------------------------------------ DispatchHandler
 
@@ -102,7 +163,7 @@ class ConsumeQueueTable:
             self._position = self._pending_position = offset
 
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
-        grouped: dict[tuple[str, int], list[tuple[int, bytes]]] = defaultdict(list)
+        grouped: dict[Key, list[tuple[int, bytes]]] = defaultdict(list)
         since: dict[str, int | None] = {}
         pack = ENTRY.pack
         for (commit_offset, size, flags, qid, qo, store_at_ms, _due, _mid, topic_name, _key,
@@ -117,20 +178,67 @@ class ConsumeQueueTable:
                 continue  # an unknown topic, or an older topic of the same name
             grouped[(topic_name, qid)].append(
                 (qo, pack(commit_offset, size, tag_hash(tag), store_at_ms)))
-        for (topic_name, qid), entries in grouped.items():
-            self.queue(topic_name, qid).put_many(entries)
+        for key, entries in grouped.items():
+            self.queue(*key).put_many(entries)
         if grouped:
+            self._dirty.update(grouped)
             crashpoint("consumequeue.after_write")
         self._pending_position = end_offset
 
     def flush(self) -> None:
-        for _, q in self.all_queues():
-            q.flush()
+        dirty, self._dirty = self._dirty, set()
+        for key in dirty:
+            cq = self._queues.get(key)
+            if cq is not None:
+                cq.flush()
         if self._pending_position != self._position:
             self._checkpoint.write(self._pending_position)
             crashpoint("consumequeue.checkpoint")
             self._position = self._pending_position
 
+    def statistics(self) -> FileCacheStats:
+        """The queue files' descriptor cache."""
+        return self.files.statistics()
+
     def close(self) -> None:
-        for _, q in self.all_queues():
-            q.close()
+        self.files.close()
+
+
+def _stored_before(entry: CqEntry, horizon_ms: int) -> bool:
+    return entry.store_at_ms < horizon_ms
+
+
+def lost_tail_reason(end: int, end_before: int, fsynced: int | None, cq_position: int,
+                     flush_sync: bool) -> str:
+    """Why entries may point past the recovered CommitLog end ``end`` (empty: they cannot,
+    and ``clear_beyond`` need not walk every queue).
+
+    A dispatcher sees a batch only once the CommitLog confirmed it: fsynced with
+    ``flush=sync``, written with ``flush=async``.  Written data outlives a kill -9 (it is
+    in the page cache) and fsynced data outlives a power cut, so an entry can point past
+    the recovered end only if recovery cut the log (``end < end_before``: a torn tail,
+    or a cut made from outside), if data the CommitLog's checkpoint says was fsynced is
+    gone (``fsynced``), if the ConsumeQueue's checkpoint is past the end, or, with
+    ``flush=async``, after a power cut, which leaves no trace: always walk then."""
+    if not flush_sync:
+        return "flush=async (a power cut may have taken dispatched records)"
+    if end < end_before:
+        return f"recovery cut the log from {end_before} to {end}"
+    if fsynced is not None and end < fsynced:
+        return f"the log ends at {end} but its checkpoint says {fsynced} was fsynced"
+    if cq_position > end:
+        return f"the consume-queue checkpoint {cq_position} is past the log end {end}"
+    return ""
+
+
+class NextOffsets(dict[Key, int]):
+    """The next queue offset per (topic, queue) (``MessageStore._prepare``): a queue not
+    sent to since the start takes its end on disk, read (the queue loaded) the first time
+    it is needed."""
+
+    def __init__(self, queues: ConsumeQueueTable) -> None:
+        super().__init__()
+        self._queues = queues
+
+    def __missing__(self, key: Key) -> int:
+        return self._queues.next_offset(*key)

@@ -9,12 +9,14 @@ Data directory layout::
     <data_dir>/index/          RocksDB key/message-id index (store.index)
     <data_dir>/topics.json     topic catalogue (store.topics)
 
-Start-up order: recover the CommitLog (truncate a torn tail, skip damaged records) -> turn
-ConsumeQueue entries past its end into holes (queue offsets are never given out twice) ->
-rewind every reader of the log (dispatch handlers, ``add_log_reader``s) that is past the
-end or inside a record, durably -> replay the CommitLog into every dispatcher from its
-checkpoint -> move each queue's low mark past what local retention deleted -> take the
-next queue offsets from the ConsumeQueues -> accept writes.
+Start-up order: size the open-file budget (``store.openfiles``: fail now if RLIMIT_NOFILE
+is too low) -> recover the CommitLog (truncate a torn tail, skip damaged records) -> if it
+lost anything a dispatcher may have seen (``queues.lost_tail_reason``), turn ConsumeQueue
+entries past its end into holes (queue offsets are never given out twice) -> rewind every
+reader of the log (dispatch handlers, ``add_log_reader``s) that is past the end or inside
+a record, durably -> replay the CommitLog into every dispatcher from its checkpoint ->
+accept writes.  No other step reads every queue: a queue is loaded on first use, and its
+low mark (local retention) and next queue offset are taken then (``store.queues``).
 
 A damaged record (``DamagedRecord``) costs that record only: reads raise it for that
 record (``read_messages_skipping`` returns it in its place), the dispatchers skip it, and
@@ -36,9 +38,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from store.checkpoint import OffsetCheckpoint
 from store.clock import Clock
 from store.commitlog import CommitLog, CommitLogStats
-from store.consumequeue import ConsumeQueue, CqEntry
+from store.consumequeue import CqEntry
 from store.disk import unless_full
 from store.dispatcher import Dispatcher, DispatchHandler, LogReader
 from store.errors import DamagedRecord, StoreError, TopicNotFound
@@ -59,7 +62,8 @@ from store.message import (
     reframe_record,
     validate_message_fields,
 )
-from store.queues import ConsumeQueueTable
+from store.openfiles import plan_open_files
+from store.queues import ConsumeQueueTable, NextOffsets, lost_tail_reason
 from store.reader import RecordReader
 from store.topics import Topic, TopicCatalogue
 
@@ -79,6 +83,8 @@ class StoreConfig:
     retention_ms: int = 72 * 3600 * 1000
     retention_bytes: int = 0  # 0: no size limit
     node_id: int = 0
+    max_open_files: int = 0  # ConsumeQueue file descriptors kept open (LRU); 0: derived
+    #                          from RLIMIT_NOFILE (store.openfiles)
     dedupe_window_ms: int = 24 * 3600 * 1000  # a client-chosen id sent again (same topic) within
     #                                           this is dropped (0: never)
     disk_max_used_ratio: float = 0.90  # client sends are refused at or above this use of
@@ -95,6 +101,7 @@ class StoreStats:
     dispatched_offset: int
     messages_appended: int
     damaged_records: int  # distinct damaged CommitLog records seen (recovery, dispatch, reads)
+    cq_files_open: int  # ConsumeQueue descriptors open now (at most store.max_open_files)
 
 
 class MessageStore:
@@ -104,19 +111,20 @@ class MessageStore:
         self.config = config
         self.clock = clock
         os.makedirs(config.data_dir, exist_ok=True)
+        self._log_dir = log_dir = os.path.join(config.data_dir, "commitlog")
+        self.open_files = plan_open_files(config.max_open_files, log_dir)
         self.topics = TopicCatalogue(os.path.join(config.data_dir, "topics.json"))
-        self.commitlog = CommitLog(
-            os.path.join(config.data_dir, "commitlog"), clock, config.segment_bytes,
-            config.flush == "sync", config.flush_interval_ms,
-        )
-        self.queues = ConsumeQueueTable(config.data_dir, self.topics, config.cq_entries_per_file)
+        self.commitlog = CommitLog(log_dir, clock, config.segment_bytes,
+                                   config.flush == "sync", config.flush_interval_ms)
+        self.queues = ConsumeQueueTable(config.data_dir, self.topics, config.cq_entries_per_file,
+                                        self.open_files.cq_files, clock.now_ms)
         self.index = KeyIndex(os.path.join(config.data_dir, "index"))
         self._extra_handlers: list[DispatchHandler] = []
         self._log_readers: list[LogReader] = []
         self._retention_guards: list[Callable[[], int]] = []
         self.dispatcher: Dispatcher | None = None
         self.ids = MessageIdFormat(config.node_id)
-        self._next_queue_offset: dict[tuple[str, int], int] = {}
+        self._next_queue_offset = NextOffsets(self.queues)
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._appended = 0
         self._topic_lock = threading.Lock()
@@ -146,11 +154,17 @@ class MessageStore:
             self._rewind(reader)
 
     def open(self) -> None:
+        end_before, fsynced = _log_end_on_disk(self._log_dir), self._fsynced_end()
         end = self.commitlog.open()
-        cleared = self.queues.clear_beyond(end)
-        if cleared:
-            log.warning("%d consume-queue entries pointed past the recovered log end %d: "
-                        "now holes, so their queue offsets are not given out again", cleared, end)
+        why = lost_tail_reason(end, end_before, fsynced, self.queues.position(),
+                               self.config.flush == "sync")
+        if why:
+            log.info("checking every consume queue for entries past the log end: %s", why)
+            cleared = self.queues.clear_beyond(end)
+            if cleared:
+                log.warning("%d consume-queue entries pointed past the recovered log end %d: "
+                            "now holes, so their queue offsets are not given out again",
+                            cleared, end)
         handlers: list[DispatchHandler] = [self.queues, self.index, *self._extra_handlers]
         for reader in (*handlers, *self._log_readers):
             self._rewind(reader)
@@ -160,9 +174,12 @@ class MessageStore:
         replayed_from = self.dispatcher.dispatched_offset
         self.dispatcher.catch_up()
         log.info("store open: commitlog end %d, replayed %d bytes", end, end - replayed_from)
-        self._trim_queues(self.commitlog.min_offset)  # a low mark is not kept on disk
-        self._apply_topic_retention()
-        self._next_queue_offset = self.queues.max_offsets()
+        self.queues.expire(self.commitlog.min_offset)  # applied to each queue as it loads
+        self._next_queue_offset.clear()  # taken from each queue's end on first use
+
+    def _fsynced_end(self) -> int | None:
+        """What the CommitLog's checkpoint says was fsynced, read before recovery."""
+        return OffsetCheckpoint(os.path.join(self._log_dir, "checkpoint")).read()
 
     def _rewind(self, reader: LogReader) -> None:
         """Move ``reader`` back to a record boundary at or before the recovered end."""
@@ -267,7 +284,7 @@ class MessageStore:
             qo = 0
             if not flags & FLAG_DELAYED:
                 slot = (name, qid)
-                qo = next_qo.get(slot, 0)
+                qo = next_qo[slot]  # the queue's end on disk the first time (_NextOffsets)
                 next_qo[slot] = qo + 1
             if mid:
                 flags |= FLAG_FOREIGN_ID
@@ -383,68 +400,28 @@ class MessageStore:
             if end > safe or not (too_old or too_big or force):
                 break
             freed += self.commitlog.delete_oldest_segment()
-        if freed:
-            self._trim_queues(self.commitlog.min_offset)
-        self._apply_topic_retention()
+        self.queues.expire(self.commitlog.min_offset)  # and each topic's retention_ms
         return freed
 
-    def _trim_queues(self, min_commit_offset: int) -> None:
-        for _, cq in self.queues.all_queues():
-            _expire_entries(cq, lambda e: e.commit_offset < min_commit_offset)
-
-    def _apply_topic_retention(self) -> None:
-        now = self.clock.now_ms()
-        for topic in self.topics.list():
-            if topic.retention_ms <= 0:
-                continue
-            horizon = now - topic.retention_ms
-            for qid in range(topic.queue_count):
-                cq = self.queues.existing(topic.name, qid)
-                if cq is not None:
-                    _expire_entries(cq, partial(_stored_before, horizon))
-
     def statistics(self) -> StoreStats:
-        queues = self.queues.all_queues()
         return StoreStats(
             commitlog=self.commitlog.statistics(),
             topics=len(self.topics.list()),
-            queues=len(queues),
+            queues=sum(t.queue_count for t in self.topics.list()),
             dispatched_offset=self.dispatcher.dispatched_offset if self.dispatcher else 0,
             messages_appended=self._appended,
             damaged_records=self.commitlog.damaged_records,
+            cq_files_open=self.queues.statistics().open_files,
         )
 
     def require_topic(self, name: str) -> Topic:
         return self.topics.require(name)
 
 
-def _expire_entries(cq: ConsumeQueue, expired: Callable[[CqEntry], bool]) -> None:
-    """Move the queue's low mark past the (sorted) prefix of expired entries; drop files.
-    A hole counts as the first entry after it that is not one (none: not expired)."""
-    lo, hi = cq.min_offset, cq.max_offset
-    while lo < hi:
-        mid = (lo + hi) // 2
-        e = _first_entry(cq, mid, hi)
-        if e is not None and expired(e):
-            lo = mid + 1
-        else:
-            hi = mid
-    cq.set_min_offset(lo)
-    cq.delete_files_before(lo)
-
-
-def _first_entry(cq: ConsumeQueue, queue_offset: int, end: int) -> CqEntry | None:
-    """The first entry at or after ``queue_offset`` (below ``end``) that is not a hole."""
-    while queue_offset < end:
-        entries = cq.get(queue_offset, min(end - queue_offset, 256))
-        if not entries:
-            return None
-        for e in entries:
-            if not e.is_hole:
-                return e
-        queue_offset = entries[-1].queue_offset + 1
-    return None
-
-
-def _stored_before(horizon_ms: int, entry: CqEntry) -> bool:
-    return entry.store_at_ms < horizon_ms
+def _log_end_on_disk(log_dir: str) -> int:
+    """Where the newest CommitLog segment ends before recovery looks at it (0: none)."""
+    try:
+        newest = max(n for n in os.listdir(log_dir) if n.endswith(".log"))
+    except (FileNotFoundError, ValueError):
+        return 0
+    return int(newest[:-4]) + os.stat(os.path.join(log_dir, newest)).st_size
