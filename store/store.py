@@ -7,7 +7,7 @@ Data directory layout::
     <data_dir>/consumequeue/   one folder per topic/queue (store.consumequeue)
     <data_dir>/checkpoint/     dispatcher checkpoints
     <data_dir>/index/          RocksDB key/message-id index (store.index)
-    <data_dir>/topics.json     topic catalogue (store.topics)
+    <data_dir>/topics.log      topic catalogue (store.topics, store.topiclog)
 
 Start-up order: size the open-file budget (``store.openfiles``: fail now if RLIMIT_NOFILE
 is too low) -> recover the CommitLog (truncate a torn tail, skip damaged records) -> if it
@@ -30,7 +30,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import threading
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -65,7 +64,7 @@ from store.message import (
 from store.openfiles import plan_open_files
 from store.queues import ConsumeQueueTable, NextOffsets, lost_tail_reason
 from store.reader import RecordReader
-from store.topics import Topic, TopicCatalogue
+from store.topics import Topic, TopicCatalogue, TopicChanges
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +112,7 @@ class MessageStore:
         os.makedirs(config.data_dir, exist_ok=True)
         self._log_dir = log_dir = os.path.join(config.data_dir, "commitlog")
         self.open_files = plan_open_files(config.max_open_files, log_dir)
-        self.topics = TopicCatalogue(os.path.join(config.data_dir, "topics.json"))
+        self.topics = TopicCatalogue(config.data_dir)
         self.commitlog = CommitLog(log_dir, clock, config.segment_bytes,
                                    config.flush == "sync", config.flush_interval_ms)
         self.queues = ConsumeQueueTable(config.data_dir, self.topics, config.cq_entries_per_file,
@@ -127,7 +126,7 @@ class MessageStore:
         self._next_queue_offset = NextOffsets(self.queues)
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._appended = 0
-        self._topic_lock = threading.Lock()
+        self._topic_changes = TopicChanges()
         self._stopped = False
         # no record is bigger than its body and 1 MiB (properties, strings)
         self.reader = RecordReader(self.commitlog, config.max_body_bytes + (1 << 20))
@@ -211,11 +210,13 @@ class MessageStore:
         self.commitlog.close()
         self.queues.close()
         self.index.close()
+        self.topics.close()
 
     # ------------------------------------------------------------------ topics
 
     def create_topic(self, topic: Topic) -> tuple[Topic, bool]:
-        with self._topic_lock:
+        """Create ``topic``; returns once it is durable (concurrent creates share a sync)."""
+        with self._topic_changes.of(topic.name):
             return self.topics.create(
                 Topic(topic.name, topic.queue_count, topic.retention_ms, topic.retention_bytes,
                       since_offset=self.commitlog.confirmed_offset,
@@ -224,7 +225,7 @@ class MessageStore:
             )
 
     def delete_topic(self, name: str) -> None:
-        with self._topic_lock:
+        with self._topic_changes.of(name):
             self.topics.delete(name)
             self.queues.drop_topic(name)
             for slot in list(self._next_queue_offset):
@@ -406,7 +407,7 @@ class MessageStore:
     def statistics(self) -> StoreStats:
         return StoreStats(
             commitlog=self.commitlog.statistics(),
-            topics=len(self.topics.list()),
+            topics=self.topics.count(),
             queues=sum(t.queue_count for t in self.topics.list()),
             dispatched_offset=self.dispatcher.dispatched_offset if self.dispatcher else 0,
             messages_appended=self._appended,
