@@ -42,6 +42,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from chronomq.broker import Broker
+from chronomq.handlers import Metadata, one_header
 from chronomq.notify import ArrivalNotifier
 from chronomq.rocketmq_pb import definition as rd
 from chronomq.rocketmq_pb import service as rs
@@ -693,39 +694,26 @@ def _message(p: PoppedMessage, queue: Any, invisible_s: int) -> Any:
                       user_properties=props, system_properties=sp, body=m.body)
 
 
-class AccessKeyAuth(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Checks the RocketMQ clients' request signature: ``authorization: MQv2-HMAC-SHA1
-    Credential=<access key>, SignedHeaders=x-mq-date-time, Signature=<hex HMAC-SHA1 of the
-    x-mq-date-time header under the secret key>``."""
+class AccessKeyAuth:
+    """Checks the RocketMQ clients' request signature: exactly one ``authorization:
+    MQv2-HMAC-SHA1 Credential=<access key>, SignedHeaders=x-mq-date-time, Signature=<hex
+    HMAC-SHA1 of the x-mq-date-time header under the secret key>`` (constant-time)."""
 
     def __init__(self, access_key: str, secret_key: str) -> None:
         self._access_key = access_key
         self._secret = secret_key.encode()
 
-        def deny(request: Any, context: grpc.ServicerContext) -> None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong RocketMQ credentials (access key / secret key)")
-
-        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
-        self._deny_stream_in = grpc.stream_stream_rpc_method_handler(deny)
-        self._deny_stream_out = grpc.unary_stream_rpc_method_handler(deny)
-
-    def signed(self, metadata: Iterable[tuple[str, str]]) -> bool:
-        headers = dict(metadata)
+    def signed(self, metadata: Metadata) -> bool:
+        auth = one_header(metadata, "authorization")
+        date = one_header(metadata, "x-mq-date-time")
+        if auth is None or date is None:
+            return False
         fields = {}
-        for part in headers.get("authorization", "").removeprefix("MQv2-HMAC-SHA1 ").split(","):
+        for part in auth.removeprefix("MQv2-HMAC-SHA1 ").split(","):
             name, _, value = part.strip().partition("=")
             fields[name] = value
-        expected = hmac.new(self._secret, headers.get("x-mq-date-time", "").encode(),
-                            hashlib.sha1).hexdigest()
-        return (hmac.compare_digest(fields.get("Credential", ""), self._access_key)
-                and hmac.compare_digest(fields.get("Signature", "").lower(), expected))
-
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        if self.signed(details.invocation_metadata or ()):
-            return continuation(details)
-        if details.method.endswith("/Telemetry"):
-            return self._deny_stream_in
-        if details.method.endswith(("/ReceiveMessage", "/PullMessage")):
-            return self._deny_stream_out
-        return self._deny_unary
+        expected = hmac.new(self._secret, date.encode(), hashlib.sha1).hexdigest()
+        return (hmac.compare_digest(fields.get("Credential", "").encode(),
+                                    self._access_key.encode())
+                and hmac.compare_digest(fields.get("Signature", "").lower().encode(),
+                                        expected.encode()))

@@ -21,10 +21,11 @@ from grpc_reflection.v1alpha import reflection
 
 from chronomq.broker import Broker
 from chronomq.config import BrokerConfig
+from chronomq.handlers import add_service, bearer
 from chronomq.metrics import start_metrics
 from chronomq.notify import ArrivalNotifier
 from chronomq.servicer import BrokerServicer
-from chronomq.v1 import broker_pb2, broker_pb2_grpc
+from chronomq.v1 import broker_pb2
 from pop.service import origin_of
 from store import crashpoint
 from store.clock import Clock, SystemClock
@@ -36,34 +37,10 @@ _OPEN_METHODS = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 MAX_MESSAGE_BYTES = 64 << 20
 
 
-class BearerAuth(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Rejects calls without ``authorization: Bearer <token>`` (health and reflection
-    stay open so probes and grpcurl's listing work)."""
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}"
-
-        def deny(request: Any, context: grpc.ServicerContext) -> None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token (metadata 'authorization')")
-
-        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
-        self._deny_stream = grpc.stream_stream_rpc_method_handler(deny)
-
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        if details.method.startswith(_OPEN_METHODS):
-            return continuation(details)
-        for key, value in details.invocation_metadata or ():
-            if key == "authorization" and value == self._expected:
-                return continuation(details)
-        return self._deny_stream if details.method.endswith("Stream") else self._deny_unary
-
-
-def _grpc_server(workers: int, thread_prefix: str, max_rpcs: int,
-                 interceptors: list[Any]) -> grpc.Server:
+def _grpc_server(workers: int, thread_prefix: str, max_rpcs: int) -> grpc.Server:
     return grpc.server(
         ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_prefix),
-        interceptors=interceptors, maximum_concurrent_rpcs=max_rpcs,
+        maximum_concurrent_rpcs=max_rpcs,
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.so_reuseport", 0)])
@@ -100,10 +77,10 @@ class BrokerServer:
         dispatcher.add_listener(self._on_dispatched)
         self.broker.start(timer_thread=self.background)
         self.servicer = BrokerServicer(self.broker, self.notifier, self.config.pop.max_wait_ms)
-        server = _grpc_server(cfg.worker_threads, "rpc", cfg.max_concurrent_rpcs,
-                              [BearerAuth(cfg.auth_token)] if cfg.auth_token else [])
-        broker_pb2_grpc.add_BrokerServicer_to_server(  # type: ignore[no-untyped-call]
-            self.servicer, server)
+        server = _grpc_server(cfg.worker_threads, "rpc", cfg.max_concurrent_rpcs)
+        add_service(server, self.servicer, broker_pb2.DESCRIPTOR.services_by_name["Broker"],
+                    bearer(cfg.auth_token) if cfg.auth_token else None,
+                    "missing or wrong bearer token (metadata 'authorization')")
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         names = (broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name,
@@ -127,6 +104,8 @@ class BrokerServer:
                                 id="timer-flat-write",
                                 seconds=min(self.config.timer.flat_batch_ms, 1000) / 1000 or 0.1,
                                 max_instances=1, coalesce=True)
+        self._scheduler.add_job(self.broker.watch_disk, "interval", id="disk", seconds=1,
+                                max_instances=1, coalesce=True)
         if self.rocketmq is not None and self.background:
             self._scheduler.add_job(self.rocketmq.renew_leases, "interval",
                                     id="rocketmq-renew", seconds=1, max_instances=1,
@@ -141,18 +120,19 @@ class BrokerServer:
     def _start_rocketmq(self) -> None:
         """The RocketMQ 5 front on a port of its own (imported only when enabled)."""
         from chronomq.rocketmq_front import AccessKeyAuth, RocketMQServicer
-        from chronomq.rocketmq_pb import service_grpc as rs_grpc
+        from chronomq.rocketmq_pb import service as rs
 
         cfg = self.config.rocketmq
         host = cfg.host or self.config.server.host
-        server = _grpc_server(
-            cfg.worker_threads, "rmq", cfg.max_concurrent_rpcs,
-            [AccessKeyAuth(cfg.access_key, cfg.secret_key)] if cfg.access_key else [])
+        server = _grpc_server(cfg.worker_threads, "rmq", cfg.max_concurrent_rpcs)
         self.rocketmq_port = self._bind(server, host, cfg.port)
         self.rocketmq = RocketMQServicer(
             self.broker, self.notifier, self.config.pop.max_wait_ms,
             cfg.advertise_address or f"{host}:{self.rocketmq_port}")
-        rs_grpc.add_MessagingServiceServicer_to_server(self.rocketmq, server)
+        add_service(server, self.rocketmq, rs.DESCRIPTOR.services_by_name["MessagingService"],
+                    AccessKeyAuth(cfg.access_key, cfg.secret_key).signed
+                    if cfg.access_key else None,
+                    "missing or wrong RocketMQ credentials (access key / secret key)")
         assert self.servicer is not None
         self.servicer.more_figures.append(self.rocketmq.figures)
         server.start()
