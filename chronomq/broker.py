@@ -74,7 +74,9 @@ def make_provider(config: BrokerConfig) -> Provider:
         return S3Provider(S3Settings(
             bucket=tier.s3_bucket, prefix=tier.s3_prefix, endpoint_url=tier.s3_endpoint_url,
             region=tier.s3_region, access_key_id=tier.s3_access_key_id,
-            secret_access_key=tier.s3_secret_access_key))
+            secret_access_key=tier.s3_secret_access_key,
+            connect_timeout_s=tier.s3_connect_timeout_s, read_timeout_s=tier.s3_read_timeout_s,
+            max_attempts=tier.s3_max_attempts))
     if tier.provider == "memory":
         return MemoryProvider()
     return LocalProvider(config.tier_local_dir())

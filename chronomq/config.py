@@ -90,6 +90,9 @@ class TierConfig:
     s3_region: str = "us-east-1"
     s3_access_key_id: str = ""
     s3_secret_access_key: str = ""
+    s3_connect_timeout_s: float = 5.0  # every S3 request: to open a connection ...
+    s3_read_timeout_s: float = 10.0  # ... each wait for an answer's bytes ...
+    s3_max_attempts: int = 3  # ... and attempts in all (the first included)
     upload: bool = False  # copy every topic queue to the tier (the tiered message store)
     upload_batch_bytes: int = 4 << 20  # a queue's buffer goes up at this size ...
     upload_batch_ms: int = 5000  # ... or this age
@@ -166,6 +169,11 @@ class BrokerConfig:
             raise InvalidArgument("tier.provider must be 'local', 's3' or 'memory'")
         if self.tier.provider == "s3" and not self.tier.s3_bucket:
             raise InvalidArgument("tier.provider = 's3' needs tier.s3_bucket")
+        if min(self.tier.s3_connect_timeout_s, self.tier.s3_read_timeout_s,
+               self.tier.s3_max_attempts, self.tier.upload_timeout_s) <= 0:
+            raise InvalidArgument("tier.s3_connect_timeout_s, tier.s3_read_timeout_s, "
+                                  "tier.s3_max_attempts and tier.upload_timeout_s must be "
+                                  "positive")
         r = self.rocketmq
         if bool(r.access_key) != bool(r.secret_key):
             raise InvalidArgument("set both rocketmq.access_key and rocketmq.secret_key")

@@ -5,6 +5,13 @@ read = 1 ranged GET, write = 1 PUT (atomic per object), delete = 1 DELETE, list 
 per 1,000 keys.  botocore errors are wrapped: a missing key is ``TierNotFound``, a
 connection failure, throttling or 5xx is ``TierUnavailable``.  Thread-safe (a boto3
 client is).
+
+Every request is bounded: ``connect_timeout_s`` to open a connection, ``read_timeout_s``
+for each wait on the socket (an S3 that accepts a request and never answers), and at most
+``max_attempts`` attempts in all (botocore's ``standard`` retry mode: connection errors,
+time-outs, throttling and 5xx are retried with jittered exponential back-off).  So one
+call against a stalled S3 gives up after about ``max_attempts`` x ``read_timeout_s``; the
+tiered dispatcher bounds its own wait further (``upload_timeout_s``).
 """
 
 from __future__ import annotations
@@ -33,7 +40,11 @@ class S3Settings:
     region: str = "us-east-1"
     access_key_id: str = ""  # empty: boto3's usual credential chain
     secret_access_key: str = ""
-    timeout_s: float = 10.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 10.0  # each wait for bytes on the socket
+    max_attempts: int = 3  # in all, the first included
+    max_pool_connections: int = 32  # the tier's uploader and reader threads at once
+    timeout_s: float = 0.0  # when set: both time-outs (the older single setting)
 
 
 @contextmanager
@@ -51,16 +62,23 @@ def _wrapped(path: str) -> Iterator[None]:
         raise TierUnavailable(f"S3 cannot be reached for {path}: {exc}") from exc
 
 
+def client_config(settings: S3Settings) -> Config:
+    """The botocore configuration: explicit time-outs and attempts (``total_max_attempts``
+    counts the first attempt; botocore's ``max_attempts`` key would count retries only)."""
+    return Config(connect_timeout=settings.timeout_s or settings.connect_timeout_s,
+                  read_timeout=settings.timeout_s or settings.read_timeout_s,
+                  retries={"total_max_attempts": settings.max_attempts, "mode": "standard"},
+                  max_pool_connections=settings.max_pool_connections)
+
+
 class S3Provider:
     name = "s3"
 
     def __init__(self, settings: S3Settings) -> None:
         self.settings = settings
-        kwargs: dict[str, Any] = {
-            "region_name": settings.region,
-            "config": Config(connect_timeout=settings.timeout_s, read_timeout=settings.timeout_s,
-                             retries={"max_attempts": 3, "mode": "standard"}),
-        }
+        if settings.max_attempts < 1:
+            raise TierError("S3 max_attempts must be at least 1 (the first attempt)")
+        kwargs: dict[str, Any] = {"region_name": settings.region, "config": client_config(settings)}
         if settings.endpoint_url:
             kwargs["endpoint_url"] = settings.endpoint_url
         if settings.access_key_id:
