@@ -71,6 +71,7 @@ from store.message import (
     MAX_KEY_BYTES,
     MAX_PROPERTIES_BYTES,
     MAX_TAG_BYTES,
+    MAX_TIME_MS,
     Draft,
     Message,
     encode_properties,
@@ -129,6 +130,23 @@ def _code_of(exc: BaseException) -> int:
     if isinstance(exc, ChronomqError):
         return int(Code.INTERNAL_SERVER_ERROR)
     return int(Code.INTERNAL_ERROR)
+
+
+def _inflate(body: bytes, limit: int) -> bytes:
+    """A GZIP body inflated, stopping (refused) as soon as it passes ``limit`` bytes: a
+    compression bomb costs at most ``limit`` bytes of memory."""
+    d = zlib.decompressobj(zlib.MAX_WBITS | 32)
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise _Refused(Code.MESSAGE_CORRUPTED,
+                       f"the body is marked GZIP but does not inflate: {exc}") from exc
+    if len(out) > limit:
+        raise _Refused(Code.MESSAGE_BODY_TOO_LARGE,
+                       f"the body inflates to over {limit} bytes (store.max_body_bytes)")
+    if not d.eof:
+        raise _Refused(Code.MESSAGE_CORRUPTED, "the body is marked GZIP but is cut short")
+    return out
 
 
 def _summary(statuses: list[Any]) -> Any:
@@ -348,16 +366,12 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                            f"{kind} messages are not supported by chronomq; send NORMAL or "
                            "DELAY messages")
         topic = self._topic(m.topic.name)
+        limit = self._broker.config.store.max_body_bytes
         body = bytes(m.body)
         if sp.body_encoding == rd.GZIP:
-            try:
-                body = zlib.decompress(body, zlib.MAX_WBITS | 32)
-            except zlib.error as exc:
-                raise _Refused(Code.MESSAGE_CORRUPTED,
-                               f"the body is marked GZIP but does not inflate: {exc}") from exc
+            body = _inflate(body, limit)
         if not body:
             raise _Refused(Code.MESSAGE_BODY_EMPTY, "the message body is empty")
-        limit = self._broker.config.store.max_body_bytes
         if len(body) > limit:
             raise _Refused(Code.MESSAGE_BODY_TOO_LARGE,
                            f"the body is {len(body)} bytes, over the maximum of {limit} "
@@ -393,6 +407,8 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         except InvalidArgument as exc:
             raise _Refused(Code.MESSAGE_PROPERTIES_TOO_LARGE, str(exc)) from exc
         born = timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else now
+        if not 0 <= born < MAX_TIME_MS:
+            raise _Refused(Code.BAD_REQUEST, f"born_timestamp is out of range ({born} ms)")
         draft = Draft(sp.message_id, topic.name, keys[0] if keys else "", sp.tag, body,
                       encoded, born or now, due, flags)
         try:

@@ -55,6 +55,7 @@ MAX_TOPIC_BYTES = 255
 MAX_KEY_BYTES = 1024
 MAX_TAG_BYTES = 255
 MAX_PROPERTIES_BYTES = 64 << 10  # a producer's properties, encoded
+MAX_TIME_MS = 1 << 63  # times are u64 ms in a record; every time must be below this
 
 
 @dataclass(slots=True)
@@ -255,6 +256,14 @@ def validate_message_fields(
         raise InvalidArgument(f"tag longer than {MAX_TAG_BYTES} bytes")
     if message_id:
         validate_message_id(message_id)
+
+
+def validate_times(born_at_ms: int, deliver_at_ms: int) -> None:
+    """Raise ``InvalidArgument`` for a time a record cannot hold (u64 ms since the epoch,
+    below 2**63)."""
+    for name, ms in (("born time", born_at_ms), ("delivery time", deliver_at_ms)):
+        if not 0 <= ms < MAX_TIME_MS:
+            raise InvalidArgument(f"{name} {ms} ms is out of range")
 
 
 def validate_message_id(message_id: str) -> None:

@@ -60,6 +60,7 @@ from store.message import (
     record_size_at,
     reframe_record,
     validate_message_fields,
+    validate_times,
 )
 from store.openfiles import plan_open_files
 from store.queues import ConsumeQueueTable, NextOffsets, lost_tail_reason
@@ -238,6 +239,7 @@ class MessageStore:
         """Raise ``InvalidArgument``/``TopicNotFound`` for a message that cannot be stored."""
         validate_message_fields(m.topic, m.key, m.tag, m.body, m.message_id,
                                 self.config.max_body_bytes)
+        validate_times(m.born_at_ms, m.deliver_at_ms)
         if self.topics.get(m.topic) is None:
             if not self.config.auto_create_topics:
                 raise TopicNotFound(m.topic)
