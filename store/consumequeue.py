@@ -60,15 +60,17 @@ class CqEntry:
 class ConsumeQueue:
     """One topic/queue's entries.  Writer: the dispatcher thread; readers: any thread."""
 
-    def __init__(self, directory: str, files: FileCache,
-                 entries_per_file: int = 300_000) -> None:
+    def __init__(self, directory: str, files: FileCache, entries_per_file: int = 300_000,
+                 create: bool = True) -> None:
+        """``create``: make the folder if it is missing (else it must exist)."""
         self._dir = directory
         self._files = files
         self._per_file = entries_per_file
         self._bases: list[int] = []  # first queue offset of each file, ascending
         self._lock = threading.Lock()  # _bases
         self._dirty: set[int] = set()
-        os.makedirs(directory, exist_ok=True)
+        if create:
+            os.makedirs(directory, exist_ok=True)
         self.min_offset = 0
         self.max_offset = 0  # one past the last entry
         self._load()
@@ -128,6 +130,15 @@ class ConsumeQueue:
             CqEntry(queue_offset + i, *ENTRY.unpack_from(data, i * ENTRY.size))
             for i in range(len(data) // ENTRY.size)
         ]
+
+    @property
+    def dirty_files(self) -> int:
+        """Files written since the last flush."""
+        return len(self._dirty)
+
+    def flushed(self) -> None:
+        """Files written so far were made durable some other way (``syncfs``)."""
+        self._dirty = set()
 
     def flush(self) -> None:
         """fsync every file written since the last flush (through the cache: a file it

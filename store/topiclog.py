@@ -62,17 +62,38 @@ def encode_line(record: dict[str, Any]) -> bytes:
 def decode_line(line: bytes) -> dict[str, Any] | None:
     """The record of a whole line (its newline included or not), or None when it fails
     its CRC or is not a JSON object."""
-    line = line.rstrip(b"\n")
-    if len(line) < 10 or line[8:9] != b" ":
+    payload = _checked_payload(line.rstrip(b"\n"))
+    if payload is None:
         return None
-    payload = line[9:]
     try:
-        if int(line[:8], 16) != zlib.crc32(payload):
-            return None
         record = json.loads(payload)
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
+
+
+def _checked_payload(line: bytes) -> bytes | None:
+    """The JSON bytes of a line whose CRC matches them, else None."""
+    if len(line) < 10 or line[8:9] != b" ":
+        return None
+    payload = line[9:]
+    try:
+        return payload if int(line[:8], 16) == zlib.crc32(payload) else None
+    except ValueError:
+        return None
+
+
+def _decode_all(lines: list[bytes]) -> list[dict[str, Any] | None]:
+    """``decode_line`` of every line, with one JSON parse for all of them (the start of a
+    broker with many topics) unless one of them is not JSON."""
+    payloads = [_checked_payload(line) for line in lines]
+    try:
+        parsed = json.loads(b"[" + b",".join(p for p in payloads if p is not None) + b"]")
+    except ValueError:
+        return [decode_line(line) for line in lines]
+    it = iter(parsed)
+    out = [None if p is None else next(it) for p in payloads]
+    return [r if isinstance(r, dict) else None for r in out]
 
 
 def parse(data: bytes, path: str) -> tuple[list[dict[str, Any]], bool]:
@@ -80,7 +101,7 @@ def parse(data: bytes, path: str) -> tuple[list[dict[str, Any]], bool]:
     dropped (a torn tail or a damaged line; see the module docstring)."""
     lines = data.split(b"\n")
     tail = lines.pop()  # after the last newline: empty, or a line cut off
-    decoded = [decode_line(line) for line in lines]
+    decoded = _decode_all(lines)
     last_good = max((i for i, r in enumerate(decoded) if r is not None), default=-1)
     records: list[dict[str, Any]] = []
     for i, record in enumerate(decoded[: last_good + 1]):

@@ -70,11 +70,12 @@ def replay(records: list[dict[str, Any]]) -> dict[str, Topic]:
     a well-formed topic are ignored)."""
     topics: dict[str, Topic] = {}
     for r in records:
-        if r.get("op") == "put" and isinstance(r.get("topic"), dict):
-            t = r["topic"]
-            if set(t) <= _FIELDS and isinstance(t.get("name"), str):
+        op = r.get("op")
+        if op == "put":
+            t = r.get("topic")
+            if isinstance(t, dict) and _FIELDS.issuperset(t) and isinstance(t.get("name"), str):
                 topics[t["name"]] = Topic(**t)
-        elif r.get("op") == "delete" and isinstance(r.get("name"), str):
+        elif op == "delete" and isinstance(r.get("name"), str):
             topics.pop(r["name"], None)
     return topics
 
