@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, *settings: str) -> None:
+    def __init__(self, data_dir: Path, *settings: str, nofile: int | None = None) -> None:
+        """``nofile``: the server runs with RLIMIT_NOFILE set to it (soft and hard), as
+        under ``ulimit -n``."""
         args = [sys.executable, "-m", "chronomq.cli", "serve", "--log-level", "WARNING",
                 "--set", f"store.data_dir={data_dir}", "--set", "server.port=0",
                 "--set", "server.metrics_port=0", *[a for s in settings for a in ("--set", s)]]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                     preexec_fn=None if nofile is None else partial(
+                                         resource.setrlimit, resource.RLIMIT_NOFILE,
+                                         (nofile, nofile)))
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 60
         self.output: list[str] = []
@@ -40,6 +47,8 @@ class ServerProcess:
                 self._drainer.start()
                 return
         self.proc.kill()
+        self.proc.wait(30)  # reaped and its pipe closed: no ResourceWarning later
+        self.proc.stdout.close()
         raise RuntimeError("server did not start:\n" + "".join(self.output))
 
     def _drain(self) -> None:
