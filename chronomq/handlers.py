@@ -11,7 +11,9 @@ on a stream they leave the call half-broken.  Here:
   INVALID_ARGUMENT, after the answers it already gave;
 - the credential check (``allow(metadata)``) runs inside every method, streams included,
   so each kind of call is refused the same way: UNAUTHENTICATED.  Health and reflection
-  are separate services and stay open.
+  are separate services and stay open;
+- a project error (``ChronomqError``) that a servicer method lets out still gets its own
+  status (``chronomq.errors``), never UNKNOWN.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+
+from chronomq.errors import status_of
+from store.errors import ChronomqError
 
 Metadata = Sequence[tuple[str, str | bytes]]
 Allow = Callable[[Metadata], bool]
@@ -95,16 +100,25 @@ def _wrap(method: MethodDescriptor, behavior: Callable[..., Any], allow: Allow |
 
     def unary_in(request: Any, context: grpc.ServicerContext) -> Any:
         check(request, context)
-        return behavior(request, context)
+        try:
+            return behavior(request, context)
+        except ChronomqError as exc:
+            context.abort(status_of(exc), str(exc))
 
     def unary_in_stream_out(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         check(request, context)
-        yield from behavior(request, context)
+        try:
+            yield from behavior(request, context)
+        except ChronomqError as exc:
+            context.abort(status_of(exc), str(exc))
 
     def stream_in(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         check(None, context)
         checked = _Checked(requests)
-        answer = behavior(checked, context)
+        try:
+            answer = behavior(checked, context)
+        except ChronomqError as exc:
+            context.abort(status_of(exc), str(exc))
         check(Malformed(checked.error) if checked.error else None, context)
         return answer
 
@@ -112,7 +126,10 @@ def _wrap(method: MethodDescriptor, behavior: Callable[..., Any], allow: Allow |
                              context: grpc.ServicerContext) -> Iterator[Any]:
         check(None, context)
         checked = _Checked(requests)
-        yield from behavior(checked, context)
+        try:
+            yield from behavior(checked, context)
+        except ChronomqError as exc:
+            context.abort(status_of(exc), str(exc))
         check(Malformed(checked.error) if checked.error else None, context)
 
     parse = _parser(message_factory.GetMessageClass(method.input_type))

@@ -1,0 +1,93 @@
+"""Property-based hostile requests over every RPC of both APIs (``chronomq.v1.Broker`` and
+the RocketMQ 5 ``MessagingService``) against one real server, with the oracles of
+``tests.chronomq.fuzz``: no INTERNAL or UNKNOWN answer, a canary topic's messages never in
+another call's answer and intact afterwards, nothing written or removed outside the data
+dir and the tier, and the server still answering and stopping within its grace period.
+
+``CHRONOMQ_FUZZ_EXAMPLES`` sets the examples per method (CI: 60, a few thousand calls in
+all); ``bench/bench_fuzz.py`` is the long mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chronomq.client import message
+from chronomq.config import PopConfig, RocketMQConfig, TierConfig
+from chronomq.rocketmq_pb import service as rs
+from chronomq.v1 import broker_pb2
+from store.store import StoreConfig
+from tests.chronomq.fuzz import BAD_CODES, Tally, call, frames, tree
+from tests.conftest import RunningServer, broker_config
+
+EXAMPLES = int(os.environ.get("CHRONOMQ_FUZZ_EXAMPLES", "60"))
+CANARY = "canary-7f3a9c"
+SECRET = b"CANARY-7f3a9c-SECRET"
+SERVICES = [broker_pb2.DESCRIPTOR.services_by_name["Broker"],
+            rs.DESCRIPTOR.services_by_name["MessagingService"]]
+
+
+def test_hostile_requests_on_every_rpc_of_both_apis(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("must survive")
+    data, tier = tmp_path / "data", tmp_path / "tier"
+    base = broker_config(data)
+    config = dataclasses.replace(
+        base, pop=PopConfig(max_wait_ms=100),
+        store=StoreConfig(str(data), segment_bytes=1 << 20, max_body_bytes=64 << 10,
+                          auto_create_topics=True),
+        tier=TierConfig(local_dir=str(tier), upload=True, upload_batch_ms=200),
+        rocketmq=RocketMQConfig(enabled=True, host="127.0.0.1", port=0))
+    server = RunningServer(config)
+    before = tree(tmp_path, skip=(data, tier))
+    tally = Tally()
+    try:
+        with server.client() as client:
+            client.create_topic(CANARY, queue_count=2)
+            sent = client.send([message(CANARY, SECRET + b"-%d" % i) for i in range(6)])
+            assert all(o.ok for o in sent)
+        targets = {SERVICES[0].full_name: server.target,
+                   SERVICES[1].full_name: f"127.0.0.1:{server.server.rocketmq_port}"}
+        for service in SERVICES:
+            with grpc.insecure_channel(targets[service.full_name]) as channel:
+                for method in service.methods:
+                    _fuzz(channel, service.full_name, method, tally)
+        assert not tally.defects, "\n".join(tally.defects[:20])
+        with server.client() as client:  # the canary is intact
+            got = []
+            while batch := client.pop(CANARY, "canary-check", max_messages=32):
+                got += [m.body for m in batch]
+            assert sorted(got) == sorted(SECRET + b"-%d" % i for i in range(6))
+            assert client.stats()["store.topics"] >= 1
+    finally:
+        t0 = time.monotonic()
+        server.stop()
+        stop_s = time.monotonic() - t0
+    assert stop_s < config.server.shutdown_grace_s + 5
+    assert tree(tmp_path, skip=(data, tier)) == before  # nothing outside was touched
+    assert sum(tally.statuses.values()) >= EXAMPLES * 20
+    print("\n".join(tally.lines()))
+
+
+def _fuzz(channel: grpc.Channel, service: str, method: object, tally: Tally) -> None:
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def run(data: st.DataObject) -> None:
+        requests = data.draw(frames(method))  # type: ignore[arg-type]
+        answers: list[bytes] = []
+        code = call(channel, service, method, requests, answers,  # type: ignore[arg-type]
+                    timeout_s=0.5)
+        tally.record(f"{service}/{method.name}", code, requests)  # type: ignore[attr-defined]
+        assert code not in BAD_CODES
+        assert not any(SECRET in a for a in answers), "the canary leaked"
+
+    run()
