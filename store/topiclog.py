@@ -40,7 +40,9 @@ import logging
 import os
 import threading
 import zlib
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 from store.errors import StorageIOError, StoreError
 from store.files import fsync_dir
@@ -120,20 +122,27 @@ def parse(data: bytes, path: str) -> tuple[list[dict[str, Any]], bool]:
     return records, torn > 0 or None in decoded
 
 
+class _Sync(NamedTuple):
+    """One fdatasync in progress: it covers every ticket up to ``target``."""
+
+    target: int
+    done: threading.Event
+
+
 class TopicLog:
     """The append-only topic log (see the module docstring).  Thread-safe."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._fd = -1
         self._issued = 0  # tickets handed out: appends that have been written
         self._synced = 0  # every ticket up to this one is durable
-        self._syncing = False
+        self._sync: _Sync | None = None  # the sync running now
         self._failure: str | None = None
         self.records = 0  # records in the file, the header excluded
         self.syncs = 0
-        self.damaged = False  # open() dropped a torn tail or a damaged line
+        self.damaged = False  # read() dropped a torn tail or a damaged line
 
     def read(self) -> list[dict[str, Any]] | None:
         """The records on disk (None: no log yet); sets ``damaged``.  Call before
@@ -155,9 +164,7 @@ class TopicLog:
         far is then durable too (the records hold the state they changed)."""
         data = b"".join(encode_line(r) for r in [HEADER, *records])
         tmp = self.path + ".tmp"
-        with self._cond:
-            while self._syncing:  # its descriptor must stay open until it is done
-                self._cond.wait()
+        with self._idle():  # a running sync's descriptor stays open until it is done
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 try:
@@ -174,12 +181,22 @@ class TopicLog:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
             self.records = len(records)
             self._synced = self._issued
-            self._cond.notify_all()
+
+    @contextmanager
+    def _idle(self) -> Iterator[None]:
+        """Hold the lock with no sync running."""
+        while True:
+            with self._lock:
+                sync = self._sync
+                if sync is None:
+                    yield
+                    return
+            sync.done.wait()
 
     def append(self, records: list[dict[str, Any]]) -> int:
         """Write ``records`` (not synced yet); the ticket to ``wait`` for."""
         data = b"".join(encode_line(r) for r in records)
-        with self._cond:
+        with self._lock:
             if self._failure is not None:
                 raise StorageIOError(self._failure)
             try:
@@ -195,36 +212,43 @@ class TopicLog:
 
     def wait(self, ticket: int) -> None:
         """Return once the append behind ``ticket`` is durable; raises
-        ``StorageIOError`` if a sync failed."""
-        with self._cond:
-            while self._synced < ticket:
+        ``StorageIOError`` if a sync failed.  A waiter sleeps on the one sync that covers
+        its ticket (or on the running one, when the next must cover it), so a sync wakes
+        only the writers it made durable."""
+        while True:
+            with self._lock:
+                if self._synced >= ticket:
+                    return
                 if self._failure is not None:
                     raise StorageIOError(self._failure)
-                if self._syncing:
-                    self._cond.wait()
-                    continue
-                self._syncing = True
-                target, fd = self._issued, self._fd
-                self._cond.release()
-                error = None
-                try:
-                    os.fdatasync(fd)
-                except OSError as exc:
-                    error = exc
-                finally:
-                    self._cond.acquire()
-                    self._syncing = False
-                    if error is None:
-                        self._synced = max(self._synced, target)
-                        self.syncs += 1
-                    else:
-                        self._failure = f"topic log fsync failed: {error}; restart the broker"
-                    self._cond.notify_all()
+                sync = self._sync
+                if sync is None:  # lead: sync for every ticket issued so far
+                    sync = self._sync = _Sync(self._issued, threading.Event())
+                    fd, lead = self._fd, True
+                else:
+                    lead = False
+            if lead:
+                self._run(sync, fd)
+            else:
+                sync.done.wait()
+
+    def _run(self, sync: _Sync, fd: int) -> None:
+        error = None
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            error = exc
+        with self._lock:
+            self._sync = None
+            if error is None:
+                self._synced = max(self._synced, sync.target)
+                self.syncs += 1
+            else:
+                self._failure = f"topic log fsync failed: {error}; restart the broker"
+        sync.done.set()
 
     def close(self) -> None:
-        with self._cond:
-            while self._syncing:
-                self._cond.wait()
+        with self._idle():
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1

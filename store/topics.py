@@ -23,7 +23,7 @@ import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from store.errors import AlreadyExists, InvalidArgument, StoreError, TopicNotFound
@@ -49,7 +49,8 @@ class Topic:
     tier_retention_ms: int = 0  # 0: the broker's default (tier.retention_ms)
 
 
-_FIELDS = frozenset(f.name for f in fields(Topic))
+_FIELD_NAMES = tuple(f.name for f in fields(Topic))
+_FIELDS = frozenset(_FIELD_NAMES)
 
 
 def validate_topic_name(name: str) -> None:
@@ -62,7 +63,7 @@ def validate_topic_name(name: str) -> None:
 
 
 def _put(topic: Topic) -> dict[str, Any]:
-    return {"op": "put", "topic": asdict(topic)}
+    return {"op": "put", "topic": {f: getattr(topic, f) for f in _FIELD_NAMES}}
 
 
 def replay(records: list[dict[str, Any]]) -> dict[str, Topic]:
