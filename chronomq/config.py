@@ -14,6 +14,8 @@ Every duration and size carries its unit in its name.  Example ``chronomq.toml``
     data_dir = "./chronomq-data"
     flush = "sync"               # or "async" (fsync every flush_interval_ms)
     max_body_bytes = 4194304
+    max_open_files = 0           # ConsumeQueue files kept open (least recently used closed
+    #                              first); 0: what RLIMIT_NOFILE leaves, at most 4096
 
     [pop]
     max_messages_cap = 32
