@@ -7,6 +7,8 @@ In process (real files, real RocksDB):
 * A store whose cache holds two files, writing and reading 24 queues: every read and
   append of an evicted queue reopens its file, entries land at their queue offsets,
   and a restart continues each queue where it ended.
+* The open-file budget: the cache takes what RLIMIT_NOFILE leaves (a soft limit below
+  the hard one is raised first); a limit too low names RLIMIT_NOFILE and the value.
 * A clean restart reads no queue; a cut CommitLog tail makes the start walk every queue
   and turn the lost entries into holes.
 * The topic log: a line round-trips and a flipped byte is caught (hypothesis); a torn
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import threading
 import zlib
 from collections.abc import Iterator
@@ -43,9 +46,12 @@ from hypothesis import strategies as st
 from chronomq.client import ChronomqClient, message
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
+from store import openfiles
 from store.clock import SystemClock
+from store.errors import InvalidArgument
 from store.filecache import FileCache
 from store.message import Message
+from store.openfiles import OpenFilesLimit, plan_open_files
 from store.store import MessageStore, StoreConfig
 from store.topiclog import decode_line, encode_line
 from store.topics import LOG_NAME, Topic, TopicCatalogue
@@ -424,3 +430,50 @@ def test_a_topic_answered_ok_survives_kill9(tmp_path: Path) -> None:
         assert set(answered) <= listed, sorted(set(answered) - listed)[:5]
     finally:
         srv.terminate()
+
+
+# ---------------------------------------------------------------- the open-file budget
+
+
+class _Limits:
+    """Stands in for ``resource``'s RLIMIT_NOFILE calls."""
+
+    RLIMIT_NOFILE = resource.RLIMIT_NOFILE
+    RLIM_INFINITY = resource.RLIM_INFINITY
+
+    def __init__(self, soft: int, hard: int) -> None:
+        self.soft, self.hard = soft, hard
+
+    def getrlimit(self, which: int) -> tuple[int, int]:
+        return self.soft, self.hard
+
+    def setrlimit(self, which: int, limits: tuple[int, int]) -> None:
+        assert limits[0] <= self.hard
+        self.soft, self.hard = limits
+
+
+@pytest.fixture
+def limits(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Limits]:
+    fake = _Limits(1024, 1024)
+    monkeypatch.setattr(openfiles, "resource", fake)
+    yield fake
+
+
+def test_the_cache_takes_what_the_limit_leaves(limits: _Limits, tmp_path: Path) -> None:
+    plan = plan_open_files(0, str(tmp_path))
+    assert plan.cq_files == 1024 - plan.reserved and plan.cq_files >= 500
+    limits.soft, limits.hard = 1024, 1 << 20  # a soft limit below the hard one is raised
+    plan = plan_open_files(0, str(tmp_path))
+    assert limits.soft == plan.limit == plan.reserved + openfiles.AUTO_MAX_CQ_FILES
+    assert plan.cq_files == openfiles.AUTO_MAX_CQ_FILES
+
+
+def test_a_limit_too_low_names_rlimit_nofile_and_the_value(limits: _Limits,
+                                                            tmp_path: Path) -> None:
+    with pytest.raises(OpenFilesLimit, match=r"RLIMIT_NOFILE is 1024 .* needs 2\d\d\d open"):
+        plan_open_files(2000, str(tmp_path))
+    limits.soft = limits.hard = 300
+    with pytest.raises(OpenFilesLimit, match=r"ulimit -n \d+"):
+        plan_open_files(0, str(tmp_path))
+    with pytest.raises(InvalidArgument):
+        plan_open_files(-1, str(tmp_path))
