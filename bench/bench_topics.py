@@ -12,8 +12,10 @@ of a Stats answer with 10,000 topics x 4 queues, the broker under ``ulimit -n 10
    file per queue (40,000 with the defaults).
 4. Open files, RSS, the size of a Stats answer; again after one group popped every topic
    (Stats then holds five figures per group and topic).
-5. Restart after SIGTERM and after kill -9, each until it serves again (the process
-   start included), with open files and RSS after each; Pop a sample across the range.
+5. Restart after SIGTERM, after kill -9, and after kill -9 with ``store.flush=async``
+   (whose start walks every queue for entries past the log end), each until it serves
+   again (the process start included), with open files and RSS after each; a new group
+   pops a sample across the range.
 """
 
 from __future__ import annotations
@@ -92,9 +94,9 @@ def _catalogue_alone(directory: Path, topics: int, threads: int = 64) -> float:
     return rate
 
 
-def _start(data: Path, nofile: int) -> tuple[ServerProcess, float]:
+def _start(data: Path, nofile: int, *settings: str) -> tuple[ServerProcess, float]:
     t0 = time.monotonic()
-    srv = ServerProcess(data, nofile=nofile)
+    srv = ServerProcess(data, *settings, nofile=nofile)
     return srv, time.monotonic() - t0
 
 
@@ -155,12 +157,15 @@ def main() -> None:
                   f"({got:,} messages); Stats answer {plain:,} bytes before, "
                   f"{_stats_bytes(stub):,} bytes after (per-group figures for "
                   f"{args.topics:,} topics)")
-        for group, how in (("after-sigterm", "SIGTERM"), ("after-kill", "kill -9")):
+        for group, how, settings in (
+                ("after-sigterm", "SIGTERM", ()), ("after-kill", "kill -9", ()),
+                ("after-kill-async", "kill -9, restarted with flush=async (the start walks "
+                 "every queue for entries past the log end)", ("store.flush=async",))):
             if how == "SIGTERM":
                 srv.terminate()
             else:
                 srv.kill9()
-            srv, start_s = _start(data, args.nofile)
+            srv, start_s = _start(data, args.nofile, *settings)
             fds, rss = _fds(srv.proc.pid), _rss_mb(srv.proc.pid)
             with ChronomqClient(srv.target) as c:
                 sample = names[:: max(1, args.topics // 100)]

@@ -34,7 +34,9 @@ import shutil
 import threading
 import zlib
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 from store.checkpoint import OffsetCheckpoint
 from store.consumequeue import ENTRY, ConsumeQueue, CqEntry
@@ -46,6 +48,7 @@ from store.topics import TopicCatalogue
 
 Key = tuple[str, int]  # (topic, queue id)
 SYNCFS_MIN_FILES = 64
+WALK_THREADS = 8  # clear_beyond: queue files are listed and read by this many threads
 
 
 def tag_hash(tag: str) -> int:
@@ -67,7 +70,9 @@ class ConsumeQueueTable:
         self._now_ms = now_ms
         self.files = FileCache(max_open_files)
         self._queues: dict[Key, ConsumeQueue] = {}
-        self._lock = threading.Lock()  # loading and dropping queues
+        self._lock = threading.Lock()  # the dicts below
+        self._lock_free = threading.Condition(self._lock)
+        self._busy: set[Key] = set()  # being loaded now
         self._dirty: set[Key] = set()  # written since the last flush (dispatcher thread)
         self._min_commit_offset = 0  # entries below it are expired (the CommitLog's low mark)
         self._floors: dict[Key, int] = {}  # the low mark each loaded queue was expired to
@@ -92,7 +97,7 @@ class ConsumeQueueTable:
         return cq if cq is not None else self._load((topic, queue_id), create=False)
 
     def _load(self, key: Key, create: bool) -> ConsumeQueue | None:
-        with self._lock:
+        with self._loading(key):
             cq = self._queues.get(key)
             if cq is not None:
                 return cq
@@ -101,8 +106,23 @@ class ConsumeQueueTable:
             except FileNotFoundError:  # never written (or its topic was just deleted)
                 return None
             self._expire_one(key, cq, self._now_ms())
-            self._queues[key] = cq
+            with self._lock:
+                self._queues[key] = cq
             return cq
+
+    @contextmanager
+    def _loading(self, key: Key) -> Iterator[None]:
+        """One load per queue at a time; loads of different queues run at once."""
+        with self._lock:
+            while key in self._busy:
+                self._lock_free.wait()
+            self._busy.add(key)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy.discard(key)
+                self._lock_free.notify_all()
 
     def next_offset(self, topic: str, queue_id: int) -> int:
         """The queue offset the next message of this queue gets (its end on disk)."""
@@ -127,13 +147,13 @@ class ConsumeQueueTable:
     def clear_beyond(self, commit_end: int) -> int:
         """Turn entries past a lost CommitLog tail into holes (``ConsumeQueue.clear_beyond``)
         in every queue on disk (each one loaded).  Returns the entries cleared."""
-        cleared = 0
-        for topic in self._catalogue.list():
-            for qid in range(topic.queue_count):
-                cq = self.existing(topic.name, qid)
-                if cq is not None:
-                    cleared += cq.clear_beyond(commit_end)
-        return cleared
+        def clear(keys: list[Key]) -> int:
+            found = (self.existing(*key) for key in keys)
+            return sum(cq.clear_beyond(commit_end) for cq in found if cq is not None)
+
+        keys = [(t.name, q) for t in self._catalogue.list() for q in range(t.queue_count)]
+        with ThreadPoolExecutor(WALK_THREADS, thread_name_prefix="cq-walk") as pool:
+            return sum(pool.map(clear, [keys[i::WALK_THREADS] for i in range(WALK_THREADS)]))
 
     # ------------------------------------------------------------------ retention
 
