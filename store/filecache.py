@@ -14,9 +14,10 @@ the cache holds more than ``max_open`` for a moment (at most one per thread in a
 
 Closing an evicted file does not sync it.  Its writes stay in the page cache, and a
 later ``fdatasync`` through a new descriptor of the same file makes them durable: Linux
-syncs the file (the inode), not the descriptor, and reports a writeback error to every
-descriptor opened before it was seen (since 4.13), the one PostgreSQL relies on too when
-it closes and reopens files between a write and its checkpoint's fsync.
+syncs the file (the inode), not the descriptor, and since 4.16 reports a writeback error
+that no one has seen yet to the next fsync of the file, even through a descriptor opened
+after it; PostgreSQL relies on the same when it closes and reopens files between a write
+and its checkpoint's fsync.
 
 Thread-safe.
 """

@@ -13,19 +13,21 @@ as text)::
 Replaying the records in order gives the catalogue; a rewrite (``rewrite``: a temporary
 file, fsynced, renamed over the log, the folder fsynced) holds one ``put`` per topic.
 
-Trade-offs: text, not binary blocks, so ``cut -c10- topics.log | jq .`` reads it; one
-JSON parse per record is ~3 us, nothing next to a start.  A line is never split, so a
-record never spans a torn write in a way a later record could be mistaken for.
+Trade-offs: text, not binary blocks, so ``cut -c10- topics.log | jq .`` reads it; JSON
+costs little, as the whole file is parsed in one go (10,000 topics in about 0.1 s).  The
+CRC covers the JSON only: a torn write leaves a line without its newline or failing its
+CRC, never a record that reads as valid.
 
 Durability (group commit, as ``store.kv.GroupCommit`` does for RocksDB): ``append``
 writes the records of one change with one ``write``, no sync, and returns a ticket;
 ``wait(ticket)`` returns once an ``fdatasync`` that began after that write has finished.
-The first waiter that finds no sync running syncs for everyone written before it began,
-so N concurrent creates cost about one fsync, not N.  A failed sync poisons the log:
+The first waiter that finds no sync running syncs for everyone written before it began
+and the others sleep on the sync that covers them, so N concurrent creates cost about
+one fsync, not N.  A failed sync poisons the log:
 every later ``append`` and ``wait`` raises, as the CommitLog does after a write error (the
 kernel may have dropped the unwritten pages, so nothing after them can be trusted).
 
-Recovery (``open``): a line that is cut off (no newline) or fails its CRC, with no valid
+Recovery (``read``): a line that is cut off (no newline) or fails its CRC, with no valid
 line after it, is a torn tail: dropped.  One with valid lines after it is damage: logged
 at ERROR with its line number and skipped, never a refusal to start.  Either way the
 caller rewrites the file before appending to it (``damaged``).
