@@ -63,8 +63,11 @@ class ServerConfig:
     auth_token: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""
-    worker_threads: int = 64  # RPCs served at once (a long-polling Pop holds one)
-    max_concurrent_rpcs: int = 1000  # beyond this, calls are refused with RESOURCE_EXHAUSTED
+    worker_threads: int = 64  # short calls served at once; waiting calls have their own:
+    max_streams: int = 1000  # Subscribe/SendStream streams open at once (chronomq.budget)
+    max_long_polls: int = 1000  # Pops waiting for messages at once
+    max_waiting_per_connection: int = 200  # streams + long polls one connection may hold
+    max_concurrent_rpcs: int = 4000  # beyond this, calls are refused with RESOURCE_EXHAUSTED
     shutdown_grace_s: float = 5.0
     retention_interval_s: int = 60
     crash_at: str = ""  # tests only: "label:N" exits at the Nth hit of a crash point
@@ -122,8 +125,11 @@ class RocketMQConfig:
     port: int = 8081
     advertise_address: str = ""  # host:port QueryRoute hands out; default: the address
     #                              the client connected to
-    worker_threads: int = 256  # every connected client holds one for its Telemetry stream
-    max_concurrent_rpcs: int = 2000
+    worker_threads: int = 64  # short calls served at once; waiting calls have their own:
+    max_streams: int = 1000  # Telemetry streams (one per connected client)
+    max_long_polls: int = 1000  # ReceiveMessage calls waiting for messages
+    max_waiting_per_connection: int = 200
+    max_concurrent_rpcs: int = 4000
     access_key: str = ""  # when set, clients must sign requests with it and secret_key
     secret_key: str = ""
 

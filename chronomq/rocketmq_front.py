@@ -42,6 +42,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from chronomq.broker import Broker
+from chronomq.budget import LONG_POLL, STREAM, CallBudget
 from chronomq.handlers import Metadata, one_header
 from chronomq.notify import ArrivalNotifier
 from chronomq.rocketmq_pb import definition as rd
@@ -190,13 +191,14 @@ def _duration_ms(ms: int) -> Duration:
 
 class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def __init__(self, broker: Broker, notifier: ArrivalNotifier, max_wait_ms: int,
-                 endpoint: str) -> None:
+                 endpoint: str, budget: CallBudget | None = None) -> None:
         """``endpoint``: host:port handed out by QueryRoute when the client's own access
         point is unknown (or always, when ``rocketmq.advertise_address`` is set)."""
         self._broker = broker
         self._notifier = notifier
         self._max_wait_ms = max_wait_ms
         self._endpoint = endpoint
+        self._budget = budget or CallBudget(1000, 1000, 200, "rocketmq")
         self._lock = threading.Lock()
         self.clients: dict[str, int] = {}  # client id -> last heard of (broker clock, ms)
         self.sent = self.received = self.acked = 0
@@ -211,7 +213,8 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                     del self.clients[client]
             return {"rocketmq.clients": len(self.clients), "rocketmq.sent": self.sent,
                     "rocketmq.received": self.received, "rocketmq.acked": self.acked,
-                    "rocketmq.renewing": self.leases.count()}
+                    "rocketmq.renewing": self.leases.count(),
+                    **self._budget.figures("rocketmq")}
 
     def alive(self, client: str) -> bool:
         """Whether a client was heard of lately (one without an id counts as alive)."""
@@ -321,11 +324,15 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         """Answer every settings command with the client's settings completed by the
         broker's: some clients wait for this reply before they start."""
         self._heard_from(context)
-        for command in request_iterator:
-            if command.HasField("settings"):
-                yield rs.TelemetryCommand(status=_ok(),
-                                          settings=self._settings(command.settings))
-            # thread stack traces and verify results are never asked for: ignored
+        try:
+            with self._budget.hold(STREAM, context.peer()):
+                for command in request_iterator:
+                    if command.HasField("settings"):
+                        yield rs.TelemetryCommand(status=_ok(),
+                                                  settings=self._settings(command.settings))
+                    # thread stack traces and verify results are never asked for: ignored
+        except ResourceExhausted as exc:
+            yield rs.TelemetryCommand(status=_status(Code.TOO_MANY_REQUESTS, str(exc)))
 
     def _settings(self, asked: Any) -> Any:
         out = rd.Settings()
@@ -528,10 +535,13 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         remaining = context.time_remaining()
         if remaining is not None:  # answer before the client gives up
             wait_s = min(wait_s, max(remaining - ANSWER_MARGIN_S, 0.0))
-        got = self._notifier.poll(topic, wait_s,
-                                  lambda: pop.pop(topic, group, want, invisible_s, tf),
-                                  context.is_active)
-        return list(got), invisible_s
+        got = pop.pop(topic, group, want, invisible_s, tf)
+        if not got and wait_s > 0:  # a long poll: it waits on a place of its own
+            with self._budget.hold(LONG_POLL, context.peer()):
+                got = list(self._notifier.poll(
+                    topic, wait_s, lambda: pop.pop(topic, group, want, invisible_s, tf),
+                    context.is_active))
+        return got, invisible_s
 
     # ------------------------------------------------------------------ settle
 

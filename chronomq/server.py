@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from chronomq.broker import Broker
+from chronomq.budget import CallBudget
 from chronomq.config import BrokerConfig
 from chronomq.handlers import add_service, bearer
 from chronomq.metrics import start_metrics
@@ -76,8 +77,11 @@ class BrokerServer:
         assert dispatcher is not None
         dispatcher.add_listener(self._on_dispatched)
         self.broker.start(timer_thread=self.background)
-        self.servicer = BrokerServicer(self.broker, self.notifier, self.config.pop.max_wait_ms)
-        server = _grpc_server(cfg.worker_threads, "rpc", cfg.max_concurrent_rpcs)
+        self.servicer = BrokerServicer(
+            self.broker, self.notifier, self.config.pop.max_wait_ms,
+            CallBudget(cfg.max_streams, cfg.max_long_polls, cfg.max_waiting_per_connection))
+        server = _grpc_server(cfg.worker_threads + cfg.max_streams + cfg.max_long_polls,
+                              "rpc", cfg.max_concurrent_rpcs)
         add_service(server, self.servicer, broker_pb2.DESCRIPTOR.services_by_name["Broker"],
                     bearer(cfg.auth_token) if cfg.auth_token else None,
                     "missing or wrong bearer token (metadata 'authorization')")
@@ -124,11 +128,14 @@ class BrokerServer:
 
         cfg = self.config.rocketmq
         host = cfg.host or self.config.server.host
-        server = _grpc_server(cfg.worker_threads, "rmq", cfg.max_concurrent_rpcs)
+        server = _grpc_server(cfg.worker_threads + cfg.max_streams + cfg.max_long_polls,
+                              "rmq", cfg.max_concurrent_rpcs)
         self.rocketmq_port = self._bind(server, host, cfg.port)
         self.rocketmq = RocketMQServicer(
             self.broker, self.notifier, self.config.pop.max_wait_ms,
-            cfg.advertise_address or f"{host}:{self.rocketmq_port}")
+            cfg.advertise_address or f"{host}:{self.rocketmq_port}",
+            CallBudget(cfg.max_streams, cfg.max_long_polls, cfg.max_waiting_per_connection,
+                       "rocketmq"))
         add_service(server, self.rocketmq, rs.DESCRIPTOR.services_by_name["MessagingService"],
                     AccessKeyAuth(cfg.access_key, cfg.secret_key).signed
                     if cfg.access_key else None,

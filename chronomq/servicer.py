@@ -11,13 +11,15 @@ import json
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
+from functools import partial
 from typing import NamedTuple, NoReturn, TypeAlias
 
 import grpc
 
 from chronomq.broker import Broker, Submission
+from chronomq.budget import LONG_POLL, STREAM, CallBudget
 from chronomq.errors import code_number, status_of
 from chronomq.notify import ArrivalNotifier
 from chronomq.v1 import broker_pb2 as pb
@@ -219,10 +221,12 @@ def _topic_pb(t: Topic) -> pb.Topic:
 class BrokerServicer(pb_grpc.BrokerServicer):
     """Thread-safe: every method may run on many gRPC worker threads at once."""
 
-    def __init__(self, broker: Broker, notifier: ArrivalNotifier, max_wait_ms: int) -> None:
+    def __init__(self, broker: Broker, notifier: ArrivalNotifier, max_wait_ms: int,
+                 budget: CallBudget | None = None) -> None:
         self._broker = broker
         self._notifier = notifier
         self._max_wait_ms = max_wait_ms
+        self._budget = budget or CallBudget(1000, 1000, 200)
         self._counts_lock = threading.Lock()
         self.sent = 0
         self.popped = 0
@@ -331,6 +335,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     def SendStream(self, request_iterator: Iterator[pb.SendRequest],
                    context: Context) -> Iterator[pb.SendResponse]:
+        with self._budget.hold(STREAM, context.peer()):
+            yield from self._send_stream(request_iterator, context)
+
+    def _send_stream(self, request_iterator: Iterator[pb.SendRequest],
+                     context: Context) -> Iterator[pb.SendResponse]:
         """Pipelined: a reader thread checks and queues each request as it arrives while
         this thread answers them in order, each once its batch is durable."""
         pending: queue.Queue[_PendingSend | BaseException | None] = queue.Queue(maxsize=1024)
@@ -369,10 +378,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             remaining = context.time_remaining()
             if remaining is not None:  # answer before the client gives up
                 wait_s = min(wait_s, max(remaining - 0.2, 0.0))
-            got = self._notifier.poll(
-                request.topic, wait_s,
-                lambda: pop.pop(request.topic, request.group, request.max_messages,
-                                request.invisible_time_s, tf), context.is_active)
+
+            def fetch() -> list[PoppedMessage]:
+                return pop.pop(request.topic, request.group, request.max_messages,
+                               request.invisible_time_s, tf)
+            got: Sequence[PoppedMessage] = fetch()
+            if not got and wait_s > 0:  # a long poll: it waits on a place of its own
+                with self._budget.hold(LONG_POLL, context.peer()):
+                    got = self._notifier.poll(request.topic, wait_s, fetch, context.is_active)
         except ChronomqError as exc:
             _abort(context, exc)
         with self._counts_lock:
@@ -418,6 +431,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                   context: Context) -> Iterator[pb.SubscribeResponse]:
         """Streaming pull: lease what is visible within the credit, push it, wait for news
         or settlements; a reader thread applies acks, nacks and changes as they come."""
+        with self._budget.hold(STREAM, context.peer()):
+            yield from self._subscribe(request_iterator, context)
+
+    def _subscribe(self, request_iterator: Iterator[pb.SubscribeRequest],
+                   context: Context) -> Iterator[pb.SubscribeResponse]:
         try:
             first = next(request_iterator)
         except StopIteration:
@@ -427,7 +445,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         except ChronomqError as exc:
             _abort(context, exc)
         sub.settle(first)
-        threading.Thread(target=sub.read, args=(request_iterator, self._notifier.wake),
+        threading.Thread(target=sub.read,
+                         args=(request_iterator, partial(self._notifier.wake, sub.topic)),
                          name="subscribe-reader", daemon=True).start()
         pop = self._broker.pop
         try:
@@ -528,6 +547,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             "pop.dead_lettered": p.dead_lettered, "pop.durable_syncs": p.durable_syncs,
             "pop.recovered_copies": self._broker.pop.copies.recovered,
             "rpc.sent": self.sent, "rpc.popped": self.popped,
+            **self._budget.figures("rpc"),
         })
         for g in self._broker.pop.group_statistics():
             base = f"group.{g.group}.{g.topic}."
