@@ -7,6 +7,7 @@ finish (``server.shutdown_grace_s``), and flushes everything to disk.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from chronomq import memtrace
 from chronomq.broker import Broker
 from chronomq.budget import CallBudget
 from chronomq.config import BrokerConfig
@@ -183,8 +185,10 @@ class BrokerServer:
 
 def serve(config: BrokerConfig) -> None:
     """Run until SIGINT or SIGTERM, then shut down gracefully."""
+    memtrace.limit_fragmentation()  # glibc: big freed blocks go back to the OS
     server = BrokerServer(config)
     server.start()
+    memtrace.start_from_env(os.environ, server.broker)  # off unless asked for (debugging)
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
