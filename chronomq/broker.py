@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import NamedTuple
 
 from chronomq.config import BrokerConfig
+from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.service import PopService
 from store.clock import Clock
 from store.disk import DiskGuard, unless_full
@@ -92,7 +93,8 @@ class Broker:
                               sc.disk_reserve_bytes)
         self.disk.release_if_short()  # before RocksDB and the CommitLog open
         self.store = MessageStore(config.store, clock)
-        self._pop_kv = KV(os.path.join(config.store.data_dir, "pop"))
+        self._pop_kv = KV(os.path.join(config.store.data_dir, "pop"),
+                          write_buffer_bytes=POP_WRITE_BUFFER_BYTES)
         secret_path = config.pop.secret_file or os.path.join(config.store.data_dir, "pop-secret")
         self.pop = PopService(self.store, self._pop_kv, load_or_create_secret(secret_path),
                               clock, config.pop.max_messages_cap, config.retry_policy(),

@@ -26,6 +26,11 @@ only moves forward.  The pop offset is the first queue offset never leased; it i
 in the same write as the checkpoints of the Pop that moves it, so after a restart the
 entries of a lease that was fully done and deleted (while an older one was still open)
 are not leased again.
+
+Memory: the POP RocksDB's memtables hold at most two write buffers of
+``WRITE_BUFFER_BYTES`` (the active one and one being flushed).  Every Pop and Ack
+writes here; at RocksDB's 64 MiB default the memtables grew by ~3.5 MB a minute for
+eighteen minutes (500 msgs/s, Pop 32) before the first flush.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ _COUNT = struct.Struct(">H")
 _OVERRIDE = struct.Struct(">HQ")
 _QID = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
+WRITE_BUFFER_BYTES = 4 << 20  # per memtable of the POP RocksDB (RocksDB keeps at most two)
 
 
 @dataclass(slots=True)

@@ -27,6 +27,12 @@ never dispatches a record twice; the ``w`` key goes once its object is written.
 the whole record, so a pending timer never depends on CommitLog retention.  ``i`` finds a
 message for Cancel/Reschedule.  Entries and the dispatch position they bring the store to
 are written in one atomic batch.  Thread-safe (RocksDB is; no state here).
+
+Memory: RocksDB's memtables hold at most two write buffers of ``WRITE_BUFFER_BYTES``
+(the active one and one being flushed).  Every delayed message passes through here
+whole (~22 MB a minute at 330 delayed msgs/s); at RocksDB's 64 MiB default the
+memtables swung between 0 and 64-128 MB.  At that rate 8 MiB still holds a delay of
+up to ~20 s from its put to its delete, so such entries never reach an SST file.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ _PARKED = struct.Struct(">cQQ")
 _LOC = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
 _POSITION = b"!position"
+WRITE_BUFFER_BYTES = 8 << 20  # per memtable (RocksDB keeps at most two)
 
 
 def timer_key(deliver_at_ms: int, commit_offset: int) -> bytes:
@@ -72,7 +79,7 @@ def id_key(message_id: str, kind: bytes = b"i") -> bytes:
 
 class TimerStore:
     def __init__(self, path: str) -> None:
-        self.kv = KV(path)
+        self.kv = KV(path, write_buffer_bytes=WRITE_BUFFER_BYTES)
 
     def close(self) -> None:
         self.kv.close()
