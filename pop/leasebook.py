@@ -186,10 +186,16 @@ class LeaseBook:
         if leases.checkpoints.pop(ck.ck_start, None) is None:
             return
         ops[key] = None
+        self._forget_deadlines([(group, topic, qid, ck.ck_start, e)
+                                for e in {ck.expire_at_ms, *ck.overrides.values()}])
         oldest = min(leases.checkpoints, default=leases.pop_offset)
         if oldest > leases.ack_offset:
             leases.ack_offset = oldest
             ops[offset_key(group, topic, qid)] = encode_offset(oldest)
+
+    def _forget_deadlines(self, deadlines: list[Deadline]) -> None:
+        """The lease these deadlines belong to is done: they need not fire (the revive
+        layer drops them from its wheel, ``pop.requeue``)."""
 
     def _write(self, ops: dict[bytes, bytes | None]) -> int:
         """Apply ``ops`` (None: delete) without a sync; the ticket to wait for (0: none)."""

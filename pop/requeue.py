@@ -12,6 +12,12 @@ twice, so a group never gets a message again after acking its copy.
 
 Deadlines wait on a timing wheel (``timer.wheel``, 10 ms ticks); one named thread
 (``pop-revive``) fires them; tests call ``revive_due`` with a manual clock instead.
+
+Memory: the wheel holds the deadlines of open leases only.  A lease's deadlines leave
+it when the lease is done (acked, released, revived), not when they come due: before,
+every Pop left one entry for its whole invisible time, so a group acking at once with
+a 12-hour invisible time kept twelve hours of Pops in memory.  A deadline that
+ChangeInvisibleTime moved stays until its old time (it fires and finds nothing to do).
 Thread-safe.
 """
 
@@ -254,6 +260,17 @@ class Requeuer(LeaseBook):
                                           reason)], self._revived)
             log.info("the %s copy of %s/%s/%d at %d was in the CommitLog: lease entry done",
                      copy_topic, e.group, e.topic, e.queue_id, e.queue_offset)
+
+    def _forget_deadlines(self, deadlines: list[Deadline]) -> None:
+        with self._wheel_cond:
+            for d in deadlines:
+                self._wheel.remove(d)
+
+    @property
+    def pending_deadlines(self) -> int:
+        """Lease deadlines waiting on the revive wheel (statistics, tests)."""
+        with self._wheel_cond:
+            return len(self._wheel) + len(self._ready)
 
     def _schedule(self, deadlines: list[Deadline], at_ms: int | None = None) -> None:
         """Fire each deadline at its time (or at ``at_ms``: a revive that failed)."""
