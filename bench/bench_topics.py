@@ -10,12 +10,12 @@ of a Stats answer with 10,000 topics x 4 queues, the broker under ``ulimit -n 10
    client (each answered only once durable); then 200 more one at a time.
 3. Send one message to every queue and wait until all are dispatched: one ConsumeQueue
    file per queue (40,000 with the defaults).
-4. Open files, RSS, the size of a Stats answer; again after one group popped every topic
-   (Stats then holds five figures per group and topic).
-5. Restart after SIGTERM, after kill -9, and after kill -9 with ``store.flush=async``
+4. Restart after SIGTERM, after kill -9, and after kill -9 with ``store.flush=async``
    (whose start walks every queue for entries past the log end), each until it serves
    again (the process start included), with open files and RSS after each; a new group
    pops a sample across the range.
+5. The size of a Stats answer, and again after one group popped every topic (Stats then
+   holds five figures per group and topic).
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ def main() -> None:
     names = [f"topic-{i:05d}" for i in range(args.topics)]
     with tempfile.TemporaryDirectory(prefix="chronomq-bench-", dir="/var/tmp") as tmp:
         data = Path(tmp) / "data"
+        print(f"load average {_load()} at the start")
         _catalogue_alone(Path(tmp) / "catalogue", args.topics)
         srv, empty_s = _start(data, args.nofile)
         print(f"ulimit -n {args.nofile}; empty broker serving after {empty_s:.2f} s, "
@@ -147,16 +148,7 @@ def main() -> None:
                   f"dispatched after {time.monotonic() - t0:.1f} s ({failed} failed); "
                   f"ConsumeQueue files {files:,}; broker: {_fds(srv.proc.pid)} open files, "
                   f"RSS {_rss_mb(srv.proc.pid):.0f} MB")
-            plain = _stats_bytes(stub)
-            t0 = time.monotonic()
-            popped = _pipelined(lambda t: stub.Pop.future(pb.PopRequest(
-                topic=t, group="g", max_messages=32, invisible_time_s=600), timeout=60),
-                names)
-            got = sum(len(p.messages) for p in popped)
-            print(f"group g popped every topic once in {time.monotonic() - t0:.1f} s "
-                  f"({got:,} messages); Stats answer {plain:,} bytes before, "
-                  f"{_stats_bytes(stub):,} bytes after (per-group figures for "
-                  f"{args.topics:,} topics)")
+            plain = _stats_bytes(stub)  # no consumer group yet
         for group, how, settings in (
                 ("after-sigterm", "SIGTERM", ()), ("after-kill", "kill -9", ()),
                 ("after-kill-async", "kill -9, restarted with flush=async (the start walks "
@@ -177,7 +169,24 @@ def main() -> None:
                   f"RSS {rss:.0f} MB; a new group popped {served:,} messages from "
                   f"{len(sample)} topics in {pop_s:.2f} s ({_fds(srv.proc.pid)} open files "
                   "after)")
+        with grpc.insecure_channel(srv.target) as channel:
+            stub = pb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
+            sampled = _stats_bytes(stub)
+            t0 = time.monotonic()
+            popped = _pipelined(lambda t: stub.Pop.future(pb.PopRequest(
+                topic=t, group="g", max_messages=32, invisible_time_s=600), timeout=60),
+                names)
+            got = sum(len(p.messages) for p in popped)
+            print(f"group g popped every topic once in {time.monotonic() - t0:.1f} s "
+                  f"({got:,} messages); Stats answer: {plain:,} bytes with no consumer "
+                  f"group, {sampled:,} with 3 groups x {len(sample)} topics, "
+                  f"{_stats_bytes(stub):,} after group g (five figures per group and topic)")
         srv.terminate()
+    print(f"load average {_load()} at the end (2 CPUs shared with the client)")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
