@@ -118,7 +118,7 @@ def main() -> None:
         with grpc.insecure_channel(srv.target) as channel:
             stub: Any = pb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
 
-            def create(name: str) -> Future[Any]:
+            def create(name: str) -> Any:
                 return stub.CreateTopic.future(pb.CreateTopicRequest(
                     topic=pb.Topic(name=name, queue_count=args.queues)), timeout=60)
 
