@@ -32,7 +32,7 @@ Memory: RocksDB's memtables hold at most two write buffers of ``WRITE_BUFFER_BYT
 (the active one and one being flushed).  Every delayed message passes through here
 whole (~22 MB a minute at 330 delayed msgs/s); at RocksDB's 64 MiB default the
 memtables swung between 0 and 64-128 MB.  At that rate 8 MiB still holds a delay of
-up to ~20 s from its put to its delete, so such entries never reach an SST file.
+up to ~20 s from its put to its delete, so most such entries never reach an SST file.
 """
 
 from __future__ import annotations

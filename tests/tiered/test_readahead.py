@@ -4,6 +4,8 @@ a second group is served from memory."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 from store.clock import ManualClock
 from store.message import Message, encode_record
 from tests.tiered.faults import FaultyProvider
@@ -70,3 +72,20 @@ def test_the_cache_stays_within_its_byte_bound(manual_clock: ManualClock) -> Non
         assert len(cache.read("t", 0, at, 10)) == 10
         assert cache.statistics().bytes <= 50 * entry
     assert cache.window("t", 0) < 256  # evicting unread read-ahead halved it
+
+
+def test_the_byte_bound_holds_for_what_python_keeps(manual_clock: ManualClock) -> None:
+    # Given a 4 MiB cache over small records (100-byte bodies), read ahead far
+    q, _ = _queue(30_000)
+    cache = _cache(q, manual_clock, max_bytes=4 << 20)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for at in range(0, 30_000, 32):
+            cache.read("t", 0, at, 32)
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    # Then the entries it keeps (over 4,000) take no more than the bound in memory
+    assert cache.statistics().entries > 4_000
+    assert held <= (4 << 20) * 1.1
