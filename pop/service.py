@@ -69,7 +69,7 @@ from pop.model import (
 from pop.requeue import Requeuer
 from pop.settle import PROP_LEASE
 from store.crashpoint import crashpoint
-from store.errors import ChronomqError, DamagedRecord, InvalidArgument
+from store.errors import ChronomqError, DamagedRecord, InvalidArgument, StorageIOError
 from store.message import Message, RecordError, decode_record
 from store.topics import MAX_NAME_BYTES
 from tiered.errors import TierError
@@ -83,6 +83,11 @@ __all__ = [  # the POP API, whichever module of the package defines it
     "PoppedMessage", "ReceiptHandleExpired", "TagFilter", "TierReader", "check_group",
     "dlq_topic", "origin_of", "retry_topic",
 ]
+
+
+class _GoneLocally(Exception):
+    """Local retention deleted records between the read of their ConsumeQueue entries and
+    the read of the records (the queue's low mark moves right after)."""
 
 
 class PopService(Requeuer):
@@ -182,8 +187,13 @@ class PopService(Requeuer):
 
         def load_local(picked: list[int]) -> list[Message | None]:
             present = [i for i in picked if not entries[i].is_hole]
-            loaded = self._store.read_messages_skipping(
-                [(entries[i].commit_offset, entries[i].record_size) for i in present])
+            locations = [(entries[i].commit_offset, entries[i].record_size) for i in present]
+            try:
+                loaded = self._store.read_messages_skipping(locations)
+            except StorageIOError:
+                if all(self._store.reader.on_disk(o) for o, _ in locations):
+                    raise  # an I/O error, not retention
+                raise _GoneLocally from None
             found: dict[int, Message] = {}
             for i, m in zip(present, loaded, strict=True):
                 if isinstance(m, DamagedRecord):
@@ -220,8 +230,14 @@ class PopService(Requeuer):
                 wanted.append(i)
             else:
                 ck.mark(i)  # filtered out: done for this group
+        try:
+            loaded = load(wanted)
+        except _GoneLocally:  # nothing changed yet: the next Pop reads where they are now
+            log.info("%s/%d: local retention deleted records this Pop was reading; "
+                     "leasing nothing from the queue this time", ltopic, qid)
+            return []
         encode = self._handles.encode
-        for i, msg in zip(wanted, load(wanted), strict=True):
+        for i, msg in zip(wanted, loaded, strict=True):
             if msg is None or not tf.accepts(msg.tag):  # no message there, or a tag-hash
                 ck.mark(i)  # collision: done for this group
                 continue

@@ -152,3 +152,28 @@ def test_deleting_a_topic_forgets_its_offsets(env: Env) -> None:
     env.send(2)
     assert len(env.pop.pop("t", "G", 32, 30)) == 2
     assert os.path.isdir(env.kv.path)
+
+
+def test_a_pop_racing_local_retention_leases_nothing_it_cannot_read(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    # Given a queue whose oldest CommitLog segment local retention has just deleted,
+    # before it moved the queue's low mark past it
+    store = MessageStore(StoreConfig(str(tmp_path / "data"), segment_bytes=64 << 10),
+                         manual_clock)
+    store.open()
+    store.start()
+    kv = KV(str(tmp_path / "pop"))
+    try:
+        pop = PopService(store, kv, SECRET, manual_clock)
+        store.create_topic(Topic("t", 1))
+        for _ in range(10):  # one segment holds a batch whole: 64 KiB is three batches
+            store.put([Message("", "t", b"x" * 1000) for _ in range(20)]).result(10)
+        assert store.wait_visible(10)
+        assert store.commitlog.delete_oldest_segment() > 0
+        # When a group pops (before: INTERNAL, "commitlog offset ... is not on local disk")
+        got = pop.pop("t", "G", 32, 30)
+        # Then it answers, and leases nothing it could not read
+        assert got == [] and pop.statistics().open_checkpoints == 0
+    finally:
+        store.stop()
+        kv.close()
