@@ -51,6 +51,7 @@ from typing import Any, get_type_hints
 
 from pop.policy import RetryPolicy, parse_backoff
 from store.errors import InvalidArgument
+from store.names import check_name
 from store.store import StoreConfig
 from timer.service import TimerConfig
 
@@ -275,6 +276,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
     for group, values in raw.get("groups", {}).items():
         if not isinstance(values, dict):
             raise InvalidArgument(f"[groups.{group}] must be a table of settings")
+        check_name(group, "group")
         unknown = set(values) - {"max_attempts", "retry_backoff", "retry_jitter"}
         if unknown:
             raise InvalidArgument(f"unknown setting(s) in [groups.{group}]: "

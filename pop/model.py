@@ -8,7 +8,6 @@ from either (``origin_of``).  Immutable data and pure functions only: thread-saf
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -17,16 +16,16 @@ from pop.checkpoint import PopCheckpoint
 from pop.handle import ReceiptHandle
 from store.errors import FailedPrecondition, InvalidArgument
 from store.message import Message
+from store.names import DLQ_PREFIX as DLQ_PREFIX
+from store.names import MAX_NAME, check_name
+from store.names import RETRY_PREFIX as RETRY_PREFIX
 from store.queues import tag_hash
 
 MAX_INVISIBLE_TIME_S = 12 * 3600
-MAX_GROUP_BYTES = 120
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
+MAX_GROUP_BYTES = MAX_NAME
 REVIVE_TICK_MS = 10
 REVIVE_BATCH = 512  # leases revived per CommitLog append
 REQUEUED_MEMORY = 65_536
-_GROUP = re.compile(r"^[A-Za-z0-9_-]+$")  # no "%" (system topic names), no "."
 
 # properties a dead-lettered message carries
 PROP_DLQ_REASON = "chronomq.dlq.reason"
@@ -173,9 +172,5 @@ def by_origin(handles: list[ReceiptHandle | None]
 
 
 def check_group(group: str) -> None:
-    if not group:
-        raise InvalidArgument("group is empty")
-    if len(group) > MAX_GROUP_BYTES or not _GROUP.match(group):
-        raise InvalidArgument(
-            f"group {group!r} is invalid: use 1-{MAX_GROUP_BYTES} characters from "
-            "A-Z a-z 0-9 _ -")
+    """A group name follows the one name rule (``store.names``)."""
+    check_name(group, "group")

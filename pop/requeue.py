@@ -218,7 +218,7 @@ class Requeuer(LeaseBook):
 
     def _ensure_topic(self, name: str) -> None:
         if self._store.topics.get(name) is None:
-            self._store.create_topic(Topic(name, 1))
+            self._store.create_topic(Topic(name, 1), system=True)
 
     def _mark_done(self, reqs: list[Requeue], counter: Counter[tuple[str, str]]) -> None:
         """Mark requeued entries done and persist their checkpoints (caller holds the

@@ -71,7 +71,7 @@ from pop.settle import PROP_LEASE
 from store.crashpoint import crashpoint
 from store.errors import ChronomqError, DamagedRecord, InvalidArgument, StorageIOError
 from store.message import Message, RecordError, decode_record
-from store.topics import MAX_NAME_BYTES
+from store.names import check_readable
 from tiered.errors import TierError
 
 log = logging.getLogger(__name__)
@@ -95,18 +95,15 @@ class PopService(Requeuer):
 
     def validate(self, topic: str, group: str, max_messages: int, invisible_time_s: int,
                  cap: int | None = None) -> None:
-        self._store.require_topic(topic)
+        check_readable(topic)
         check_group(group)
+        self._store.require_topic(topic)
         limit = cap or self.max_messages_cap
         if not 1 <= max_messages <= limit:
             raise InvalidArgument(f"max_messages must be between 1 and {limit}")
         if not 1 <= invisible_time_s <= MAX_INVISIBLE_TIME_S:
             raise InvalidArgument(
                 f"invisible_time_s must be between 1 and {MAX_INVISIBLE_TIME_S} (12 h)")
-        if len(retry_topic(group, topic).encode()) > MAX_NAME_BYTES:
-            raise InvalidArgument(
-                f"group and topic names together are too long: {len(group) + len(topic)} "
-                f"bytes, at most {MAX_NAME_BYTES - len(RETRY_PREFIX) - 1}")
 
     def pop(self, topic: str, group: str, max_messages: int, invisible_time_s: int,
             tag_filter: TagFilter | None = None, cap: int | None = None) -> list[PoppedMessage]:

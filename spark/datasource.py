@@ -43,6 +43,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from store.names import check_readable
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.s3 import S3Provider, S3Settings
@@ -99,6 +100,8 @@ class TierLocation:
 def selection_from_options(options: dict[str, str]) -> Selection:
     o = {k.lower(): v for k, v in options.items()}
     topics = frozenset(t.strip() for t in o.get("topic", "").split(",") if t.strip())
+    for t in topics:
+        check_readable(t)
     return Selection(topics, int(o.get("start_ms") or 0), int(o.get("end_ms") or 0),
                      o.get("key", ""))
 

@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark.datasource import TierLocation
+from store.names import check_name
 from tiered.scan import Selection
 
 SEND_BATCH = 500
@@ -62,6 +63,8 @@ def replay(spark: SparkSession, df: DataFrame, target: str, into_topic: str = ""
            spread_ms: int = 0, rate: float = 0, token: str = "",
            progress: bool = True) -> ReplayResult:
     """Send the messages of ``df`` to the broker at ``target``."""
+    if into_topic:
+        check_name(into_topic)
     t0 = time.monotonic()
     first_ms = span_ms = 0
     if spread_ms:

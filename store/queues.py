@@ -44,6 +44,7 @@ from store.crashpoint import crashpoint
 from store.filecache import FileCache, FileCacheStats
 from store.files import fsync_dir
 from store.message import FLAG_DELAYED, DispatchInfo
+from store.names import inside
 from store.topics import TopicCatalogue
 
 Key = tuple[str, int]  # (topic, queue id)
@@ -83,7 +84,7 @@ class ConsumeQueueTable:
         self._pending_position = self._position
 
     def _dir(self, key: Key) -> str:
-        return os.path.join(self._root, key[0], str(key[1]))
+        return inside(self._root, key[0], str(key[1]))
 
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         """The queue, loaded or created."""
@@ -142,7 +143,7 @@ class ConsumeQueueTable:
                 self._floors.pop(k, None)
         for q in queues:
             q.destroy()
-        shutil.rmtree(os.path.join(self._root, topic), ignore_errors=True)
+        shutil.rmtree(inside(self._root, topic), ignore_errors=True)
 
     def clear_beyond(self, commit_end: int) -> int:
         """Turn entries past a lost CommitLog tail into holes (``ConsumeQueue.clear_beyond``)

@@ -62,6 +62,7 @@ from store.message import (
     validate_message_fields,
     validate_times,
 )
+from store.names import check_name
 from store.openfiles import plan_open_files
 from store.queues import ConsumeQueueTable, NextOffsets, lost_tail_reason
 from store.reader import RecordReader
@@ -215,17 +216,19 @@ class MessageStore:
 
     # ------------------------------------------------------------------ topics
 
-    def create_topic(self, topic: Topic) -> tuple[Topic, bool]:
-        """Create ``topic``; returns once it is durable (concurrent creates share a sync)."""
+    def create_topic(self, topic: Topic, system: bool = False) -> tuple[Topic, bool]:
+        """Create ``topic``; returns once it is durable (concurrent creates share a sync).
+        ``system``: a retry or dead-letter topic the broker makes (``store.names``)."""
         with self._topic_changes.of(topic.name):
             return self.topics.create(
                 Topic(topic.name, topic.queue_count, topic.retention_ms, topic.retention_bytes,
                       since_offset=self.commitlog.confirmed_offset,
                       tier_retention_ms=topic.tier_retention_ms),
-                system=topic.name.startswith("%"),
+                system=system,
             )
 
     def delete_topic(self, name: str) -> None:
+        check_name(name)  # the broker's own topics go with their user's topic
         with self._topic_changes.of(name):
             self.topics.delete(name)
             self.queues.drop_topic(name)
@@ -240,6 +243,7 @@ class MessageStore:
         validate_message_fields(m.topic, m.key, m.tag, m.body, m.message_id,
                                 self.config.max_body_bytes)
         validate_times(m.born_at_ms, m.deliver_at_ms)
+        check_name(m.topic)  # never a retry or dead-letter topic: the broker writes those
         if self.topics.get(m.topic) is None:
             if not self.config.auto_create_topics:
                 raise TopicNotFound(m.topic)

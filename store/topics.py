@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,12 +27,11 @@ from typing import Any
 
 from store.errors import AlreadyExists, InvalidArgument, StoreError, TopicNotFound
 from store.files import fsync_dir
+from store.names import check_broker_made, check_name, check_readable
 from store.topiclog import TopicLog
 
-_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,255}$")
 MAX_NAME_BYTES = 255
 MAX_QUEUES = 1024
-SYSTEM_PREFIX = "%"  # names the broker reserves for itself (retry, dead-letter, ...)
 LOG_NAME = "topics.log"
 LEGACY_NAME = "topics.json"
 _COMPACT_SLACK = 1024  # records beyond 4 x topics the log may hold before a rewrite
@@ -54,12 +52,8 @@ _FIELDS = frozenset(_FIELD_NAMES)
 
 
 def validate_topic_name(name: str) -> None:
-    if not name:
-        raise InvalidArgument("topic name is empty")
-    if not _NAME.match(name):
-        raise InvalidArgument(
-            f"topic name {name!r} is invalid: use 1-255 characters from A-Z a-z 0-9 _ . -"
-        )
+    """The one name rule (``store.names``)."""
+    check_name(name)
 
 
 def _put(topic: Topic) -> dict[str, Any]:
@@ -113,6 +107,7 @@ class TopicCatalogue:
     def require(self, name: str) -> Topic:
         topic = self._topics.get(name)
         if topic is None:
+            check_readable(name)  # a name no topic can have: INVALID_ARGUMENT, not NOT_FOUND
             raise TopicNotFound(name)
         return topic
 
@@ -218,10 +213,10 @@ class TopicChanges:
 
 
 def _validate(topic: Topic, system: bool) -> None:
-    if not system:
-        validate_topic_name(topic.name)
-        if topic.name.startswith(SYSTEM_PREFIX):
-            raise InvalidArgument(f"topic names starting with {SYSTEM_PREFIX!r} are reserved")
+    if system:
+        check_broker_made(topic.name)
+    else:
+        check_name(topic.name)
     if not 1 <= topic.queue_count <= MAX_QUEUES:
         raise InvalidArgument(f"queue_count must be between 1 and {MAX_QUEUES}")
     if topic.retention_ms < 0 or topic.retention_bytes < 0 or topic.tier_retention_ms < 0:
