@@ -196,6 +196,11 @@ class PopService(Requeuer):
                 if isinstance(m, DamagedRecord):
                     log.error("skipping %s/%d queue offset %d: %s", topic, qid,
                               entries[i].queue_offset, m)
+                elif (m.topic, m.queue_id, m.queue_offset) != (topic, qid,
+                                                               entries[i].queue_offset):
+                    log.error("skipping %s/%d queue offset %d: its entry points at the "
+                              "record of %s/%d queue offset %d", topic, qid,
+                              entries[i].queue_offset, m.topic, m.queue_id, m.queue_offset)
                 else:
                     found[i] = m
             return [found.get(i) for i in picked]

@@ -11,6 +11,7 @@ import pytest
 from pop.handle import HandleCodec, InvalidReceiptHandle, ReceiptHandle
 from pop.service import PopService, ReceiptHandleExpired, TagFilter
 from store.clock import ManualClock
+from store.consumequeue import ENTRY
 from store.errors import InvalidArgument, TopicNotFound
 from store.kv import KV
 from store.message import Message
@@ -177,3 +178,20 @@ def test_a_pop_racing_local_retention_leases_nothing_it_cannot_read(
     finally:
         store.stop()
         kv.close()
+
+
+def test_an_entry_pointing_at_another_topics_record_is_skipped_not_delivered(
+        env: Env) -> None:
+    """A damaged (or forged) ConsumeQueue entry of topic ``t`` that points at a record of
+    topic ``secret``: Pop on ``t`` skips it and never hands out the other topic's body."""
+    env.store.create_topic(Topic("secret", 1))
+    env.send(1, topic="t")  # t's queue 0 or 1 has queue offset 0
+    (hidden,) = env.store.put([Message("", "secret", b"SECRET")]).result(10)
+    assert env.store.wait_visible(10)
+    qid = 0 if env.store.queues.queue("t", 0).max_offset else 1
+    cq = env.store.queues.queue("t", qid)
+    cq.put_many([(cq.max_offset, ENTRY.pack(hidden.commit_offset, hidden.record_size, 0,
+                                            hidden.store_at_ms))])
+    got = env.pop.pop("t", "g", 32, 30)
+    assert [m.message.topic for m in got] == ["t"]
+    assert all(m.message.body != b"SECRET" for m in got)
