@@ -10,8 +10,9 @@ of a Stats answer with 10,000 topics x 4 queues, the broker under ``ulimit -n 10
    client (each answered only once durable); then 200 more one at a time.
 3. Send one message to every queue and wait until all are dispatched: one ConsumeQueue
    file per queue (40,000 with the defaults).
-4. Restart after SIGTERM, after kill -9, and after kill -9 with ``store.flush=async``
-   (whose start walks every queue for entries past the log end), each until it serves
+4. Restart after SIGTERM, after kill -9, and after kill -9 plus a faked OS restart (a
+   new boot id) with ``store.flush=async`` (whose start walks every queue for entries
+   past the log end; ``store.tailcheck``), each until it serves
    again (the process start included), with open files and RSS after each; a new group
    pops a sample across the range.
 5. The size of a Stats answer, and again after one group popped every topic (Stats then
@@ -155,12 +156,15 @@ def main() -> None:
             plain = _stats_bytes(stub)  # no consumer group yet
         for group, how, settings in (
                 ("after-sigterm", "SIGTERM", ()), ("after-kill", "kill -9", ()),
-                ("after-kill-async", "kill -9, restarted with flush=async (the start walks "
-                 "every queue for entries past the log end)", ("store.flush=async",))):
+                ("after-kill-async", "kill -9 and an OS restart (a new boot id), with "
+                 "flush=async (the start walks every queue for entries past the log end)",
+                 ("store.flush=async",))):
             if how == "SIGTERM":
                 srv.terminate()
             else:
                 srv.kill9()
+            if settings:
+                (data / "checkpoint" / "boot-id").write_text("another boot\n")
             srv, start_s = _start(data, args.nofile, *settings)
             fds, rss = _fds(srv.proc.pid), _rss_mb(srv.proc.pid)
             with ChronomqClient(srv.target) as c:

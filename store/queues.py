@@ -13,8 +13,8 @@ written.  What start-up used to do to every queue is done to each one as it load
 * the next queue offset a send takes is the loaded queue's end (``next_offset``).
 
 Only turning entries past a lost CommitLog tail into holes (``clear_beyond``) walks every
-queue on disk, and the store asks for it only when the CommitLog lost something a
-dispatcher may have seen (``MessageStore.open``).
+queue on disk, and the store asks for it only when the CommitLog may have lost something
+a dispatcher had seen (``store.tailcheck``).
 
 Every queue file is read and written through one ``FileCache`` of ``max_open_files``
 descriptors, so the number of queues never decides the number of open files.  A flush
@@ -264,29 +264,6 @@ def _libc() -> ctypes.CDLL | None:
 
 def _stored_before(entry: CqEntry, horizon_ms: int) -> bool:
     return entry.store_at_ms < horizon_ms
-
-
-def lost_tail_reason(end: int, end_before: int, fsynced: int | None, cq_position: int,
-                     flush_sync: bool) -> str:
-    """Why entries may point past the recovered CommitLog end ``end`` (empty: they cannot,
-    and ``clear_beyond`` need not walk every queue).
-
-    A dispatcher sees a batch only once the CommitLog confirmed it: fsynced with
-    ``flush=sync``, written with ``flush=async``.  Written data outlives a kill -9 (it is
-    in the page cache) and fsynced data outlives a power cut, so an entry can point past
-    the recovered end only if recovery cut the log (``end < end_before``: a torn tail,
-    or a cut made from outside), if data the CommitLog's checkpoint says was fsynced is
-    gone (``fsynced``), if the ConsumeQueue's checkpoint is past the end, or, with
-    ``flush=async``, after a power cut, which leaves no trace: always walk then."""
-    if not flush_sync:
-        return "flush=async (a power cut may have taken dispatched records)"
-    if end < end_before:
-        return f"recovery cut the log from {end_before} to {end}"
-    if fsynced is not None and end < fsynced:
-        return f"the log ends at {end} but its checkpoint says {fsynced} was fsynced"
-    if cq_position > end:
-        return f"the consume-queue checkpoint {cq_position} is past the log end {end}"
-    return ""
 
 
 class NextOffsets(dict[Key, int]):

@@ -11,7 +11,7 @@ Data directory layout::
 
 Start-up order: size the open-file budget (``store.openfiles``: fail now if RLIMIT_NOFILE
 is too low) -> recover the CommitLog (truncate a torn tail, skip damaged records) -> if it
-lost anything a dispatcher may have seen (``queues.lost_tail_reason``), turn ConsumeQueue
+lost anything a dispatcher may have seen (``store.tailcheck``), turn ConsumeQueue
 entries past its end into holes (queue offsets are never given out twice) -> rewind every
 reader of the log (dispatch handlers, ``add_log_reader``s) that is past the end or inside
 a record, durably -> replay the CommitLog into every dispatcher from its checkpoint ->
@@ -64,8 +64,9 @@ from store.message import (
 )
 from store.names import check_name
 from store.openfiles import plan_open_files
-from store.queues import ConsumeQueueTable, NextOffsets, lost_tail_reason
+from store.queues import ConsumeQueueTable, NextOffsets
 from store.reader import RecordReader
+from store.tailcheck import TailCheck
 from store.topics import Topic, TopicCatalogue, TopicChanges
 
 log = logging.getLogger(__name__)
@@ -157,15 +158,18 @@ class MessageStore:
     def open(self) -> None:
         end_before, fsynced = _log_end_on_disk(self._log_dir), self._fsynced_end()
         end = self.commitlog.open()
-        why = lost_tail_reason(end, end_before, fsynced, self.queues.position(),
-                               self.config.flush == "sync")
+        check = TailCheck(os.path.join(self.config.data_dir, "checkpoint"))
+        why = check.reason(end, end_before, fsynced, self.queues.position(),
+                           self.config.flush == "sync")
         if why:
             log.info("checking every consume queue for entries past the log end: %s", why)
-            cleared = self.queues.clear_beyond(end)
+            with check.walking(end):
+                cleared = self.queues.clear_beyond(end)
             if cleared:
                 log.warning("%d consume-queue entries pointed past the recovered log end %d: "
                             "now holes, so their queue offsets are not given out again",
                             cleared, end)
+        check.done()
         handlers: list[DispatchHandler] = [self.queues, self.index, *self._extra_handlers]
         for reader in (*handlers, *self._log_readers):
             self._rewind(reader)

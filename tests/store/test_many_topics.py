@@ -10,7 +10,8 @@ In process (real files, real RocksDB):
 * The open-file budget: the cache takes what RLIMIT_NOFILE leaves (a soft limit below
   the hard one is raised first); a limit too low names RLIMIT_NOFILE and the value.
 * A clean restart reads no queue; a cut CommitLog tail makes the start walk every queue
-  and turn the lost entries into holes.
+  and turn the lost entries into holes; with flush=async a start walks only after an OS
+  restart or a walk cut short.
 * The topic log: a line round-trips and a flipped byte is caught (hypothesis); a torn
   last record of every length is dropped (the topics before it
   stay, and the next create is durable); a damaged line in the middle costs that topic
@@ -222,6 +223,28 @@ def test_a_clean_restart_reads_no_queue_and_a_cut_tail_walks_them(
         s.stop()
 
 
+def test_flush_async_walks_after_an_os_restart_or_an_unfinished_walk(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = _config(tmp_path, flush="async")
+    checkpoints = tmp_path / "data" / "checkpoint"
+    caplog.set_level(logging.INFO, logger="store.store")
+
+    def walked() -> bool:
+        caplog.clear()
+        s = MessageStore(config, SystemClock())
+        s.open()
+        s.stop()
+        return "checking every consume queue" in caplog.text
+
+    assert walked()  # the first start: no boot id kept yet
+    assert not walked()  # flush=async, the same boot: written data is still there
+    (checkpoints / "boot-id").write_text("another boot\n")
+    assert walked()  # the OS restarted: unsynced dispatched data may be gone
+    (checkpoints / "consumequeue.walk").write_text("0\n")  # a walk cut short by a crash
+    assert walked() and not (checkpoints / "consumequeue.walk").exists()
+    assert not walked()
+
+
 # ---------------------------------------------------------------- the topic log
 
 
@@ -367,9 +390,12 @@ def test_2500_topics_start_and_serve_under_ulimit_1024(tmp_path: Path) -> None:
         assert len(list((tmp_path / "data" / "consumequeue").glob("*/*/*.cq"))) == 4 * n
         assert _open_files(srv) < NOFILE
         # When it restarts under the same limit: cleanly, then after a kill -9 with
-        # flush=async (that start walks every queue for entries past the log end)
+        # flush=async and what looks like an OS restart (a new boot id), so that start
+        # walks every queue for entries past the log end
         for kill, settings in ((False, ()), (True, ("store.flush=async",))):
             srv.kill9() if kill else srv.terminate()
+            if kill:
+                (tmp_path / "data" / "checkpoint" / "boot-id").write_text("another boot\n")
             srv = ServerProcess(tmp_path / "data", *settings, nofile=NOFILE)
         # Then Pop serves every queue across the whole range, still under the limit
         with ChronomqClient(srv.target) as c:
