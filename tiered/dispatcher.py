@@ -1,42 +1,55 @@
-"""TieredDispatcher: follows the local CommitLog on its own thread and uploads each topic
-queue to the tier (``tiered.queue``), in batches, with its own checkpoint.
+"""TieredDispatcher: follows the local CommitLog on its own thread (the owner of every
+TieredQueue's writes) and uploads each topic queue to the tier (``tiered.queue``), in
+batches, with its own checkpoint.
 
 A queue's batch is committed when its buffered bytes reach ``batch_bytes`` or its oldest
-buffered record is ``batch_ms`` old, whichever comes first (and every queue's when all
-buffers together pass ``buffer_bytes``, which bounds the memory many queues can take).
-After each commit the queue's metadata is written to
-``<meta_dir>/queues/<topic>/<queue>.json`` (atomically, locally) and then the checkpoint:
+buffered record is ``batch_ms`` old (every queue's when all buffers together pass
+``buffer_bytes``; past that it reads no more until they are up).  A commit starts the
+uploads of every due queue and of a due key-index file at once on the uploader pool and
+waits for them together (``tiered.uploads``): a stalled tier costs one
+``upload_timeout_s`` per commit, not one per queue; after a failed commit the next waits
+a back-off (0.2 s doubling to 5 s).  Then each uploaded queue's metadata is written to
+``<meta_dir>/queues/<topic>/<queue>.json`` (atomically, locally), then the checkpoint:
 the CommitLog offset of the oldest record not yet durable in the tier (the key index,
-``tiered.index``, kept in ``<meta_dir>/index``, has persisted its entries by then).
-After a crash the dispatcher replays from the checkpoint; queue offsets already in the
-tier are skipped, so the tier gets nothing twice and loses nothing.  It registers with
-the store as a log reader (``MessageStore.add_log_reader``): after a torn tail the store
-``rewind``s its checkpoint to the recovered end before anything new is appended.  It
-reads the file with CRC checks when it cannot reuse the store dispatcher's records, and
-skips a damaged record (reported by the CommitLog) instead of stopping at it.  Delayed records (the
-timer's) are not uploaded: they reach their topic, and the tier, when they are delivered.
+``tiered.index``, has persisted its entries by then).  Copies of the metadata go to the
+tier for a broker that mounts it read-only (``Mirror``).  After a crash it replays from
+the checkpoint, skipping queue offsets the tier has: nothing twice, nothing lost.  As a
+log reader of the store its checkpoint is ``rewind``-ed after a torn tail and guards
+local retention.  It reuses the records the store's dispatcher decoded, else decodes
+with CRC checks, skipping damage.  Delayed records go up when they are delivered.
 
-Retention in the tier (``run_retention``) is by time, per topic (``tier_retention_ms``,
-else ``TieredConfig.retention_ms``; 0 keeps forever): whole segments whose data is all
-older are dropped from the metadata, the metadata is persisted, then their objects are
-deleted.
+Retention (``run_retention``, from the broker's scheduler) is by time, per topic
+(``tier_retention_ms``, else ``TieredConfig.retention_ms``; 0 keeps forever): whole
+segments whose data is all older leave the metadata, it is persisted, then their objects
+are deleted.
 
-It runs beside the store's own dispatcher and never slows it: a slow or failing tier only
-makes this checkpoint lag (uploads switch segment on failure and retry).  Local retention
-must not delete what it has not passed: ``position()`` is registered as a guard.
+Locking: no lock is held across tier I/O.  ``_lock`` guards the queue map, what is
+pending, the counters and the checkpoint value, for dictionary work only: Pop, Subscribe
+(``queue``, ``min_queue_offset``, ``read``), Stats and Send never wait for an upload.
+``_save_lock`` orders the local metadata and checkpoint files of commit and retention
+(local writes only).  Retention never waits for an upload: a queue whose upload is in
+flight is left for its next pass (``TieredQueue.expire_stored_before``), a pass that
+starts while one runs returns at once, and its tier reads and deletes hold no lock.
+``step``/``commit`` come from the owner (its thread, or a test driving it while the
+thread is not running); everything else is thread-safe.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import logging
 import os
+import struct
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from store.clock import Clock
 from store.crashpoint import crashpoint
+from store.errors import StoreError
 from store.files import fsync_dir, write_atomic
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.store import MessageStore
@@ -44,11 +57,15 @@ from tiered.errors import TierError
 from tiered.index import IndexFile, TieredIndex
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
+from tiered.uploads import Mirror, await_uploads
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 4 << 20
 RECENT_RECORDS = 1 << 16  # decoded records held from the store's dispatcher, at most
+UPLOAD_THREADS = 16  # the uploader pool: every due queue's two objects go up at once
+RETRY_MIN_MS, RETRY_MAX_MS = 200, 5000  # back-off after a failed commit, doubling
+_STORE_AT = struct.Struct(">Q")  # a record's store_at_ms, at byte 32 (store.message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +87,16 @@ class TierStats:
     uploaded_records: int  # since start
     uploaded_bytes: int  # records and entries
     upload_batches: int  # committed queue batches
-    failed_uploads: int  # each one switched a segment
+    failed_uploads: int  # since start: batches, index files, metadata copies not taken
     queues: int
     index_files: int
     expired_objects: int
     reused_records: int  # taken as the store's dispatcher decoded them, not decoded again
     damaged_objects: int = 0  # tier objects found short, missing or with a bad record
+    last_upload_ms: int = 0  # wall time of the last successful upload (0: none yet)
+    upload_lag_bytes: int = 0  # CommitLog confirmed offset - position
+    upload_lag_s: float = 0.0  # age of the oldest record not yet in the tier (0: caught up)
+    consecutive_failures: int = 0  # commits in a row with a failed upload (0: all went up)
 
 
 class TieredDispatcher:
@@ -89,16 +110,21 @@ class TieredDispatcher:
         self._meta_dir = meta_dir
         self.config = config
         self._clock = clock
-        self._uploader = ThreadPoolExecutor(4, thread_name_prefix="tier-upload")
-        self._lock = threading.Lock()  # guards queues and positions
+        self._uploader = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="tier-upload")
+        self._lock = threading.Lock()  # short: queue map, pending, counters, checkpoint
+        self._save_lock = threading.Lock()  # local metadata and checkpoint files, in order
+        self._retention_lock = threading.Lock()  # one retention pass at a time
         self._queues: dict[tuple[str, int], TieredQueue] = {}
         self._first_unsaved: dict[tuple[str, int], int] = {}  # queue -> commitlog offset
         self._since: dict[tuple[str, int], float] = {}  # queue -> when it began buffering
+        self._mirror = Mirror(provider, self._uploader)  # metadata copies in the tier
         self._uploaded_records = self._uploaded_bytes = self._batches = 0
         self._failed = self._expired = self._reused = 0
+        self._consecutive = self._last_upload_ms = 0
+        self._retry_at_ms = 0.0  # monotonic: no commit before (back-off after a failure)
         os.makedirs(os.path.join(meta_dir, "queues"), exist_ok=True)
         self.index = TieredIndex(provider, broker, os.path.join(meta_dir, "index"), clock,
-                                 config.index_entries, config.index_ms)
+                                 config.index_entries, config.index_ms, self._mirror)
         self._checkpoint = self._load()
         self._read_position = self._checkpoint
         self._thread: threading.Thread | None = None
@@ -114,15 +140,11 @@ class TieredDispatcher:
 
     def _load(self) -> int:
         qdir = os.path.join(self._meta_dir, "queues")
-        for topic in os.listdir(qdir):
-            tdir = os.path.join(qdir, topic)
-            if not os.path.isdir(tdir):
-                continue
-            for name in os.listdir(tdir):
-                if name.endswith(".json"):
+        for topic in filter(lambda t: os.path.isdir(os.path.join(qdir, t)), os.listdir(qdir)):
+            for name in fnmatch.filter(os.listdir(os.path.join(qdir, topic)), "*.json"):
+                with open(os.path.join(qdir, topic, name), encoding="utf-8") as f:
                     qid = int(name[:-5])
-                    with open(os.path.join(tdir, name), encoding="utf-8") as f:
-                        self._queues[(topic, qid)] = self._new_queue(topic, qid, f.read())
+                    self._queues[(topic, qid)] = self._new_queue(topic, qid, f.read())
         try:
             with open(os.path.join(self._meta_dir, "checkpoint"), encoding="utf-8") as f:
                 return int(f.read().strip())
@@ -142,16 +164,32 @@ class TieredDispatcher:
     def rewind(self, offset: int) -> None:
         """Recovery after a torn tail: read again from ``offset`` when past it; the
         checkpoint moves back first (durably)."""
-        with self._lock:
+        with self._save_lock:
             if self._checkpoint > offset:
                 write_atomic(os.path.join(self._meta_dir, "checkpoint"), str(offset).encode())
                 fsync_dir(self._meta_dir)
-                self._checkpoint = offset
-            self._read_position = min(self._read_position, offset)
+                with self._lock:
+                    self._checkpoint = offset
+            with self._lock:
+                self._read_position = min(self._read_position, offset)
 
     def queue(self, topic: str, qid: int) -> TieredQueue | None:
         with self._lock:
             return self._queues.get((topic, qid))
+
+    def _queue_for(self, key: tuple[str, int], generation: int) -> TieredQueue:
+        """The queue to append to: a new one for a new or re-created topic (owner)."""
+        with self._lock:
+            q = self._queues.get(key)
+            if q is None or q.generation != generation:
+                q = self._queues[key] = self._new_queue(key[0], key[1], generation=generation)
+            return q
+
+    def _full(self) -> bool:
+        """The buffers together hold more than ``buffer_bytes`` (they could not go up)."""
+        with self._lock:
+            pending = [self._queues[k] for k in self._first_unsaved]
+        return sum(q.buffered_bytes for q in pending) > self.config.buffer_bytes
 
     # ------------------------------------------------------------------ work
 
@@ -186,7 +224,10 @@ class TieredDispatcher:
     def step(self) -> int:
         """Read what the CommitLog confirmed since the last step, buffer it per queue
         (one append per queue and stream), and commit what is due.  Returns the records
-        buffered."""
+        buffered: none while the buffers are full (the tier is failing)."""
+        if self._full():
+            self.commit(force=False)
+            return 0
         cl = self._store.commitlog
         offset, data = cl.read_from(self._read_position, READ_CHUNK)
         infos, used = self._take_recent(offset, len(data)) if data else ([], 0)
@@ -200,83 +241,122 @@ class TieredDispatcher:
         buffered = 0
         view = memoryview(data)
         covered = self.index.covered
-        with self._lock:
-            for key, records in by_queue.items():
-                topic = self._store.topics.get(key[0])
-                if topic is None:
-                    continue  # deleted
-                if records[0].commit_offset < topic.since_offset:  # an older namesake's
-                    records = [r for r in records if r.commit_offset >= topic.since_offset]
-                    if not records:
-                        continue
-                q = self._queues.get(key)
-                if q is None or q.generation != topic.since_offset:  # new, or re-created
-                    q = self._queues[key] = self._new_queue(key[0], key[1],
-                                                            generation=topic.since_offset)
-                added, problem = q.append_batch(records, view, offset)
-                if problem:
-                    log.error("not uploading part of a queue: %s", problem)
-                if added:
-                    self.index.add_batch(key[0], key[1], q.generation, added, covered)
-                    buffered += len(added)
+        for key, records in by_queue.items():
+            topic = self._store.topics.get(key[0])
+            if topic is None:
+                continue  # deleted
+            if records[0].commit_offset < topic.since_offset:  # an older namesake's
+                records = [r for r in records if r.commit_offset >= topic.since_offset]
+                if not records:
+                    continue
+            q = self._queue_for(key, topic.since_offset)
+            added, problem = q.append_batch(records, view, offset)
+            if problem:
+                log.error("not uploading part of a queue: %s", problem)
+            if added:
+                self.index.add_batch(key[0], key[1], q.generation, added, covered)
+                buffered += len(added)
+                with self._lock:
                     if key not in self._first_unsaved:
                         self._first_unsaved[key] = added[0].commit_offset
                         self._since[key] = self._clock.monotonic_ms()
+        with self._lock:
             self._read_position = offset + used
         self.commit(force=False)
         return buffered
 
+    def _due(self, force: bool) -> list[TieredQueue] | None:
+        """The queues to upload now; None when nothing is due (or a failed commit's
+        back-off runs), so the checkpoint cannot move either."""
+        cfg = self.config
+        now = self._clock.monotonic_ms()
+        with self._lock:
+            if not force and now < self._retry_at_ms:
+                return None
+            pending = [self._queues[k] for k in self._first_unsaved]
+            since = dict(self._since)
+        if not force and sum(q.buffered_bytes for q in pending) <= cfg.buffer_bytes:
+            pending = [q for q in pending if q.buffered_bytes >= cfg.batch_bytes
+                       or now - since[(q.topic, q.queue_id)] >= cfg.batch_ms]
+            if not pending and since:
+                return None
+        return pending
+
     def commit(self, force: bool = True) -> int:
         """Upload the buffered queues that are due (all when ``force``; else each one
         whose buffer reached ``batch_bytes`` or is ``batch_ms`` old, or all when the
-        buffers together exceed ``buffer_bytes``), persist their metadata, then the
-        checkpoint.  Returns the queues committed."""
+        buffers together exceed ``buffer_bytes``) and a due key-index file, all at once;
+        persist their metadata, then the checkpoint.  Returns the queues committed."""
+        due = self._due(force)
+        if due is None:
+            return 0
+        timeout_s = self.config.upload_timeout_s
+        deadline_s = time.monotonic() + timeout_s  # real time: it bounds real I/O
+        sizes = [(q.next_queue_offset - q.committed_queue_offset, q.buffered_bytes)
+                 for q in due]
+        started = [(q, q.begin_commit()) for q in due]
+        seal = self.index.begin_seal() if self.index.seal_due(force) else None
+        if seal is not None:
+            seal.start(self._provider, self._uploader)
+        await_uploads([u for _, ups in started for u in ups if u is not None]
+                      + ([seal] if seal is not None else []), timeout_s)
+        done = []
+        for (q, ups), (records, size) in zip(started, sizes, strict=True):
+            if q.finish_commit(ups):
+                done.append((q, records, size))
+            else:
+                log.warning("upload of %s/%d failed (%s); will retry", q.topic, q.queue_id,
+                            "; ".join(u.error() for u in ups if u is not None and not u.outcome()))
+        failed = len(started) - len(done)
+        sealed = seal is not None and self.index.finish_seal(seal) is not None
+        if seal is not None and not sealed:
+            failed += 1
+            log.warning("upload of key-index file %s failed (%s); will retry", seal.path,
+                        seal.error())
+        self._save(done, failed, sealed)
+        failed_copies = self._mirror.sync(deadline_s)
         with self._lock:
-            cfg = self.config
-            pending = [self._queues[k] for k in self._first_unsaved]
-            if not force and sum(q.buffered_bytes for q in pending) <= cfg.buffer_bytes:
-                now = self._clock.monotonic_ms()
-                pending = [q for q in pending if q.buffered_bytes >= cfg.batch_bytes
-                           or now - self._since[(q.topic, q.queue_id)] >= cfg.batch_ms]
-                if not pending and self._first_unsaved:
-                    return 0  # nothing due: the checkpoint cannot move either
-            done = 0
-            for q in pending:
-                records, size = q.next_queue_offset - q.committed_queue_offset, q.buffered_bytes
-                if q.commit():
-                    crashpoint("tier.after_upload")
-                    self._save_queue(q)
+            self._failed += failed_copies
+        return len(done)
+
+    def _save(self, done: list[tuple[TieredQueue, int, int]], failed: int,
+              sealed: bool) -> None:
+        """Persist each uploaded queue's metadata, the key index's open file, then the
+        checkpoint (never past what the metadata lists); count, and set the back-off."""
+        with self._save_lock:
+            for q, _, _ in done:
+                crashpoint("tier.after_upload")
+                self._save_queue(q)
+            self.index.persist()  # the open index file's entries, before the checkpoint
+            with self._lock:
+                for q, records, size in done:
                     del self._first_unsaved[(q.topic, q.queue_id)]
                     del self._since[(q.topic, q.queue_id)]
-                    done += 1
                     self._uploaded_records += records
                     self._uploaded_bytes += size
                     self._batches += 1
-                else:
-                    self._failed += 1
-                    log.warning("upload of %s/%d failed; switched segment, will retry",
-                                q.topic, q.queue_id)
-            if self.index.seal_due(force):
-                try:
-                    self.index.seal()
-                except TierError as exc:
-                    log.warning("upload of a key-index file failed, will retry: %s", exc)
-            self.index.persist()  # the open index file's entries, before the checkpoint
-            checkpoint = min(self._first_unsaved.values(), default=self._read_position)
-            if checkpoint != self._checkpoint:
+                self._failed += failed
+                self._consecutive = self._consecutive + 1 if failed else 0
+                backoff = min(RETRY_MAX_MS, RETRY_MIN_MS << min(self._consecutive, 9) >> 1)
+                self._retry_at_ms = self._clock.monotonic_ms() + backoff if failed else 0.0
+                if done or sealed:
+                    self._last_upload_ms = self._clock.now_ms()
+                checkpoint = min(self._first_unsaved.values(), default=self._read_position)
+                moved = checkpoint != self._checkpoint
+            if moved:
                 write_atomic(os.path.join(self._meta_dir, "checkpoint"), str(checkpoint).encode())
                 crashpoint("tier.checkpoint")
-                self._checkpoint = checkpoint
-            return done
+                with self._lock:
+                    self._checkpoint = checkpoint
 
     def _save_queue(self, q: TieredQueue) -> None:
-        meta = q.to_json()
+        """Write ``q``'s metadata locally (the truth; the caller holds ``_save_lock``)
+        and mark its copy in the tier due."""
+        meta = q.to_json().encode()
         tdir = os.path.join(self._meta_dir, "queues", q.topic)
         os.makedirs(tdir, exist_ok=True)
-        write_atomic(os.path.join(tdir, f"{q.queue_id}.json"), meta.encode())
-        # a copy beside the data, so another broker can mount the tier read-only
-        self._provider.write(f"{self._broker}/meta/{q.topic}/{q.queue_id}.json",
-                             meta.encode())
+        write_atomic(os.path.join(tdir, f"{q.queue_id}.json"), meta)
+        self._mirror.put(f"{self._broker}/meta/{q.topic}/{q.queue_id}.json", meta)
 
     # ------------------------------------------------------------------ retention
 
@@ -286,39 +366,67 @@ class TieredDispatcher:
         return ttl or self.config.retention_ms
 
     def run_retention(self) -> int:
-        """Delete what is past each topic's tier retention; returns the objects deleted."""
-        now = self._clock.now_ms()
-        doomed: list[str] = []
-        with self._lock:
-            for q in list(self._queues.values()):
-                ttl = self.tier_retention_ms(q.topic)
-                if ttl <= 0:
-                    continue
-                paths = q.expire_stored_before(now - ttl)
-                if paths:
-                    self._save_queue(q)  # persisted first: a crash leaves orphans only
-                    doomed += paths
-
-            def keep(f: IndexFile) -> bool:
-                ttls = [self.tier_retention_ms(topic) for topic, _, _ in f.queues]
-                return any(t <= 0 or f.end_ms >= now - t for t in ttls)
-            doomed += self.index.expire(keep)
-        for path in doomed:
+        """Delete what is past each topic's tier retention; returns the objects deleted.
+        Never waits for an upload (see the module docstring); 0 at once when another pass
+        is running."""
+        if not self._retention_lock.acquire(blocking=False):
+            return 0
+        try:
+            doomed = self._expire(self._clock.now_ms())
+        finally:
+            self._retention_lock.release()
+        for path in doomed:  # after the metadata is persisted: a crash leaves orphans only
             try:
                 self._provider.delete(path)
             except TierError as exc:  # an orphan: costs space, never correctness
                 log.warning("could not delete expired %s: %s", path, exc)
         if doomed:
             log.info("tier retention deleted %d objects", len(doomed))
-        self._expired += len(doomed)
+        with self._lock:
+            self._expired += len(doomed)
         return len(doomed)
 
-    def statistics(self) -> TierStats:
+    def _expire(self, now: int) -> list[str]:
+        """Drop what is past retention from the metadata and persist it; returns the
+        object paths to delete."""
+        doomed: list[str] = []
         with self._lock:
-            return TierStats(self._checkpoint, self._uploaded_records, self._uploaded_bytes,
-                             self._batches, self._failed, len(self._queues),
-                             len(self.index.files), self._expired, self._reused,
-                             sum(q.damaged_objects for q in self._queues.values()))
+            queues = list(self._queues.items())
+        for key, q in queues:
+            ttl = self.tier_retention_ms(q.topic)
+            paths = q.expire_stored_before(now - ttl) if ttl > 0 else []
+            if paths:
+                with self._save_lock:
+                    if self.queue(*key) is q:  # else re-created meanwhile: orphans
+                        self._save_queue(q)
+                        doomed += paths
+
+        def keep(f: IndexFile) -> bool:
+            ttls = [self.tier_retention_ms(topic) for topic, _, _ in f.queues]
+            return any(t <= 0 or f.end_ms >= now - t for t in ttls)
+        return doomed + self.index.expire(keep)
+
+    # ------------------------------------------------------------------ health
+
+    def statistics(self) -> TierStats:
+        """Counters and health; ``upload_lag_s`` is the age of the record at the
+        checkpoint, the oldest not yet durable in the tier."""
+        with self._lock:
+            queues, position = list(self._queues.values()), self._checkpoint
+            stats = TierStats(position, self._uploaded_records, self._uploaded_bytes,
+                              self._batches, self._failed, len(queues), len(self.index.files),
+                              self._expired, self._reused, last_upload_ms=self._last_upload_ms,
+                              consecutive_failures=self._consecutive)
+        lag_bytes, lag_s = self._store.commitlog.confirmed_offset - position, 0.0
+        if lag_bytes > 0:
+            try:
+                head = self._store.commitlog.read(position, 32 + _STORE_AT.size)
+                lag_s = max(0.0, (self._clock.now_ms() - _STORE_AT.unpack_from(head, 32)[0])
+                            / 1000)
+            except (StoreError, OSError):  # passed meanwhile (a rewind, a roll): unknown
+                pass
+        return dataclasses.replace(stats, upload_lag_bytes=max(0, lag_bytes), upload_lag_s=lag_s,
+                                   damaged_objects=sum(q.damaged_objects for q in queues))
 
     # ------------------------------------------------------------------ reads
 
@@ -342,26 +450,32 @@ class TieredDispatcher:
 
     def stop(self, drain_s: float = 10.0) -> None:
         """Stop following; first catch up with the CommitLog for up to ``drain_s`` and
-        upload everything read (what is left is replayed on the next start)."""
+        upload everything read (what is left, or all if the thread is stuck, is replayed
+        on the next start: never two owners)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
-            self._thread = None
-        try:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(30)
+        if thread is not None and thread.is_alive():
+            log.warning("the tier dispatcher did not stop within 30 s; not draining")
+        else:
             deadline = self._clock.monotonic_ms() + drain_s * 1000
             while (self._read_position < self._store.commitlog.confirmed_offset
                    and self._clock.monotonic_ms() < deadline):
-                self.step()
+                if not self.step() and self._full():
+                    break  # the tier is failing
             self.commit(force=True)
-        except TierError as exc:
-            log.warning("final tier upload failed (replayed on start): %s", exc)
         self._uploader.shutdown(wait=False)
 
     def _run(self) -> None:
         cl = self._store.commitlog
         while not self._stop.is_set():
             try:
-                if not self.step():
+                if self.step():
+                    continue
+                if self._full():  # the tier is failing: wait, read nothing more
+                    self._stop.wait(0.1)
+                else:
                     cl.wait_beyond(self._read_position, 0.2)
             except Exception:  # keep following; the cause is logged
                 log.exception("tiered dispatch failed")

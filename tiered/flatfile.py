@@ -12,17 +12,28 @@ count: one PUT per batch per stream, plus one metadata PUT per commit; see
 ``FlatFileMeta``).
 
 Two positions: ``append_position`` (bytes accepted into the buffer) and
-``commit_position`` (bytes durable in the tier and listed in the metadata).  ``commit``
-uploads the buffer as one object.  When that upload fails or times out, the segment is
-sealed at its committed length and the buffer goes, unchanged, to a new segment starting
-at the commit position (switch-segment): a late success of the failed upload lands in the
-sealed segment beyond its sealed length, where no read looks, so nothing is lost and
-nothing is read twice.  Appends never wait for the tier.
+``commit_position`` (bytes durable in the tier and listed in the metadata).  A commit
+uploads the buffer as one object, in steps so that an owner can upload many FlatFiles
+at once and wait for them together: ``begin_commit`` (reserve the object in the last
+segment; no I/O), ``start_upload`` (the PUT, on the uploader pool), ``await_uploads``
+(``tiered.uploads``), ``finish_commit``; ``commit`` does all of them for one FlatFile.
+When the upload fails or times out, the segment is sealed at its committed length and
+the buffer goes, unchanged, to a new segment starting at the commit position
+(switch-segment): a late success of the failed upload lands in the sealed segment beyond
+its sealed length, where no read looks, so nothing is lost and nothing is read twice.  An
+upload that never got a thread before its time-out is cancelled: nothing was written,
+nothing switches.  A segment switched while empty leaves the next one at the same base,
+so the next object has the very path of the failed one: that upload is not started (it
+waits for a later commit) while the failed one may still land, so a late write never
+lands over a newer one.  Appends never wait for the tier.
 
 The metadata (segments, their objects, lengths and times) is the truth for reads; it is
-persisted by the owner after each commit (``to_json``/``from_json``).  Writes (append,
-commit, expire) come from one owner thread; reads may come from any thread: metadata
-changes and the read plan are taken under a lock, uploads and object reads run outside it.
+persisted by the owner after each commit (``to_json``/``from_json``).  Appends and commits
+come from one owner thread; retention (``expire_before``) may come from another: it never
+seals the segment an upload is reserved in, so a commit's object always lands in the
+segment it was reserved in, which is still listed.  Reads may come from any thread:
+metadata changes and the read plan are taken under a lock; uploads and object reads run
+outside it.
 
 Damage: an object shorter than the metadata says (cut by a faulty copy or disk), or
 missing, is damage, not an outage.  ``read`` refuses it (``TierError`` naming the object
@@ -37,12 +48,12 @@ import bisect
 import json
 import logging
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from tiered.errors import TierError, TierNotFound, TierUnavailable
+from tiered.errors import TierError, TierNotFound
 from tiered.provider import Provider
+from tiered.uploads import Upload, await_uploads
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +108,8 @@ class FlatFile:
         self._buffer_last_ms = 0
         self.switches = 0  # segments sealed because an upload failed
         self._lock = threading.Lock()  # metadata changes vs. read plans
+        self._uploading: Segment | None = None  # where the reserved upload goes
+        self._late: list[Upload] = []  # timed out, maybe still running (owner thread)
         self._damaged: dict[str, set[int]] = {}  # damaged object -> bytes reported
 
     # ------------------------------------------------------------------ positions
@@ -130,48 +143,74 @@ class FlatFile:
         self._buffer_last_ms = last_at_ms or at_ms
         return pos
 
+    @property
+    def uploading(self) -> bool:
+        """An upload is reserved (``begin_commit``) and not finished yet."""
+        return self._uploading is not None
+
     def commit(self) -> bool:
         """Upload the buffer as one object.  True once it is durable (or there was
         nothing to upload); False when the upload failed or timed out, in which case the
         segment was switched and the buffer is kept for the next ``commit``."""
-        if not self._buffer:
+        up = self.begin_commit()
+        if up is None:
             return True
-        seg = self.meta.segments[-1]
-        if seg.sealed or seg.length >= self.segment_bytes or (
-                self.segment_ms and seg.first_at_ms
-                and self._buffer_last_ms - seg.first_at_ms >= self.segment_ms):
-            with self._lock:
+        self.start_upload(up)
+        await_uploads([up], self.upload_timeout_s)
+        return self.finish_commit(up) is True
+
+    def begin_commit(self) -> Upload | None:
+        """Reserve the buffer's object at the end of the last segment (a new one when that
+        one is sealed, full or spans ``segment_ms``); None when nothing is buffered.  No
+        I/O: the caller starts the upload, awaits it, and calls ``finish_commit``, with
+        no ``append`` in between."""
+        if not self._buffer:
+            return None
+        data = b"".join(self._buffer)
+        with self._lock:
+            seg = self.meta.segments[-1]
+            if seg.sealed or seg.length >= self.segment_bytes or (
+                    self.segment_ms and seg.first_at_ms
+                    and self._buffer_last_ms - seg.first_at_ms >= self.segment_ms):
                 seg.sealed = True
                 seg = self._new_segment()
-        data = b"".join(self._buffer)
-        path = self.object_path(seg.base, seg.end)
-        try:
-            self._upload(path, data)
-        except TierError:
-            with self._lock:
+            self._uploading = seg
+            return Upload(self.object_path(seg.base, seg.end), data)
+
+    def start_upload(self, up: Upload) -> None:
+        """Start the reserved upload ``up`` (on the uploader pool, if there is one), unless
+        a timed-out write of the same path may still land (then it stays not started)."""
+        self._late = [u for u in self._late if u.future is not None and not u.future.done()]
+        if all(u.path != up.path for u in self._late):
+            up.start(self._provider, self._uploader)
+
+    def finish_commit(self, up: Upload, accept: bool = True) -> bool | None:
+        """Apply the outcome of the reserved upload ``up``: list it (True), or switch
+        segment (False: it failed, timed out, or is durable but ``accept`` is False
+        because what it depends on is not), or change nothing (None: it never started)."""
+        ok = up.outcome()
+        if ok and not accept:
+            ok = False
+        with self._lock:  # the same section frees the segment for retention
+            seg, self._uploading = self._uploading, None
+            if seg is None or ok is None:
+                return None
+            if ok:
+                seg.objects.append(seg.end)
+                seg.length += len(up.data)
+                if not seg.first_at_ms:
+                    seg.first_at_ms = self._buffer_first_ms
+                seg.last_at_ms = max(seg.last_at_ms, self._buffer_last_ms)
+            else:
                 seg.sealed = True  # at its committed length; a late success is never read
                 self._new_segment()
+        if ok:
+            self._buffer, self._buffered = [], 0
+        else:
             self.switches += 1
-            return False
-        with self._lock:
-            seg.objects.append(seg.end)
-            seg.length += len(data)
-            if not seg.first_at_ms:
-                seg.first_at_ms = self._buffer_first_ms
-            seg.last_at_ms = max(seg.last_at_ms, self._buffer_last_ms)
-        self._buffer, self._buffered = [], 0
-        return True
-
-    def _upload(self, path: str, data: bytes) -> None:
-        if self._uploader is None:
-            self._provider.write(path, data)
-            return
-        fut: Future[None] = self._uploader.submit(self._provider.write, path, data)
-        try:
-            fut.result(self.upload_timeout_s)
-        except FutureTimeout as exc:
-            raise TierUnavailable(f"upload of {path} took longer than "
-                                  f"{self.upload_timeout_s} s") from exc
+            if up.future is not None and not up.future.done():
+                self._late.append(up)
+        return ok
 
     def _new_segment(self) -> Segment:
         seg = Segment(self.commit_position)
@@ -303,11 +342,12 @@ class FlatFile:
         """Drop whole segments that end at or before ``position`` from the metadata;
         returns their object paths, for the caller to delete once it has persisted the
         metadata (a crash in between leaves orphans, never a listed object that is gone).
-        The owner thread calls it (it may seal the last segment)."""
+        Any thread: the last segment is sealed (all of it goes) only while no upload is
+        reserved in it; else it stays until a later pass."""
         doomed: list[str] = []
         with self._lock:
             last = self.meta.segments[-1]
-            if last.length and last.end <= position:  # all of it goes: seal, start anew
+            if last.length and last.end <= position and self._uploading is None:
                 last.sealed = True
                 self._new_segment()
             while len(self.meta.segments) > 1 and self.meta.segments[0].end <= position:

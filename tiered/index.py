@@ -28,7 +28,11 @@ the object first.
 Crash safety: the open file's entries are appended to ``<data>/tiered/index/open`` and
 fsynced (``persist``) before the dispatcher writes its checkpoint, and reloaded on start;
 records the open or a sealed file already covers are not added again when the dispatcher
-replays.  Called from the dispatcher's thread; lookups from any thread.
+replays.  Writes come from the dispatcher's thread, which seals in two steps so the
+upload runs beside the queues' (``begin_seal``, ``finish_seal``), and never starts a seal
+while an earlier attempt that timed out may still land; ``expire`` (retention) and
+lookups from any thread.  No lock is held across tier I/O: given a ``Mirror``, the
+catalogue's copy in the tier is handed to it (the dispatcher writes it).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from store.files import write_atomic
 from store.message import DispatchInfo
 from tiered.errors import TierError, TierNotFound
 from tiered.provider import Provider
+from tiered.uploads import Mirror, Upload
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +139,10 @@ def compact(entries: list[tuple[int, int, int, int]]) -> tuple[bytes, int]:
 
 class TieredIndex:
     def __init__(self, provider: Provider, broker: str, local_dir: str, clock: Clock,
-                 max_entries: int = 1 << 20, seal_ms: int = 300_000) -> None:
+                 max_entries: int = 1 << 20, seal_ms: int = 300_000,
+                 mirror: Mirror | None = None) -> None:
         self._provider = provider
+        self._mirror = mirror  # None: the catalogue's copy is written at once
         self._prefix = f"{broker}/index"
         self._dir = local_dir
         self._clock = clock
@@ -143,6 +150,8 @@ class TieredIndex:
         self.seal_ms = seal_ms
         self._lock = threading.Lock()  # the catalogue
         self._open = _OpenFile()
+        self._sealing: tuple[_OpenFile, int] | None = None  # begin_seal: (file, slots)
+        self._late: Upload | None = None  # a seal that timed out: it may still land
         os.makedirs(local_dir, exist_ok=True)
         self.files: list[IndexFile] = []
         self.sealed_end = 0
@@ -263,15 +272,45 @@ class TieredIndex:
                 or self._clock.monotonic_ms() - o.opened_ms >= self.seal_ms)
 
     def seal(self) -> IndexFile | None:
-        """Compact, upload and list the open file; None if it is empty.  Raises
+        """Compact, upload and list the open file, at once; None if it is empty.  Raises
         ``TierError`` when the upload fails (the open file stays, to retry)."""
+        up = self.begin_seal()
+        if up is None:
+            return None
+        up.start(self._provider, None)
+        f = self.finish_seal(up)
+        if f is None:
+            raise TierError(f"upload of index file {up.path} failed: {up.error()}")
+        return f
+
+    def begin_seal(self) -> Upload | None:
+        """The open file, compacted, as an upload for the caller to start; None when it
+        is empty or an earlier attempt that timed out is still running (a late write
+        must never land over a newer one)."""
+        late = self._late
+        if late is not None and late.future is not None and not late.future.done():
+            return None
+        self._late = None
         o = self._open
         if not o.count:
             return None
         data, slots = compact(o.entries())
+        self._sealing = (o, slots)
+        return Upload(f"{self._prefix}/{o.begin_offset:020d}", data)
+
+    def finish_seal(self, up: Upload) -> IndexFile | None:
+        """After ``begin_seal``'s upload ended (no ``add_batch`` in between): list the
+        file and start a new open one; None (the open file stays) when it failed."""
+        assert self._sealing is not None and self._sealing[0] is self._open
+        o, slots = self._sealing
+        self._sealing = None
+        ok = up.outcome()
+        if ok is False:
+            self._late = up
+        if not ok:
+            return None
         name = f"{o.begin_offset:020d}"
-        self._provider.write(f"{self._prefix}/{name}", data)
-        write_atomic(self._slots_path(name), data[: HEADER.size + slots * SLOT.size])
+        write_atomic(self._slots_path(name), up.data[: HEADER.size + slots * SLOT.size])
         queues = sorted(o.queues, key=lambda q: o.queues[q])
         f = IndexFile(name, o.begin_offset, o.end_offset, o.begin_ms, o.end_ms,
                       o.count, slots, queues)
@@ -298,10 +337,14 @@ class TieredIndex:
         return [f"{self._prefix}/{f.name}" for f in gone]
 
     def _save(self) -> None:
+        """Persist the catalogue locally (caller holds the lock), then its tier copy."""
         text = json.dumps({"version": 1, "sealed_end": self.sealed_end,
-                           "files": [asdict(f) for f in self.files]})
-        write_atomic(os.path.join(self._dir, "catalog.json"), text.encode())
-        self._provider.write(f"{self._prefix}/catalog.json", text.encode())
+                           "files": [asdict(f) for f in self.files]}).encode()
+        write_atomic(os.path.join(self._dir, "catalog.json"), text)
+        if self._mirror is not None:
+            self._mirror.put(f"{self._prefix}/catalog.json", text)
+        else:
+            self._provider.write(f"{self._prefix}/catalog.json", text)
 
     def _slots_path(self, name: str) -> str:
         return os.path.join(self._dir, name + ".slots")

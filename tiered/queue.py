@@ -13,9 +13,14 @@ the same name starts a new generation, so its queue offsets never meet the old o
 
 Entry ``i`` of the cq stream is queue offset ``first_queue_offset + i``, so a lookup by
 queue offset is one ranged read of the cq and one of the log.  The log is committed before
-the cq, so a committed entry always points at committed bytes.  Appends of queue offsets
-already in the tier are skipped: a dispatcher that replays after a crash adds nothing
-twice.  Writes (append, commit, expire) come from one owner thread; ``read`` from any.
+the cq, so a committed entry always points at committed bytes: both go up at once
+(``begin_commit``, then ``finish_commit`` after the owner awaited them), and the cq's
+object is listed only when the log's is (else it switches segment, like a failed
+upload).  Appends of queue offsets already in the tier are skipped: a dispatcher that
+replays after a crash adds nothing twice.  Appends and commits come from one owner
+thread; retention (``expire_stored_before``) may come from another: it leaves a queue
+alone while its upload is in flight (the next pass takes it), so it never cuts the log
+under entries on their way up.  ``read`` from any thread.
 
 Damage in the tier (an object cut short or missing, a record that fails its magic, CRC,
 topic or queue-offset check) never fails a read: the entries it hides are skipped and
@@ -38,6 +43,7 @@ from store.queues import tag_hash
 from tiered.errors import TierError
 from tiered.flatfile import FlatFile, FlatFileMeta
 from tiered.provider import Provider
+from tiered.uploads import Upload, await_uploads
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +87,14 @@ class TieredQueue:
         self._topic_bytes = topic.encode()
         self._reported: set[int] = set()  # damaged queue offsets already logged
         self._report_lock = threading.Lock()
+        self._meta_lock = threading.Lock()  # both streams' metadata: commit vs. retention
 
     def to_json(self) -> str:
-        return json.dumps({"version": 1, "generation": self.generation,
-                           "first_queue_offset": self.first_queue_offset,
-                           "log": self.log.to_json(), "cq": self.cq.to_json()})
+        """The metadata of both streams, as of one moment (never a cq ahead of its log)."""
+        with self._meta_lock:
+            return json.dumps({"version": 1, "generation": self.generation,
+                               "first_queue_offset": self.first_queue_offset,
+                               "log": self.log.to_json(), "cq": self.cq.to_json()})
 
     # ------------------------------------------------------------------ offsets
 
@@ -175,14 +184,44 @@ class TieredQueue:
         return todo, ""
 
     def commit(self) -> bool:
-        """Upload the buffered records, then their entries.  True when both are durable;
+        """Upload the buffered records and their entries.  True when both are durable;
         False after a failed upload (its FlatFile switched segment; retry later)."""
-        return self.log.commit() and self.cq.commit()
+        ups = self.begin_commit()
+        await_uploads([u for u in ups if u is not None], self.log.upload_timeout_s)
+        return self.finish_commit(ups) is True
+
+    def begin_commit(self) -> tuple[Upload | None, Upload | None]:
+        """Reserve and start the uploads of the log's and the cq's buffers (None where a
+        stream has nothing buffered); the cq's is not started when the log's was not, or
+        failed at once.  The owner awaits them (``await_uploads``), then calls
+        ``finish_commit``."""
+        with self._meta_lock:  # retention sees both streams uploading, or neither
+            log_up, cq_up = self.log.begin_commit(), self.cq.begin_commit()
+        if log_up is not None:
+            self.log.start_upload(log_up)
+        if cq_up is not None and (log_up is None or (log_up.future is not None
+                                                     and not log_up.failed)):
+            self.cq.start_upload(cq_up)
+        return log_up, cq_up
+
+    def finish_commit(self, ups: tuple[Upload | None, Upload | None]) -> bool | None:
+        """Apply both outcomes: True when everything buffered is durable and listed,
+        False when an upload failed or timed out (retry later), None when one never got
+        a thread (nothing written; retry later)."""
+        log_up, cq_up = ups
+        with self._meta_lock:
+            log_ok = self.log.finish_commit(log_up) if log_up is not None else True
+            cq_ok = (self.cq.finish_commit(cq_up, accept=log_ok is True)
+                     if cq_up is not None else True)
+        if log_ok is False or cq_ok is False:
+            return False
+        return None if log_ok is None or cq_ok is None else True
 
     def expire_stored_before(self, at_ms: int) -> list[str]:
         """Retention by time: drop the leading segments of entries all stored before
         ``at_ms``, and the log segments only they point into.  Returns the object paths
-        to delete once the caller has persisted ``to_json()``."""
+        to delete once the caller has persisted ``to_json()``; nothing while an upload
+        of this queue is in flight.  Any thread; never waits for an upload."""
         cq_pos = self.cq.segments_before(at_ms)
         if self.first_queue_offset < 0 or cq_pos <= self.cq.start_position:
             return []
@@ -194,7 +233,12 @@ class TieredQueue:
                 log_pos = self.log.start_position
         else:
             log_pos = self.log.commit_position
-        return self.cq.expire_before(cq_pos) + self.log.expire_before(log_pos)
+        # both cuts are positions in committed data, which only grows at the end: still
+        # right after a commit that finished meanwhile
+        with self._meta_lock:
+            if self.log.uploading or self.cq.uploading:
+                return []
+            return self.cq.expire_before(cq_pos) + self.log.expire_before(log_pos)
 
     # ------------------------------------------------------------------ reads
 

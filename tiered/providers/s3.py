@@ -10,8 +10,9 @@ Every request is bounded: ``connect_timeout_s`` to open a connection, ``read_tim
 for each wait on the socket (an S3 that accepts a request and never answers), and at most
 ``max_attempts`` attempts in all (botocore's ``standard`` retry mode: connection errors,
 time-outs, throttling and 5xx are retried with jittered exponential back-off).  So one
-call against a stalled S3 gives up after about ``max_attempts`` x ``read_timeout_s``; the
-tiered dispatcher bounds its own wait further (``upload_timeout_s``).
+call against a stalled S3 gives up after about ``max_attempts`` x ``read_timeout_s`` (a
+PUT's attempt also waits up to 1 s for S3's "100 Continue" before it sends the body:
+botocore); the tiered dispatcher bounds its own wait further (``upload_timeout_s``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,135 @@
+"""Uploads to the tier that an owner starts together and waits for as one.
+
+``Upload`` is one object write on the uploader pool; ``await_uploads`` bounds the wait
+for a set of them by one time-out, so a tier that stalls costs one time-out per commit
+however many objects it holds.  ``Mirror`` keeps copies of local metadata in the tier
+(for a broker that mounts it read-only), the latest content per path, with at most one
+write per path in flight so that a late write never lands over a newer one.
+
+Time here is real time (``time.monotonic``): it bounds real I/O, not the broker's clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+from tiered.errors import TierError
+from tiered.provider import Provider
+
+log = logging.getLogger(__name__)
+
+
+class Upload:
+    """One object on its way to the tier: ``start`` puts it on the uploader pool (or
+    writes it at once without a pool), ``await_uploads`` bounds the wait, ``outcome``
+    tells what happened.  Thread-safe."""
+
+    __slots__ = ("data", "future", "path", "started_s")
+
+    def __init__(self, path: str, data: bytes) -> None:
+        self.path, self.data = path, data
+        self.future: Future[None] | None = None  # None: not started
+        self.started_s = 0.0  # time.monotonic() when its write began (0: not yet)
+
+    def start(self, provider: Provider, uploader: ThreadPoolExecutor | None) -> None:
+        if uploader is not None:
+            self.future = uploader.submit(self._write, provider)
+            return
+        self.future = Future()
+        self.future.set_running_or_notify_cancel()
+        try:
+            self._write(provider)
+        except TierError as exc:
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(None)
+
+    def _write(self, provider: Provider) -> None:
+        self.started_s = time.monotonic()
+        provider.write(self.path, self.data)
+
+    @property
+    def failed(self) -> bool:
+        """It ended with an error (so far)."""
+        f = self.future
+        return f is not None and f.done() and not f.cancelled() and f.exception() is not None
+
+    def outcome(self) -> bool | None:
+        """True: durable.  False: it failed, or is still running and may land late.
+        None: it never started (not started, or cancelled before it got a thread), so
+        nothing was written."""
+        f = self.future
+        if f is None or f.cancelled():
+            return None
+        if not f.done():
+            return False
+        return f.exception() is None
+
+    def error(self) -> str:
+        f = self.future
+        if f is None or f.cancelled():
+            return "not started"
+        if not f.done():
+            return "timed out"
+        return str(f.exception() or "")
+
+
+def await_uploads(uploads: Iterable[Upload], timeout_s: float) -> None:
+    """Wait for ``uploads``, started together, as one: each may run ``timeout_s`` from
+    when it got a thread; one still waiting for a thread ``timeout_s`` from now is
+    cancelled.  So a tier that stalls costs one time-out, however many uploads there
+    are.  (Real time: this bounds real I/O, not the broker's clock.)"""
+    futures = {u.future: u for u in uploads if u.future is not None}
+    if not futures:
+        return
+    _, waiting = wait(futures, timeout_s)
+    running = [futures[f] for f in waiting if not f.cancel()]
+    if running:
+        now = time.monotonic()
+        until = max(u.started_s or now for u in running) + timeout_s
+        wait([u.future for u in running if u.future], max(0.0, until - now))
+
+
+class Mirror:
+    """Copies of local metadata in the tier.  ``put`` from any thread; ``sync`` from one
+    owner thread.  A copy that fails is written again by a later ``sync``."""
+
+    def __init__(self, provider: Provider, uploader: ThreadPoolExecutor | None) -> None:
+        self._provider, self._uploader = provider, uploader
+        self._lock = threading.Lock()
+        self._due: dict[str, bytes] = {}  # path -> latest content not yet in the tier
+        self._writing: dict[str, Upload] = {}  # path -> its write in flight (owner)
+
+    def put(self, path: str, data: bytes) -> None:
+        with self._lock:
+            self._due[path] = data
+
+    def sync(self, deadline_s: float) -> int:
+        """Start a write of each due copy whose path has none in flight and wait for the
+        writes until ``deadline_s`` (time.monotonic); those still running are looked at
+        by the next call.  Returns the writes found failed."""
+        with self._lock:
+            todo = [(p, d) for p, d in self._due.items() if p not in self._writing]
+        for path, data in todo:
+            up = self._writing[path] = Upload(path, data)
+            up.start(self._provider, self._uploader)
+        running = [u.future for u in self._writing.values() if u.future is not None]
+        if running:
+            wait(running, max(0.0, deadline_s - time.monotonic()))
+        failed = 0
+        for path, up in list(self._writing.items()):
+            if up.future is not None and not up.future.done():
+                continue
+            del self._writing[path]
+            if not up.outcome():
+                failed += 1
+                log.warning("copy of %s to the tier failed (%s); will retry", path, up.error())
+                continue
+            with self._lock:
+                if self._due.get(path) is up.data:  # else changed meanwhile: still due
+                    del self._due[path]
+        return failed
