@@ -3,39 +3,87 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from tiered.errors import TierUnavailable
 from tiered.provider import Provider
 
 
 class FaultyProvider:
-    """Wraps a real provider.  The next ``failures`` writes raise; while ``stall`` is set
-    (``hold()``), a write blocks until ``release()`` and then succeeds: a late success."""
+    """Wraps a real provider.  The next ``failures`` writes raise.  After ``hold()`` a
+    write blocks until ``release()`` and then succeeds: a late success; ``pass_new()``
+    lets new writes through while those already held stay held.  ``held`` counts the
+    writes blocked now (``wait_held`` waits for some)."""
 
     def __init__(self, inner: Provider, failures: int = 0) -> None:
         self.inner, self.failures, self.name = inner, failures, "faulty"
-        self._open = threading.Event()
-        self._open.set()
+        self._lock = threading.Lock()
+        self._gate: threading.Event | None = None  # what a write starting now waits for
+        self._gates: list[threading.Event] = []
         self.writes = 0
         self.reads = 0  # ranged reads that reached the inner provider
+        self.held = 0
 
     def hold(self) -> None:
-        self._open.clear()
+        with self._lock:
+            self._gate = threading.Event()
+            self._gates.append(self._gate)
+
+    def pass_new(self) -> None:
+        with self._lock:
+            self._gate = None
 
     def release(self) -> None:
-        self._open.set()
+        with self._lock:
+            for gate in self._gates:
+                gate.set()
+            self._gates, self._gate = [], None
+
+    def wait_held(self, n: int, timeout_s: float = 10.0) -> None:
+        """Until ``n`` writes are blocked by ``hold()``."""
+        deadline = time.monotonic() + timeout_s
+        while self.held < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.held} writes held, {n} expected")
+            time.sleep(0.005)
+
+    def wait_writes(self, n: int, timeout_s: float = 10.0) -> None:
+        """Until ``n`` writes reached the inner provider."""
+        deadline = time.monotonic() + timeout_s
+        while self.writes < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.writes} writes done, {n} expected")
+            time.sleep(0.005)
 
     def write(self, path: str, data: bytes) -> None:
-        if self.failures > 0:
-            self.failures -= 1
-            raise TierUnavailable("injected failure")
-        self._open.wait(30)
+        with self._lock:
+            if self.failures > 0:
+                self.failures -= 1
+                raise TierUnavailable("injected failure")
+            gate = self._gate
+            self.held += gate is not None
+        if gate is not None:
+            try:
+                gate.wait(30)
+            finally:
+                with self._lock:
+                    self.held -= 1
         self.inner.write(path, data)
-        self.writes += 1
+        with self._lock:
+            self.writes += 1
 
     def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
         self.reads += 1
         return self.inner.read(path, offset, length)
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
+    def exists(self, path: str) -> bool:
+        return self.inner.exists(path)
+
+    def size(self, path: str) -> int:
+        return self.inner.size(path)
+
+    def delete(self, path: str) -> None:
+        self.inner.delete(path)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self.inner.list(prefix)
