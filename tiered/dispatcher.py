@@ -451,7 +451,8 @@ class TieredDispatcher:
     def stop(self, drain_s: float = 10.0) -> None:
         """Stop following; first catch up with the CommitLog for up to ``drain_s`` and
         upload everything read (what is left, or all if the thread is stuck, is replayed
-        on the next start: never two owners)."""
+        on the next start: never two owners).  Uploads still running (a stalled S3)
+        hold the process's exit until the S3 time-outs end them."""
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:
@@ -465,7 +466,7 @@ class TieredDispatcher:
                 if not self.step() and self._full():
                     break  # the tier is failing
             self.commit(force=True)
-        self._uploader.shutdown(wait=False)
+        self._uploader.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
         cl = self._store.commitlog
