@@ -111,7 +111,10 @@ class CommitLog:
         self._failure: str | None = None  # set after an I/O error: no more appends
         self._batches = 0
         self._fsyncs = 0
-        self._damaged: set[int] = set()  # CommitLog offsets of damaged records seen
+        # offsets of damaged records seen that are still on local disk (a deleted
+        # segment takes its own with it), and how many were ever seen
+        self._damaged: set[int] = set()
+        self._damaged_seen = 0
         self._damaged_lock = threading.Lock()
 
     # ------------------------------------------------------------------ life cycle
@@ -339,8 +342,14 @@ class CommitLog:
         return [(s.base_offset, s.end, os.path.getmtime(s.path)) for s in self._files.sealed()]
 
     def delete_oldest_segment(self) -> int:
-        """Delete the oldest sealed segment; return its size in bytes."""
-        return self._files.delete_oldest()
+        """Delete the oldest sealed segment; return its size in bytes.  Damaged records
+        it held are forgotten (still counted): memory holds only those on disk."""
+        freed = self._files.delete_oldest()
+        if freed and self._damaged:
+            low = self.min_offset
+            with self._damaged_lock:
+                self._damaged = {o for o in self._damaged if o >= low}
+        return freed
 
     def statistics(self) -> CommitLogStats:
         segs = self._files.all()
@@ -359,7 +368,7 @@ class CommitLog:
     @property
     def damaged_records(self) -> int:
         """Distinct damaged records seen since the start (recovery, dispatch, reads)."""
-        return len(self._damaged)
+        return self._damaged_seen
 
     def damaged(self, offset: int, reason: str, skip: str = "") -> DamagedRecord:
         """Count the damaged record at ``offset`` and return the error that names it.  It
@@ -369,6 +378,7 @@ class CommitLog:
         with self._damaged_lock:
             first = offset not in self._damaged
             self._damaged.add(offset)
+            self._damaged_seen += first
         log.log(logging.ERROR if first or skip else logging.DEBUG, "%s%s", err,
                 f"; {skip}" if skip else "")
         return err

@@ -1,5 +1,6 @@
-"""The key index's RocksDB memtables stay bounded however many records it indexes
-(issue 16): a real RocksDB."""
+"""What the store keeps in memory stays bounded (issue 16): the key index's RocksDB
+memtables however many records it indexes, the damaged records the CommitLog
+remembers by what is still on local disk."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from chronomq.memtrace import rocksdb_figures
 from store.index import WRITE_BUFFER_BYTES, KeyIndex
 from store.message import FLAG_FOREIGN_ID, FLAG_TIMER_DELIVERY, DispatchInfo
+from tests.store.test_commitlog import _append, _close, _open, _records
 
 
 def test_key_index_memtables_stay_within_two_write_buffers(tmp_path: Path) -> None:
@@ -30,3 +32,22 @@ def test_key_index_memtables_stay_within_two_write_buffers(tmp_path: Path) -> No
     # Then RocksDB held at most two write buffers in memory (the 64 MiB default held
     # every key)
     assert most <= 2 * WRITE_BUFFER_BYTES + (1 << 20)
+
+
+def test_damaged_records_are_forgotten_with_their_segment(tmp_path: Path) -> None:
+    # Given a CommitLog with damaged records reported in its oldest segment
+    log = _open(tmp_path, segment_bytes=16 << 10)
+    log.start()
+    try:
+        first = _append(log, _records(100))  # one batch: one segment
+        _append(log, _records(100))
+        for offset in first:
+            log.damaged(offset, "a flipped byte")
+        assert log.damaged_records == 100
+        # When retention deletes that segment
+        assert log.delete_oldest_segment() > 0
+        # Then they are still counted, but memory no longer holds them
+        assert log.damaged_records == 100
+        assert not log._damaged  # only damaged records still on local disk are held
+    finally:
+        _close(log)
