@@ -22,7 +22,9 @@ damage (the record magic, then a CRC-valid record), and logs and counts what it 
 so one bad object never holds up its bucket or the buckets after it.
 
 ``buckets`` is the sorted table of bucket start -> object paths, rebuilt by ``recover``
-from a listing.  Thread-safe.
+from a listing.  Memory: one path per object of every bucket not yet preloaded (an
+object per write batch of ``timer.flat_batch_ms``), and the damaged objects among them.
+Thread-safe.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class TimerFlatFiles:
         self._prefix = prefix
         self._lock = threading.Lock()
         self._buckets: SortedDict = SortedDict()  # bucket start ms -> list of object paths
-        self._damaged: set[str] = set()  # objects found damaged
+        self._damaged: set[str] = set()  # objects found damaged, until they are dropped
+        self._damaged_seen = 0  # every object ever found damaged
 
     def bucket_of(self, deliver_at_ms: int) -> int:
         return deliver_at_ms - deliver_at_ms % self.bucket_ms
@@ -127,6 +130,7 @@ class TimerFlatFiles:
 
     def _report(self, path: str, pos: int, size: int, nxt: int, reason: str) -> None:
         with self._lock:
+            self._damaged_seen += path not in self._damaged
             self._damaged.add(path)
         rest = (f"skipped {nxt - pos} bytes to the next valid entry" if nxt >= 0 else
                 f"the {size - pos} bytes left are skipped")
@@ -144,6 +148,7 @@ class TimerFlatFiles:
                 self._buckets[bucket_start_ms] = left
             else:
                 self._buckets.pop(bucket_start_ms, None)
+            self._damaged.difference_update(doomed)
         for path in doomed:
             self.provider.delete(path)
 
@@ -153,7 +158,7 @@ class TimerFlatFiles:
                 buckets=len(self._buckets),
                 objects=sum(len(v) for v in self._buckets.values()),
                 next_bucket_ms=self._buckets.peekitem(0)[0] if self._buckets else 0,
-                damaged_objects=len(self._damaged))
+                damaged_objects=self._damaged_seen)
 
 
 def _next_entry(data: bytes, pos: int) -> int:

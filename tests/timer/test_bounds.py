@@ -11,8 +11,11 @@ import pytest
 
 from chronomq.memtrace import rocksdb_figures
 from store.clock import ManualClock
+from store.message import Message, encode_record
 from store.topics import Topic
 from tests.timer.test_timer_service import WINDOW, Env
+from tiered.providers.memory import MemoryProvider
+from tiered.timerflatfile import TimerFlatFiles
 from timer.store import WRITE_BUFFER_BYTES, TimerStore
 
 
@@ -60,3 +63,17 @@ def test_the_wheel_holds_only_the_window_ahead(env: Env) -> None:
         # Then the wheel holds the next minute (timer.wheel_window_ms) only
         assert env.timer.statistics().pending_wheel <= WINDOW // 1000 + 1
         env.clock.advance(WINDOW)
+
+
+def test_damaged_flat_file_objects_are_forgotten_when_their_bucket_goes() -> None:
+    # Given a TimerFlatFile bucket whose one object turned out damaged
+    provider = MemoryProvider()
+    flat = TimerFlatFiles(provider, 3_600_000)
+    path = flat.append(3_600_000, [(100, encode_record(Message("id", "t", b"x")))])
+    provider.write(path, b"\0" * 64)
+    assert list(flat.read_bucket(3_600_000)) == []
+    # When the preload drops the bucket
+    flat.drop_bucket(3_600_000, flat.objects(3_600_000))
+    # Then the damage is still counted, but memory no longer holds the object's name
+    assert flat.statistics().damaged_objects == 1
+    assert not flat._damaged
