@@ -11,6 +11,9 @@ Records are handed over in memory as the writer appends them; a dispatcher that 
 replays) reads the file instead, where every record is CRC-checked and a damaged one is
 reported and skipped (``CommitLog.decode_records``), so it never stops the records after it.
 
+Memory: the in-memory hand-off holds at most ``RECENT_RECORDS`` records; past that the
+oldest batches are dropped and the dispatcher reads them from the file.
+
 Thread-safety: handlers are called only from the dispatcher's thread.
 """
 
@@ -29,6 +32,8 @@ from store.message import DispatchInfo
 log = logging.getLogger(__name__)
 
 _READ_BYTES = 8 << 20
+RECENT_RECORDS = 1 << 15  # records handed over in memory, at most (~8 MB); was 256
+#                          batches, up to 256,000 records when Sends carry 1,000 each
 
 
 class LogReader(Protocol):
@@ -81,8 +86,11 @@ class Dispatcher:
         self._listeners: list[Callable[[list[DispatchInfo]], None]] = []
         self._done_cond = threading.Condition()
         # Batches the writer just appended, handed over in memory so the steady state
-        # needs no re-read or decode; bounded: a lagging dispatcher falls back to the file.
-        self._recent: deque[list[DispatchInfo]] = deque(maxlen=256)
+        # needs no re-read or decode; bounded (RECENT_RECORDS): a lagging dispatcher
+        # falls back to the file.
+        self._recent: deque[list[DispatchInfo]] = deque()
+        self._recent_records = 0
+        self._recent_lock = threading.Lock()
 
     @property
     def dispatched_offset(self) -> int:
@@ -95,7 +103,11 @@ class Dispatcher:
     def offer(self, records: list[DispatchInfo]) -> None:
         """Hand over records just appended to the CommitLog (any thread, in log order)."""
         if records:
-            self._recent.append(records)
+            with self._recent_lock:
+                self._recent.append(records)
+                self._recent_records += len(records)
+                while self._recent_records > RECENT_RECORDS:
+                    self._recent_records -= len(self._recent.popleft())
 
     def catch_up(self) -> int:
         """Dispatch everything already in the CommitLog on the caller's thread (recovery)."""
@@ -142,15 +154,23 @@ class Dispatcher:
 
     def _step(self) -> bool:
         """Dispatch one chunk; False when there was nothing new."""
-        recent = self._recent
-        while recent and recent[0][0].commit_offset < self._pos:
-            recent.popleft()
-        if recent and recent[0][0].commit_offset == self._pos:
-            records = recent.popleft()
+        records = self._take_recent()
+        if records:
             last = records[-1]
             self._apply(records, self._pos, last.commit_offset + last.record_size)
             return True
         return self._step_from_file()
+
+    def _take_recent(self) -> list[DispatchInfo]:
+        """The offered batch that starts at the position ([] if none does)."""
+        with self._recent_lock:
+            recent = self._recent
+            while recent and recent[0][0].commit_offset < self._pos:
+                self._recent_records -= len(recent.popleft())
+            if recent and recent[0][0].commit_offset == self._pos:
+                self._recent_records -= len(recent[0])
+                return recent.popleft()
+            return []
 
     def _step_from_file(self) -> bool:
         offset, data = self._log.read_from(self._pos, _READ_BYTES)

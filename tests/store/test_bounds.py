@@ -1,12 +1,15 @@
 """What the store keeps in memory stays bounded (issue 16): the key index's RocksDB
 memtables however many records it indexes, the damaged records the CommitLog
-remembers by what is still on local disk."""
+remembers by what is still on local disk, the dispatcher's in-memory hand-off by a
+number of records."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from chronomq.memtrace import rocksdb_figures
+from store.clock import SystemClock
+from store.dispatcher import RECENT_RECORDS, Dispatcher
 from store.index import WRITE_BUFFER_BYTES, KeyIndex
 from store.message import FLAG_FOREIGN_ID, FLAG_TIMER_DELIVERY, DispatchInfo
 from tests.store.test_commitlog import _append, _close, _open, _records
@@ -51,3 +54,18 @@ def test_damaged_records_are_forgotten_with_their_segment(tmp_path: Path) -> Non
         assert not log._damaged  # only damaged records still on local disk are held
     finally:
         _close(log)
+
+
+def test_the_dispatch_hand_off_holds_at_most_recent_records(tmp_path: Path) -> None:
+    # Given a dispatcher that is not keeping up (not started)
+    log = _open(tmp_path)
+    try:
+        dispatcher = Dispatcher("test", log, [], SystemClock())
+        # When the writer offers 40 Sends of 1,000 messages each
+        for batch in range(40):
+            dispatcher.offer([DispatchInfo(batch * 1000 + i, 1, 0, 0, 0, 0, 0, "", "t", "",
+                                           "") for i in range(1000)])
+        # Then memory holds at most RECENT_RECORDS of them (the rest is read from disk)
+        assert sum(map(len, dispatcher._recent)) <= RECENT_RECORDS < 40_000
+    finally:
+        log.close()
