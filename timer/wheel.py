@@ -9,7 +9,13 @@ hours in one call.
 
 The wheel is pure data: no threads, no clock.  ``advance(now_ms)`` returns the entries
 whose due time is ``<= now_ms``; it never returns one early.  Removal is O(1) through an
-index of where each key sits.  Not thread-safe: the owner serialises access.
+index of where each key sits.
+
+Memory: the entries it holds, and one heap entry per bucket id (level, expiry).  A
+bucket that empties leaves its heap entry behind (skipped when it comes up); a new
+bucket with the same id reuses it instead of pushing another, so adding and removing
+keys (leases acked at once, cancels) never piles up stale heap entries.
+Not thread-safe: the owner serialises access.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class TimingWheel(Generic[K]):
         # bucket id (level, expiry_ms) -> {key: due_ms}
         self._buckets: dict[tuple[int, int], dict[K, int]] = {}
         self._heap: list[tuple[int, int]] = []  # (expiry_ms, level) of non-empty buckets
+        self._in_heap: set[tuple[int, int]] = set()  # bucket ids with a heap entry
         self._where: dict[K, tuple[int, int]] = {}
         self._overflow: dict[K, int] = {}  # beyond the top level's span
 
@@ -63,7 +70,7 @@ class TimingWheel(Generic[K]):
                 bucket = self._buckets.get(bucket_id)
                 if bucket is None:
                     bucket = self._buckets[bucket_id] = {}
-                    heapq.heappush(self._heap, (expiry, level))
+                    self._push(bucket_id)
                 bucket[key] = due_ms
                 self._where[key] = bucket_id
                 return True
@@ -86,7 +93,7 @@ class TimingWheel(Generic[K]):
             expiry, level = self._heap[0]
             if (level, expiry) in self._buckets:
                 return max(expiry, self._current_ms)
-            heapq.heappop(self._heap)  # stale: the bucket emptied
+            self._pop()  # stale: the bucket emptied
         if self._overflow:
             # the first tick at which the levels reach the earliest overflow entry
             pull_at = min(self._overflow.values()) - self.span_ms + 1
@@ -109,7 +116,7 @@ class TimingWheel(Generic[K]):
             expiry, level = self._heap[0]
             bucket = self._buckets.get((level, expiry))
             if bucket is None:
-                heapq.heappop(self._heap)  # stale heap entry
+                self._pop()  # stale heap entry
                 continue
             self._current_ms = max(self._current_ms, expiry - expiry % self.tick_ms)
             while bucket and len(fired) != cap:
@@ -121,7 +128,7 @@ class TimingWheel(Generic[K]):
                     self._place_exact(key, due)
             if not bucket and self._buckets.get((level, expiry)) is bucket:
                 del self._buckets[(level, expiry)]
-                heapq.heappop(self._heap)
+                self._pop()
         return fired
 
     def _place_exact(self, key: K, due_ms: int) -> None:
@@ -129,9 +136,19 @@ class TimingWheel(Generic[K]):
         bucket = self._buckets.get(bucket_id)
         if bucket is None:
             bucket = self._buckets[bucket_id] = {}
-            heapq.heappush(self._heap, (due_ms, 0))
+            self._push(bucket_id)
         bucket[key] = due_ms
         self._where[key] = bucket_id
+
+    def _push(self, bucket_id: tuple[int, int]) -> None:
+        """Give a new bucket a heap entry, unless an emptied namesake left one there."""
+        if bucket_id not in self._in_heap:
+            self._in_heap.add(bucket_id)
+            heapq.heappush(self._heap, (bucket_id[1], bucket_id[0]))
+
+    def _pop(self) -> None:
+        expiry, level = heapq.heappop(self._heap)
+        self._in_heap.discard((level, expiry))
 
     def _pull_overflow(self) -> None:
         """Bring entries the levels now reach out of the overflow (due ones into an exact

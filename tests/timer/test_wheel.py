@@ -75,3 +75,19 @@ def test_never_early_never_lost(dues: list[int], tick: int, slots: int, levels: 
             fired[key] = due
     # and nothing is lost
     assert fired == expected and len(w) == 0
+
+
+def test_adding_and_removing_keys_piles_up_no_stale_heap_entries() -> None:
+    # Given a wheel with 10 ms ticks (the POP revive wheel's shape)
+    w: TimingWheel[int] = TimingWheel(tick_ms=10, slots=64, levels=4, start_ms=0)
+    # When 100,000 leases are scheduled 12 hours ahead and each is acked (removed) at once
+    for i in range(100_000):
+        w.add(i, 12 * 3_600_000 + i)
+        w.remove(i)
+    # Then the wheel keeps no trace of them: one heap entry per bucket id at most
+    assert len(w) == 0 and len(w._heap) <= 64 * 4
+    assert w.next_expiry_ms() is None and not w._heap
+    # and a key added afterwards still fires on time
+    w.add("late", 13 * 3_600_000)  # type: ignore[arg-type]
+    assert w.advance(13 * 3_600_000 - 1) == []
+    assert w.advance(13 * 3_600_000) == [("late", 13 * 3_600_000)]
