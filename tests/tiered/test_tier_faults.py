@@ -394,6 +394,7 @@ def test_a_failing_tier_never_slows_the_local_path(mode: str, tmp_path: Path,
         with ChronomqClient(srv.target) as c:
             c.create_topic("live", queue_count=4)
             traffic = Traffic(srv.target, "live")
+            time.sleep(0.5)  # warm-up: connections, the first uploads
             # Given: normal latency, the tier healthy
             t0 = time.monotonic()
             time.sleep(1.0)
