@@ -43,7 +43,6 @@ import os
 import struct
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -57,12 +56,12 @@ from tiered.errors import TierError
 from tiered.index import IndexFile, TieredIndex
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
+from tiered.recent import RecentRecords
 from tiered.uploads import Mirror, await_uploads
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 4 << 20
-RECENT_RECORDS = 1 << 16  # decoded records held from the store's dispatcher, at most
 UPLOAD_THREADS = 16  # the uploader pool: every due queue's two objects go up at once
 RETRY_MIN_MS, RETRY_MAX_MS = 200, 5000  # back-off after a failed commit, doubling
 _STORE_AT = struct.Struct(">Q")  # a record's store_at_ms, at byte 32 (store.message)
@@ -129,11 +128,7 @@ class TieredDispatcher:
         self._read_position = self._checkpoint
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        # batches the store's dispatcher decoded, in log order (``offer``): reused instead
-        # of decoding the same bytes again while this dispatcher keeps up
-        self._recent: deque[list[DispatchInfo]] = deque()
-        self._recent_lock = threading.Lock()
-        self._recent_records = 0
+        self._recent = RecentRecords()  # what the store's dispatcher decoded (``offer``)
         store.add_log_reader(self)
 
     # ------------------------------------------------------------------ state
@@ -194,32 +189,8 @@ class TieredDispatcher:
     # ------------------------------------------------------------------ work
 
     def offer(self, records: list[DispatchInfo]) -> None:
-        """The store dispatcher's listener: a batch it dispatched (its thread)."""
-        with self._recent_lock:
-            self._recent.append(records)
-            self._recent_records += len(records)
-            while self._recent_records > RECENT_RECORDS:  # lagging far behind: decode then
-                self._recent_records -= len(self._recent.popleft())
-
-    def _take_recent(self, offset: int, length: int) -> tuple[list[DispatchInfo], int]:
-        """The offered records that tile ``[offset, offset + length)`` from its start, and
-        the bytes they cover; ``([], 0)`` when the offers do not start at ``offset``."""
-        out: list[DispatchInfo] = []
-        end, limit = offset, offset + length
-        with self._recent_lock:
-            recent = self._recent
-            while recent and recent[0][-1].commit_offset < offset:  # behind us
-                self._recent_records -= len(recent.popleft())
-            while recent:
-                batch = recent[0]
-                last = batch[-1]
-                batch_end = last.commit_offset + last.record_size
-                if batch[0].commit_offset != end or batch_end > limit:
-                    break
-                out += batch
-                end = batch_end
-                self._recent_records -= len(recent.popleft())
-        return out, end - offset
+        """The store dispatcher's listener: a batch it dispatched (``tiered.recent``)."""
+        self._recent.offer(records)
 
     def step(self) -> int:
         """Read what the CommitLog confirmed since the last step, buffer it per queue
@@ -230,7 +201,7 @@ class TieredDispatcher:
             return 0
         cl = self._store.commitlog
         offset, data = cl.read_from(self._read_position, READ_CHUNK)
-        infos, used = self._take_recent(offset, len(data)) if data else ([], 0)
+        infos, used = self._recent.take(offset, len(data)) if data else ([], 0)
         self._reused += len(infos)
         if data and not used:
             offset, data, infos, used = cl.decode_records(offset, data, "tiered dispatcher")
