@@ -26,6 +26,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,6 +44,20 @@ def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
+def _bounded(hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)  # argparse turns a ValueError into a usage error (exit 2)
+        if not 0 <= value <= hi:
+            raise ValueError(f"{value} is out of range (0 to {hi})")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+_u32 = _bounded(2**32 - 1)  # counts and seconds
+_ms = _bounded(2**63 - 1)  # times and durations in ms
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="chronomq", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,9 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     tsub = t.add_subparsers(dest="topic_command", required=True)
     tc = tsub.add_parser("create")
     tc.add_argument("name")
-    tc.add_argument("--queues", type=int, default=0, help="queue count (default: broker's)")
-    tc.add_argument("--retention-ms", type=int, default=0, help="local retention")
-    tc.add_argument("--tier-retention-ms", type=int, default=0,
+    tc.add_argument("--queues", type=_u32, default=0, help="queue count (default: broker's)")
+    tc.add_argument("--retention-ms", type=_ms, default=0, help="local retention")
+    tc.add_argument("--tier-retention-ms", type=_ms, default=0,
                     help="how long the tier keeps the topic (default: tier.retention_ms)")
     _client_args(tc)
     tl = tsub.add_parser("list")
@@ -76,16 +91,16 @@ def _parser() -> argparse.ArgumentParser:
     se.add_argument("--tag", default="")
     se.add_argument("--property", action="append", default=[], metavar="NAME=VALUE")
     when = se.add_mutually_exclusive_group()
-    when.add_argument("--delay-ms", type=int)
-    when.add_argument("--deliver-at-ms", type=int)
+    when.add_argument("--delay-ms", type=_ms)
+    when.add_argument("--deliver-at-ms", type=_ms)
     _client_args(se)
 
     po = sub.add_parser("pop", help="pop messages (and ack them unless --no-ack)")
     po.add_argument("topic")
     po.add_argument("group")
-    po.add_argument("--max", type=int, default=16)
-    po.add_argument("--invisible-time-s", type=int, default=30)
-    po.add_argument("--wait-ms", type=int, default=0)
+    po.add_argument("--max", type=_u32, default=16)
+    po.add_argument("--invisible-time-s", type=_u32, default=30)
+    po.add_argument("--wait-ms", type=_u32, default=0)
     po.add_argument("--tags", default="", help="tag expression: '*' or 'a || b'")
     po.add_argument("--no-ack", action="store_true")
     _client_args(po)
@@ -97,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
         settle.add_argument("group")
         settle.add_argument("handles", nargs="+", metavar="HANDLE")
         if name == "nack":
-            settle.add_argument("--delay-ms", type=int)
+            settle.add_argument("--delay-ms", type=_ms)
         if name == "dead-letter":
             settle.add_argument("--reason", default="")
         _client_args(settle)
@@ -105,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     ci = sub.add_parser("change-invisible", help="move a lease's deadline (0: visible now)")
     ci.add_argument("group")
     ci.add_argument("handle")
-    ci.add_argument("seconds", type=int)
+    ci.add_argument("seconds", type=_u32)
     _client_args(ci)
 
     gr = sub.add_parser("groups", help="per consumer group: in flight, backlog, lag, ...")
@@ -118,8 +133,8 @@ def _parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("reschedule", help="move a pending delayed message")
     rs.add_argument("message_id")
     rwhen = rs.add_mutually_exclusive_group(required=True)
-    rwhen.add_argument("--delay-ms", type=int)
-    rwhen.add_argument("--deliver-at-ms", type=int)
+    rwhen.add_argument("--delay-ms", type=_ms)
+    rwhen.add_argument("--deliver-at-ms", type=_ms)
     _client_args(rs)
 
     q = sub.add_parser("query", help="find messages by key or message id")
