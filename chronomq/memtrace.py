@@ -5,7 +5,7 @@ broker (for ``bench/bench_soak.py``).
 threshold at ``MMAP_THRESHOLD_BYTES``.  glibc otherwise raises the threshold to the size
 of each large block it frees (up to 32 MiB): after the first RocksDB memtable block or
 4-8 MiB read buffer was freed, every later block of up to that size came from the heaps
-instead, and freed ones stayed there.  Measured (bench/bench_soak.py, 500 msgs/s, 7 min):
+instead, and freed ones stayed there.  Measured (bench/bench_soak.py, 500 msgs/s, 7-8 min):
 heaps 147 MB with 52 MB free-but-kept and rising, against 31 MB with 5 MB free with the
 threshold fixed; the large blocks now go back to the OS when freed.
 
