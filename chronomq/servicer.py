@@ -49,6 +49,7 @@ MAX_QUERY = 64
 STREAM_BATCH = 256  # messages leased per Pop on a Subscribe stream
 DEFAULT_CREDIT = 256
 MAX_CREDIT = 10_000
+IDLE_WAIT_S = 15.0  # an idle Subscribe stream looks for messages at least this often
 
 
 def _abort(context: Context, exc: BaseException) -> NoReturn:
@@ -112,10 +113,13 @@ class _Subscription:
                 self._outstanding[p.receipt_handle] = expire
 
     def wait_s(self) -> float:
-        """How long to wait at most: until the next lease runs out (its credit returns)."""
+        """How long to wait at most: until the next lease runs out (its credit returns).
+        Arrivals, settlements and shutdown wake the stream before that; an idle stream
+        looks again only every ``IDLE_WAIT_S`` (a safety net), so a thousand idle
+        streams cost no steady Pop traffic."""
         with self._lock:
             if not self._outstanding:
-                return 1.0
+                return IDLE_WAIT_S
             first = min(self._outstanding.values())
         return min(1.0, max(0.001, (first - self._clock.now_ms()) / 1000))
 
@@ -445,8 +449,13 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         except ChronomqError as exc:
             _abort(context, exc)
         sub.settle(first)
-        threading.Thread(target=sub.read,
-                         args=(request_iterator, partial(self._notifier.wake, sub.topic)),
+        wake = partial(self._notifier.wake, sub.topic)
+
+        def ended() -> None:  # cancelled, deadline, client gone: stop waiting now
+            sub.close()
+            wake()
+        context.add_callback(ended)
+        threading.Thread(target=sub.read, args=(request_iterator, wake),
                          name="subscribe-reader", daemon=True).start()
         pop = self._broker.pop
         try:
