@@ -68,8 +68,11 @@ def unless_full(step: Callable[[], object], what: str) -> None:
 
 
 def statvfs_probe(path: str) -> tuple[int, int]:
+    """``(volume bytes, bytes free to us)`` as ``df`` counts them: blocks reserved for
+    root are neither, so a volume whose free space is all reserved reads 100 % used."""
     st = os.statvfs(path)
-    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    used = st.f_blocks - st.f_bfree
+    return (used + st.f_bavail) * st.f_frsize, st.f_bavail * st.f_frsize
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ tmpfs): a write refused for want of space leaves no hole and no garbage."""
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from chronomq.broker import Broker
 from chronomq.config import BrokerConfig, TierConfig
 from store.clock import ManualClock
-from store.disk import RESERVE_FILE, DiskGuard
+from store.disk import RESERVE_FILE, DiskGuard, statvfs_probe
 from store.errors import InvalidArgument, ResourceExhausted
 from store.message import Message, draft_of
 from store.store import MessageStore, StoreConfig
@@ -202,3 +203,12 @@ def test_without_a_tier_early_retention_keeps_data_younger_than_retention(
         assert broker.store.commitlog.min_offset == 0  # nothing is past its retention
     finally:
         broker.stop()
+
+
+def test_the_probe_counts_use_as_df_does(tmp_path: Path) -> None:
+    """Blocks reserved for root are neither used nor free to us: a volume with most of
+    its free space reserved must not read as nearly full (it read 81 % on a 38 % disk)."""
+    total, free = statvfs_probe(str(tmp_path))
+    usage = shutil.disk_usage(tmp_path)
+    assert abs(total - (usage.used + usage.free)) < 64 * MB
+    assert abs(free - usage.free) < 64 * MB
