@@ -278,10 +278,9 @@ class Broker:
             {(m.queue_id, m.queue_offset) for m in found})
         return older + found
 
-    def run_retention(self, force: bool = False) -> None:
-        """Local retention, then the tier's.  ``force`` (the volume is above its clean
-        watermark): local data the tier already holds goes too, whatever its age."""
-        freed = self.store.run_retention(force and self.tiered is not None)
+    def run_retention(self) -> None:
+        """Local retention, then the tier's."""
+        freed = self.store.run_retention()
         if freed:
             log.info("retention deleted %d bytes of commitlog", freed)
         if self.tiered is not None:
@@ -293,4 +292,4 @@ class Broker:
         if self.disk.should_clean():
             log.warning("the data volume of %s is %.1f%% used: running retention now",
                         self.config.store.data_dir, self.disk.refresh().used_ratio * 100)
-            self.run_retention(force=True)
+            self.run_retention()

@@ -7,8 +7,8 @@ and by the broker's disk job every second (``probe_interval_ms`` can space readi
 file.  Two watermarks, as in RocketMQ's ``diskMaxUsedSpaceRatio``:
 
 - at or above ``clean_ratio`` retention should run at once, not at its next interval
-  (``should_clean``; the broker runs it, and deletes local data the tier already holds
-  whatever its age);
+  (``should_clean``; the broker runs it: it deletes what is past the retention settings,
+  never younger data);
 - a client send that would take the use to or past ``max_used_ratio`` is refused
   (``check_send`` raises ``ResourceExhausted`` naming the volume and its use).  Only
   client sends: the broker's own appends (timer deliveries, retries, dead letters: they

@@ -392,11 +392,10 @@ class MessageStore:
 
     # ------------------------------------------------------------------ retention
 
-    def run_retention(self, force: bool = False) -> int:
+    def run_retention(self) -> int:
         """Delete CommitLog segments past local retention (age, then total size) that every
         dispatcher has passed; drop ConsumeQueue files that point only at deleted data.
-        ``force`` (the volume is nearly full and the tier holds a copy): every segment
-        they have all passed, whatever its age.  Returns the bytes deleted."""
+        Returns the bytes deleted."""
         assert self.dispatcher is not None
         safe = min(self.dispatcher.dispatched_offset, self.queues.position(),
                    self.index.position(), *(h.position() for h in self._extra_handlers),
@@ -408,7 +407,7 @@ class MessageStore:
         for _base, end, mtime_s in self.commitlog.segment_ends():
             too_old = cfg.retention_ms > 0 and (now_s - mtime_s) * 1000 > cfg.retention_ms
             too_big = cfg.retention_bytes > 0 and total - freed > cfg.retention_bytes
-            if end > safe or not (too_old or too_big or force):
+            if end > safe or not (too_old or too_big):
                 break
             freed += self.commitlog.delete_oldest_segment()
         self.queues.expire(self.commitlog.min_offset)  # and each topic's retention_ms

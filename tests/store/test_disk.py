@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chronomq.broker import Broker
-from chronomq.config import BrokerConfig, TierConfig
+from chronomq.config import BrokerConfig
 from store.clock import ManualClock
 from store.disk import RESERVE_FILE, DiskGuard, statvfs_probe
 from store.errors import InvalidArgument, ResourceExhausted
@@ -143,47 +143,7 @@ def test_a_write_that_finds_the_volume_full_leaves_no_hole_and_no_garbage(
         store.stop()
 
 
-def test_above_the_clean_watermark_retention_runs_now_and_drops_what_the_tier_holds(
-        small_volume: Callable[[int], Path], tmp_path: Path) -> None:
-    """Young local data (retention 72 h away) goes early once the tier has it, and a
-    group that was not there reads all of it back from the tier."""
-    vol = small_volume(32)
-    clock = ManualClock()
-    store = StoreConfig(str(vol / "data"), segment_bytes=MB, disk_reserve_bytes=0,
-                        disk_clean_ratio=0.5, disk_max_used_ratio=0.9)
-    tier = TierConfig(provider="local", local_dir=str(tmp_path / "tier"), upload=True)
-    broker = Broker(BrokerConfig(store=store, tier=tier), clock)
-    broker.open()
-    broker.start(timer_thread=False)
-    tiered = broker.tiered
-    assert tiered is not None
-    try:
-        broker.create_topic(Topic("t", 1))
-        sent: list[str] = []
-        while not broker.disk.should_clean():
-            infos = broker.send([draft_of(Message("", "t", b"b" * (64 << 10)))
-                                 for _ in range(8)]).result(10)
-            sent += [i.message_id for i in infos]
-        assert broker.store.wait_visible(10)
-        assert broker.store.dispatcher is not None
-        broker.store.dispatcher.catch_up()  # persists every local dispatcher's position
-        while tiered.step():
-            pass
-        tiered.commit()
-        before = broker.disk.refresh().used_ratio
-        broker.watch_disk()  # the disk job
-        assert broker.store.commitlog.min_offset > 0  # segments went, young as they are
-        assert broker.disk.refresh(force=True).used_ratio < before - 0.1
-        got: list[str] = []
-        while batch := broker.pop.pop("t", "late", 32, 60):
-            got += [p.message.message_id for p in batch]
-            broker.pop.ack_many("late", [p.receipt_handle for p in batch])
-        assert sorted(got) == sorted(sent)
-    finally:
-        broker.stop()
-
-
-def test_without_a_tier_early_retention_keeps_data_younger_than_retention(
+def test_early_retention_keeps_data_younger_than_retention(
         small_volume: Callable[[int], Path]) -> None:
     vol = small_volume(16)
     store = StoreConfig(str(vol / "data"), segment_bytes=MB, disk_reserve_bytes=0,
