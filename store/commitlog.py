@@ -316,8 +316,8 @@ class CommitLog:
 
     def read(self, offset: int, size: int) -> bytes:
         """Read ``size`` bytes at ``offset`` (within one segment)."""
-        seg = self._files.holding(offset)
-        data = os.pread(seg.fd, size, offset - seg.base_offset)
+        with self._files.pinned(offset) as seg:
+            data = os.pread(seg.fd, size, offset - seg.base_offset)
         if len(data) != size:
             raise StorageIOError(f"short read at commitlog offset {offset}")
         return data
@@ -329,11 +329,11 @@ class CommitLog:
         ``offset`` is at the end of one.  The data may end in the middle of a record.
         """
         confirmed = self._confirmed
-        offset, seg = self._files.for_reading(offset)
-        end = min(confirmed, seg.end, offset + max_bytes)
-        if end <= offset:
-            return offset, b""
-        return offset, os.pread(seg.fd, end - offset, offset - seg.base_offset)
+        with self._files.pinned_for_reading(offset) as (offset, seg):
+            end = min(confirmed, seg.end, offset + max_bytes)
+            if end <= offset:
+                return offset, b""
+            return offset, os.pread(seg.fd, end - offset, offset - seg.base_offset)
 
     # ------------------------------------------------------------------ retention
 
@@ -392,9 +392,9 @@ class CommitLog:
             offset, data = self.read_from(offset, size)
             valid, size = recovery.whole_records(data)
         if valid == 0 and data:
-            seg = self._files.holding(offset)
-            end = min(self._confirmed, seg.end) - seg.base_offset
-            nxt = recovery.resume_after(seg.fd, offset - seg.base_offset, end)
+            with self._files.pinned(offset) as seg:
+                end = min(self._confirmed, seg.end) - seg.base_offset
+                nxt = recovery.resume_after(seg.fd, offset - seg.base_offset, end)
             skip = (end if nxt is None else nxt) - (offset - seg.base_offset)
             self.damaged(offset, "fails its magic/size/CRC check",
                          f"{reader} skips {skip} bytes")
@@ -410,13 +410,14 @@ class CommitLog:
         start of the record it points into; past the end: the end."""
         if offset >= self._written:
             return self._written
-        seg = self._files.at_or_before(offset)
-        if seg is None:
+        try:
+            with self._files.pinned(offset) as seg:
+                pos = offset - seg.base_offset
+                if pos == 0 or recovery.record_at(seg.fd, pos, seg.size):
+                    return offset
+                return seg.base_offset + recovery.boundary_before(seg.fd, pos, seg.size)
+        except StorageIOError:  # below the oldest segment, or past a segment's end
             return offset
-        pos = offset - seg.base_offset
-        if pos == 0 or pos >= seg.size or recovery.record_at(seg.fd, pos, seg.size):
-            return offset
-        return seg.base_offset + recovery.boundary_before(seg.fd, pos, seg.size)
 
     # ------------------------------------------------------------------ recovery
 

@@ -3,8 +3,14 @@ offset order.  The newest is the active one (the only one written); the others a
 sealed.  A record never spans two segments.
 
 ``SegmentFiles`` keeps the open descriptors and finds the segment holding an offset; one
-lock guards the list against a roll (``new``), retention (``pop_oldest``) and readers.
+lock guards the list against a roll (``new``), retention (``delete_oldest``) and readers.
 Sizes are kept by the CommitLog's writer thread (``Segment.size``).
+
+A reader uses a sealed segment's descriptor only inside ``with files.pinned(...)``: while
+it is pinned, retention unlinks the file but leaves the descriptor open, and the last
+reader out closes it.  Closed at once, its number could be given to the next file opened
+(a new segment, a ConsumeQueue file) and a read already past the lookup would return that
+file's bytes as if they were the record asked for.  The active segment is never deleted.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import bisect
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from store.errors import StorageIOError
@@ -24,6 +32,8 @@ class Segment:
     path: str
     fd: int
     size: int
+    readers: int = 0  # pinned by this many reads (guarded by SegmentFiles._lock)
+    deleted: bool = False  # unlinked: the last reader closes ``fd``
 
     @property
     def end(self) -> int:
@@ -86,16 +96,25 @@ class SegmentFiles:
             i = bisect.bisect_right(self._bases, offset) - 1
             return self._segments[i] if i >= 0 else None
 
-    def holding(self, offset: int) -> Segment:
-        """The segment holding ``offset``; ``StorageIOError`` when it is not on disk."""
-        seg = self.at_or_before(offset)
-        if seg is None or offset >= seg.end:
-            raise StorageIOError(f"commitlog offset {offset} is not on local disk")
-        return seg
+    @contextmanager
+    def pinned(self, offset: int) -> Iterator[Segment]:
+        """The segment holding ``offset``, its descriptor kept open until the block ends;
+        ``StorageIOError`` when it is not on disk."""
+        with self._lock:
+            i = bisect.bisect_right(self._bases, offset) - 1
+            seg = self._segments[i] if i >= 0 else None
+            if seg is None or offset >= seg.end:
+                raise StorageIOError(f"commitlog offset {offset} is not on local disk")
+            seg.readers += 1
+        try:
+            yield seg
+        finally:
+            self._unpin(seg)
 
-    def for_reading(self, offset: int) -> tuple[int, Segment]:
-        """Where a reader at ``offset`` goes on: the oldest data when retention removed
-        ``offset``, the next segment's start when ``offset`` is at the end of one."""
+    @contextmanager
+    def pinned_for_reading(self, offset: int) -> Iterator[tuple[int, Segment]]:
+        """Where a reader at ``offset`` goes on, pinned: the oldest data when retention
+        removed ``offset``, the next segment's start when ``offset`` is at the end of one."""
         with self._lock:
             i = bisect.bisect_right(self._bases, offset) - 1
             if i < 0:
@@ -104,7 +123,18 @@ class SegmentFiles:
             if offset >= seg.end and i + 1 < len(self._segments):
                 seg = self._segments[i + 1]
                 offset = seg.base_offset
-        return offset, seg
+            seg.readers += 1
+        try:
+            yield offset, seg
+        finally:
+            self._unpin(seg)
+
+    def _unpin(self, seg: Segment) -> None:
+        with self._lock:
+            seg.readers -= 1
+            close = seg.deleted and seg.readers == 0
+        if close:
+            os.close(seg.fd)
 
     def sealed(self) -> list[Segment]:
         with self._lock:
@@ -117,8 +147,11 @@ class SegmentFiles:
                 return 0
             seg = self._segments.pop(0)
             self._bases.pop(0)
-        os.close(seg.fd)
+            seg.deleted = True
+            close = seg.readers == 0  # else the last reader closes it
         os.unlink(seg.path)
+        if close:
+            os.close(seg.fd)
         return seg.size
 
     def close(self) -> None:
