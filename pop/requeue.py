@@ -51,12 +51,19 @@ from pop.policy import RetryPolicy
 from pop.settle import PROP_LEASE, CopyKey, CopySettler, LeaseEntry, encode_lease
 from store.clock import Clock
 from store.crashpoint import crashpoint
-from store.errors import ChronomqError, DamagedRecord, FailedPrecondition, InvalidArgument
+from store.errors import (
+    ChronomqError,
+    DamagedRecord,
+    FailedPrecondition,
+    InvalidArgument,
+    StorageIOError,
+)
 from store.kv import KV
 from store.message import (
     FLAG_DELAYED,
     FLAG_RETRY,
     Draft,
+    Message,
     RecordError,
     decode_record,
     encode_properties,
@@ -151,31 +158,66 @@ class Requeuer(LeaseBook):
         local: list[Requeue] = []
         locations = []
         lost: list[Requeue] = []
+        tiered: list[Requeue] = []
         for r in reqs:
             qo = r.ck_start + r.index
             (entry,) = self._store.consume_queue_entries(r.topic, r.queue_id, qo, 1) or (None,)
-            if entry is not None and not entry.is_hole:
+            if entry is None or entry.queue_offset != qo:  # below the local queue (a read
+                tiered.append(r)  # there starts at its oldest entry): retention took it
+            elif entry.is_hole:
+                log.error("cannot redeliver %s/%d queue offset %d: a hole", r.topic,
+                          r.queue_id, qo)
+                lost.append(r)
+            else:
                 local.append(r)
                 locations.append((entry.commit_offset, entry.record_size))
-                continue
-            tiered = () if entry is not None or self.tier is None else \
-                self.tier.read(r.topic, r.queue_id, qo, 1)
-            try:
-                if not tiered or tiered[0][0] != qo:
-                    raise FailedPrecondition("no longer stored (a hole, or retention)")
-                r.message = decode_record(tiered[0][3])
-            except (ChronomqError, RecordError, ValueError) as exc:
-                log.error("cannot redeliver %s/%d queue offset %d: %s", r.topic, r.queue_id,
-                          qo, exc)
-                lost.append(r)
-        for r, m in zip(local, self._store.read_messages_skipping(locations), strict=True):
-            if isinstance(m, DamagedRecord):
+        loaded: list[Message | DamagedRecord | None]
+        try:
+            loaded = list(self._store.read_messages_skipping(locations))
+        except StorageIOError:  # retention deleted some meanwhile: read them one by one
+            loaded = [self._read_local(o, n) for o, n in locations]
+        for r, m in zip(local, loaded, strict=True):
+            if m is None:
+                tiered.append(r)
+            elif isinstance(m, DamagedRecord):
                 log.error("cannot redeliver %s/%d queue offset %d: %s", r.topic, r.queue_id,
                           r.ck_start + r.index, m)
                 lost.append(r)
             else:
-                r.message = m
+                self._take(r, m, lost)
+        for r in tiered:
+            qo = r.ck_start + r.index
+            got = [] if self.tier is None else self.tier.read(r.topic, r.queue_id, qo, 1)
+            try:
+                if not got or got[0][0] != qo:
+                    raise FailedPrecondition("no longer stored (removed by retention)")
+                self._take(r, decode_record(got[0][3]), lost)
+            except (ChronomqError, RecordError, ValueError) as exc:
+                log.error("cannot redeliver %s/%d queue offset %d: %s", r.topic, r.queue_id,
+                          qo, exc)
+                lost.append(r)
         return lost
+
+    def _read_local(self, offset: int, size: int) -> Message | DamagedRecord | None:
+        """One record from local disk; None when retention deleted it."""
+        try:
+            return self._store.read_messages_skipping([(offset, size)])[0]
+        except StorageIOError:
+            if self._store.reader.on_disk(offset):
+                raise
+            return None
+
+    @staticmethod
+    def _take(r: Requeue, m: Message, lost: list[Requeue]) -> None:
+        """``m`` becomes ``r``'s message if it is the record of ``r``'s queue entry."""
+        qo = r.ck_start + r.index
+        if (m.topic, m.queue_id, m.queue_offset) == (r.topic, r.queue_id, qo):
+            r.message = m
+        else:
+            log.error("cannot redeliver %s/%d queue offset %d: its entry points at the "
+                      "record of %s/%d queue offset %d", r.topic, r.queue_id, qo, m.topic,
+                      m.queue_id, m.queue_offset)
+            lost.append(r)
 
     def _append_copies(self, origin: str, reqs: list[Requeue], now: int) -> list[CopyKey]:
         """Append the retry or dead-letter copy of each request; returns once durable,

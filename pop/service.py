@@ -328,8 +328,14 @@ class PopService(Requeuer):
 def _decode_or_none(record: bytes, topic: str, qid: int, queue_offset: int) -> Message | None:
     """A record read from the tier, or None (logged) if it fails its checks."""
     try:
-        return decode_record(record)
+        m = decode_record(record)
     except (RecordError, ValueError) as exc:
         log.error("skipping %s/%d queue offset %d: damaged record from the tier: %s", topic,
                   qid, queue_offset, exc)
         return None
+    if (m.topic, m.queue_id, m.queue_offset) != (topic, qid, queue_offset):
+        log.error("skipping %s/%d queue offset %d: the tier's entry points at the record of "
+                  "%s/%d queue offset %d", topic, qid, queue_offset, m.topic, m.queue_id,
+                  m.queue_offset)
+        return None
+    return m
