@@ -26,7 +26,7 @@ import pytest
 
 from chronomq.client import ChronomqClient, RpcError
 from store.crashpoint import CRASH_EXIT_CODE, LABELS
-from tests.chronomq.checker import check_ledgers
+from tests.chronomq.checker import Report, check_ledgers
 from tests.chronomq.ledger import (
     Ledger,
     LedgeredClient,
@@ -136,17 +136,25 @@ def test_crash_point_keeps_the_durability_contract(tmp_path: Path, label: str,
            f"exited with code {run.exit_code} while {run.where}")
         + "\n" + "\n".join(_tail(run.output)))
     # Then: restarted without it, the group drains with no violation of the contract
-    srv = ServerProcess(data, *CRASHPOINT_SETTINGS)
+    report, code, output = restart_and_drain(data, ledgers, run.horizon_ms,
+                                             CRASHPOINT_SETTINGS)
+    evidence = "\n".join([report.summary(), f"ledger: {ledgers}", f"crashed {run.where}:",
+                          *_tail(run.output), "after the restart:", *_tail(output)])
+    assert report.ok, evidence
+    assert code == 0, evidence
+
+
+def restart_and_drain(data: Path, ledgers: Path, horizon_ms: int, settings: tuple[str, ...]
+                      ) -> tuple[Report, int, list[str]]:
+    """Start a broker on ``data``, drain the group until every due message and lease has
+    had its time, stop it; the ledger checker's report, the exit code and the output."""
+    srv = ServerProcess(data, *settings)
     try:
-        drain(srv.target, ledgers, TOPIC, GROUP, max(run.horizon_ms, now_ms()) +
+        drain(srv.target, ledgers, TOPIC, GROUP, max(horizon_ms, now_ms()) +
               REVIVE_SLACK_MS, grace_s=8)
     finally:
         code = srv.terminate()
-    report = check_ledgers(ledgers, GROUP)
-    evidence = "\n".join([report.summary(), f"ledger: {ledgers}", f"crashed {run.where}:",
-                          *_tail(run.output), "after the restart:", *_tail(srv.output)])
-    assert report.ok, evidence
-    assert code == 0, evidence
+    return check_ledgers(ledgers, GROUP), code, srv.output
 
 
 def _tail(output: list[str], lines: int = 25) -> list[str]:

@@ -10,14 +10,11 @@ from pathlib import Path
 import pytest
 
 from chronomq.client import ChronomqClient
-from tests.chronomq.checker import check_ledgers
-from tests.chronomq.ledger import Ledger, LedgeredClient, drain, now_ms
+from tests.chronomq.ledger import Ledger, LedgeredClient
 from tests.chronomq.process import ServerProcess
 from tests.chronomq.test_crashpoints import (
     CRASHPOINT_SETTINGS,
-    GROUP,
-    REVIVE_SLACK_MS,
-    TOPIC,
+    restart_and_drain,
     scripted_workload,
 )
 
@@ -41,14 +38,8 @@ def test_retention_of_everything_passed_keeps_the_contract(tmp_path: Path,
         srv.kill9()
     else:
         assert srv.terminate() == 0
-    srv = ServerProcess(data, *RETAIN_NOTHING)
-    try:
-        drain(srv.target, ledgers, TOPIC, GROUP, max(lc.horizon_ms, now_ms()) +
-              REVIVE_SLACK_MS, grace_s=8)
-    finally:
-        code = srv.terminate()
-    report = check_ledgers(ledgers, GROUP)
+    report, code, output = restart_and_drain(data, ledgers, lc.horizon_ms, RETAIN_NOTHING)
     evidence = "\n".join([report.summary(), f"ledger: {ledgers}", *first[-25:],
-                          "after the restart:", *srv.output[-25:]])
+                          "after the restart:", *output[-25:]])
     assert report.ok, evidence
     assert code == 0, evidence
