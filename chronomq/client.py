@@ -97,6 +97,16 @@ class ChronomqClient:
     def close(self) -> None:
         self._channel.close()
 
+    @property
+    def stub(self) -> pb_grpc.BrokerStub:
+        """The generated stub (for streams the typed methods do not cover)."""
+        return self._stub
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Call metadata: the bearer token, when one is set."""
+        return self._metadata
+
     def _call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         try:
             return getattr(self._stub, method)(

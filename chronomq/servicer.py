@@ -179,6 +179,9 @@ class _Subscription:
                     self._outstanding[ch.receipt_handle] = now + c.invisible_time_s * 1000
             if changed:
                 self._add_report().changed.extend(changed)
+            if request.settle_id:  # applied (acks durable): say so
+                report = self._add_report()
+                report.settled_through = max(report.settled_through, request.settle_id)
             self._freed = True
 
     def read(self, requests: Iterator[pb.SubscribeRequest], wake: Callable[[], None]) -> None:
@@ -479,6 +482,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 # nothing to send: wait for an arrival, a settlement that frees credit or
                 # needs a report, or a lease running out
                 self._notifier.wait(sub.topic, seen, sub.wait_s(), also=sub.has_news)
+            report = sub.take_report()  # the client half-closed: answer its last settlements
+            if report is not None and context.is_active():
+                yield report
         except ChronomqError as exc:
             _abort(context, exc)
         finally:

@@ -275,7 +275,7 @@ class InvisibleTimeChange(_message.Message):
     def __init__(self, receipt_handle: _Optional[str] = ..., invisible_time_s: _Optional[int] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("topic", "group", "invisible_time_s", "max_outstanding", "tag_expression", "ack", "nack", "change")
+    __slots__ = ("topic", "group", "invisible_time_s", "max_outstanding", "tag_expression", "ack", "nack", "change", "settle_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     INVISIBLE_TIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +284,7 @@ class SubscribeRequest(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     NACK_FIELD_NUMBER: _ClassVar[int]
     CHANGE_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     group: str
     invisible_time_s: int
@@ -292,7 +293,8 @@ class SubscribeRequest(_message.Message):
     ack: _containers.RepeatedScalarFieldContainer[str]
     nack: _containers.RepeatedCompositeFieldContainer[NackItem]
     change: _containers.RepeatedCompositeFieldContainer[InvisibleTimeChange]
-    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., invisible_time_s: _Optional[int] = ..., max_outstanding: _Optional[int] = ..., tag_expression: _Optional[str] = ..., ack: _Optional[_Iterable[str]] = ..., nack: _Optional[_Iterable[_Union[NackItem, _Mapping]]] = ..., change: _Optional[_Iterable[_Union[InvisibleTimeChange, _Mapping]]] = ...) -> None: ...
+    settle_id: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., invisible_time_s: _Optional[int] = ..., max_outstanding: _Optional[int] = ..., tag_expression: _Optional[str] = ..., ack: _Optional[_Iterable[str]] = ..., nack: _Optional[_Iterable[_Union[NackItem, _Mapping]]] = ..., change: _Optional[_Iterable[_Union[InvisibleTimeChange, _Mapping]]] = ..., settle_id: _Optional[int] = ...) -> None: ...
 
 class SettleError(_message.Message):
     __slots__ = ("receipt_handle", "error")
@@ -313,14 +315,16 @@ class HandleChange(_message.Message):
     def __init__(self, old_receipt_handle: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
-    __slots__ = ("messages", "errors", "changed")
+    __slots__ = ("messages", "errors", "changed", "settled_through")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_THROUGH_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ReceivedMessage]
     errors: _containers.RepeatedCompositeFieldContainer[SettleError]
     changed: _containers.RepeatedCompositeFieldContainer[HandleChange]
-    def __init__(self, messages: _Optional[_Iterable[_Union[ReceivedMessage, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SettleError, _Mapping]]] = ..., changed: _Optional[_Iterable[_Union[HandleChange, _Mapping]]] = ...) -> None: ...
+    settled_through: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[ReceivedMessage, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SettleError, _Mapping]]] = ..., changed: _Optional[_Iterable[_Union[HandleChange, _Mapping]]] = ..., settled_through: _Optional[int] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("message_id",)
