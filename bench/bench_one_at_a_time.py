@@ -120,7 +120,7 @@ def main() -> None:
                         if kind in TAKES:
                             fill(c, topic, n)
                             results[kind].append(measure(
-                                srv, c, n, lambda t, k=kind: run_take(k, c, t, n), topic))
+                                srv, c, n, lambda t, k=kind, n=n: run_take(k, c, t, n), topic))
                         else:
                             n -= n % args.threads
                             results[kind].append(measure(

@@ -6,16 +6,24 @@ Workloads, every system in turn per round (A B C A B C ...), medians over the ro
 
 1. produce: 2 processes put batches of 100 for SECONDS (chronomq: one Send of 100;
    Redis: a pipeline of 100 ZADD; beanstalkd: 100 puts, its protocol has no batch);
-2. consume: CONSUME messages preloaded, 2 processes take and ack them;
+   "1/call": the application sends one message per call (chronomq: its batching
+   Producer, futures awaited every 1,000; the peers: one request per message);
+   "1/call awaited": each answer awaited before the next send (chronomq's answer
+   means fsynced; beanstalkd and Redis answer before their periodic fsync);
+2. consume: CONSUME messages preloaded, 2 processes take and ack them (chronomq: the
+   Subscribe stream, acks per response); "1/call": one message taken and acked per call
+   (chronomq: its Consumer iterator; beanstalkd reserve + delete; Redis BLMOVE + LREM);
 3. lateness: messages due uniformly at 2k/s and 10k/s for SECONDS (sent ahead of time
-   by 2 processes), 2 consumer processes; receipt - due: p50/p99/max, early ones;
+   by 2 processes; beanstalkd's each at its due time minus whole seconds, see
+   bench/peers.py), 2 consumer processes; receipt - due: p50/p99/max, early ones;
 4. hot second: HOT messages due at one instant; time from that instant to the last one
    consumed;
 5. far future: FAR messages due 1-30 days ahead; server RSS and disk afterwards.
 
 The machine stays in one state for all systems (only the system under test and its
 clients run).  Results go to bench/RESULTS.md (section "Peers") with the command and
-date, and the lateness distributions to bench/peers_lateness.png.
+date; bench/peers_lateness.png plots the lateness distributions and every other figure
+side by side.
 
     .venv/bin/python bench/bench_peers.py --quick        # under 5 minutes
     .venv/bin/python bench/bench_peers.py --rounds 3     # the full run
@@ -48,8 +56,8 @@ BATCH = 100
 
 # ---------------------------------------------------------------------- workers
 
-def _producer(system: str, address: str, seconds: float, out: Any) -> None:
-    c = client(system, address)
+def _producer(system: str, address: str, seconds: float, mode: str, out: Any) -> None:
+    c = client(system, address, mode)
     sent, seq, end = 0, 0, time.monotonic() + seconds
     while time.monotonic() < end:
         c.put([(body(seq + i, 0), 0) for i in range(BATCH)])
@@ -61,16 +69,14 @@ def _producer(system: str, address: str, seconds: float, out: Any) -> None:
 
 def _scheduler(system: str, address: str, dues: list[int], first_seq: int, out: Any) -> None:
     c = client(system, address)
-    for at in range(0, len(dues), BATCH):
-        c.put([(body(first_seq + at + i, due), due)
-               for i, due in enumerate(dues[at : at + BATCH])])
+    c.schedule([(body(first_seq + i, due), due) for i, due in enumerate(dues)], BATCH)
     c.close()
     out.put(len(dues))
 
 
 def _consumer(system: str, address: str, total: int, done: Any, deadline: float,
-              out: Any) -> None:
-    c = client(system, address)
+              mode: str, out: Any) -> None:
+    c = client(system, address, mode)
     lateness: list[float] = []
     first = 0.0
     while done.value < total and time.time() < deadline:
@@ -98,12 +104,13 @@ def _run(target: Callable[..., None], args_list: list[tuple[Any, ...]]) -> list[
     return results
 
 
-def _consumers(system: str, address: str, total: int,
-               timeout_s: float) -> tuple[Any, Any, Any]:
+def _consumers(system: str, address: str, total: int, timeout_s: float,
+               mode: str = "batch") -> tuple[Any, Any, Any]:
     q = CTX.Queue()
     done = CTX.Value("q", 0)
     deadline = time.time() + timeout_s
-    ps = [CTX.Process(target=_consumer, args=(system, address, total, done, deadline, q))
+    ps = [CTX.Process(target=_consumer, args=(system, address, total, done, deadline, mode,
+                                              q))
           for _ in range(PROCS)]
     for p in ps:
         p.start()
@@ -128,17 +135,20 @@ def _schedule(system: str, address: str, dues: list[int]) -> None:
 
 # ---------------------------------------------------------------------- workloads
 
-def produce(srv: Server, seconds: float) -> dict[str, float]:
-    sent = sum(_run(_producer, [(srv.name, srv.address, seconds)] * PROCS))
-    return {"produce msgs/s": sent / seconds}
+MODE_LABEL = {"batch": "", "single": " 1/call", "single-wait": " 1/call awaited"}
 
 
-def consume(srv: Server, n: int) -> dict[str, float]:
+def produce(srv: Server, seconds: float, mode: str = "batch") -> dict[str, float]:
+    sent = sum(_run(_producer, [(srv.name, srv.address, seconds, mode)] * PROCS))
+    return {f"produce{MODE_LABEL[mode]} msgs/s": sent / seconds}
+
+
+def consume(srv: Server, n: int, mode: str = "batch") -> dict[str, float]:
     _schedule(srv.name, srv.address, [0] * n)
     time.sleep(0.5)  # let the Redis mover reach the ready list
-    q, ps, done = _consumers(srv.name, srv.address, n, 300)
+    q, ps, done = _consumers(srv.name, srv.address, n, 300, mode)
     lateness, last, first = _collect(q, ps, done)
-    return {"consume msgs/s": len(lateness) / (last - first)}
+    return {f"consume{MODE_LABEL[mode]} msgs/s": len(lateness) / (last - first)}
 
 
 def lateness(srv: Server, rate: int, seconds: float,
@@ -201,7 +211,10 @@ def main() -> None:
     systems = [s for s in args.systems.split(",") if s]
     workloads: list[tuple[str, Callable[[Server, dict[str, list[float]]], dict[str, float]]]] = [
         ("produce", lambda s, _: produce(s, seconds)),
+        ("produce 1/call", lambda s, _: produce(s, seconds, "single")),
+        ("produce 1/call awaited", lambda s, _: produce(s, seconds, "single-wait")),
         ("consume", lambda s, _: consume(s, n_consume)),
+        ("consume 1/call", lambda s, _: consume(s, n_consume // 2, "single")),
         *[(f"lateness {r}/s", partial(_lateness_at, r, seconds)) for r in rates],
         ("hot second", lambda s, _: hot(s, n_hot)),
         ("far future", lambda s, _: far(s, n_far)),
@@ -234,7 +247,7 @@ def main() -> None:
     if not args.no_write:
         cmd = "bench/bench_peers.py " + " ".join(sys.argv[1:])
         _write_results(table, cmd, rounds)
-        _plot(samples, Path(__file__).with_name("peers_lateness.png"))
+        _plot(samples, figures, Path(__file__).with_name("peers_lateness.png"))
 
 
 def _table(figures: dict[str, dict[str, list[float]]], systems: list[str], rounds: int) -> str:
@@ -277,15 +290,22 @@ def _write_results(table: str, cmd: str, rounds: int) -> None:
     path.write_text(head + section + old_notes.lstrip("\n"))
 
 
-def _plot(samples: dict[str, list[float]], out: Path) -> None:
+def _plot(samples: dict[str, list[float]], figures: dict[str, dict[str, list[float]]],
+          out: Path) -> None:
+    """Lateness distributions (one panel per rate), then throughput and the hot second."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rates = sorted({k.split()[1] for k in samples}, key=lambda r: int(r.split("/")[0]))
-    fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4), squeeze=False)
-    for ax, rate in zip(axes[0], rates, strict=True):
+    systems = list(figures)
+    bars = [("msgs/s, higher is better", [k for k in _keys(figures) if k.endswith("msgs/s")]),
+            ("hot second: s from due to the last consumed, lower is better",
+             [k for k in _keys(figures) if k == "hot drain s"])]
+    cols = max(len(rates), len(bars))
+    fig, axes = plt.subplots(2, cols, figsize=(7 * cols, 9), squeeze=False)
+    for ax, rate in zip(axes[0], rates, strict=False):
         for key, xs in sorted(samples.items()):
             if key.split()[1] != rate or not xs:
                 continue
@@ -298,8 +318,30 @@ def _plot(samples: dict[str, list[float]], out: Path) -> None:
         ax.set_title(f"messages due at {rate}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
+    for ax, (title, keys) in zip(axes[1], bars, strict=False):
+        width = 0.8 / max(1, len(systems))
+        for i, system in enumerate(systems):
+            vals = [statistics.median(figures[system][k]) if figures[system].get(k) else 0
+                    for k in keys]
+            ax.bar([j + i * width for j in range(len(keys))], vals, width, label=system)
+        ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(keys))])
+        ax.set_xticklabels([k.replace(" msgs/s", "") for k in keys], rotation=20,
+                           ha="right")
+        ax.set_title(title)
+        if keys and keys[0].endswith("msgs/s"):
+            ax.set_yscale("log")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend()
+    for row in axes:
+        for ax in row:
+            if not ax.has_data():
+                ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
+
+
+def _keys(figures: dict[str, dict[str, list[float]]]) -> list[str]:
+    return list(dict.fromkeys(k for f in figures.values() for k in f))
 
 
 if __name__ == "__main__":

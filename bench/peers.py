@@ -3,12 +3,17 @@
 * ``chronomq``: ``chronomq serve`` with its default durable settings (fsync before a Send
   answers); Send in batches, consumption over the Subscribe stream with acks.
 * ``beanstalkd``: ``beanstalkd -b DIR`` (binlog on, its default fsync every 50 ms); put
-  with a delay (whole seconds: its protocol's unit), reserve with a TTR, delete as the
-  ack.  One request per message (its protocol has no batch put).
+  with a delay, reserve with a TTR, delete as the ack.  One request per message (its
+  protocol has no batch put).  Delays are whole seconds in its protocol, so a job due
+  in the future is put at its due time minus a whole number of seconds (``schedule``):
+  it is measured at its best, not at the harness's rounding.
 * ``redis``: ``redis-server --appendonly yes --appendfsync everysec``; the sorted-set
   delay queue as commonly written: ZADD by due time (pipelined), a mover process moving
-  due items to a list with a Lua script, consumers BLMOVE into a processing list and LREM
-  as the ack.
+  due items to a list with a Lua script (sleeping until the next due member, 10 ms at
+  most), consumers BLMOVE into a processing list and LREM as the ack.
+
+Every client also has the one-message-per-call modes (``Client``): chronomq's through its
+batching Producer and Consumer iterator, the peers' through one request per message.
 
 Each client is created inside a worker process from ``(system, address)``.
 """
@@ -165,7 +170,8 @@ return #items
 
 
 def run_mover(address: str) -> None:
-    """Move due members of the delay set to the ready list; poll every 10 ms when idle."""
+    """Move due members of the delay set to the ready list; when none is due, sleep
+    until the next one is (looking again at least every 10 ms for new arrivals)."""
     import redis
 
     host, port = address.split(":")
@@ -173,15 +179,31 @@ def run_mover(address: str) -> None:
     move = r.register_script(MOVE)
     while True:
         moved = move(keys=["delayed", "ready"], args=[int(time.time() * 1000)])
-        if moved < 1000:
-            time.sleep(0.01)
+        if moved < 1000:  # sleep until the next member is due (at most 10 ms: arrivals)
+            head = r.zrange("delayed", 0, 0, withscores=True)
+            wait = (head[0][1] - time.time() * 1000) / 1000 if head else 0.01
+            if wait > 0:
+                time.sleep(min(0.01, wait))
 
 
 # ---------------------------------------------------------------------- clients
 
 class Client:
+    """``mode``: ``batch`` (each system's natural batching), ``single`` (one message per
+    call in the application's code, through the system's client library) or
+    ``single-wait`` (one message per call, each answer awaited before the next)."""
+
+    def __init__(self, address: str, mode: str = "batch") -> None:
+        self.mode = mode
+
     def put(self, items: list[tuple[bytes, int]]) -> None:
         """Store messages: (body, due ms; 0 = now)."""
+
+    def schedule(self, items: list[tuple[bytes, int]], batch: int) -> None:
+        """Store messages due in the future, ahead of time (all before the first is due
+        unless the system needs otherwise)."""
+        for at in range(0, len(items), batch):
+            self.put(items[at : at + batch])
 
     def take(self) -> list[tuple[Any, bytes]]:
         """Some delivered messages as (handle, body); [] after about a second idle."""
@@ -193,21 +215,50 @@ class Client:
 
 
 class ChronomqClientAdapter(Client):
-    def __init__(self, address: str) -> None:
+    """batch: one Send per batch, Subscribe with acks per response.  single: the
+    batching Producer (``send`` per message, futures awaited every WINDOW) and the
+    Consumer iterator (``next`` and ``ack`` per message).  single-wait: the Producer,
+    each future awaited before the next send."""
+
+    WINDOW = 1000
+
+    def __init__(self, address: str, mode: str = "batch") -> None:
         from chronomq.client import ChronomqClient
 
+        super().__init__(address, mode)
         self._c = ChronomqClient(address)
         self._sub: Any = None
+        self._producer: Any = None
+        self._consumer: Any = None
         self._q: queue.Queue[list[tuple[Any, bytes]]] = queue.Queue()
 
     def put(self, items: list[tuple[bytes, int]]) -> None:
         from chronomq.client import message
+        from chronomq.producer import Producer
 
-        out = self._c.send([message(TOPIC, b, deliver_at_ms=due or None) for b, due in items])
-        if not all(o.ok for o in out):
-            raise RuntimeError("chronomq send failed")
+        if self.mode == "batch":
+            out = self._c.send([message(TOPIC, b, deliver_at_ms=due or None)
+                                for b, due in items])
+            if not all(o.ok for o in out):
+                raise RuntimeError("chronomq send failed")
+            return
+        if self._producer is None:
+            self._producer = Producer(self._c)
+        send = self._producer.send
+        if self.mode == "single-wait":
+            for b, due in items:
+                send(TOPIC, b, deliver_at_ms=due or None).result()
+            return
+        futures = [send(TOPIC, b, deliver_at_ms=due or None) for b, due in items]
+        for f in futures:
+            f.result()
+
+    def schedule(self, items: list[tuple[bytes, int]], batch: int) -> None:
+        super().schedule(items, self.WINDOW if self.mode == "single" else batch)
 
     def take(self) -> list[tuple[Any, bytes]]:
+        if self.mode != "batch":
+            return self._take_one()
         if self._sub is None:  # a Subscribe stream, read by a thread into a queue
             self._sub = self._c.subscribe(TOPIC, GROUP, 300, 1024)
             threading.Thread(target=self._read, daemon=True).start()
@@ -219,6 +270,14 @@ class ChronomqClientAdapter(Client):
             out += self._q.get_nowait()
         return out
 
+    def _take_one(self) -> list[tuple[Any, bytes]]:
+        from chronomq.consumer import Consumer
+
+        if self._consumer is None:
+            self._consumer = Consumer(self._c, TOPIC, GROUP, invisible_time_s=300)
+        m = self._consumer.receive(timeout_s=1.0)
+        return [(m, m.body)] if m is not None else []
+
     def _read(self) -> None:
         try:
             for r in self._sub.responses():
@@ -228,18 +287,33 @@ class ChronomqClientAdapter(Client):
             return
 
     def ack(self, handles: list[Any]) -> None:
+        if self._consumer is not None:
+            for m in handles:
+                f = self._consumer.ack(m)
+                if self.mode == "single-wait":
+                    f.result()
+            return
         self._sub.ack(handles)
 
     def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+        if self._consumer is not None:
+            self._consumer.close()
         if self._sub is not None:
             self._sub.close()
         self._c.close()
 
 
 class BeanstalkdClient(Client):
-    def __init__(self, address: str) -> None:
+    """One request per message in every mode (its protocol has no batch put)."""
+
+    PUTS_PER_SLOT = 5000  # jobs one process puts in one whole-second slot
+
+    def __init__(self, address: str, mode: str = "batch") -> None:
         import greenstalk
 
+        super().__init__(address, mode)
         host, port = address.split(":")
         self._c = greenstalk.Client((host, int(port)), encoding=None)
 
@@ -248,6 +322,31 @@ class BeanstalkdClient(Client):
         for b, due in items:
             delay = max(0, -(-(due - now) // 1000)) if due else 0  # whole seconds, rounded up
             self._c.put(b, delay=int(delay), ttr=300)
+
+    def schedule(self, items: list[tuple[bytes, int]], batch: int) -> None:
+        """Put each job at its due time minus a whole number of seconds, with that delay:
+        it becomes ready at its due time, not up to a second later (delays are whole
+        seconds in beanstalkd's protocol).  Jobs due at one instant are spread over the
+        whole-second slots before it, PUTS_PER_SLOT each, the first with the longest
+        delay; a job whose slot has passed takes the next one (never early)."""
+        same: dict[int, int] = {}
+        for _, due in items:
+            same[due] = same.get(due, 0) + 1
+        seen: dict[int, int] = {}
+        plan: list[tuple[int, int, bytes]] = []  # (put at ms, due, body)
+        for b, due in items:
+            k = seen.get(due, 0)
+            seen[due] = k + 1
+            lead = 1 + (same[due] - 1 - k) // self.PUTS_PER_SLOT
+            plan.append((due - lead * 1000, due, b))
+        plan.sort(key=lambda p: p[0])
+        for at, due, b in plan:
+            now = time.time() * 1000
+            lead = max(0, min((due - at) // 1000, int((due - now) // 1000)))
+            wait = (due - lead * 1000 - now) / 1000
+            if wait > 0:
+                time.sleep(wait)
+            self._c.put(b, delay=lead, ttr=300)
 
     def take(self) -> list[tuple[Any, bytes]]:
         import greenstalk
@@ -267,15 +366,23 @@ class BeanstalkdClient(Client):
 
 
 class RedisClient(Client):
-    def __init__(self, address: str) -> None:
+    """batch: pipelined ZADD; single modes: one ZADD per request.  Taking is one BLMOVE
+    per message in every mode; the ack one LREM (pipelined in batch mode)."""
+
+    def __init__(self, address: str, mode: str = "batch") -> None:
         import redis
 
+        super().__init__(address, mode)
         host, port = address.split(":")
         self._r = redis.Redis(host, int(port))
         self._processing = f"processing:{os.getpid()}"
 
     def put(self, items: list[tuple[bytes, int]]) -> None:
         now = int(time.time() * 1000)
+        if self.mode != "batch":
+            for b, due in items:
+                self._r.zadd("delayed", {b: due or now})
+            return
         p = self._r.pipeline(transaction=False)
         for b, due in items:
             p.zadd("delayed", {b: due or now})
@@ -286,6 +393,10 @@ class RedisClient(Client):
         return [(b, b)] if b is not None else []
 
     def ack(self, handles: list[Any]) -> None:
+        if self.mode != "batch":
+            for b in handles:
+                self._r.lrem(self._processing, 1, b)
+            return
         p = self._r.pipeline(transaction=False)
         for b in handles:
             p.lrem(self._processing, 1, b)
@@ -295,10 +406,10 @@ class RedisClient(Client):
         self._r.close()
 
 
-def client(system: str, address: str) -> Client:
+def client(system: str, address: str, mode: str = "batch") -> Client:
     kinds: dict[str, type[Client]] = {"chronomq": ChronomqClientAdapter,
                                       "beanstalkd": BeanstalkdClient, "redis": RedisClient}
-    return kinds[system](address)  # type: ignore[call-arg]
+    return kinds[system](address, mode)
 
 
 if __name__ == "__main__":
