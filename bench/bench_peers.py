@@ -71,6 +71,8 @@ def _scheduler(system: str, address: str, dues: list[int], first_seq: int, out: 
     c = client(system, address)
     c.schedule([(body(first_seq + i, due), due) for i, due in enumerate(dues)], BATCH)
     c.close()
+    if getattr(c, "missed", 0):
+        print(f"  ({system}: {c.missed} of {len(dues)} puts missed their slot)", flush=True)
     out.put(len(dues))
 
 

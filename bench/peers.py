@@ -309,6 +309,8 @@ class BeanstalkdClient(Client):
     """One request per message in every mode (its protocol has no batch put)."""
 
     PUTS_PER_SLOT = 5000  # jobs one process puts in one whole-second slot
+    LEAD_S = 2  # a job is put this many whole seconds before its due time
+    FAR_S = 60
 
     def __init__(self, address: str, mode: str = "batch") -> None:
         import greenstalk
@@ -316,6 +318,7 @@ class BeanstalkdClient(Client):
         super().__init__(address, mode)
         host, port = address.split(":")
         self._c = greenstalk.Client((host, int(port)), encoding=None)
+        self.missed = 0  # scheduled puts that came after their slot
 
     def put(self, items: list[tuple[bytes, int]]) -> None:
         now = time.time() * 1000
@@ -324,29 +327,35 @@ class BeanstalkdClient(Client):
             self._c.put(b, delay=int(delay), ttr=300)
 
     def schedule(self, items: list[tuple[bytes, int]], batch: int) -> None:
-        """Put each job at its due time minus a whole number of seconds, with that delay:
-        it becomes ready at its due time, not up to a second later (delays are whole
-        seconds in beanstalkd's protocol).  Jobs due at one instant are spread over the
-        whole-second slots before it, PUTS_PER_SLOT each, the first with the longest
-        delay; a job whose slot has passed takes the next one (never early)."""
+        """Put each job LEAD_S seconds before its due time with a delay of LEAD_S: it
+        becomes ready at its due time, not up to a second after (delays are whole seconds
+        in beanstalkd's protocol).  Jobs due at one instant are spread over the whole-
+        second slots before it, PUTS_PER_SLOT each, the first with the longest delay.  A
+        job whose slot has passed is put with its delay rounded up (late, never early);
+        jobs due more than FAR_S ahead too (their lateness is not measured)."""
+        now0 = time.time() * 1000
+        self.put([(b, due) for b, due in items if not due or due - now0 > self.FAR_S * 1000])
         same: dict[int, int] = {}
-        for _, due in items:
-            same[due] = same.get(due, 0) + 1
         seen: dict[int, int] = {}
-        plan: list[tuple[int, int, bytes]] = []  # (put at ms, due, body)
-        for b, due in items:
+        plan: list[tuple[int, int, bytes]] = []  # (put at ms, delay s, body)
+        near = [(b, due) for b, due in items if due and due - now0 <= self.FAR_S * 1000]
+        for _, due in near:
+            same[due] = same.get(due, 0) + 1
+        for b, due in near:
             k = seen.get(due, 0)
             seen[due] = k + 1
-            lead = 1 + (same[due] - 1 - k) // self.PUTS_PER_SLOT
-            plan.append((due - lead * 1000, due, b))
+            lead = self.LEAD_S + (same[due] - 1 - k) // self.PUTS_PER_SLOT
+            plan.append((due - lead * 1000, lead, b))
         plan.sort(key=lambda p: p[0])
-        for at, due, b in plan:
-            now = time.time() * 1000
-            lead = max(0, min((due - at) // 1000, int((due - now) // 1000)))
-            wait = (due - lead * 1000 - now) / 1000
-            if wait > 0:
+        self.missed = 0
+        for at, lead, b in plan:
+            wait = (at - time.time() * 1000) / 1000
+            if wait >= 0:
                 time.sleep(wait)
-            self._c.put(b, delay=lead, ttr=300)
+            else:
+                self.missed += wait < -0.001  # more than 1 ms after its slot
+                lead = max(0, -(-(at + lead * 1000 - time.time() * 1000) // 1000))
+            self._c.put(b, delay=int(lead), ttr=300)
 
     def take(self) -> list[tuple[Any, bytes]]:
         import greenstalk
