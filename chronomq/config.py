@@ -197,6 +197,9 @@ class BrokerConfig:
             raise InvalidArgument("set both server.tls_cert_file and server.tls_key_file")
         for name, value in (("store.max_body_bytes", self.store.max_body_bytes),
                             ("store.segment_bytes", self.store.segment_bytes),
+                            ("store.flush_interval_ms", self.store.flush_interval_ms),
+                            ("store.queue_flush_interval_ms",
+                             self.store.queue_flush_interval_ms),
                             ("pop.max_messages_cap", self.pop.max_messages_cap),
                             ("timer.wheel_window_ms", self.timer.wheel_window_ms),
                             ("timer.max_delay_ms", self.timer.max_delay_ms),

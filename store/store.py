@@ -78,6 +78,8 @@ class StoreConfig:
     segment_bytes: int = 1 << 30
     flush: str = "sync"  # "sync": fsync before Send returns; "async": fsync every interval
     flush_interval_ms: int = 200
+    queue_flush_interval_ms: int = 1000  # ConsumeQueues and key index made durable, and
+    #                                      their checkpoint written, this often
     max_body_bytes: int = 4 << 20
     cq_entries_per_file: int = 300_000
     auto_create_topics: bool = False
@@ -173,7 +175,8 @@ class MessageStore:
         handlers: list[DispatchHandler] = [self.queues, self.index, *self._extra_handlers]
         for reader in (*handlers, *self._log_readers):
             self._rewind(reader)
-        self.dispatcher = Dispatcher("dispatcher", self.commitlog, handlers, self.clock)
+        self.dispatcher = Dispatcher("dispatcher", self.commitlog, handlers, self.clock,
+                                     self.config.queue_flush_interval_ms)
         self.commitlog.add_listener(self._on_appended)
         self.commitlog.add_rollback(self._give_back)
         replayed_from = self.dispatcher.dispatched_offset

@@ -6,7 +6,8 @@ that reaches every label: immediate sends (unary and streamed, keyed, enough byt
 roll 32 KiB CommitLog segments), near and far delayed sends (RocksDB and the wheel;
 TimerFlatFiles in four buckets, then preload), pops, acks, ChangeInvisibleTime, Nack,
 leases left to run out (revive), timer deliveries, tier uploads in the background, and
-780 single-message sends (the CommitLog checkpoint is written every 256 batches).
+780 single-message sends (the CommitLog checkpoint is written every 256 batches); the
+ConsumeQueue checkpoint every 100 ms, so a 2 s workload reaches it many times over.
 The broker must leave with ``CRASH_EXIT_CODE`` (the label was reached, while starting,
 working or stopping); then a restart without the crash point, a drain of the group, and
 the ledger checker must find no violation; SIGTERM must exit 0.
@@ -40,7 +41,7 @@ CRASHPOINT_SETTINGS = (
     "tier.upload=true", "tier.upload_batch_ms=100", "store.segment_bytes=32768",
     "timer.rocks_horizon_ms=600", "timer.bucket_ms=300", "timer.preload_ahead_ms=300",
     "timer.wheel_window_ms=300", "timer.preload_interval_ms=50", "timer.flat_batch_ms=50",
-    "timer.load_interval_ms=50",
+    "timer.load_interval_ms=50", "store.queue_flush_interval_ms=100",
 )
 REVIVE_SLACK_MS = 1000
 SINGLE_SENDS = 780  # with the workload's other batches, past 3 x 256 CommitLog batches
