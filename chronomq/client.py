@@ -107,7 +107,8 @@ class ChronomqClient:
         """Call metadata: the bearer token, when one is set."""
         return self._metadata
 
-    def _call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+    def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        """One unary call by method name (errors as ``RpcError``)."""
         try:
             return getattr(self._stub, method)(
                 request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
@@ -121,20 +122,20 @@ class ChronomqClient:
         """Create a topic; True if created, False if it already existed the same."""
         topic = pb.Topic(name=name, queue_count=queue_count, retention_ms=retention_ms,
                          retention_bytes=retention_bytes, tier_retention_ms=tier_retention_ms)
-        resp = self._call("CreateTopic", pb.CreateTopicRequest(topic=topic))
+        resp = self.call("CreateTopic", pb.CreateTopicRequest(topic=topic))
         return bool(resp.created)
 
     def list_topics(self) -> list[pb.Topic]:
-        return list(self._call("ListTopics", pb.ListTopicsRequest()).topics)
+        return list(self.call("ListTopics", pb.ListTopicsRequest()).topics)
 
     def delete_topic(self, name: str) -> None:
-        self._call("DeleteTopic", pb.DeleteTopicRequest(name=name))
+        self.call("DeleteTopic", pb.DeleteTopicRequest(name=name))
 
     # ------------------------------------------------------------------ send
 
     def send(self, messages: Iterable[pb.OutgoingMessage]) -> list[SendOutcome]:
         """One unary Send; one outcome per message, in order."""
-        return _outcomes(self._call("Send", pb.SendRequest(messages=list(messages))))
+        return _outcomes(self.call("Send", pb.SendRequest(messages=list(messages))))
 
     def send_one(self, topic: str, body: bytes, **kw: Any) -> str:
         """Send one message; return its id or raise ``RpcError`` with its error."""
@@ -172,12 +173,12 @@ class ChronomqClient:
         request = pb.PopRequest(topic=topic, group=group, max_messages=max_messages,
                                 invisible_time_s=invisible_time_s, wait_ms=wait_ms,
                                 tag_expression=tag_expression)
-        resp = self._call("Pop", request, timeout_s=self.timeout_s + wait_ms / 1000)
+        resp = self.call("Pop", request, timeout_s=self.timeout_s + wait_ms / 1000)
         return list(resp.messages)
 
     def ack(self, group: str, receipt_handles: Iterable[str]) -> list[str]:
         """Ack handles; returns one error string per handle ("" = acknowledged)."""
-        resp = self._call("Ack", pb.AckRequest(group=group,
+        resp = self.call("Ack", pb.AckRequest(group=group,
                                                receipt_handles=list(receipt_handles)))
         return _errors(resp)
 
@@ -188,18 +189,18 @@ class ChronomqClient:
         request = pb.NackRequest(group=group, receipt_handles=list(receipt_handles))
         if delay_ms is not None:
             request.delay_ms = delay_ms
-        return _errors(self._call("Nack", request))
+        return _errors(self.call("Nack", request))
 
     def dead_letter(self, group: str, receipt_handles: Iterable[str],
                     reason: str = "") -> list[str]:
         """Move messages to the group's dead-letter topic now."""
-        return _errors(self._call("DeadLetter", pb.DeadLetterRequest(
+        return _errors(self.call("DeadLetter", pb.DeadLetterRequest(
             group=group, receipt_handles=list(receipt_handles), reason=reason)))
 
     def change_invisible_time(self, group: str, receipt_handle: str,
                               invisible_time_s: int) -> str:
         """Move a lease's deadline to now + ``invisible_time_s``; returns the new handle."""
-        resp = self._call("ChangeInvisibleTime", pb.ChangeInvisibleTimeRequest(
+        resp = self.call("ChangeInvisibleTime", pb.ChangeInvisibleTimeRequest(
             group=group, receipt_handle=receipt_handle, invisible_time_s=invisible_time_s))
         return str(resp.receipt_handle)
 
@@ -214,7 +215,7 @@ class ChronomqClient:
 
     def cancel(self, message_id: str) -> str:
         """Cancel a pending delayed message: CANCELLED, ALREADY_DELIVERED or NOT_FOUND."""
-        resp = self._call("Cancel", pb.CancelRequest(message_id=message_id))
+        resp = self.call("Cancel", pb.CancelRequest(message_id=message_id))
         return str(pb.TimerOutcome.Name(resp.outcome))
 
     def reschedule(self, message_id: str, deliver_at_ms: int | None = None,
@@ -225,7 +226,7 @@ class ChronomqClient:
             request.deliver_at_ms = deliver_at_ms
         elif delay_ms is not None:
             request.delay_ms = delay_ms
-        resp = self._call("Reschedule", request)
+        resp = self.call("Reschedule", request)
         return str(pb.TimerOutcome.Name(resp.outcome)), int(resp.deliver_at_ms)
 
     # ------------------------------------------------------------------ query / stats
@@ -237,10 +238,10 @@ class ChronomqClient:
             request.message_id = message_id
         elif key:
             request.key = key
-        return list(self._call("QueryMessages", request).messages)
+        return list(self.call("QueryMessages", request).messages)
 
     def stats(self) -> dict[str, float]:
-        resp = self._call("Stats", pb.StatsRequest())
+        resp = self.call("Stats", pb.StatsRequest())
         figures: dict[str, float] = json.loads(resp.json)
         return figures
 

@@ -244,8 +244,17 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
     """Read ``path`` (TOML; optional) and apply ``section.key=value`` overrides."""
     raw: dict[str, dict[str, Any]] = {}
     if path:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise InvalidArgument(f"config file {path} not found (a commented example: "
+                                  "chronomq.example.toml)") from None
+        except OSError as exc:
+            raise InvalidArgument(f"config file {path} cannot be read: "
+                                  f"{exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidArgument(f"config file {path} is not valid TOML: {exc}") from None
     for item in overrides or []:
         key, sep, value = item.partition("=")
         section, dot, name = key.strip().partition(".")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -28,7 +28,7 @@ from store.names import check_name
 from tiered.scan import Selection
 
 SEND_BATCH = 500
-COUNTS = "sent long, duplicates long, failed long"
+COUNTS = "sent long, duplicates long, failed long, error string, first_ms long, last_ms long"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,14 @@ class ReplayResult:
     duplicates: int  # already delivered by an earlier run (dedupe window)
     failed: int
     seconds: float
+    first_error: str = ""  # "CODE: message" of a failed send, when any failed
+    send_seconds: float = 0.0  # from the first request sent to the last answer
+
+    @property
+    def rate(self) -> float:
+        """Messages answered per second of sending."""
+        done = self.sent + self.duplicates + self.failed
+        return done / self.send_seconds if self.send_seconds > 0 else 0.0
 
 
 def select(spark: SparkSession, location: TierLocation, selection: Selection) -> DataFrame:
@@ -72,15 +80,21 @@ def replay(spark: SparkSession, df: DataFrame, target: str, into_topic: str = ""
         if lo is not None and hi is not None:
             first_ms, span_ms = int(lo), max(1, int(hi) - int(lo))
     launch_ms = int(time.time() * 1000)
-    running = max(1, min(spark.sparkContext.defaultParallelism, df.rdd.getNumPartitions()))
+    running = max(1, spark.sparkContext.defaultParallelism)
+    if rate:  # every partition sends at once, at an even share of the rate
+        df = df.repartition(running)
     per_task_rate = rate / running if rate else 0.0
     sender = _Sender(target, into_topic, token, spread_ms, first_ms, span_ms, launch_ms,
                      per_task_rate)
     with _Progress(spark, "replay", progress):
         counts = df.mapInArrow(sender, COUNTS).agg(
-            F.sum("sent"), F.sum("duplicates"), F.sum("failed")).first()
-    sent, dups, failed = (int(v or 0) for v in (counts or (0, 0, 0)))
-    return ReplayResult(sent + dups + failed, sent, dups, failed, time.monotonic() - t0)
+            F.sum("sent"), F.sum("duplicates"), F.sum("failed"),
+            F.first("error", ignorenulls=True), F.min("first_ms"), F.max("last_ms")).first()
+    sent, dups, failed, error, first, last = counts or (0, 0, 0, None, None, None)
+    sent, dups, failed = int(sent or 0), int(dups or 0), int(failed or 0)
+    window_s = (last - first) / 1000 if first is not None and last is not None else 0.0
+    return ReplayResult(sent + dups + failed, sent, dups, failed, time.monotonic() - t0,
+                        error or "", window_s)
 
 
 def export(spark: SparkSession, df: DataFrame, path: str, progress: bool = True) -> int:
@@ -100,15 +114,18 @@ class _Sender:
         self.launch_ms, self.rate = launch_ms, rate
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from chronomq.client import ChronomqClient
+        from chronomq.client import ChronomqClient, status_by_number
         from chronomq.wire import encode_outgoing, encode_send_request
 
         sent = dups = failed = 0
-        started = time.monotonic()
-        count = 0
+        error: str | None = None
+        first_ms: int | None = None
+        pace = Pace(self.rate, time.monotonic, time.sleep)
+        # with a rate, about ten requests a second (small bursts)
+        step = min(SEND_BATCH, max(1, int(self.rate / 10))) if self.rate else SEND_BATCH
 
         def requests() -> Iterator[bytes]:
-            nonlocal count
+            nonlocal first_ms
             for batch in batches:
                 cols = batch.to_pydict()
                 n = batch.num_rows
@@ -121,13 +138,11 @@ class _Sender:
                 encoded = list(map(encode_outgoing, topics, cols["body"], cols["key"],
                                    cols["tag"], cols["properties"], due,
                                    cols["message_id"]))
-                for at in range(0, n, SEND_BATCH):
-                    chunk = encoded[at : at + SEND_BATCH]
-                    count += len(chunk)
-                    if self.rate:  # hold back to the task's share of the rate
-                        ahead = count / self.rate - (time.monotonic() - started)
-                        if ahead > 0:
-                            time.sleep(ahead)
+                for at in range(0, n, step):
+                    chunk = encoded[at : at + step]
+                    pace.before(len(chunk))
+                    if first_ms is None:
+                        first_ms = int(time.time() * 1000)
                     yield encode_send_request(chunk)
 
         with ChronomqClient(self.target, self.token) as client:
@@ -135,12 +150,45 @@ class _Sender:
                 for o in outcomes:
                     if not o.ok:
                         failed += 1
+                        if error is None:
+                            error = f"{status_by_number(o.error_code).name}: {o.error}"
                     elif o.duplicate:
                         dups += 1
                     else:
                         sent += 1
         yield pa.RecordBatch.from_pydict({"sent": [sent], "duplicates": [dups],
-                                          "failed": [failed]})
+                                          "failed": [failed], "error": [error],
+                                          "first_ms": [first_ms],
+                                          "last_ms": [int(time.time() * 1000)
+                                                      if first_ms is not None else None]},
+                                         schema=_COUNTS_SCHEMA)
+
+
+_COUNTS_SCHEMA = pa.schema([("sent", pa.int64()), ("duplicates", pa.int64()),
+                            ("failed", pa.int64()), ("error", pa.string()),
+                            ("first_ms", pa.int64()), ("last_ms", pa.int64())])
+
+
+class Pace:
+    """Holds a sender to ``rate`` messages a second (0: no cap): ``before(n)`` returns
+    when the messages sent before the ``n`` about to go are within the rate, counted
+    from the first request (so a request is the only burst).  Time is injected (tests)."""
+
+    def __init__(self, rate: float, clock: Callable[[], float],
+                 sleep: Callable[[float], None]) -> None:
+        self.rate, self._clock, self._sleep = rate, clock, sleep
+        self._sent = 0
+        self._start: float | None = None
+
+    def before(self, n: int) -> None:
+        if not self.rate:
+            return
+        if self._start is None:
+            self._start = self._clock()
+        ahead = self._sent / self.rate - (self._clock() - self._start)
+        if ahead > 0:
+            self._sleep(ahead)
+        self._sent += n
 
 
 class _Progress:

@@ -43,16 +43,16 @@ def test_cli_topic_send_pop_query_stats(server: RunningServer,
     assert [q["message_id"] for q in json.loads(out)] == [mid]
     assert json.loads(_ok(capsys, "stats", "--json", *t))["rpc.sent"] == 1
     assert "orders" in _ok(capsys, "topic", "list", *t)
-    _ok(capsys, "topic", "delete", "orders", *t)
+    _ok(capsys, "topic", "delete", "orders", "--yes", *t)
     assert "(none)" in _ok(capsys, "topic", "list", *t)
 
 
 def test_cli_errors_are_readable(server: RunningServer,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, "send", "missing", "x", "--target", server.target)
-    assert code == 2 and "does not exist" in err
+    assert code == 1 and "does not exist" in err  # refused by the broker
     code, _, err = _run(capsys, "pop", "missing", "g", "--target", server.target)
-    assert code == 2 and "NOT_FOUND" in err
+    assert code == 1 and "NOT_FOUND" in err
 
 
 def test_cli_pop_no_ack_leaves_the_lease(server: RunningServer,
@@ -79,8 +79,10 @@ def test_cli_settle_commands_and_groups(server: RunningServer,
     (r,) = json.loads(_ok(capsys, "dead-letter", "g", handles["c"], "--reason", "bad",
                           "--json", *t))
     assert r["ok"] is True
-    (r,) = json.loads(_ok(capsys, "ack", "g", handles["a"], "--json", *t))
+    code, out, err = _run(capsys, "ack", "g", handles["a"], "--json", *t)
+    (r,) = json.loads(out)
     assert r["ok"] is False and "ChangeInvisibleTime" in r["error"]
+    assert code == 1 and "FAILED_PRECONDITION" in err
     (row,) = json.loads(_ok(capsys, "groups", "--json", *t))
     assert (row["group"], row["topic"], row["dead_lettered"]) == ("g", "t", 1)
     assert row["in_flight"] == 1  # "a", under its new handle

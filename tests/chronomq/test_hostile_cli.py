@@ -22,7 +22,8 @@ def _commands(target: str) -> st.SearchStrategy[list[str]]:
     t = ["--target", target]
     return st.one_of(
         st.tuples(st.just("topic"), st.just("create"), names).map(lambda a: [*a, *t]),
-        st.tuples(st.just("topic"), st.just("delete"), names).map(lambda a: [*a, *t]),
+        st.tuples(st.just("topic"), st.just("delete"), names, st.just("--yes")
+                  ).map(lambda a: [*a, *t]),
         st.tuples(st.just("send"), names, names.filter(lambda b: b != "-")  # "-": stdin
                   ).map(lambda a: [*a, *t]),
         st.tuples(st.just("send"), st.just("t"), st.just("b"), st.just("--delay-ms"),

@@ -102,11 +102,35 @@ def test_spread_retimes_deliveries(spark: SparkSession, tmp_path: Path,
             assert sorted(m.message_id for m in got) == sorted(o.message_id for o in first)
             stats = c.stats()
             assert stats["timer.pending_wheel"] + stats["timer.pending_rocksdb"] >= 5
-            # --rate: 10 messages at 2 msgs/s cannot all leave before 5 s have passed (the
-            # same ids into the same topic again: this second replay stores nothing)
+            # --rate: 10 messages at 2 msgs/s, 1 a second from each of the 2 partitions:
+            # the last pair cannot leave before 4 s have passed (the same ids into the
+            # same topic again: this second replay stores nothing)
             capped = replay(spark, df, srv.target, into_topic="later", rate=2,
                             progress=False)
-            assert capped.duplicates == 10 and capped.seconds >= 5.0
+            assert capped.duplicates == 10 and capped.send_seconds >= 4.0
+    finally:
+        srv.stop()
+
+
+def test_rate_cap_is_reached_not_exceeded(spark: SparkSession, tmp_path: Path,
+                                          request: pytest.FixtureRequest) -> None:
+    """A replay capped at 1,000 msgs/s of 3,000 messages sends at that rate: never above
+    (one request per partition is the only burst), and not far below when the broker
+    can take more (it takes tens of thousands a second)."""
+    srv, location = _server("local", tmp_path, request)
+    try:
+        with srv.client() as c:
+            c.create_topic("orders", queue_count=4)
+            c.create_topic("copy")
+            for _ in range(3):
+                c.send([message("orders", b"x" * 100) for _ in range(1000)])
+            wait_tier_caught_up(c)
+        df = select(spark, location, Selection(frozenset({"orders"})))
+        r = replay(spark, df, srv.target, into_topic="copy", rate=1000, progress=False)
+        assert (r.sent, r.failed) == (3000, 0)
+        burst = 2 * 50  # one request (a tenth of its 500/s share) from each of 2 partitions
+        assert (3000 - burst) / r.send_seconds <= 1000 * 1.02
+        assert r.rate >= 1000 * 0.75, r  # before the fix: about half the cap
     finally:
         srv.stop()
 

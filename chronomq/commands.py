@@ -1,0 +1,239 @@
+"""What each ``chronomq`` client command does, given its parsed arguments.
+
+A command returns an ``Outcome``: the value to print, and the broker's refusals, one line
+each (``CODE: message``).  ``chronomq.cli`` prints the value on stdout and the refusals on
+stderr, and turns them into the exit status: 0 when there are none, 1 when the broker
+refused or failed.  Bad input found before anything is sent raises ``InvalidArgument``
+(exit 2).  Destructive commands check their confirmation flag before they connect.
+
+The Spark commands (``replay``, ``export``) import Spark only when run, so the other
+commands start in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+
+from chronomq.client import ChronomqClient, RpcError, message, status_by_number
+from chronomq.config import load_config
+from chronomq.v1 import broker_pb2 as pb
+from pop.policy import parse_duration_ms
+from store.errors import InvalidArgument
+
+
+@dataclass(slots=True)
+class Outcome:
+    value: Any
+    refused: list[str] = field(default_factory=list)  # "CODE: message", one per refusal
+
+
+def _refusal(error: pb.Error) -> str:
+    return f"{status_by_number(error.code).name}: {error.message}"
+
+
+def time_ms(text: str) -> int:
+    """Epoch ms or ISO-8601 (UTC unless it says otherwise); '' is 0."""
+    if not text:
+        return 0
+    if text.isdigit():
+        return int(text)
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise InvalidArgument(f"bad time {text!r}: use epoch ms or ISO-8601") from exc
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return int(at.timestamp() * 1000)
+
+
+def properties(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InvalidArgument(f"--property expects NAME=VALUE, got {item!r}")
+        out[name] = value
+    return out
+
+
+def received_dict(m: pb.ReceivedMessage) -> dict[str, Any]:
+    try:
+        body: str = m.body.decode()
+        encoding = "utf-8"
+    except UnicodeDecodeError:
+        body, encoding = base64.b64encode(m.body).decode(), "base64"
+    return {
+        "message_id": m.message_id, "topic": m.topic, "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset, "key": m.key, "tag": m.tag, "body": body,
+        "body_encoding": encoding, "properties": dict(m.properties),
+        "born_at_ms": m.born_at_ms, "deliver_at_ms": m.deliver_at_ms,
+        "delivery_attempt": m.delivery_attempt, "receipt_handle": m.receipt_handle,
+    }
+
+
+def groups(figures: dict[str, float]) -> list[dict[str, Any]]:
+    """Rows of the ``group.<group>.<topic>.<figure>`` figures (group names hold no dot,
+    topic names may)."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, value in figures.items():
+        if name.startswith("group."):
+            group, rest = name[len("group."):].split(".", 1)
+            topic, figure = rest.rsplit(".", 1)
+            rows.setdefault((group, topic), {"group": group, "topic": topic})[figure] = int(value)
+    return [rows[k] for k in sorted(rows)]
+
+
+def _settle(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
+    if args.command == "ack":
+        resp = c.call("Ack", pb.AckRequest(group=args.group, receipt_handles=args.handles))
+    elif args.command == "nack":
+        request = pb.NackRequest(group=args.group, receipt_handles=args.handles)
+        if args.delay_ms is not None:
+            request.delay_ms = args.delay_ms
+        resp = c.call("Nack", request)
+    else:
+        resp = c.call("DeadLetter", pb.DeadLetterRequest(
+            group=args.group, receipt_handles=args.handles, reason=args.reason))
+    rows, refused = [], []
+    for handle, r in zip(args.handles, resp.results, strict=True):
+        error = _refusal(r.error) if r.HasField("error") else ""
+        rows.append({"receipt_handle": handle, "ok": not error, "error": error})
+        if error:
+            refused.append(f"{error} (handle {handle})")
+    return Outcome(rows, refused)
+
+
+def _topic(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
+    if args.topic_command == "create":
+        created = c.create_topic(args.name, args.queues, args.retention_ms,
+                                 tier_retention_ms=args.tier_retention_ms)
+        return Outcome({"topic": args.name, "created": created})
+    if args.topic_command == "delete":
+        c.delete_topic(args.name)
+        return Outcome({"topic": args.name, "deleted": True})
+    return Outcome([{"name": t.name, "queue_count": t.queue_count,
+                     "retention_ms": t.retention_ms,
+                     "tier_retention_ms": t.tier_retention_ms} for t in c.list_topics()])
+
+
+def run_client(args: argparse.Namespace) -> Outcome:
+    if args.command == "topic" and args.topic_command == "delete" and not args.yes:
+        raise InvalidArgument(f"topic delete removes {args.name!r} and every message in it: "
+                              "add --yes to confirm")
+    if args.command == "send":  # input checked before connecting
+        props = properties(args.property)
+        body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
+    with ChronomqClient(args.target, args.token, args.tls_ca, args.timeout_s) as c:
+        if args.command == "topic":
+            return _topic(c, args)
+        if args.command == "send":
+            (out,) = c.send([message(args.topic, body, args.key, args.tag, props,
+                                     args.deliver_at_ms, args.delay_ms)])
+            if not out.ok:
+                return Outcome({}, [f"{status_by_number(out.error_code).name}: {out.error}"])
+            return Outcome({"message_id": out.message_id, "deliver_at_ms": out.deliver_at_ms,
+                            "duplicate": out.duplicate})
+        if args.command == "pop":
+            got = c.pop(args.topic, args.group, args.max, args.invisible_time_s, args.wait_ms,
+                        args.tags)
+            refused: list[str] = []
+            if got and not args.no_ack:
+                resp = c.call("Ack", pb.AckRequest(
+                    group=args.group, receipt_handles=[m.receipt_handle for m in got]))
+                refused = [f"ack of {m.message_id}: {_refusal(r.error)}"
+                           for m, r in zip(got, resp.results, strict=True)
+                           if r.HasField("error")]
+            return Outcome([received_dict(m) for m in got], refused)
+        if args.command in ("ack", "nack", "dead-letter"):
+            return _settle(c, args)
+        if args.command == "change-invisible":
+            return Outcome({"receipt_handle": c.change_invisible_time(
+                args.group, args.handle, args.seconds)})
+        if args.command == "groups":
+            return Outcome(groups(c.stats()))
+        if args.command == "cancel":
+            outcome = c.cancel(args.message_id)
+            return Outcome({"message_id": args.message_id, "outcome": outcome},
+                           [] if outcome == "CANCELLED" else
+                           [f"{outcome}: message {args.message_id} is not pending"])
+        if args.command == "reschedule":
+            outcome, due = c.reschedule(args.message_id, args.deliver_at_ms, args.delay_ms)
+            return Outcome({"message_id": args.message_id, "outcome": outcome,
+                            "deliver_at_ms": due},
+                           [] if outcome == "RESCHEDULED" else
+                           [f"{outcome}: message {args.message_id} is not pending"])
+        if args.command == "query":
+            return Outcome([received_dict(m)
+                            for m in c.query(args.topic, args.key, args.message_id)])
+        return Outcome(c.stats())
+
+
+def _check_replay_target(args: argparse.Namespace) -> None:
+    """Refuse before Spark starts when a topic the replay would send to is missing."""
+    wanted = ({args.into_topic} if args.into_topic else
+              {t.strip() for t in args.topic.split(",") if t.strip()})
+    with ChronomqClient(args.target, args.token, args.tls_ca, args.timeout_s) as c:
+        have = {t.name for t in c.list_topics()}
+    missing = sorted(wanted - have)
+    if missing:
+        raise RpcError(grpc.StatusCode.NOT_FOUND,
+                       f"topic(s) {', '.join(missing)} do not exist on the broker at "
+                       f"{args.target}: create them first (chronomq topic create NAME)")
+
+
+def run_spark_job(args: argparse.Namespace) -> Outcome:
+    if args.command == "export" and not args.overwrite and os.path.isdir(args.output) \
+            and os.listdir(args.output):
+        raise InvalidArgument(f"{args.output} is not empty: export replaces what it holds; "
+                              "add --overwrite to confirm, or choose another --output")
+    if args.command == "replay":
+        _check_replay_target(args)
+    from spark.datasource import TierLocation
+    from spark.jobs import export, replay, select
+    from spark.session import make_session
+    from tiered.scan import Selection
+
+    if args.config:
+        broker = load_config(args.config)
+        try:
+            location = TierLocation.from_tier(broker.tier, broker.tier_local_dir())
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from exc
+    else:
+        location = TierLocation(
+            path="" if args.s3_bucket else args.tier_dir, s3_bucket=args.s3_bucket,
+            s3_prefix=args.s3_prefix, s3_endpoint_url=args.s3_endpoint_url,
+            s3_region=args.s3_region, s3_access_key_id=args.s3_access_key_id,
+            s3_secret_access_key=args.s3_secret_access_key, broker=args.broker_name)
+    selection = Selection(frozenset(t.strip() for t in args.topic.split(",") if t.strip()),
+                          time_ms(args.start), time_ms(args.end), args.key)
+    spread_ms = parse_duration_ms(args.spread) if getattr(args, "spread", "") else 0
+    t0 = time.monotonic()
+    spark = make_session(args.master, f"chronomq-{args.command}", ui=args.spark_ui)
+    started_s = time.monotonic() - t0
+    try:
+        df = select(spark, location, selection)
+        if args.command == "export":
+            rows = export(spark, df, args.output)
+            return Outcome({"exported": rows, "output": args.output,
+                            "seconds": round(time.monotonic() - t0, 2),
+                            "spark_start_seconds": round(started_s, 2)})
+        r = replay(spark, df, args.target, args.into_topic, spread_ms, args.rate, args.token)
+        return Outcome({"selected": r.selected, "sent": r.sent, "duplicates": r.duplicates,
+                        "failed": r.failed, "seconds": round(r.seconds, 2),
+                        "send_seconds": round(r.send_seconds, 2),
+                        "msgs_per_s": round(r.rate, 1),
+                        "spark_start_seconds": round(started_s, 2)},
+                       [f"{r.failed} message(s) not replayed; the first: {r.first_error}"]
+                       if r.failed else [])
+    finally:
+        spark.stop()
