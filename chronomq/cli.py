@@ -227,13 +227,24 @@ def _print(result: Any, as_json: bool) -> None:
             print(f"{k}: {v:g}" if isinstance(v, float) else f"{k}: {v}")
 
 
+def configure_logging(level_name: str) -> None:
+    """One line per meaningful event at INFO: APScheduler's per-run lines ("Running job",
+    "executed successfully") only at DEBUG."""
+    level = logging.getLevelName(level_name.upper())
+    if not isinstance(level, int):
+        raise ChronomqError(f"--log-level {level_name!r}: use DEBUG, INFO, WARNING or ERROR")
+    logging.basicConfig(level=level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apscheduler").setLevel(level if level <= logging.DEBUG
+                                              else max(level, logging.WARNING))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # bad usage: argparse prints it and exits 2
     try:
         if args.command == "serve":
             config = load_config(args.config, args.set)
-            logging.basicConfig(level=args.log_level.upper(),
-                                format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            configure_logging(args.log_level)
             from chronomq.server import serve
 
             serve(config)

@@ -5,6 +5,7 @@ traceback; destructive commands refuse without ``--overwrite`` / ``--yes``."""
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import subprocess
 import sys
@@ -128,3 +129,34 @@ def test_the_example_config_loads_and_serves_its_defaults() -> None:
     readme = (REPO / "README.md").read_text()
     block = readme.split("## Configuration", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     assert block in example.read_text()
+
+
+def test_quiet_defaults_keep_scheduler_runs_out_of_info() -> None:
+    from chronomq.cli import configure_logging
+
+    configure_logging("INFO")
+    assert logging.getLogger("apscheduler.executors.default").getEffectiveLevel() \
+        == logging.WARNING
+    configure_logging("DEBUG")
+    assert logging.getLogger("apscheduler.executors.default").getEffectiveLevel() \
+        == logging.DEBUG
+    configure_logging("INFO")
+
+
+def test_serve_at_info_prints_no_line_per_tick(tmp_path: Path) -> None:
+    """Scheduled jobs every second for four seconds: the start-up lines only."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chronomq.cli", "serve", "--set",
+         f"store.data_dir={tmp_path / 'data'}", "--set", "server.port=0", "--set",
+         "server.metrics_port=0", "--set", "timer.preload_interval_ms=1000", "--set",
+         "server.retention_interval_s=1"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=4)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert any("listening on" in line for line in lines), out
+    assert proc.returncode == 0, out  # SIGTERM: a clean stop
+    assert len(lines) <= 5 and not any("apscheduler" in line for line in lines), out
