@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -246,11 +247,30 @@ def test_prometheus_metrics_endpoint(tmp_path: Path) -> None:
     try:
         with srv.client() as c:
             c.create_topic("t")
+            c.create_topic("u")
             c.send_one("t", b"x")
+            c.send_one("u", b"y")
+            for group in ("g1", "g2"):
+                got = c.pop("t", group, 1, 30, 0)
+                c.ack(group, [m.receipt_handle for m in got])
+            c.pop("u", "g1", 1, 30, 0)  # left in flight
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
             text = resp.read().decode()
-        assert "chronomq_rpc_sent 1.0" in text
-        assert "chronomq_store_topics 1.0" in text
+        samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                   for line in text.splitlines() if line and not line.startswith("#")}
+        # counters end in _total; gauges do not
+        assert samples["chronomq_rpc_sent_total"] == 2
+        assert re.search(r"# TYPE chronomq_rpc_sent(_total)? counter", text)
+        assert samples["chronomq_store_topics"] == 2
+        # one family per quantity, group and topic as labels
+        assert samples['chronomq_group_in_flight_messages{group="g1",topic="u"}'] == 1
+        assert samples['chronomq_group_lag_messages{group="g2",topic="t"}'] == 0
+        assert text.count("# TYPE chronomq_group_lag_messages gauge") == 1
+        assert not any("g1" in name.split("{")[0] for name in samples)
+        # the timer's lateness is one cumulative histogram in seconds
+        assert 'chronomq_timer_lateness_seconds_bucket{le="+Inf"}' in samples
+        assert "# TYPE chronomq_timer_lateness_seconds histogram" in text
+        assert not any(name.endswith("_ms") for name in samples)
     finally:
         srv.stop()
 
