@@ -219,7 +219,7 @@ def _print(result: Any, as_json: bool) -> None:
         print(json.dumps(result, indent=2, sort_keys=True))
     elif isinstance(result, list):
         for item in result:
-            print("  ".join(f"{k}={v}" for k, v in item.items() if v not in ("", {}, 0)))
+            print("  ".join(f"{k}={v}" for k, v in item.items() if v not in ("", {})))
         if not result:
             print("(none)")
     elif isinstance(result, dict):
