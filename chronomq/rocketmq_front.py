@@ -17,8 +17,8 @@ How the protocol maps onto the core:
   ChangeInvisibleTime and DeadLetter; RecallMessage is Cancel.  Leases of ``auto_renew``
   receives (push consumers) are renewed while the client lives (``LeaseRenewer``).
 - Telemetry answers each settings command with the client's settings completed.
-- FIFO, transactional, lite and priority messages, SQL92 filters and the pull API answer
-  with a clear UNSUPPORTED status.
+- FIFO, transactional, lite and priority messages, lite consumers (their settings and
+  heartbeats), SQL92 filters and the pull API answer with a clear UNSUPPORTED status.
 
 Every unary answer carries ``status.code = OK (20000)`` on success; errors are RocketMQ
 codes with chronomq's message.
@@ -95,6 +95,18 @@ PRODUCER_ATTEMPTS, PRODUCER_BACKOFF_MS = 3, (10, 1000)
 CLIENT_GONE_MS = 120_000  # a client not heard of for this long is gone (heartbeats: 10 s)
 RENEW_AHEAD_MS = 10_000  # an auto_renew lease is renewed when it has this little left ...
 MAX_RENEW_MS = 3_600_000  # ... for at most this long after its receive
+_LITE_CLIENTS = {rd.LITE_PUSH_CONSUMER: "LITE_PUSH_CONSUMER",
+                 rd.LITE_SIMPLE_CONSUMER: "LITE_SIMPLE_CONSUMER"}
+
+
+def _lite_refusal(client_type: int) -> str:
+    """Why a lite consumer cannot start here ("" for every other client type)."""
+    kind = _LITE_CLIENTS.get(client_type)
+    return (f"lite topics are not supported by chronomq's RocketMQ front: a {kind} "
+            "cannot subscribe; use a PushConsumer or SimpleConsumer on a normal topic"
+            if kind else "")
+
+
 _UNSUPPORTED_TYPES = {rd.FIFO: "FIFO", rd.TRANSACTION: "transactional", rd.LITE: "lite",
                       rd.PRIORITY: "priority"}
 
@@ -308,6 +320,9 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     def Heartbeat(self, request: Any, context: Context) -> Any:
         self._heard_from(context)
+        refused = _lite_refusal(request.client_type)
+        if refused:
+            return rs.HeartbeatResponse(status=_status(Code.UNSUPPORTED, refused))
         if request.HasField("group"):
             try:
                 self._group(request.group)
@@ -328,8 +343,11 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             with self._budget.hold(STREAM, context.peer()):
                 for command in request_iterator:
                     if command.HasField("settings"):
-                        yield rs.TelemetryCommand(status=_ok(),
-                                                  settings=self._settings(command.settings))
+                        settings = self._settings(command.settings)
+                        refused = _lite_refusal(command.settings.client_type)
+                        yield rs.TelemetryCommand(
+                            status=_status(Code.UNSUPPORTED, refused) if refused else _ok(),
+                            settings=settings)
                     # thread stack traces and verify results are never asked for: ignored
         except ResourceExhausted as exc:
             yield rs.TelemetryCommand(status=_status(Code.TOO_MANY_REQUESTS, str(exc)))

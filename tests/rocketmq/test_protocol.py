@@ -362,3 +362,22 @@ def test_a_running_broker_renews_leases_every_second(tmp_path: Any) -> None:
         assert job is not None and job.trigger.interval.total_seconds() == 1
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("client_type", [rd.LITE_PUSH_CONSUMER, rd.LITE_SIMPLE_CONSUMER])
+def test_lite_consumers_are_refused_with_a_reason(rmq: RocketMQEnv, client_type: int) -> None:
+    """A lite consumer (rocketmq-a2a's reply path) learns at start-up that lite topics
+    are not supported, instead of failing later on max_lite_topic_size = 0."""
+    settings = rd.Settings(client_type=client_type, subscription=rd.Subscription(
+        group=rd.Resource(name="replies")))
+    (answer,) = list(rmq.stub.Telemetry(iter([rs.TelemetryCommand(settings=settings)]),
+                                        timeout=5))
+    assert answer.status.code == C.UNSUPPORTED
+    assert "lite topics are not supported" in answer.status.message
+    beat = rmq.stub.Heartbeat(rs.HeartbeatRequest(group=rd.Resource(name="replies"),
+                                                  client_type=client_type))
+    assert beat.status.code == C.UNSUPPORTED and "lite" in beat.status.message
+    # other clients are untouched
+    ok = rmq.stub.Heartbeat(rs.HeartbeatRequest(group=rd.Resource(name="replies"),
+                                                client_type=rd.PUSH_CONSUMER))
+    assert ok.status.code == C.OK
