@@ -16,7 +16,8 @@ How the protocol maps onto the core:
 - AckMessage, ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue are Ack,
   ChangeInvisibleTime and DeadLetter; RecallMessage is Cancel.  Leases of ``auto_renew``
   receives (push consumers) are renewed while the client lives (``LeaseRenewer``).
-- Telemetry answers each settings command with the client's settings completed.
+- Telemetry answers each settings command with the client's settings completed, once the
+  client has fetched the routes of the topics they name (``chronomq.rocketmq_startup``).
 - FIFO, transactional, lite and priority messages, lite consumers (their settings and
   heartbeats), SQL92 filters and the pull API answer with a clear UNSUPPORTED status.
 
@@ -48,6 +49,7 @@ from chronomq.notify import ArrivalNotifier
 from chronomq.rocketmq_pb import definition as rd
 from chronomq.rocketmq_pb import service as rs
 from chronomq.rocketmq_pb import service_grpc as rs_grpc
+from chronomq.rocketmq_startup import RouteWatch
 from pop.handle import InvalidReceiptHandle
 from pop.service import (
     MAX_INVISIBLE_TIME_S,
@@ -215,6 +217,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         self.clients: dict[str, int] = {}  # client id -> last heard of (broker clock, ms)
         self.sent = self.received = self.acked = 0
         self.leases = LeaseRenewer(broker.pop, self.alive)
+        self.routes = RouteWatch()  # when to answer a starting client's settings
 
     def figures(self) -> dict[str, float]:
         """``rocketmq.*`` figures for Stats and /metrics."""
@@ -223,6 +226,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             for client, seen in list(self.clients.items()):
                 if now - seen > CLIENT_GONE_MS:
                     del self.clients[client]
+                    self.routes.forget(client)
             return {"rocketmq.clients": len(self.clients), "rocketmq.sent": self.sent,
                     "rocketmq.received": self.received, "rocketmq.acked": self.acked,
                     "rocketmq.renewing": self.leases.count(),
@@ -300,6 +304,9 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         queues = [rd.MessageQueue(topic=request.topic, id=qid, permission=rd.READ_WRITE,
                                   broker=broker, accept_message_types=[rd.NORMAL, rd.DELAY])
                   for qid in range(topic.queue_count)]
+        client, name = _client_id(context), topic.name
+        if client:  # counted once the answer has left (see chronomq.rocketmq_startup)
+            context.add_callback(lambda: self.routes.fetched(client, name))
         return rs.QueryRouteResponse(status=_ok(), message_queues=queues)
 
     def QueryAssignment(self, request: Any, context: Context) -> Any:
@@ -333,16 +340,23 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def NotifyClientTermination(self, request: Any, context: Context) -> Any:
         with self._lock:
             self.clients.pop(_client_id(context), None)
+        self.routes.forget(_client_id(context))
         return rs.NotifyClientTerminationResponse(status=_ok())
 
     def Telemetry(self, request_iterator: Iterable[Any], context: Context) -> Iterator[Any]:
         """Answer every settings command with the client's settings completed by the
-        broker's: some clients wait for this reply before they start."""
+        broker's (clients wait for this reply before they start); a starting client's
+        answer waits for its route queries (``chronomq.rocketmq_startup``)."""
         self._heard_from(context)
+        client = _client_id(context)
         try:
             with self._budget.hold(STREAM, context.peer()):
                 for command in request_iterator:
                     if command.HasField("settings"):
+                        asked = command.settings
+                        self.routes.wait_for_routes(client, [
+                            *(t.name for t in asked.publishing.topics),
+                            *(e.topic.name for e in asked.subscription.subscriptions)])
                         settings = self._settings(command.settings)
                         refused = _lite_refusal(command.settings.client_type)
                         yield rs.TelemetryCommand(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from store.topics import Topic
 from tests.rocketmq.conftest import RocketMQEnv
 
 HERE = Path(__file__).parent / "nodejs"
@@ -72,3 +73,22 @@ def test_nodejs_producer_simple_and_push_consumer(rmq: RocketMQEnv, node_client:
     pushed = [m["id"] for m in r["pushed"] if m["id"] in r["pushSent"]]
     assert sorted(pushed) == sorted(r["pushSent"])
     assert all(m["attempt"] == 1 for m in r["pushed"])
+
+
+@pytest.mark.parametrize("topics", [1, 9])
+def test_nodejs_producer_with_many_topics_starts(tmp_path: Path, node_client: Path,
+                                                 topics: int) -> None:
+    """The Node.js Producer fetches each topic's route before it listens for its settings
+    answer; with 9 topics it used to wait for the next settings exchange (5 minutes)."""
+    env = RocketMQEnv(tmp_path)
+    try:
+        for i in range(topics):
+            env.broker.create_topic(Topic(f"t{i}", 4))
+        done = subprocess.run(["node", str(node_client.parent / "startup_topics.js"),
+                               env.endpoint, str(topics)], capture_output=True, text=True,
+                              timeout=60, cwd=node_client.parent)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        assert done.returncode == 0 and result["started"] is True, (result, done.stderr)
+        assert result["sent"]
+    finally:
+        env.running.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import time
 from typing import Any
 
 import grpc
@@ -16,6 +17,7 @@ from chronomq.rocketmq_front import CLIENT_GONE_MS, MAX_RENEW_MS, duration_s, ti
 from chronomq.rocketmq_pb import definition as rd
 from chronomq.rocketmq_pb import service as rs
 from chronomq.rocketmq_pb import service_grpc
+from store.topics import Topic
 from tests.rocketmq.conftest import RocketMQEnv
 
 C = rd.Code
@@ -381,3 +383,42 @@ def test_lite_consumers_are_refused_with_a_reason(rmq: RocketMQEnv, client_type:
     ok = rmq.stub.Heartbeat(rs.HeartbeatRequest(group=rd.Resource(name="replies"),
                                                 client_type=rd.PUSH_CONSUMER))
     assert ok.status.code == C.OK
+
+
+def test_settings_answer_waits_for_the_clients_route_queries(rmq: RocketMQEnv) -> None:
+    """A client that sends its settings after its first route query, while it fetches the
+    others, gets the answer once they are fetched (see chronomq.rocketmq_startup)."""
+    import threading
+
+    for name in ("t1", "t2"):
+        rmq.broker.create_topic(Topic(name, 1))
+    me = (("x-mq-client-id", "starting-1"),)
+
+    def route(topic: str) -> None:
+        answer = rmq.stub.QueryRoute(rs.QueryRouteRequest(topic=rd.Resource(name=topic)),
+                                     metadata=me)
+        assert answer.status.code == C.OK
+
+    route("orders")
+    settings = rd.Settings(client_type=rd.PRODUCER, publishing=rd.Publishing(
+        topics=[rd.Resource(name=t) for t in ("orders", "t1", "t2")]))
+    answered = threading.Event()
+
+    def telemetry() -> None:
+        list(rmq.stub.Telemetry(iter([rs.TelemetryCommand(settings=settings)]), timeout=10,
+                                metadata=me))
+        answered.set()
+
+    waiter = threading.Thread(target=telemetry)
+    waiter.start()
+    assert not answered.wait(0.5)  # still fetching routes: held (for up to 3 s)
+    route("t1")
+    route("t2")
+    assert answered.wait(2.0)
+    waiter.join()
+    # a client that has fetched no route yet is answered at once
+    fresh = (("x-mq-client-id", "starting-2"),)
+    t0 = time.monotonic()
+    list(rmq.stub.Telemetry(iter([rs.TelemetryCommand(settings=settings)]), timeout=10,
+                            metadata=fresh))
+    assert time.monotonic() - t0 < 1.0
