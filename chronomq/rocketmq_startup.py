@@ -14,6 +14,8 @@ topics its settings name (publishing topics, subscriptions), for at most
 termination callback), so the settings answer always follows it.  A client that sends
 its settings before any route query (the Python and Java clients) is answered at once.
 
+``settings_answer`` is the answer itself: the client's settings completed by the broker's.
+
 Bounded: at most ``MAX_CLIENTS`` clients and ``MAX_TOPICS`` topics each are remembered;
 a client is forgotten when it terminates or is gone (``forget``).
 """
@@ -22,8 +24,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Any
+
+from chronomq.config import BrokerConfig
+from chronomq.rocketmq_codec import duration_pb
+from chronomq.rocketmq_pb import definition as rd
+from pop.policy import RetryPolicy
 
 SETTINGS_HOLD_S = 3.0
+# Producers retry a failed send this often, waiting 10 ms, 20 ms, ... up to 1 s.
+PRODUCER_ATTEMPTS, PRODUCER_BACKOFF_MS = 3, (10, 1000)
 MAX_CLIENTS = 10_000
 MAX_TOPICS = 1_024
 
@@ -71,3 +81,35 @@ class RouteWatch:
     def clients(self) -> int:
         with self._cond:
             return len(self._seen)
+
+
+def settings_answer(asked: Any, config: BrokerConfig, max_wait_ms: int,
+                    policy: RetryPolicy) -> Any:
+    """The client's settings completed by the broker's: a retry policy always (some
+    clients crash without one: the producer's, or the group's ``policy`` for consumers),
+    the body limit for producers, batch size and long-poll bound for consumers, metrics
+    off."""
+    out = rd.Settings()
+    out.CopyFrom(asked)
+    initial, most = PRODUCER_BACKOFF_MS
+    out.backoff_policy.CopyFrom(rd.RetryPolicy(  # every client reads one: never absent
+        max_attempts=PRODUCER_ATTEMPTS,
+        exponential_backoff=rd.ExponentialBackoff(
+            initial=duration_pb(initial), max=duration_pb(most), multiplier=2.0)))
+    if asked.HasField("publishing") or asked.client_type == rd.PRODUCER:
+        out.publishing.max_body_size = config.store.max_body_bytes
+        out.publishing.validate_message_type = True
+    if asked.HasField("subscription"):
+        sub = out.subscription
+        sub.fifo = False
+        sub.receive_batch_size = config.pop.max_messages_cap
+        lpt = asked.subscription.long_polling_timeout
+        asked_ms = lpt.seconds * 1000 + lpt.nanos // 1_000_000
+        sub.long_polling_timeout.CopyFrom(duration_pb(
+            min(asked_ms or max_wait_ms, max_wait_ms)))
+        out.backoff_policy.CopyFrom(rd.RetryPolicy(
+            max_attempts=policy.max_attempts,
+            customized_backoff=rd.CustomizedBackoff(
+                next=[duration_pb(ms) for ms in policy.backoff_ms])))
+    out.metric.on = False
+    return out

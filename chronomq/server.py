@@ -125,7 +125,8 @@ class BrokerServer:
 
     def _start_rocketmq(self) -> None:
         """The RocketMQ 5 front on a port of its own (imported only when enabled)."""
-        from chronomq.rocketmq_front import AccessKeyAuth, RocketMQServicer
+        from chronomq.rocketmq_auth import AccessKeyAuth
+        from chronomq.rocketmq_front import RocketMQServicer
         from chronomq.rocketmq_pb import service as rs
 
         cfg = self.config.rocketmq
