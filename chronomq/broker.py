@@ -22,9 +22,11 @@ from store.disk import DiskGuard, unless_full
 from store.errors import FailedPrecondition, InvalidArgument
 from store.kv import KV
 from store.message import FLAG_DELAYED, DispatchInfo, Draft, Message
+from store.names import check_name, is_name
 from store.store import MessageStore
 from store.topics import Topic
 from tiered.dispatcher import TieredConfig, TieredDispatcher
+from tiered.ownership import Owner, TopicOwners
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.memory import MemoryProvider
@@ -101,6 +103,7 @@ class Broker:
                               config.groups)
         self._timer_store = TimerStore(os.path.join(config.store.data_dir, "timer"))
         self.tier = make_provider(config)
+        self.owners: TopicOwners | None = None  # set by claim_topics (tier.claim_topics)
         self.flat_files = TimerFlatFiles(self.tier, config.timer.bucket_ms,
                                          prefix=f"{config.tier.broker_name}/timer")
         self.timer = TimerService(self.store, self._timer_store, self.flat_files,
@@ -162,11 +165,39 @@ class Broker:
     # ------------------------------------------------------------------ topics
 
     def create_topic(self, topic: Topic) -> tuple[Topic, bool]:
+        """Create ``topic`` here; with ``tier.claim_topics`` only once this broker owns it
+        in the shared tier (``FailedPrecondition`` naming the owner when another does)."""
+        if self.owners is not None:
+            check_name(topic.name)
+            if self.store.topics.get(topic.name) is None and \
+                    not self.owners.claim(topic.name, self.clock.now_ms()):
+                owner = self.owners.owner(topic.name)
+                where = f"broker {owner.broker} at {owner.address}" if owner else "another broker"
+                raise FailedPrecondition(f"topic {topic.name!r} is owned by {where} (recorded "
+                                         "in the shared tier): send and consume there")
         return self.store.create_topic(topic)
 
     def delete_topic(self, name: str) -> None:
         self.store.delete_topic(name)
         self.pop.forget_topic(name)
+        if self.owners is not None:
+            self.owners.release(name)
+
+    def claim_topics(self, address: str, rocketmq_address: str = "") -> list[str]:
+        """Turn on topic ownership in the shared tier (``tier.claim_topics``) for this
+        broker at ``address``: claim every local topic; returns the ones another broker
+        owns (served here only by this broker's clients; logged)."""
+        self.owners = TopicOwners(self.tier, Owner(self.config.tier.broker_name, address,
+                                                   rocketmq_address))
+        now = self.clock.now_ms()
+        elsewhere = [t.name for t in self.store.topics.list()
+                     if is_name(t.name) and not self.owners.claim(t.name, now)]
+        for name in elsewhere:
+            owner = self.owners.owner(name)
+            log.warning("topic %s is owned by broker %s in the shared tier, not by this one "
+                        "(%s): its clients may be sent elsewhere", name,
+                        owner.broker if owner else "?", self.config.tier.broker_name)
+        return elsewhere
 
     # ------------------------------------------------------------------ send
 

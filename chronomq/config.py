@@ -115,6 +115,8 @@ class TierConfig:
     #                        the topic's tier_retention_ms
     index_entries: int = 1 << 20  # a tier key-index file is sealed at this many entries
     index_ms: int = 300_000  # ... or this age
+    claim_topics: bool = False  # record each topic's owner in the shared tier
+    #                             (tiered/ownership.py): for several brokers on one bucket
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +180,11 @@ class BrokerConfig:
             raise InvalidArgument("tier.provider must be 'local', 's3' or 'memory'")
         if self.tier.provider == "s3" and not self.tier.s3_bucket:
             raise InvalidArgument("tier.provider = 's3' needs tier.s3_bucket")
+        if self.tier.claim_topics and self.store.auto_create_topics:
+            raise InvalidArgument("tier.claim_topics cannot be combined with "
+                                  "store.auto_create_topics: a topic is claimed in the "
+                                  "shared tier before it is created, so create topics "
+                                  "explicitly")
         if min(self.tier.s3_connect_timeout_s, self.tier.s3_read_timeout_s,
                self.tier.s3_max_attempts, self.tier.upload_timeout_s) <= 0:
             raise InvalidArgument("tier.s3_connect_timeout_s, tier.s3_read_timeout_s, "

@@ -99,6 +99,11 @@ class BrokerServer:
             health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.rocketmq.enabled:
             self._start_rocketmq()
+        if self.config.tier.claim_topics:  # after binding: the owner records the addresses
+            rmq = self.config.rocketmq
+            front = (rmq.advertise_address or f"{rmq.host or cfg.host}:{self.rocketmq_port}"
+                     if self.rocketmq_port else "")
+            self.broker.claim_topics(f"{cfg.host}:{self.port}", front)
         self._scheduler = BackgroundScheduler()
         self._scheduler.add_job(self._retention, "interval", id="retention",
                                 seconds=cfg.retention_interval_s, max_instances=1,

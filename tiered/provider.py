@@ -31,6 +31,12 @@ class Provider(Protocol):
         """Create or replace the object atomically (readers see old or new, not a mix)."""
         ...
 
+    def create(self, path: str, data: bytes) -> bool:
+        """Write the object only if none exists at ``path`` (atomically: of two writers
+        racing, exactly one gets True); False if one exists.  What coordinates brokers
+        sharing a tier (``tiered.ownership``)."""
+        ...
+
     def delete(self, path: str) -> None:
         """Remove the object; removing a missing object is not an error."""
         ...

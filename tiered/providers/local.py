@@ -54,6 +54,25 @@ class LocalProvider:
                 os.fsync(f.fileno())
             os.replace(tmp, full)
 
+    def create(self, path: str, data: bytes) -> bool:
+        """A fsynced temporary file linked into place: ``link(2)`` fails if the name
+        exists, so of two creators exactly one wins, and readers never see a part."""
+        full = self._full(path)
+        tmp = f"{full}.tmp.{os.getpid()}.{id(data)}"
+        with _wrapped(path):
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, full)
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        return True
+
     def delete(self, path: str) -> None:
         with _wrapped(path), suppress(FileNotFoundError):
             os.unlink(self._full(path))

@@ -34,6 +34,14 @@ class MemoryProvider:
         with self._lock:
             self._objects[check_path(path)] = bytes(data)
 
+    def create(self, path: str, data: bytes) -> bool:
+        with self._lock:
+            key = check_path(path)
+            if key in self._objects:
+                return False
+            self._objects[key] = bytes(data)
+            return True
+
     def delete(self, path: str) -> None:
         with self._lock:
             self._objects.pop(check_path(path), None)

@@ -127,6 +127,22 @@ class S3Provider:
         with _wrapped(path):
             self._s3.put_object(Bucket=self._bucket, Key=self._key(path), Body=data)
 
+    def create(self, path: str, data: bytes) -> bool:
+        """A conditional PutObject (``If-None-Match: *``): S3 answers 412 when the key
+        exists, and of two concurrent creators exactly one succeeds."""
+        try:
+            with _wrapped(path):
+                self._s3.put_object(Bucket=self._bucket, Key=self._key(path), Body=data,
+                                    IfNoneMatch="*")
+        except TierError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ClientError) and str(cause.response.get("Error", {}).get(
+                    "Code", "")) in ("PreconditionFailed", "412",
+                                     "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
     def delete(self, path: str) -> None:
         with _wrapped(path):
             self._s3.delete_object(Bucket=self._bucket, Key=self._key(path))

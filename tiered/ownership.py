@@ -1,0 +1,101 @@
+"""Which broker owns a topic, recorded in the shared tier itself.
+
+Several brokers may share one tier (one S3 bucket, each broker under its own
+``<broker_name>/`` prefix).  A topic lives on one broker: its owner.  The owner is one
+small object per topic, ``owners/<topic>.json`` at the top of the tier (beside the
+brokers' prefixes), holding the owner's broker name and the addresses clients reach it
+at.  It is created with a conditional put (``Provider.create``: S3's ``If-None-Match:
+*``, ``link(2)`` on a local directory), so when two brokers claim the same topic at
+once exactly one wins; the other learns the winner by reading the object.  S3 is the
+coordination point: no election, no leases, no home-made consensus.
+
+* ``claim(topic)``: own it (True), or it was already ours (True, addresses refreshed),
+  or it belongs to another broker (False; ``owner`` says which).
+* ``owner(topic)``: the recorded owner, or None.
+* ``release(topic)``: the owner deletes the object when its topic is deleted.
+
+A departed broker's topics stay recorded under its name until another broker takes them
+over (a mount, not built yet); until then ``owner`` names a broker that may not answer,
+which clients report as such.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from store.names import check_name
+from tiered.errors import TierError, TierNotFound
+from tiered.provider import Provider
+
+PREFIX = "owners/"
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    broker: str  # tier.broker_name
+    address: str  # host:port of its chronomq API
+    rocketmq_address: str = ""  # host:port of its RocketMQ front ("" when off)
+    claimed_at_ms: int = 0
+
+
+def _path(topic: str) -> str:
+    check_name(topic)
+    return f"{PREFIX}{topic}.json"
+
+
+class TopicOwners:
+    """Claims and looks up topic owners on ``provider`` for the broker ``me``."""
+
+    def __init__(self, provider: Provider, me: Owner) -> None:
+        self._provider = provider
+        self.me = me
+
+    def owner(self, topic: str) -> Owner | None:
+        try:
+            raw = self._provider.read(_path(topic))
+        except TierNotFound:
+            return None
+        try:
+            fields = json.loads(raw)
+            return Owner(str(fields["broker"]), str(fields["address"]),
+                         str(fields.get("rocketmq_address", "")),
+                         int(fields.get("claimed_at_ms", 0)))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TierError(f"the owner object of topic {topic!r} is damaged: {exc}") from exc
+
+    def claim(self, topic: str, now_ms: int = 0) -> bool:
+        """Own ``topic``: True when this broker owns it (now or already)."""
+        mine = Owner(self.me.broker, self.me.address, self.me.rocketmq_address, now_ms)
+        data = json.dumps(asdict(mine), sort_keys=True).encode()
+        if self._provider.create(_path(topic), data):
+            return True
+        current = self.owner(topic)
+        if current is None:  # released between our create and our read: try once more
+            return self._provider.create(_path(topic), data)
+        if current.broker != self.me.broker:
+            return False
+        if (current.address, current.rocketmq_address) != (mine.address,
+                                                           mine.rocketmq_address):
+            # ours, from an earlier run at another address: point clients at this one
+            self._provider.write(_path(topic), json.dumps(asdict(
+                Owner(mine.broker, mine.address, mine.rocketmq_address,
+                      current.claimed_at_ms)), sort_keys=True).encode())
+        return True
+
+    def release(self, topic: str) -> None:
+        """Drop this broker's claim (its topic was deleted); another broker's is kept."""
+        current = self.owner(topic)
+        if current is not None and current.broker == self.me.broker:
+            self._provider.delete(_path(topic))
+
+    def topics(self) -> dict[str, Owner]:
+        """Every recorded owner, by topic."""
+        out: dict[str, Owner] = {}
+        for path in self._provider.list(PREFIX):
+            name = path[len(PREFIX):]
+            if name.endswith(".json"):
+                owner = self.owner(name[:-len(".json")])
+                if owner is not None:
+                    out[name[:-len(".json")]] = owner
+        return out
