@@ -161,3 +161,12 @@ def unsupported(rpc: str) -> Any:
 
 def timestamp_pb(ms: int) -> Timestamp:
     return Timestamp(seconds=ms // 1000, nanos=ms % 1000 * 1_000_000)
+
+
+def endpoints_pb(address: str) -> Any:
+    """``host:port`` as RocketMQ Endpoints (IPv4, IPv6 or a domain name)."""
+    host, _, port = address.rpartition(":")
+    scheme = rd.DOMAIN_NAME if any(c.isalpha() for c in host) else rd.IPv4
+    if ":" in host:
+        scheme = rd.IPv6
+    return rd.Endpoints(scheme=scheme, addresses=[rd.Address(host=host, port=int(port))])

@@ -48,6 +48,7 @@ from chronomq.rocketmq_codec import (
     client_id,
     code_of,
     duration_s,
+    endpoints_pb,
     lite_refusal,
     ok_status,
     status_of,
@@ -79,6 +80,7 @@ from store.message import (
     validate_message_id,
 )
 from store.topics import Topic
+from tiered.ownership import Owner
 from timer.service import TimerOutcome
 
 Context: TypeAlias = grpc.ServicerContext
@@ -151,11 +153,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         client used (it knows how to reach us), else the bound host and port."""
         if not self._broker.config.rocketmq.advertise_address and asked.addresses:
             return asked
-        host, _, port = self._endpoint.rpartition(":")
-        scheme = rd.DOMAIN_NAME if any(c.isalpha() for c in host) else rd.IPv4
-        if ":" in host:
-            scheme = rd.IPv6
-        return rd.Endpoints(scheme=scheme, addresses=[rd.Address(host=host, port=int(port))])
+        return endpoints_pb(self._endpoint)
 
     def _topic(self, name: str) -> Topic:
         if not name:
@@ -184,17 +182,37 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         self._heard_from(context)
         try:
             topic = self._topic(request.topic.name)
+            name, queue_count = topic.name, topic.queue_count
+            broker = rd.Broker(name=self._broker.config.tier.broker_name, id=0,
+                               endpoints=self._endpoints(request.endpoints))
         except Refused as exc:
-            return rs.QueryRouteResponse(status=status_of(exc.code, str(exc)))
-        broker = rd.Broker(name=self._broker.config.tier.broker_name, id=0,
-                           endpoints=self._endpoints(request.endpoints))
+            owner = self._owner_elsewhere(request.topic.name, exc)
+            if owner is None:
+                return rs.QueryRouteResponse(status=status_of(exc.code, str(exc)))
+            name, queue_count = request.topic.name, self._broker.config.store.default_queue_count
+            broker = rd.Broker(name=owner.broker, id=0,
+                               endpoints=endpoints_pb(owner.rocketmq_address))
         queues = [rd.MessageQueue(topic=request.topic, id=qid, permission=rd.READ_WRITE,
                                   broker=broker, accept_message_types=[rd.NORMAL, rd.DELAY])
-                  for qid in range(topic.queue_count)]
-        client, name = client_id(context), topic.name
+                  for qid in range(queue_count)]
+        client = client_id(context)
         if client:  # counted once the answer has left (see chronomq.rocketmq_startup)
             context.add_callback(lambda: self.routes.fetched(client, name))
         return rs.QueryRouteResponse(status=ok_status(), message_queues=queues)
+
+    def _owner_elsewhere(self, topic: str, refused: Refused) -> Owner | None:
+        """The other broker that owns a topic missing here (``tier.claim_topics``), when
+        it runs a RocketMQ front: QueryRoute sends the client there."""
+        owners = self._broker.owners
+        if owners is None or refused.code != Code.TOPIC_NOT_FOUND:
+            return None
+        try:
+            owner = owners.owner(topic)
+        except ChronomqError:  # a bad name, or the tier cannot tell: the refusal stands
+            return None
+        if owner is None or owner.broker == owners.me.broker or not owner.rocketmq_address:
+            return None
+        return owner
 
     def QueryAssignment(self, request: Any, context: Context) -> Any:
         """Push consumers ask which queues to read: one is enough, as a receive pops every

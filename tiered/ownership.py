@@ -11,7 +11,8 @@ coordination point: no election, no leases, no home-made consensus.
 
 * ``claim(topic)``: own it (True), or it was already ours (True, addresses refreshed),
   or it belongs to another broker (False; ``owner`` says which).
-* ``owner(topic)``: the recorded owner, or None.
+* ``owner(topic)`` / ``owner_of(provider, topic)``: the recorded owner, or None (what a
+  client that reads the bucket uses to find a topic's broker).
 * ``release(topic)``: the owner deletes the object when its topic is deleted.
 
 A departed broker's topics stay recorded under its name until another broker takes them
@@ -44,6 +45,21 @@ def _path(topic: str) -> str:
     return f"{PREFIX}{topic}.json"
 
 
+def owner_of(provider: Provider, topic: str) -> Owner | None:
+    """The recorded owner of ``topic`` in the tier on ``provider`` (None: unclaimed)."""
+    try:
+        raw = provider.read(_path(topic))
+    except TierNotFound:
+        return None
+    try:
+        fields = json.loads(raw)
+        return Owner(str(fields["broker"]), str(fields["address"]),
+                     str(fields.get("rocketmq_address", "")),
+                     int(fields.get("claimed_at_ms", 0)))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TierError(f"the owner object of topic {topic!r} is damaged: {exc}") from exc
+
+
 class TopicOwners:
     """Claims and looks up topic owners on ``provider`` for the broker ``me``."""
 
@@ -52,17 +68,7 @@ class TopicOwners:
         self.me = me
 
     def owner(self, topic: str) -> Owner | None:
-        try:
-            raw = self._provider.read(_path(topic))
-        except TierNotFound:
-            return None
-        try:
-            fields = json.loads(raw)
-            return Owner(str(fields["broker"]), str(fields["address"]),
-                         str(fields.get("rocketmq_address", "")),
-                         int(fields.get("claimed_at_ms", 0)))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TierError(f"the owner object of topic {topic!r} is damaged: {exc}") from exc
+        return owner_of(self._provider, topic)
 
     def claim(self, topic: str, now_ms: int = 0) -> bool:
         """Own ``topic``: True when this broker owns it (now or already)."""

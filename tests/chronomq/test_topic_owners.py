@@ -10,17 +10,24 @@ from pathlib import Path
 import grpc
 import pytest
 
-from chronomq.client import RpcError
+from chronomq.broker import make_provider
+from chronomq.client import RpcError, message
+from chronomq.config import RocketMQConfig
+from chronomq.rocketmq_pb import definition as rd
+from chronomq.rocketmq_pb import service as rs
+from chronomq.rocketmq_pb import service_grpc
+from chronomq.routing import BrokerDirectory, RoutedClient
 from tests.conftest import RunningServer, broker_config, tier_config
 
 
-def _broker(tmp_path: Path, request: pytest.FixtureRequest, name: str, node: int
-            ) -> RunningServer:
+def _broker(tmp_path: Path, request: pytest.FixtureRequest, name: str, node: int,
+            rocketmq: bool = False) -> RunningServer:
     tier = dataclasses.replace(tier_config("s3", tmp_path, request, "owners"),
                                broker_name=name, claim_topics=True)
     config = broker_config(tmp_path / name)
-    config = dataclasses.replace(config, tier=tier,
-                                 store=dataclasses.replace(config.store, node_id=node))
+    config = dataclasses.replace(
+        config, tier=tier, store=dataclasses.replace(config.store, node_id=node),
+        rocketmq=RocketMQConfig(enabled=rocketmq, host="127.0.0.1", port=0))
     return RunningServer(config)
 
 
@@ -60,3 +67,54 @@ def test_claims_need_explicit_topic_creation(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidArgument, match="auto_create_topics"):
         load_config(None, ["tier.claim_topics=true", "store.auto_create_topics=true"])
+
+
+@pytest.mark.parametrize("find_by", ["addresses", "bucket"])
+def test_one_client_over_two_brokers(tmp_path: Path, request: pytest.FixtureRequest,
+                                     find_by: str) -> None:
+    """A client given both brokers' addresses (or the bucket) sends, pops, acks and
+    subscribes on each topic at its owner; a topic moved to the other broker is found
+    again; the RocketMQ front's QueryRoute sends clients to the owner's front."""
+    a = _broker(tmp_path, request, "broker-a", 1, rocketmq=True)
+    b = _broker(tmp_path, request, "broker-b", 2, rocketmq=True)
+    try:
+        with a.client() as ca, b.client() as cb:
+            ca.create_topic("orders")
+            cb.create_topic("payments")
+        directory = (BrokerDirectory([a.target, b.target]) if find_by == "addresses" else
+                     BrokerDirectory(tier=make_provider(a.config)))
+        with RoutedClient(directory) as rc:
+            out = rc.send([message("orders", b"o1"), message("payments", b"p1"),
+                           message("orders", b"o2")])
+            assert all(o.ok for o in out) and len({o.message_id for o in out}) == 3
+            assert directory.locate("orders") == a.target
+            assert directory.locate("payments") == b.target
+            got = rc.pop("orders", "g", 10, 30, 0)
+            assert sorted(m.body for m in got) == [b"o1", b"o2"]
+            assert rc.ack("orders", "g", [m.receipt_handle for m in got]) == ["", ""]
+            with rc.subscribe("payments", "g") as sub:
+                (response,) = [next(iter(sub.responses()))]
+                assert [m.body for m in response.messages] == [b"p1"]
+                sub.ack([m.receipt_handle for m in response.messages])
+            with a.client() as ca:
+                assert [m.message_id for m in ca.query("orders", message_id=out[0].message_id)]
+            # "orders" moves: deleted on a, created on b; the client finds it there
+            with a.client() as ca, b.client() as cb:
+                ca.delete_topic("orders")
+                cb.create_topic("orders")
+            assert rc.send([message("orders", b"o3")])[0].ok
+            assert directory.locate("orders") == b.target
+            with pytest.raises(RpcError) as missing:
+                rc.pop("nowhere", "g")
+            assert missing.value.code == grpc.StatusCode.NOT_FOUND
+        # the RocketMQ front of a answers QueryRoute for b's topic with b's front
+        with grpc.insecure_channel(f"127.0.0.1:{a.server.rocketmq_port}") as channel:
+            route = service_grpc.MessagingServiceStub(channel).QueryRoute(
+                rs.QueryRouteRequest(topic=rd.Resource(name="payments")))
+        assert route.status.code == rd.Code.OK
+        (address,) = route.message_queues[0].broker.endpoints.addresses
+        assert (address.host, address.port) == ("127.0.0.1", b.server.rocketmq_port)
+        assert route.message_queues[0].broker.name == "broker-b"
+    finally:
+        a.stop()
+        b.stop()
