@@ -3,6 +3,9 @@
 Runs on the threaded gRPC server (measured on this 2-core machine, it moves more requests
 per CPU second than grpc.aio).  Each RPC runs on a worker thread; appends are group
 committed by the CommitLog writer, so many concurrent Sends share one fsync.
+
+The Subscribe stream's state lives in ``chronomq.subscription``, the Stats figures in
+``chronomq.figures``; this module maps each RPC onto the broker.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
 from functools import partial
 from typing import NamedTuple, NoReturn, TypeAlias
 
@@ -21,7 +23,14 @@ import grpc
 from chronomq.broker import Broker, Submission
 from chronomq.budget import LONG_POLL, STREAM, CallBudget
 from chronomq.errors import code_number, status_of
+from chronomq.figures import broker_figures
 from chronomq.notify import ArrivalNotifier
+from chronomq.subscription import (
+    STREAM_BATCH,
+    Subscription,
+    ack_results,
+    received_pb,
+)
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
 from chronomq.wire import encode_send_response
@@ -32,7 +41,6 @@ from store.message import (
     MAX_PROPERTIES_BYTES,
     MAX_TAG_BYTES,
     Draft,
-    Message,
     encode_properties,
     validate_message_id,
 )
@@ -46,10 +54,6 @@ MAX_SEND_BATCH = 1000
 _FAST_KEY_CHARS = MAX_KEY_BYTES // 4
 _FAST_TAG_CHARS = MAX_TAG_BYTES // 4
 MAX_QUERY = 64
-STREAM_BATCH = 256  # messages leased per Pop on a Subscribe stream
-DEFAULT_CREDIT = 256
-MAX_CREDIT = 10_000
-IDLE_WAIT_S = 15.0  # an idle Subscribe stream looks for messages at least this often
 
 
 def _abort(context: Context, exc: BaseException) -> NoReturn:
@@ -58,159 +62,6 @@ def _abort(context: Context, exc: BaseException) -> NoReturn:
         log.error("internal error", exc_info=exc)
     context.abort(code, str(exc))
     raise AssertionError("context.abort returns only by raising")
-
-
-def _received(m: Message, handle: str = "", attempt: int = 0) -> pb.ReceivedMessage:
-    return pb.ReceivedMessage(
-        message_id=m.message_id, topic=m.topic, queue_id=m.queue_id,
-        queue_offset=m.queue_offset, key=m.key, tag=m.tag, body=m.body,
-        properties=m.properties, born_at_ms=m.born_at_ms, deliver_at_ms=m.deliver_at_ms,
-        delivery_attempt=attempt, receipt_handle=handle,
-    )
-
-
-def _ack_results(outcomes: list[ChronomqError | None]) -> list[pb.AckResult]:
-    return [pb.AckResult() if err is None else pb.AckResult(error=_error(err))
-            for err in outcomes]
-
-
-def _error(exc: ChronomqError) -> pb.Error:
-    return pb.Error(code=code_number(exc), message=str(exc))
-
-
-class _Subscription:
-    """One Subscribe stream's state: its credit, the handles it holds, and the reports
-    of failed settlements waiting to be sent.  Shared by the stream's two threads."""
-
-    def __init__(self, broker: Broker, first: pb.SubscribeRequest) -> None:
-        self.topic, self.group = first.topic, first.group
-        self.invisible_time_s = first.invisible_time_s
-        self.max_outstanding = first.max_outstanding or DEFAULT_CREDIT
-        if self.max_outstanding > MAX_CREDIT:
-            raise InvalidArgument(f"max_outstanding must be at most {MAX_CREDIT}")
-        self.tag_filter = TagFilter.parse(first.tag_expression)
-        broker.pop.validate(self.topic, self.group, 1, self.invisible_time_s)
-        self._pop = broker.pop
-        self._clock = broker.clock
-        self._lock = threading.Lock()
-        self._outstanding: dict[str, int] = {}  # receipt handle -> lease deadline (ms)
-        self._report: pb.SubscribeResponse | None = None
-        self._freed = False
-        self.closed = False
-
-    def room(self) -> int:
-        now = self._clock.now_ms()
-        with self._lock:
-            self._freed = False
-            if self._outstanding and min(self._outstanding.values()) <= now:
-                self._outstanding = {h: e for h, e in self._outstanding.items() if e > now}
-            return self.max_outstanding - len(self._outstanding)
-
-    def leased(self, got: list[PoppedMessage]) -> None:
-        expire = self._clock.now_ms() + self.invisible_time_s * 1000
-        with self._lock:
-            for p in got:
-                self._outstanding[p.receipt_handle] = expire
-
-    def wait_s(self) -> float:
-        """How long to wait at most: until the next lease runs out (its credit returns).
-        Arrivals, settlements and shutdown wake the stream before that; an idle stream
-        looks again only every ``IDLE_WAIT_S`` (a safety net), so a thousand idle
-        streams cost no steady Pop traffic."""
-        with self._lock:
-            if not self._outstanding:
-                return IDLE_WAIT_S
-            first = min(self._outstanding.values())
-        return min(1.0, max(0.001, (first - self._clock.now_ms()) / 1000))
-
-    def has_news(self) -> bool:
-        return self.closed or self._freed or self._report is not None
-
-    def take_report(self) -> pb.SubscribeResponse | None:
-        with self._lock:
-            report, self._report = self._report, None
-            return report
-
-    def _add_report(self) -> pb.SubscribeResponse:
-        if self._report is None:
-            self._report = pb.SubscribeResponse()
-        return self._report
-
-    def settle(self, request: pb.SubscribeRequest) -> None:
-        """Apply one request's acks, nacks and invisible-time changes."""
-        pop, group = self._pop, self.group
-        done: list[tuple[str, ChronomqError | None]] = []
-        if request.ack:
-            handles = list(request.ack)
-            done += zip(handles, pop.ack_many(group, handles, self._outstanding),
-                        strict=True)
-        if request.nack:
-            release = [(n.receipt_handle, n.delay_ms if n.HasField("delay_ms") else None)
-                       for n in request.nack if not n.dead_letter]
-            dead = [(n.receipt_handle, n.reason) for n in request.nack if n.dead_letter]
-            try:
-                if release:
-                    done += zip([h for h, _ in release], pop.release_many(group, release),
-                                strict=True)
-            except ChronomqError as exc:
-                done += [(h, exc) for h, _ in release]
-            if dead:
-                done += zip([h for h, _ in dead], pop.dead_letter_many(group, dead),
-                            strict=True)
-        changed: list[pb.HandleChange] = []
-        for c in request.change:
-            try:
-                new = pop.change_invisible_time(group, c.receipt_handle, c.invisible_time_s)
-                changed.append(pb.HandleChange(old_receipt_handle=c.receipt_handle,
-                                               receipt_handle=new))
-            except ChronomqError as exc:
-                changed.append(pb.HandleChange(old_receipt_handle=c.receipt_handle,
-                                               error=_error(exc)))
-        now = self._clock.now_ms()
-        with self._lock:
-            for handle, err in done:
-                self._outstanding.pop(handle, None)
-                if err is not None:
-                    self._add_report().errors.append(
-                        pb.SettleError(receipt_handle=handle, error=_error(err)))
-            for c, ch in zip(request.change, changed, strict=True):  # one answer per change
-                held = self._outstanding.pop(c.receipt_handle, None)
-                if ch.receipt_handle and held is not None:
-                    self._outstanding[ch.receipt_handle] = now + c.invisible_time_s * 1000
-            if changed:
-                self._add_report().changed.extend(changed)
-            if request.settle_id:  # applied (acks durable): say so
-                report = self._add_report()
-                report.settled_through = max(report.settled_through, request.settle_id)
-            self._freed = True
-
-    def read(self, requests: Iterator[pb.SubscribeRequest], wake: Callable[[], None]) -> None:
-        try:
-            for request in requests:
-                self.settle(request)
-                wake()
-        except grpc.RpcError:
-            pass  # the client went away
-        except Exception:
-            log.exception("subscribe reader failed")
-        finally:
-            self.closed = True
-            wake()
-
-    def close(self) -> None:
-        self.closed = True
-
-    def give_back(self) -> None:
-        """The stream ended: what it holds unsettled is visible again now (a retry copy,
-        its attempt counted), not at its deadline."""
-        with self._lock:
-            held, self._outstanding = list(self._outstanding), {}
-        if held:
-            try:
-                self._pop.release_many(self.group, [(h, 0) for h in held])
-            except ChronomqError:
-                log.warning("could not give back %d messages of a closed Subscribe "
-                            "stream; they come back at their deadline", len(held))
 
 
 class _PendingSend(NamedTuple):
@@ -398,13 +249,13 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         with self._counts_lock:
             self.popped += len(got)
         return pb.PopResponse(messages=[
-            _received(p.message, p.receipt_handle, p.delivery_attempt) for p in got])
+            received_pb(p.message, p.receipt_handle, p.delivery_attempt) for p in got])
 
     def Ack(self, request: pb.AckRequest, context: Context) -> pb.AckResponse:
         if not request.receipt_handles:
             _abort(context, InvalidArgument("Ack needs at least one receipt handle"))
         outcomes = self._broker.pop.ack_many(request.group, list(request.receipt_handles))
-        return pb.AckResponse(results=_ack_results(outcomes))
+        return pb.AckResponse(results=ack_results(outcomes))
 
     def ChangeInvisibleTime(self, request: pb.ChangeInvisibleTimeRequest,
                             context: Context) -> pb.ChangeInvisibleTimeResponse:
@@ -424,7 +275,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 request.group, [(h, delay) for h in request.receipt_handles])
         except ChronomqError as exc:
             _abort(context, exc)
-        return pb.NackResponse(results=_ack_results(outcomes))
+        return pb.NackResponse(results=ack_results(outcomes))
 
     def DeadLetter(self, request: pb.DeadLetterRequest,
                    context: Context) -> pb.DeadLetterResponse:
@@ -432,7 +283,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             _abort(context, InvalidArgument("DeadLetter needs at least one receipt handle"))
         outcomes = self._broker.pop.dead_letter_many(
             request.group, [(h, request.reason) for h in request.receipt_handles])
-        return pb.DeadLetterResponse(results=_ack_results(outcomes))
+        return pb.DeadLetterResponse(results=ack_results(outcomes))
 
     def Subscribe(self, request_iterator: Iterator[pb.SubscribeRequest],
                   context: Context) -> Iterator[pb.SubscribeResponse]:
@@ -448,7 +299,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         except StopIteration:
             return
         try:
-            sub = _Subscription(self._broker, first)
+            sub = Subscription(self._broker, first)
         except ChronomqError as exc:
             _abort(context, exc)
         sub.settle(first)
@@ -475,7 +326,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     with self._counts_lock:
                         self.popped += len(got)
                     out = report or pb.SubscribeResponse()
-                    out.messages.extend(_received(p.message, p.receipt_handle,
+                    out.messages.extend(received_pb(p.message, p.receipt_handle,
                                                   p.delivery_attempt) for p in got)
                     yield out
                     continue
@@ -540,58 +391,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     "QueryMessages needs a key (with its topic) or a message_id")
         except ChronomqError as exc:
             _abort(context, exc)
-        return pb.QueryMessagesResponse(messages=[_received(m) for m in found])
+        return pb.QueryMessagesResponse(messages=[received_pb(m) for m in found])
 
     def Stats(self, request: pb.StatsRequest, context: Context) -> pb.StatsResponse:
         figures = self.figures()
         return pb.StatsResponse(figures=figures, json=json.dumps(figures, sort_keys=True))
 
     def figures(self) -> dict[str, float]:
-        s = self._broker.store.statistics()
-        p = self._broker.pop.statistics()
-        out: dict[str, float] = {
-            f"commitlog.{k}": float(v) for k, v in asdict(s.commitlog).items()}
-        out.update({
-            "store.topics": s.topics, "store.queues": s.queues,
-            "store.dispatched_offset": s.dispatched_offset,
-            "store.dispatch_lag_bytes": s.commitlog.confirmed_offset - s.dispatched_offset,
-            "store.messages_appended": s.messages_appended,
-            "store.damaged_records": s.damaged_records,
-            "pop.open_checkpoints": p.open_checkpoints, "pop.popped": p.popped,
-            "pop.acked": p.acked, "pop.revived": p.revived, "pop.released": p.released,
-            "pop.dead_lettered": p.dead_lettered, "pop.durable_syncs": p.durable_syncs,
-            "pop.recovered_copies": self._broker.pop.copies.recovered,
-            "rpc.sent": self.sent, "rpc.popped": self.popped,
-            **self._budget.figures("rpc"),
-        })
-        for g in self._broker.pop.group_statistics():
-            base = f"group.{g.group}.{g.topic}."
-            out.update({base + "in_flight": g.in_flight, base + "backlog": g.backlog,
-                        base + "lag": g.lag, base + "redelivered": g.redelivered,
-                        base + "dead_lettered": g.dead_lettered})
-        t = self._broker.timer.statistics()
-        out.update({
-            "timer.pending_wheel": t.pending_wheel, "timer.pending_rocksdb": t.pending_rocksdb,
-            "timer.next_due_ms": t.next_due_ms, "timer.delivered": t.delivered,
-            "timer.cancelled": t.cancelled, "timer.rescheduled": t.rescheduled,
-            "timer.last_delivery_ms": t.last_delivery_ms,
-            "timer.flat_buckets": t.flat_buckets, "timer.flat_objects": t.flat_objects,
-            "timer.flat_damaged_objects": t.flat_damaged_objects,
-            "timer.parked_unwritten": t.parked_unwritten,
-        })
-        out.update({f"disk.{k}": float(v)
-                    for k, v in asdict(self._broker.disk.refresh()).items()})
-        if self._broker.tiered is not None:
-            ts = self._broker.tiered.statistics()
-            out.update({f"tier.{k}": float(v) for k, v in asdict(ts).items()})
-            out["tier.lag_bytes"] = s.commitlog.confirmed_offset - ts.position
-            reader = self._broker.tier_reader
-            if reader is not None and reader.cache is not None:
-                cs = reader.cache.statistics()
-                out.update({f"tier.cache_{k}": float(v) for k, v in asdict(cs).items()})
-        for bound, count in zip(t.lateness_bounds_ms, t.lateness_counts, strict=False):
-            out[f"timer.lateness_le_{bound}ms"] = count
-        out["timer.lateness_over_5000ms"] = t.lateness_counts[-1]
-        for source in self.more_figures:
-            out.update(source())
-        return out
+        return broker_figures(self._broker, self._budget, self.sent, self.popped,
+                              self.more_figures)

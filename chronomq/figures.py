@@ -1,0 +1,70 @@
+"""The broker's figures: one flat ``name -> number`` map for Stats and ``/metrics``.
+
+Gathered on demand from each part's statistics: the CommitLog and store (``commitlog.*``,
+``store.*``), POP (``pop.*``) and its groups (``group.<group>.<topic>.<figure>``), the
+gRPC call budget (``rpc.*``), the timer with its lateness histogram (``timer.*``), the
+data volume (``disk.*``), the tier and its read-ahead cache (``tier.*``, when uploads are
+on), and any extra sources (the RocketMQ front's ``rocketmq.*``).  ``chronomq.metrics``
+turns them into Prometheus families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+
+from chronomq.broker import Broker
+from chronomq.budget import CallBudget
+
+
+def broker_figures(broker: Broker, budget: CallBudget, sent: int, popped: int,
+                   more: Sequence[Callable[[], dict[str, float]]] = ()) -> dict[str, float]:
+    """Every figure of Stats (and /metrics), by name."""
+    s = broker.store.statistics()
+    p = broker.pop.statistics()
+    out: dict[str, float] = {
+        f"commitlog.{k}": float(v) for k, v in asdict(s.commitlog).items()}
+    out.update({
+        "store.topics": s.topics, "store.queues": s.queues,
+        "store.dispatched_offset": s.dispatched_offset,
+        "store.dispatch_lag_bytes": s.commitlog.confirmed_offset - s.dispatched_offset,
+        "store.messages_appended": s.messages_appended,
+        "store.damaged_records": s.damaged_records,
+        "pop.open_checkpoints": p.open_checkpoints, "pop.popped": p.popped,
+        "pop.acked": p.acked, "pop.revived": p.revived, "pop.released": p.released,
+        "pop.dead_lettered": p.dead_lettered, "pop.durable_syncs": p.durable_syncs,
+        "pop.recovered_copies": broker.pop.copies.recovered,
+        "rpc.sent": sent, "rpc.popped": popped,
+        **budget.figures("rpc"),
+    })
+    for g in broker.pop.group_statistics():
+        base = f"group.{g.group}.{g.topic}."
+        out.update({base + "in_flight": g.in_flight, base + "backlog": g.backlog,
+                    base + "lag": g.lag, base + "redelivered": g.redelivered,
+                    base + "dead_lettered": g.dead_lettered})
+    t = broker.timer.statistics()
+    out.update({
+        "timer.pending_wheel": t.pending_wheel, "timer.pending_rocksdb": t.pending_rocksdb,
+        "timer.next_due_ms": t.next_due_ms, "timer.delivered": t.delivered,
+        "timer.cancelled": t.cancelled, "timer.rescheduled": t.rescheduled,
+        "timer.last_delivery_ms": t.last_delivery_ms,
+        "timer.flat_buckets": t.flat_buckets, "timer.flat_objects": t.flat_objects,
+        "timer.flat_damaged_objects": t.flat_damaged_objects,
+        "timer.parked_unwritten": t.parked_unwritten,
+    })
+    out.update({f"disk.{k}": float(v)
+                for k, v in asdict(broker.disk.refresh()).items()})
+    if broker.tiered is not None:
+        ts = broker.tiered.statistics()
+        out.update({f"tier.{k}": float(v) for k, v in asdict(ts).items()})
+        out["tier.lag_bytes"] = s.commitlog.confirmed_offset - ts.position
+        reader = broker.tier_reader
+        if reader is not None and reader.cache is not None:
+            cs = reader.cache.statistics()
+            out.update({f"tier.cache_{k}": float(v) for k, v in asdict(cs).items()})
+    for bound, count in zip(t.lateness_bounds_ms, t.lateness_counts, strict=False):
+        out[f"timer.lateness_le_{bound}ms"] = count
+    out["timer.lateness_over_5000ms"] = t.lateness_counts[-1]
+    for source in more:
+        out.update(source())
+    return out

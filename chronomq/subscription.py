@@ -1,0 +1,188 @@
+"""The server side of one Subscribe stream (streaming pull with credit), and the
+protobuf shapes the servicer's consuming calls share.
+
+``Subscription`` holds a stream's state, shared by its two threads (the gRPC worker that
+pushes leased messages, and the reader of the client's requests): the credit
+(``max_outstanding``, at most ``MAX_CREDIT``), the receipt handles it holds with their
+deadlines (credit comes back when a message is settled or its lease runs out), and the
+report of failed settlements, changed handles and ``settled_through`` waiting to be
+sent.  ``settle`` applies one request's acks (durable before the report says so), nacks,
+dead letters and invisible-time changes; ``give_back`` makes what a closed stream held
+visible again at once.  An idle stream looks for messages only every ``IDLE_WAIT_S``:
+arrivals, settlements and shutdown wake it before that.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from chronomq.broker import Broker
+from chronomq.errors import code_number
+from chronomq.v1 import broker_pb2 as pb
+from pop.service import PoppedMessage, TagFilter
+from store.errors import ChronomqError, InvalidArgument
+from store.message import Message
+
+log = logging.getLogger(__name__)
+
+STREAM_BATCH = 256  # messages leased per Pop on a Subscribe stream
+DEFAULT_CREDIT = 256
+MAX_CREDIT = 10_000
+IDLE_WAIT_S = 15.0  # an idle Subscribe stream looks for messages at least this often
+
+
+def received_pb(m: Message, handle: str = "", attempt: int = 0) -> pb.ReceivedMessage:
+    return pb.ReceivedMessage(
+        message_id=m.message_id, topic=m.topic, queue_id=m.queue_id,
+        queue_offset=m.queue_offset, key=m.key, tag=m.tag, body=m.body,
+        properties=m.properties, born_at_ms=m.born_at_ms, deliver_at_ms=m.deliver_at_ms,
+        delivery_attempt=attempt, receipt_handle=handle,
+    )
+
+
+def ack_results(outcomes: list[ChronomqError | None]) -> list[pb.AckResult]:
+    return [pb.AckResult() if err is None else pb.AckResult(error=error_pb(err))
+            for err in outcomes]
+
+
+def error_pb(exc: ChronomqError) -> pb.Error:
+    return pb.Error(code=code_number(exc), message=str(exc))
+
+
+class Subscription:
+    """One Subscribe stream's state: its credit, the handles it holds, and the reports
+    of failed settlements waiting to be sent.  Shared by the stream's two threads."""
+
+    def __init__(self, broker: Broker, first: pb.SubscribeRequest) -> None:
+        self.topic, self.group = first.topic, first.group
+        self.invisible_time_s = first.invisible_time_s
+        self.max_outstanding = first.max_outstanding or DEFAULT_CREDIT
+        if self.max_outstanding > MAX_CREDIT:
+            raise InvalidArgument(f"max_outstanding must be at most {MAX_CREDIT}")
+        self.tag_filter = TagFilter.parse(first.tag_expression)
+        broker.pop.validate(self.topic, self.group, 1, self.invisible_time_s)
+        self._pop = broker.pop
+        self._clock = broker.clock
+        self._lock = threading.Lock()
+        self._outstanding: dict[str, int] = {}  # receipt handle -> lease deadline (ms)
+        self._report: pb.SubscribeResponse | None = None
+        self._freed = False
+        self.closed = False
+
+    def room(self) -> int:
+        now = self._clock.now_ms()
+        with self._lock:
+            self._freed = False
+            if self._outstanding and min(self._outstanding.values()) <= now:
+                self._outstanding = {h: e for h, e in self._outstanding.items() if e > now}
+            return self.max_outstanding - len(self._outstanding)
+
+    def leased(self, got: list[PoppedMessage]) -> None:
+        expire = self._clock.now_ms() + self.invisible_time_s * 1000
+        with self._lock:
+            for p in got:
+                self._outstanding[p.receipt_handle] = expire
+
+    def wait_s(self) -> float:
+        """How long to wait at most: until the next lease runs out (its credit returns).
+        Arrivals, settlements and shutdown wake the stream before that; an idle stream
+        looks again only every ``IDLE_WAIT_S`` (a safety net), so a thousand idle
+        streams cost no steady Pop traffic."""
+        with self._lock:
+            if not self._outstanding:
+                return IDLE_WAIT_S
+            first = min(self._outstanding.values())
+        return min(1.0, max(0.001, (first - self._clock.now_ms()) / 1000))
+
+    def has_news(self) -> bool:
+        return self.closed or self._freed or self._report is not None
+
+    def take_report(self) -> pb.SubscribeResponse | None:
+        with self._lock:
+            report, self._report = self._report, None
+            return report
+
+    def _add_report(self) -> pb.SubscribeResponse:
+        if self._report is None:
+            self._report = pb.SubscribeResponse()
+        return self._report
+
+    def settle(self, request: pb.SubscribeRequest) -> None:
+        """Apply one request's acks, nacks and invisible-time changes."""
+        pop, group = self._pop, self.group
+        done: list[tuple[str, ChronomqError | None]] = []
+        if request.ack:
+            handles = list(request.ack)
+            done += zip(handles, pop.ack_many(group, handles, self._outstanding),
+                        strict=True)
+        if request.nack:
+            release = [(n.receipt_handle, n.delay_ms if n.HasField("delay_ms") else None)
+                       for n in request.nack if not n.dead_letter]
+            dead = [(n.receipt_handle, n.reason) for n in request.nack if n.dead_letter]
+            try:
+                if release:
+                    done += zip([h for h, _ in release], pop.release_many(group, release),
+                                strict=True)
+            except ChronomqError as exc:
+                done += [(h, exc) for h, _ in release]
+            if dead:
+                done += zip([h for h, _ in dead], pop.dead_letter_many(group, dead),
+                            strict=True)
+        changed: list[pb.HandleChange] = []
+        for c in request.change:
+            try:
+                new = pop.change_invisible_time(group, c.receipt_handle, c.invisible_time_s)
+                changed.append(pb.HandleChange(old_receipt_handle=c.receipt_handle,
+                                               receipt_handle=new))
+            except ChronomqError as exc:
+                changed.append(pb.HandleChange(old_receipt_handle=c.receipt_handle,
+                                               error=error_pb(exc)))
+        now = self._clock.now_ms()
+        with self._lock:
+            for handle, err in done:
+                self._outstanding.pop(handle, None)
+                if err is not None:
+                    self._add_report().errors.append(
+                        pb.SettleError(receipt_handle=handle, error=error_pb(err)))
+            for c, ch in zip(request.change, changed, strict=True):  # one answer per change
+                held = self._outstanding.pop(c.receipt_handle, None)
+                if ch.receipt_handle and held is not None:
+                    self._outstanding[ch.receipt_handle] = now + c.invisible_time_s * 1000
+            if changed:
+                self._add_report().changed.extend(changed)
+            if request.settle_id:  # applied (acks durable): say so
+                report = self._add_report()
+                report.settled_through = max(report.settled_through, request.settle_id)
+            self._freed = True
+
+    def read(self, requests: Iterator[pb.SubscribeRequest], wake: Callable[[], None]) -> None:
+        try:
+            for request in requests:
+                self.settle(request)
+                wake()
+        except grpc.RpcError:
+            pass  # the client went away
+        except Exception:
+            log.exception("subscribe reader failed")
+        finally:
+            self.closed = True
+            wake()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def give_back(self) -> None:
+        """The stream ended: what it holds unsettled is visible again now (a retry copy,
+        its attempt counted), not at its deadline."""
+        with self._lock:
+            held, self._outstanding = list(self._outstanding), {}
+        if held:
+            try:
+                self._pop.release_many(self.group, [(h, 0) for h in held])
+            except ChronomqError:
+                log.warning("could not give back %d messages of a closed Subscribe "
+                            "stream; they come back at their deadline", len(held))
