@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peers import dir_mb
 from chronomq.client import ChronomqClient
+from chronomq.replay_sink import GrpcReplaySink
 from spark.datasource import TierLocation
 from spark.jobs import replay, select
 from spark.session import make_session
@@ -91,7 +92,8 @@ def main() -> None:
             # gather everything into one partition)
             queues = max(1, round(4 * args.replay / args.messages))
             part = df.where(f"queue_id < {queues}")
-            r = replay(spark, part, srv.target, into_topic="replayed", progress=False)
+            r = replay(spark, part, GrpcReplaySink(srv.target), into_topic="replayed",
+                       progress=False)
             print(f"  replay read {part.rdd.getNumPartitions()} partitions")
             print(f"replay: {r.sent:,} sent ({r.failed} failed) in {r.seconds:.2f} s: "
                   f"{r.sent / r.seconds:,.0f} msgs/s")

@@ -197,6 +197,7 @@ def run_spark_job(args: argparse.Namespace) -> Outcome:
                               "add --overwrite to confirm, or choose another --output")
     if args.command == "replay":
         _check_replay_target(args)
+    from chronomq.replay_sink import GrpcReplaySink
     from spark.datasource import TierLocation
     from spark.jobs import export, replay, select
     from spark.session import make_session
@@ -227,7 +228,8 @@ def run_spark_job(args: argparse.Namespace) -> Outcome:
             return Outcome({"exported": rows, "output": args.output,
                             "seconds": round(time.monotonic() - t0, 2),
                             "spark_start_seconds": round(started_s, 2)})
-        r = replay(spark, df, args.target, args.into_topic, spread_ms, args.rate, args.token)
+        r = replay(spark, df, GrpcReplaySink(args.target, args.token), args.into_topic,
+                   spread_ms, args.rate)
         return Outcome({"selected": r.selected, "sent": r.sent, "duplicates": r.duplicates,
                         "failed": r.failed, "seconds": round(r.seconds, 2),
                         "send_seconds": round(r.send_seconds, 2),

@@ -1,14 +1,20 @@
 """Backlog jobs over the tiered store: replay a selection into a live broker, or export
 it as Parquet.  Both read through the ``chronomq`` data source, so they run unchanged on
-``local[N]`` or a cluster.
+``local[N]`` or a cluster (``spark.standalone``).
 
 Replay sends from every partition at once (``mapInArrow``: Arrow batches in, a row of
-counts out), in requests of ``SEND_BATCH`` messages over one SendStream per partition.
-Each message keeps its original message id, so the broker's dedupe window
+counts out) through a ``ReplaySink``, the narrow sending interface this package defines
+and the composition root implements (``chronomq.replay_sink``: one SendStream per
+partition, requests of ``SEND_BATCH`` messages), so no import points from here up into
+``chronomq``.  Each message keeps its original message id, so the broker's dedupe window
 (``store.dedupe_window_ms``) makes a second run of the same replay deliver nothing twice.
 ``spread_ms`` re-times deliveries: a message stored at fraction f of the selected time
-span is delivered at launch + f * spread.  ``rate`` caps the total send rate (shared
-evenly by the partitions running at once).
+span is delivered at launch + f * spread.  ``rate`` caps the total send rate: the
+selection is first spread evenly over as many partitions as run at once (a shuffle, only
+with a rate), each sending its share; a request goes out as soon as the messages before
+it are within the share (``Pace``), so the cap is reached when the broker can take it.
+A refused message is counted and the first refusal's status kept, so the job can say
+why; the send window (first request to last answer) gives the rate achieved.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -28,6 +35,19 @@ from store.names import check_name
 from tiered.scan import Selection
 
 SEND_BATCH = 500
+# one message as replay sends it: topic, body, key, tag, properties, deliver_at_ms (0: now),
+# and its original message id
+Row = tuple[str, bytes, str, str, Any, int, str]
+Result = tuple[bool, bool, str]  # ok, duplicate, "CODE: message" when refused
+
+
+class ReplaySink(Protocol):
+    """Where a replay sends: ``send`` takes batches of rows and yields, per batch, one
+    result per row, in order.  Picklable (plain attributes): Spark ships it to its Python
+    workers, each of which opens its own connection.  ``chronomq.replay_sink`` has the
+    broker's (SendStream over gRPC)."""
+
+    def send(self, batches: Iterator[list[Row]]) -> Iterator[list[Result]]: ...
 COUNTS = "sent long, duplicates long, failed long, error string, first_ms long, last_ms long"
 
 
@@ -67,10 +87,9 @@ def select(spark: SparkSession, location: TierLocation, selection: Selection) ->
     return df
 
 
-def replay(spark: SparkSession, df: DataFrame, target: str, into_topic: str = "",
-           spread_ms: int = 0, rate: float = 0, token: str = "",
-           progress: bool = True) -> ReplayResult:
-    """Send the messages of ``df`` to the broker at ``target``."""
+def replay(spark: SparkSession, df: DataFrame, sink: ReplaySink, into_topic: str = "",
+           spread_ms: int = 0, rate: float = 0, progress: bool = True) -> ReplayResult:
+    """Send the messages of ``df`` through ``sink`` (a live broker)."""
     if into_topic:
         check_name(into_topic)
     t0 = time.monotonic()
@@ -84,7 +103,7 @@ def replay(spark: SparkSession, df: DataFrame, target: str, into_topic: str = ""
     if rate:  # every partition sends at once, at an even share of the rate
         df = df.repartition(running)
     per_task_rate = rate / running if rate else 0.0
-    sender = _Sender(target, into_topic, token, spread_ms, first_ms, span_ms, launch_ms,
+    sender = _Sender(sink, into_topic, spread_ms, first_ms, span_ms, launch_ms,
                      per_task_rate)
     with _Progress(spark, "replay", progress):
         counts = df.mapInArrow(sender, COUNTS).agg(
@@ -107,16 +126,13 @@ def export(spark: SparkSession, df: DataFrame, path: str, progress: bool = True)
 class _Sender:
     """The per-partition send function (picklable: plain values only)."""
 
-    def __init__(self, target: str, into_topic: str, token: str, spread_ms: int,
+    def __init__(self, sink: ReplaySink, into_topic: str, spread_ms: int,
                  first_ms: int, span_ms: int, launch_ms: int, rate: float) -> None:
-        self.target, self.into_topic, self.token = target, into_topic, token
+        self.sink, self.into_topic = sink, into_topic
         self.spread_ms, self.first_ms, self.span_ms = spread_ms, first_ms, span_ms
         self.launch_ms, self.rate = launch_ms, rate
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from chronomq.client import ChronomqClient, status_by_number
-        from chronomq.wire import encode_outgoing, encode_send_request
-
         sent = dups = failed = 0
         error: str | None = None
         first_ms: int | None = None
@@ -124,7 +140,7 @@ class _Sender:
         # with a rate, about ten requests a second (small bursts)
         step = min(SEND_BATCH, max(1, int(self.rate / 10))) if self.rate else SEND_BATCH
 
-        def requests() -> Iterator[bytes]:
+        def requests() -> Iterator[list[Row]]:
             nonlocal first_ms
             for batch in batches:
                 cols = batch.to_pydict()
@@ -135,27 +151,25 @@ class _Sender:
                     due = [self.launch_ms + int((at - self.first_ms) / self.span_ms
                                                 * self.spread_ms)
                            for at in cols["store_at_ms"]]
-                encoded = list(map(encode_outgoing, topics, cols["body"], cols["key"],
-                                   cols["tag"], cols["properties"], due,
-                                   cols["message_id"]))
+                rows = list(zip(topics, cols["body"], cols["key"], cols["tag"],
+                                cols["properties"], due, cols["message_id"], strict=True))
                 for at in range(0, n, step):
-                    chunk = encoded[at : at + step]
+                    chunk = rows[at : at + step]
                     pace.before(len(chunk))
                     if first_ms is None:
                         first_ms = int(time.time() * 1000)
-                    yield encode_send_request(chunk)
+                    yield chunk
 
-        with ChronomqClient(self.target, self.token) as client:
-            for outcomes in client.send_stream_encoded(requests()):
-                for o in outcomes:
-                    if not o.ok:
-                        failed += 1
-                        if error is None:
-                            error = f"{status_by_number(o.error_code).name}: {o.error}"
-                    elif o.duplicate:
-                        dups += 1
-                    else:
-                        sent += 1
+        for results in self.sink.send(requests()):
+            for ok, duplicate, refused in results:
+                if not ok:
+                    failed += 1
+                    if error is None:
+                        error = refused
+                elif duplicate:
+                    dups += 1
+                else:
+                    sent += 1
         yield pa.RecordBatch.from_pydict({"sent": [sent], "duplicates": [dups],
                                           "failed": [failed], "error": [error],
                                           "first_ms": [first_ms],

@@ -15,6 +15,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from chronomq.client import ChronomqClient, message
+from chronomq.replay_sink import GrpcReplaySink
 from spark.datasource import TierLocation
 from spark.jobs import export, replay, select
 from tests.chronomq.process import wait_tier_caught_up
@@ -64,11 +65,12 @@ def test_replay_delivers_exactly_the_selection_once(
                       if i % 3 == 1}
             selection = Selection(frozenset({"orders"}), start_ms, end_ms, "k1")
             df = select(spark, location, selection)
-            first = replay(spark, df, srv.target, into_topic="replayed", progress=False)
+            sink = GrpcReplaySink(srv.target)
+            first = replay(spark, df, sink, into_topic="replayed", progress=False)
             assert (first.selected, first.sent, first.duplicates, first.failed) == (20, 20, 0, 0)
             got = _drain(c, "replayed", "g")
             assert sorted(got) == sorted(wanted)  # the original ids, each once
-            again = replay(spark, select(spark, location, selection), srv.target,
+            again = replay(spark, select(spark, location, selection), sink,
                            into_topic="replayed", progress=False)
             assert (again.sent, again.duplicates) == (0, 20)
             assert _drain(c, "replayed", "g") == []
@@ -93,7 +95,8 @@ def test_spread_retimes_deliveries(spark: SparkSession, tmp_path: Path,
             c.send([message("orders", f"b{i}".encode()) for i in range(5)])
             wait_tier_caught_up(c)
             df = select(spark, location, Selection(frozenset({"orders"})))
-            r = replay(spark, df, srv.target, into_topic="later", spread_ms=3_600_000,
+            sink = GrpcReplaySink(srv.target)
+            r = replay(spark, df, sink, into_topic="later", spread_ms=3_600_000,
                        progress=False)
             assert r.sent == 10
             # the span (0.1 s) now lasts an hour: the first batch is due at once, the
@@ -105,7 +108,7 @@ def test_spread_retimes_deliveries(spark: SparkSession, tmp_path: Path,
             # --rate: 10 messages at 2 msgs/s, 1 a second from each of the 2 partitions:
             # the last pair cannot leave before 4 s have passed (the same ids into the
             # same topic again: this second replay stores nothing)
-            capped = replay(spark, df, srv.target, into_topic="later", rate=2,
+            capped = replay(spark, df, sink, into_topic="later", rate=2,
                             progress=False)
             assert capped.duplicates == 10 and capped.send_seconds >= 4.0
     finally:
@@ -126,7 +129,8 @@ def test_rate_cap_is_reached_not_exceeded(spark: SparkSession, tmp_path: Path,
                 c.send([message("orders", b"x" * 100) for _ in range(1000)])
             wait_tier_caught_up(c)
         df = select(spark, location, Selection(frozenset({"orders"})))
-        r = replay(spark, df, srv.target, into_topic="copy", rate=1000, progress=False)
+        r = replay(spark, df, GrpcReplaySink(srv.target), into_topic="copy", rate=1000,
+                   progress=False)
         assert (r.sent, r.failed) == (3000, 0)
         burst = 2 * 50  # one request (a tenth of its 500/s share) from each of 2 partitions
         assert (3000 - burst) / r.send_seconds <= 1000 * 1.02
