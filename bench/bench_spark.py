@@ -1,5 +1,5 @@
 """Spark backlog figures: Spark start-up, rows/s reading the tier with the chronomq data
-source in local[2], and replay msgs/s into a live broker on the same machine.
+source (``local[2]``, or a standalone cluster), and replay msgs/s into a live broker on the same machine.
 
 A tier of MESSAGES 100 B messages (4 queues, local directory) is built in-process with the
 store and the tiered dispatcher (no gRPC), then:
@@ -11,6 +11,10 @@ store and the tiered dispatcher (no gRPC), then:
    ``chronomq serve`` (default durable settings) over SendStream from every partition.
 
     .venv/bin/python bench/bench_spark.py --messages 2000000 --replay 500000
+    .venv/bin/python bench/bench_spark.py --messages 1000000 --replay 500000 --cluster 2
+
+``--cluster N`` runs the same on a standalone cluster of N one-core workers started from
+pyspark's distribution (``spark.standalone``) on this machine, stopped at the end.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from chronomq.replay_sink import GrpcReplaySink
 from spark.datasource import TierLocation
 from spark.jobs import replay, select
 from spark.session import make_session
+from spark.standalone import StandaloneCluster
 from store.clock import SystemClock
 from store.message import Message, draft_of
 from store.store import MessageStore, StoreConfig
@@ -67,8 +72,18 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=2_000_000)
     ap.add_argument("--replay", type=int, default=500_000)
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--cluster", type=int, default=0, metavar="N",
+                    help="start a standalone cluster of N one-core workers (spark-class) "
+                         "and run on it instead of --master")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="chronomq-bench-"))
+    cluster = None
+    if args.cluster:
+        t0 = time.monotonic()
+        cluster = StandaloneCluster(workers=args.cluster, root=root / "cluster")
+        args.master = cluster.start()
+        print(f"standalone cluster: a master and {args.cluster} workers (1 core, 1 GiB "
+              f"each) at {args.master}, started in {time.monotonic() - t0:.1f} s")
     try:
         build_tier(root, args.messages)
         t0 = time.monotonic()
@@ -101,6 +116,8 @@ def main() -> None:
             srv.terminate()
         spark.stop()
     finally:
+        if cluster is not None:
+            cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -5,6 +5,7 @@ Thread-safe."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -19,6 +20,17 @@ def _wrapped(path: str) -> Iterator[None]:
         raise TierNotFound(f"{path} does not exist in the tier") from exc
     except OSError as exc:
         raise TierError(f"local tier failed on {path}: {exc}") from exc
+
+
+def _durable_temp(full: str, data: bytes) -> str:
+    """``data`` in a fsynced temporary file beside ``full`` (listing skips it)."""
+    tmp = f"{full}.tmp.{os.getpid()}.{threading.get_ident()}"
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
 
 
 class LocalProvider:
@@ -45,26 +57,15 @@ class LocalProvider:
 
     def write(self, path: str, data: bytes) -> None:
         full = self._full(path)
-        tmp = f"{full}.tmp.{os.getpid()}.{id(data)}"
         with _wrapped(path):
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, full)
+            os.replace(_durable_temp(full, data), full)
 
     def create(self, path: str, data: bytes) -> bool:
         """A fsynced temporary file linked into place: ``link(2)`` fails if the name
         exists, so of two creators exactly one wins, and readers never see a part."""
         full = self._full(path)
-        tmp = f"{full}.tmp.{os.getpid()}.{id(data)}"
         with _wrapped(path):
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            tmp = _durable_temp(full, data)
             try:
                 os.link(tmp, full)
             except FileExistsError:
