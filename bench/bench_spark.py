@@ -1,5 +1,6 @@
 """Spark backlog figures: Spark start-up, rows/s reading the tier with the chronomq data
-source (``local[2]``, or a standalone cluster), and replay msgs/s into a live broker on the same machine.
+source (``local[2]``, or a standalone cluster), and replay msgs/s into a live broker on
+the same machine.
 
 A tier of MESSAGES 100 B messages (4 queues, local directory) is built in-process with the
 store and the tiered dispatcher (no gRPC), then:
