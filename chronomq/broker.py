@@ -19,13 +19,14 @@ from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.service import PopService
 from store.clock import Clock
 from store.disk import DiskGuard, unless_full
-from store.errors import FailedPrecondition, InvalidArgument
+from store.errors import ChronomqError, FailedPrecondition, InvalidArgument
 from store.kv import KV
 from store.message import FLAG_DELAYED, DispatchInfo, Draft, Message
 from store.names import check_name, is_name
 from store.store import MessageStore
 from store.topics import Topic
 from tiered.dispatcher import TieredConfig, TieredDispatcher
+from tiered.mount import MountedBroker, MountReader
 from tiered.ownership import Owner, TopicOwners
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
@@ -130,14 +131,24 @@ class Broker:
                                        t.read_ahead_ttl_ms)
             self.tier_reader = TieredReader(self.tiered, self.store, t.read, cache,
                                             t.hot_bytes)
-            if t.read != "disable":
-                self.pop.tier = self.tier_reader
+        # Pop reads mounted tiers (tiered.mount) and, by the read strategy, this broker's
+        own = self.tier_reader if self.tier_reader is not None and config.tier.read != \
+            "disable" else None
+        self.mount_reader = MountReader(own)
+        if own is not None:
+            self.pop.tier = self.mount_reader
 
     def open(self) -> None:
         self.store.open()
         if self.tiered is not None:  # reuses the records the store's dispatcher decoded
             assert self.store.dispatcher is not None
             self.store.dispatcher.add_listener(self.tiered.offer)
+        for name in filter(None, (n.strip() for n in self.config.tier.mounts.split(","))):
+            try:
+                self.mount(name)
+            except ChronomqError:
+                log.exception("could not mount broker %s (tier.mounts); serving without it",
+                              name)
 
     def start(self, timer_thread: bool = True) -> None:
         """Start the store's threads and (unless driven by hand, as tests with a manual
@@ -167,6 +178,9 @@ class Broker:
     def create_topic(self, topic: Topic) -> tuple[Topic, bool]:
         """Create ``topic`` here; with ``tier.claim_topics`` only once this broker owns it
         in the shared tier (``FailedPrecondition`` naming the owner when another does)."""
+        if self.store.topics.mounted(topic.name) is not None:
+            raise FailedPrecondition(f"topic {topic.name!r} is mounted read-only from "
+                                     "another broker's tier: unmount it first")
         if self.owners is not None:
             check_name(topic.name)
             if self.store.topics.get(topic.name) is None and \
@@ -182,6 +196,32 @@ class Broker:
         self.pop.forget_topic(name)
         if self.owners is not None:
             self.owners.release(name)
+
+    def mount(self, broker: str) -> list[str]:
+        """Serve ``broker``'s topics read-only from the shared tier (``tiered.mount``);
+        returns them.  Pop, Subscribe and group figures work on them with this broker's
+        own checkpoints; sends are refused (``FailedPrecondition``)."""
+        if broker == self.config.tier.broker_name:
+            raise InvalidArgument(f"{broker} is this broker: its topics are served already")
+        mounted = MountedBroker(self.tier, broker, os.path.join(
+            self.config.store.data_dir, "mounts", broker))
+        topics = self.mount_reader.mount(mounted, {t.name for t in self.store.topics.list()})
+        self._set_mounted()
+        log.info("mounted broker %s read-only: %d topic(s), %d message(s)", broker,
+                 len(topics), mounted.messages())
+        return topics
+
+    def unmount(self, broker: str) -> list[str]:
+        topics = self.mount_reader.unmount(broker)
+        self._set_mounted()
+        return topics
+
+    def _set_mounted(self) -> None:
+        mounts = self.mount_reader.mounts()
+        self.store.topics.set_mounted({t: n for m in mounts.values()
+                                       for t, n in m.topics().items()})
+        self.pop.tier = self.mount_reader
+        self.pop.mounts = self.mount_reader if mounts else None
 
     def claim_topics(self, address: str, rocketmq_address: str = "") -> list[str]:
         """Turn on topic ownership in the shared tier (``tier.claim_topics``) for this
@@ -293,14 +333,21 @@ class Broker:
     def query_by_message_id(self, message_id: str) -> list[Message]:
         """The message with this id: from local disk, else from the tier."""
         found = self.store.query_by_message_id(message_id)
-        if found or self.tier_reader is None:
-            return found
-        return self.tier_reader.query_by_message_id(message_id,
-                                                    self.store.ids.locate(message_id))
+        if not found and self.tier_reader is not None:
+            found = self.tier_reader.query_by_message_id(message_id,
+                                                         self.store.ids.locate(message_id))
+        for mounted in [] if found else self.mount_reader.mounts().values():
+            found = mounted.query_by_message_id(message_id)
+            if found:
+                break
+        return found
 
     def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
         """The newest ``limit`` messages of ``topic`` with ``key`` (oldest first): local
         disk first, the tier for older ones."""
+        mounted = self.mount_reader.mounted(topic)
+        if mounted is not None:
+            return mounted.query_by_key(topic, key, limit)
         found = self.store.query_by_key(topic, key, limit)
         if len(found) >= limit or self.tier_reader is None:
             return found

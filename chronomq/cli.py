@@ -11,6 +11,7 @@
     chronomq reschedule ID (--delay-ms N | --deliver-at-ms T)
     chronomq query TOPIC (--key K | --message-id ID)
     chronomq stats
+    chronomq mount|unmount BROKER
     chronomq replay --topic T [--from T0] [--to T1] [--key K] [--into-topic T2]
                     [--spread DURATION] [--rate N] [--master local[2]] [--tier-dir D]
     chronomq export --topic T [--from T0] [--to T1] [--key K] --output DIR [--overwrite]
@@ -169,6 +170,13 @@ def _parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("stats", help="print broker figures")
     _client_args(st)
+
+    for name, what in (("mount", "serve another broker's topics read-only from the shared "
+                                 "tier (until unmount or restart; tier.mounts keeps it)"),
+                       ("unmount", "stop serving a mounted broker's topics")):
+        mo = sub.add_parser(name, help=what)
+        mo.add_argument("broker", help="that broker's tier.broker_name")
+        _client_args(mo)
 
     rp = sub.add_parser("replay", help="replay a backlog from the tier into a live broker "
                         "(a Spark job)")

@@ -240,6 +240,13 @@ class ChronomqClient:
             request.key = key
         return list(self.call("QueryMessages", request).messages)
 
+    def mount(self, broker: str) -> list[str]:
+        """Serve ``broker``'s topics read-only from the shared tier; returns them."""
+        return list(self.call("Mount", pb.MountRequest(broker=broker)).topics)
+
+    def unmount(self, broker: str) -> list[str]:
+        return list(self.call("Unmount", pb.UnmountRequest(broker=broker)).topics)
+
     def stats(self) -> dict[str, float]:
         resp = self.call("Stats", pb.StatsRequest())
         figures: dict[str, float] = json.loads(resp.json)

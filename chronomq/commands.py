@@ -121,8 +121,9 @@ def _topic(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
         c.delete_topic(args.name)
         return Outcome({"topic": args.name, "deleted": True})
     return Outcome([{"name": t.name, "queue_count": t.queue_count,
-                     "retention_ms": t.retention_ms,
-                     "tier_retention_ms": t.tier_retention_ms} for t in c.list_topics()])
+                     "retention_ms": t.retention_ms, "tier_retention_ms": t.tier_retention_ms,
+                     **({"mounted_from": t.mounted_from} if t.mounted_from else {})}
+                    for t in c.list_topics()])
 
 
 def run_client(args: argparse.Namespace) -> Outcome:
@@ -171,6 +172,10 @@ def run_client(args: argparse.Namespace) -> Outcome:
                             "deliver_at_ms": due},
                            [] if outcome == "RESCHEDULED" else
                            [f"{outcome}: message {args.message_id} is not pending"])
+        if args.command in ("mount", "unmount"):
+            topics = c.mount(args.broker) if args.command == "mount" else \
+                c.unmount(args.broker)
+            return Outcome({"broker": args.broker, args.command + "ed": ", ".join(topics)})
         if args.command == "query":
             return Outcome([received_dict(m)
                             for m in c.query(args.topic, args.key, args.message_id)])

@@ -51,7 +51,7 @@ from typing import Any, get_type_hints
 
 from pop.policy import RetryPolicy, parse_backoff
 from store.errors import InvalidArgument
-from store.names import check_name
+from store.names import check_name, is_name
 from store.store import StoreConfig
 from timer.service import TimerConfig
 
@@ -115,6 +115,8 @@ class TierConfig:
     #                        the topic's tier_retention_ms
     index_entries: int = 1 << 20  # a tier key-index file is sealed at this many entries
     index_ms: int = 300_000  # ... or this age
+    mounts: str = ""  # broker names (comma-separated) whose tiers this broker serves
+    #                   read-only (tiered/mount.py), e.g. a departed broker's
     claim_topics: bool = False  # record each topic's owner in the shared tier
     #                             (tiered/ownership.py): for several brokers on one bucket
 
@@ -180,6 +182,9 @@ class BrokerConfig:
             raise InvalidArgument("tier.provider must be 'local', 's3' or 'memory'")
         if self.tier.provider == "s3" and not self.tier.s3_bucket:
             raise InvalidArgument("tier.provider = 's3' needs tier.s3_bucket")
+        for name in filter(None, (n.strip() for n in self.tier.mounts.split(","))):
+            if not is_name(name):
+                raise InvalidArgument(f"tier.mounts: {name!r} is not a broker name")
         if self.tier.claim_topics and self.store.auto_create_topics:
             raise InvalidArgument("tier.claim_topics cannot be combined with "
                                   "store.auto_create_topics: a topic is claimed in the "

@@ -65,6 +65,9 @@ def broker_figures(broker: Broker, budget: CallBudget, sent: int, popped: int,
     for bound, count in zip(t.lateness_bounds_ms, t.lateness_counts, strict=False):
         out[f"timer.lateness_le_{bound}ms"] = count
     out["timer.lateness_over_5000ms"] = t.lateness_counts[-1]
+    for name, mounted in broker.mount_reader.mounts().items():
+        out[f"mount.{name}.topics"] = len(mounted.topics())
+        out[f"mount.{name}.messages"] = mounted.messages()
     for source in more:
         out.update(source())
     return out

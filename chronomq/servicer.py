@@ -35,7 +35,7 @@ from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
 from chronomq.wire import encode_send_response
 from pop.service import PoppedMessage, TagFilter
-from store.errors import ChronomqError, InvalidArgument
+from store.errors import ChronomqError, FailedPrecondition, InvalidArgument, NotFound
 from store.message import (
     MAX_KEY_BYTES,
     MAX_PROPERTIES_BYTES,
@@ -106,8 +106,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         return pb.CreateTopicResponse(topic=_topic_pb(created_topic), created=created)
 
     def ListTopics(self, request: pb.ListTopicsRequest, context: Context) -> pb.ListTopicsResponse:
+        mounts = self._broker.mount_reader
+        mounted = [pb.Topic(name=name, queue_count=count, mounted_from=m.broker)
+                   for m in mounts.mounts().values() for name, count in m.topics().items()]
         return pb.ListTopicsResponse(
-            topics=[_topic_pb(t) for t in self._broker.store.topics.list()])
+            topics=[_topic_pb(t) for t in self._broker.store.topics.list()] +
+            sorted(mounted, key=lambda t: t.name))
 
     def DeleteTopic(self, request: pb.DeleteTopicRequest,
                     context: Context) -> pb.DeleteTopicResponse:
@@ -392,6 +396,20 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         except ChronomqError as exc:
             _abort(context, exc)
         return pb.QueryMessagesResponse(messages=[received_pb(m) for m in found])
+
+    def Mount(self, request: pb.MountRequest, context: Context) -> pb.MountResponse:
+        try:
+            return pb.MountResponse(topics=self._broker.mount(request.broker))
+        except ChronomqError as exc:
+            if status_of(exc) == grpc.StatusCode.INTERNAL:  # the tier answered nonsense
+                exc = FailedPrecondition(f"cannot mount {request.broker[:140]!r}: {exc}")
+            _abort(context, exc)
+
+    def Unmount(self, request: pb.UnmountRequest, context: Context) -> pb.UnmountResponse:
+        topics = self._broker.unmount(request.broker)
+        if not topics:
+            _abort(context, NotFound(f"broker {request.broker[:140]!r} is not mounted here"))
+        return pb.UnmountResponse(topics=topics)
 
     def Stats(self, request: pb.StatsRequest, context: Context) -> pb.StatsResponse:
         figures = self.figures()

@@ -40,6 +40,7 @@ from pop.model import (
     Deadline,
     GroupStats,
     HandleSuperseded,
+    MountedBounds,
     PopStats,
     QueueLeases,
     ReceiptHandleExpired,
@@ -82,6 +83,7 @@ class LeaseBook:
         # error instead of a silent "done" (bounded; forgotten on restart)
         self._requeued: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         self.tier: TierReader | None = None  # set: read what local retention deleted
+        self.mounts: MountedBounds | None = None  # set: queues of mounted tiers
 
 
     def policy(self, group: str) -> RetryPolicy:
@@ -124,6 +126,10 @@ class LeaseBook:
     def _bounds(self, topic: str, qid: int) -> tuple[int, int, int]:
         """``(low, local_low, high)``: the oldest queue offset readable (local or in the
         tier), the oldest still on local disk, and the end."""
+        if self.mounts is not None:
+            mounted = self.mounts.bounds(topic, qid)
+            if mounted is not None:  # all of it in another broker's tier
+                return mounted[0], mounted[1], mounted[1]
         local_low, high = self._store.queue_bounds(topic, qid)
         low = local_low
         if self.tier is not None:
@@ -237,7 +243,7 @@ class LeaseBook:
             pairs = sorted(self._group_locks)
         out = []
         for group, topic in pairs:
-            t = self._store.topics.get(topic)
+            t = self._store.topics.get(topic) or self._store.topics.mounted(topic)
             if t is None:
                 continue
             parts = [(topic, t.queue_count)]

@@ -51,6 +51,15 @@ def origin_of(topic: str) -> str:
     return topic
 
 
+class MountedBounds(Protocol):
+    """The queues of tiers mounted read-only (``tiered.mount``): all of a mounted queue is
+    in its broker's tier."""
+
+    def bounds(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+        """``(oldest, end)`` queue offsets of a mounted queue, None if not mounted."""
+        ...
+
+
 class TierReader(Protocol):
     """Where Pop finds a queue's messages once local retention deleted them (or the read
     strategy sends it there: ``tiered.reader``)."""

@@ -43,7 +43,7 @@ from store.commitlog import CommitLog, CommitLogStats
 from store.consumequeue import CqEntry
 from store.disk import unless_full
 from store.dispatcher import Dispatcher, DispatchHandler, LogReader
-from store.errors import DamagedRecord, StoreError, TopicNotFound
+from store.errors import DamagedRecord, FailedPrecondition, StoreError, TopicNotFound
 from store.index import KeyIndex
 from store.message import (
     FLAG_DELAYED,
@@ -251,6 +251,9 @@ class MessageStore:
                                 self.config.max_body_bytes)
         validate_times(m.born_at_ms, m.deliver_at_ms)
         check_name(m.topic)  # never a retry or dead-letter topic: the broker writes those
+        if self.topics.get(m.topic) is None and self.topics.mounted(m.topic) is not None:
+            raise FailedPrecondition(f"topic {m.topic!r} is mounted read-only from another "
+                                     "broker's tier: it can be consumed here, not sent to")
         if self.topics.get(m.topic) is None:
             if not self.config.auto_create_topics:
                 raise TopicNotFound(m.topic)

@@ -84,6 +84,7 @@ class TopicCatalogue:
         self._log = TopicLog(os.path.join(data_dir, LOG_NAME))
         self._topics: dict[str, Topic] = {}
         self._pending: dict[str, tuple[Topic, int]] = {}  # created, not yet durable
+        self._mounted: dict[str, Topic] = {}  # served read-only from another broker's tier
         self._load()
 
     def _load(self) -> None:
@@ -105,7 +106,8 @@ class TopicCatalogue:
         return self._topics.get(name)
 
     def require(self, name: str) -> Topic:
-        topic = self._topics.get(name)
+        """A local topic, or a mounted one (readable, not writable), or ``TopicNotFound``."""
+        topic = self._topics.get(name) or self._mounted.get(name)
         if topic is None:
             check_readable(name)  # a name no topic can have: INVALID_ARGUMENT, not NOT_FOUND
             raise TopicNotFound(name)
@@ -114,6 +116,14 @@ class TopicCatalogue:
     def list(self) -> list[Topic]:
         with self._lock:
             return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def set_mounted(self, topics: dict[str, int]) -> None:
+        """The topics served read-only from mounted tiers (name -> queue count), in
+        memory only: ``get`` and ``list`` stay this broker's own."""
+        self._mounted = {name: Topic(name, count) for name, count in topics.items()}
+
+    def mounted(self, name: str) -> Topic | None:
+        return self._mounted.get(name)
 
     def count(self) -> int:
         return len(self._topics)

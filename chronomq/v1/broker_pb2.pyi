@@ -21,18 +21,20 @@ ALREADY_DELIVERED: TimerOutcome
 NOT_FOUND: TimerOutcome
 
 class Topic(_message.Message):
-    __slots__ = ("name", "queue_count", "retention_ms", "retention_bytes", "tier_retention_ms")
+    __slots__ = ("name", "queue_count", "retention_ms", "retention_bytes", "tier_retention_ms", "mounted_from")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIER_RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
+    MOUNTED_FROM_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue_count: int
     retention_ms: int
     retention_bytes: int
     tier_retention_ms: int
-    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., tier_retention_ms: _Optional[int] = ...) -> None: ...
+    mounted_from: str
+    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., tier_retention_ms: _Optional[int] = ..., mounted_from: _Optional[str] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("topic",)
@@ -377,6 +379,30 @@ class QueryMessagesResponse(_message.Message):
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class MountRequest(_message.Message):
+    __slots__ = ("broker",)
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    def __init__(self, broker: _Optional[str] = ...) -> None: ...
+
+class MountResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UnmountRequest(_message.Message):
+    __slots__ = ("broker",)
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    def __init__(self, broker: _Optional[str] = ...) -> None: ...
+
+class UnmountResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("figures", "json")

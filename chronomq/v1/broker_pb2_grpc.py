@@ -109,6 +109,16 @@ class BrokerStub:
                 request_serializer=chronomq_dot_v1_dot_broker__pb2.StatsRequest.SerializeToString,
                 response_deserializer=chronomq_dot_v1_dot_broker__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.Mount = channel.unary_unary(
+                '/chronomq.v1.Broker/Mount',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.MountRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.MountResponse.FromString,
+                _registered_method=True)
+        self.Unmount = channel.unary_unary(
+                '/chronomq.v1.Broker/Unmount',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.UnmountRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.UnmountResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -207,6 +217,18 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Mount(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unmount(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -284,6 +306,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=chronomq_dot_v1_dot_broker__pb2.StatsRequest.FromString,
                     response_serializer=chronomq_dot_v1_dot_broker__pb2.StatsResponse.SerializeToString,
+            ),
+            'Mount': grpc.unary_unary_rpc_method_handler(
+                    servicer.Mount,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.MountRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.MountResponse.SerializeToString,
+            ),
+            'Unmount': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unmount,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.UnmountRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.UnmountResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -691,6 +723,60 @@ class Broker:
             '/chronomq.v1.Broker/Stats',
             chronomq_dot_v1_dot_broker__pb2.StatsRequest.SerializeToString,
             chronomq_dot_v1_dot_broker__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Mount(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/Mount',
+            chronomq_dot_v1_dot_broker__pb2.MountRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.MountResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unmount(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/Unmount',
+            chronomq_dot_v1_dot_broker__pb2.UnmountRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.UnmountResponse.FromString,
             options,
             channel_credentials,
             insecure,
