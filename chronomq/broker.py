@@ -207,6 +207,12 @@ class Broker:
             self.config.store.data_dir, "mounts", broker))
         topics = self.mount_reader.mount(mounted, {t.name for t in self.store.topics.list()})
         self._set_mounted()
+        if self.owners is not None:  # its topics are served here now: say so in the tier
+            now = self.clock.now_ms()
+            kept = [t for t in topics if not self.owners.take_over(t, broker, now)]
+            if kept:
+                log.warning("mounted %s, but topic(s) %s are owned by another broker",
+                            broker, ", ".join(kept))
         log.info("mounted broker %s read-only: %d topic(s), %d message(s)", broker,
                  len(topics), mounted.messages())
         return topics
@@ -225,13 +231,16 @@ class Broker:
 
     def claim_topics(self, address: str, rocketmq_address: str = "") -> list[str]:
         """Turn on topic ownership in the shared tier (``tier.claim_topics``) for this
-        broker at ``address``: claim every local topic; returns the ones another broker
-        owns (served here only by this broker's clients; logged)."""
+        broker at ``address``: claim every local topic, and take over the topics of the
+        brokers mounted here; returns the ones another broker owns (served here only by
+        this broker's clients; logged)."""
         self.owners = TopicOwners(self.tier, Owner(self.config.tier.broker_name, address,
                                                    rocketmq_address))
         now = self.clock.now_ms()
         elsewhere = [t.name for t in self.store.topics.list()
                      if is_name(t.name) and not self.owners.claim(t.name, now)]
+        elsewhere += [t for name, m in self.mount_reader.mounts().items() for t in m.topics()
+                      if not self.owners.take_over(t, name, now)]
         for name in elsewhere:
             owner = self.owners.owner(name)
             log.warning("topic %s is owned by broker %s in the shared tier, not by this one "

@@ -158,7 +158,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def _topic(self, name: str) -> Topic:
         if not name:
             raise Refused(Code.ILLEGAL_TOPIC, "the request names no topic")
-        topic = self._broker.store.topics.get(name)
+        topic = self._broker.store.topics.get(name) or self._broker.store.topics.mounted(name)
         if topic is None:
             if not self._broker.config.store.auto_create_topics:
                 raise Refused(Code.TOPIC_NOT_FOUND,

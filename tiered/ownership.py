@@ -14,10 +14,10 @@ coordination point: no election, no leases, no home-made consensus.
 * ``owner(topic)`` / ``owner_of(provider, topic)``: the recorded owner, or None (what a
   client that reads the bucket uses to find a topic's broker).
 * ``release(topic)``: the owner deletes the object when its topic is deleted.
-
-A departed broker's topics stay recorded under its name until another broker takes them
-over (a mount, not built yet); until then ``owner`` names a broker that may not answer,
-which clients report as such.
+* ``take_over(topic, departed)``: a broker that mounts a departed broker's tier
+  (``tiered.mount``) records itself as the owner of the departed broker's topics, so
+  clients that look owners up are sent to it.  Until then ``owner`` names a broker that
+  may not answer, which clients report as such.
 """
 
 from __future__ import annotations
@@ -87,6 +87,21 @@ class TopicOwners:
             self._provider.write(_path(topic), json.dumps(asdict(
                 Owner(mine.broker, mine.address, mine.rocketmq_address,
                       current.claimed_at_ms)), sort_keys=True).encode())
+        return True
+
+    def take_over(self, topic: str, departed: str, now_ms: int = 0) -> bool:
+        """Own ``topic`` in place of broker ``departed`` (whose tier this broker mounted):
+        True when it is this broker's now; a topic someone else owns is left alone."""
+        current = self.owner(topic)
+        if current is None:
+            return self.claim(topic, now_ms)
+        if current.broker == self.me.broker:
+            return self.claim(topic, now_ms)
+        if current.broker != departed:
+            return False
+        self._provider.write(_path(topic), json.dumps(asdict(Owner(
+            self.me.broker, self.me.address, self.me.rocketmq_address, now_ms)),
+            sort_keys=True).encode())
         return True
 
     def release(self, topic: str) -> None:

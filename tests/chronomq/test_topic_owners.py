@@ -17,6 +17,7 @@ from chronomq.rocketmq_pb import definition as rd
 from chronomq.rocketmq_pb import service as rs
 from chronomq.rocketmq_pb import service_grpc
 from chronomq.routing import BrokerDirectory, RoutedClient
+from tests.chronomq.process import wait_tier_caught_up
 from tests.conftest import RunningServer, broker_config, tier_config
 
 
@@ -117,4 +118,35 @@ def test_one_client_over_two_brokers(tmp_path: Path, request: pytest.FixtureRequ
         assert route.message_queues[0].broker.name == "broker-b"
     finally:
         a.stop()
+        b.stop()
+
+
+def test_a_mount_takes_over_a_departed_brokers_topics(tmp_path: Path,
+                                                      request: pytest.FixtureRequest) -> None:
+    """Broker A owns "orders" and uploads it, then leaves; broker B mounts A's tier and
+    becomes the owner in the bucket, so a client that looks owners up there reads
+    A's messages from B."""
+    first = _broker(tmp_path, request, "broker-a", 1)
+    first.stop()
+    tier_a = dataclasses.replace(first.config.tier, upload=True, upload_batch_ms=50)
+    a = RunningServer(dataclasses.replace(first.config, tier=tier_a))
+    with a.client() as ca:
+        ca.create_topic("orders")
+        ids = [o.message_id for o in ca.send([message("orders", b"x%d" % i)
+                                              for i in range(20)])]
+        wait_tier_caught_up(ca)
+    a.stop()  # gone
+    b = _broker(tmp_path, request, "broker-b", 2)
+    try:
+        owners = b.server.broker.owners
+        assert owners is not None and owners.owner("orders").broker == "broker-a"
+        with b.client() as cb:
+            assert cb.mount("broker-a") == ["orders"]
+        assert owners.owner("orders") == dataclasses.replace(
+            owners.owner("orders"), broker="broker-b", address=b.target)
+        with RoutedClient(BrokerDirectory(tier=make_provider(b.config))) as rc:
+            got = rc.pop("orders", "g", 32, 30, 0)
+            assert sorted(m.message_id for m in got) == sorted(ids)
+            assert not rc.send([message("orders", b"new")])[0].ok  # read-only
+    finally:
         b.stop()
