@@ -53,6 +53,7 @@ def test_an_impossible_born_timestamp_takes_no_queue_offset(rmq: RocketMQEnv) ->
     assert [e.status.code for e in r.entries] == [C.BAD_REQUEST] * 2, r
     good = rmq.stub.SendMessage(rs.SendMessageRequest(messages=[_msg(b"ok", "k", keys=["a"])]))
     assert good.entries[0].status.code == C.OK
+    rmq.broker.store.wait_visible()  # dispatched: its ConsumeQueue entry is written
     qid = next(q for q in range(4) if rmq.broker.store.queues.queue("orders", q).max_offset)
     assert good.entries[0].offset == 0  # the refused ones took no offset
     popped = rmq.broker.pop.pop("orders", "g", 32, 30)
