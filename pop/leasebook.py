@@ -249,7 +249,7 @@ class LeaseBook:
             parts = [(topic, t.queue_count)]
             if self._store.topics.get(retry_topic(group, topic)) is not None:
                 parts.append((retry_topic(group, topic), 1))
-            in_flight = backlog = lag = 0
+            in_flight = backlog = 0
             with self._group_lock(group, topic):
                 for ltopic, queues in parts:
                     for qid in range(queues):
@@ -257,11 +257,13 @@ class LeaseBook:
                         low, _, high = self._bounds(ltopic, qid)
                         in_flight += sum(c.count - c.done for c in leases.checkpoints.values())
                         backlog += max(0, high - max(leases.pop_offset, low))
-                        lag += max(0, high - max(leases.ack_offset, low))
             with self._lock:
                 redelivered = self._revived[(group, topic)] + self._released[(group, topic)]
                 dead = self._dead[(group, topic)]
-            out.append(GroupStats(group, topic, in_flight, backlog, lag, redelivered, dead))
+            # lag: what the group has not settled yet.  Not "end - ack offset": one message
+            # held (a long lease) would count every settled message after it
+            out.append(GroupStats(group, topic, in_flight, backlog, backlog + in_flight,
+                                  redelivered, dead))
         return out
 
     def forget_topic(self, topic: str) -> None:

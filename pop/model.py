@@ -147,7 +147,7 @@ class GroupStats:
     topic: str
     in_flight: int  # leased, not yet acked, released or revived
     backlog: int  # visible and not yet leased (topic and retry topic)
-    lag: int  # not yet done: backlog + in flight + what is leased below the ack offset
+    lag: int  # not yet settled: backlog + in flight (not the distance from the ack offset)
     redelivered: int  # copies put on the retry topic (revive and release), since start
     dead_lettered: int  # since start
 
