@@ -160,8 +160,12 @@ class MountedBroker:
 
     def messages(self) -> int:
         """Messages the mount can serve (from each queue's oldest to its end)."""
-        return sum(e - lo for lo, e in (b for b in map(lambda k: self.bounds(*k),
-                                                       self._queues) if b is not None))
+        total = 0
+        for topic, qid in self._queues:
+            bounds = self.bounds(topic, qid)
+            if bounds is not None:
+                total += bounds[1] - bounds[0]
+        return total
 
 
 class MountReader:
