@@ -38,6 +38,10 @@ Every duration and size carries its unit in its name.  Example ``chronomq.toml``
     [rocketmq]                   # RocketMQ 5 clients (gRPC) on a port of their own
     enabled = false
     port = 8081
+
+    [console]                    # the web console (chronomq.console)
+    port = 7602                  # 0 turns it off
+    actions = false              # true: cancel, reschedule and redrive from the console
 """
 
 from __future__ import annotations
@@ -140,6 +144,15 @@ class RocketMQConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsoleConfig:
+    """The web console (``chronomq.console``), served on ``server.host``."""
+
+    port: int = 7602  # 0: off
+    actions: bool = False  # cancel, reschedule and redrive from the console
+    session_ttl_s: int = 43_200  # an idle login lasts this long
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     store: StoreConfig = field(default_factory=lambda: StoreConfig(data_dir="./chronomq-data"))
@@ -147,6 +160,7 @@ class BrokerConfig:
     timer: TimerConfig = field(default_factory=TimerConfig)
     tier: TierConfig = field(default_factory=TierConfig)
     rocketmq: RocketMQConfig = field(default_factory=RocketMQConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
     groups: dict[str, RetryPolicy] = field(default_factory=dict)  # per-group retry policy
 
     def tier_local_dir(self) -> str:
@@ -205,6 +219,14 @@ class BrokerConfig:
         if r.advertise_address and not _is_host_port(r.advertise_address):
             raise InvalidArgument(
                 f"rocketmq.advertise_address must be host:port, got {r.advertise_address!r}")
+        for name, port in (("server.port", self.server.port),
+                           ("server.metrics_port", self.server.metrics_port),
+                           ("rocketmq.port", self.rocketmq.port),
+                           ("console.port", self.console.port)):
+            if not 0 <= port <= 65535:
+                raise InvalidArgument(f"{name} must be a port number (0 to 65535)")
+        if self.console.session_ttl_s <= 0:
+            raise InvalidArgument("console.session_ttl_s must be positive")
         if bool(self.server.tls_cert_file) != bool(self.server.tls_key_file):
             raise InvalidArgument("set both server.tls_cert_file and server.tls_key_file")
         for name, value in (("store.max_body_bytes", self.store.max_body_bytes),
@@ -294,6 +316,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         timer=_section(TimerConfig, raw.get("timer", {}), "timer"),
         tier=_section(TierConfig, raw.get("tier", {}), "tier"),
         rocketmq=_section(RocketMQConfig, raw.get("rocketmq", {}), "rocketmq"),
+        console=_section(ConsoleConfig, raw.get("console", {}), "console"),
     )
     pop = config.pop
     groups = {}

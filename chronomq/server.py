@@ -70,6 +70,8 @@ class BrokerServer:
         self._rocketmq_server: grpc.Server | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._metrics_stop: Callable[[], None] | None = None
+        self.console_port = 0
+        self._console_stop: Callable[[], None] | None = None
 
     def start(self) -> int:
         """Open the store (recovery), start its threads and the gRPC server."""
@@ -121,6 +123,14 @@ class BrokerServer:
             self._scheduler.add_job(self.rocketmq.renew_leases, "interval",
                                     id="rocketmq-renew", seconds=1, max_instances=1,
                                     coalesce=True)
+        if self.config.console.port:
+            from chronomq.console import SAMPLE_INTERVAL_S, open_console
+            self.console_port, sampler, self._console_stop = open_console(
+                self.config, self.broker, self.servicer, self.rocketmq)
+            self._scheduler.add_job(sampler.sample, "interval", id="console-rates",
+                                    seconds=SAMPLE_INTERVAL_S, max_instances=1, coalesce=True)
+            log.info("console on http://%s:%d/ (%s)", cfg.host, self.console_port,
+                     "actions on" if self.config.console.actions else "read-only")
         self._scheduler.start()
         if cfg.metrics_port:
             self._metrics_stop = start_metrics(cfg.host, cfg.metrics_port, self.servicer)
@@ -184,8 +194,9 @@ class BrokerServer:
         stopped = [s.stop(grace) for s in (self._server, self._rocketmq_server) if s]
         for event in stopped:
             event.wait()
-        if self._metrics_stop is not None:
-            self._metrics_stop()
+        for stop in (self._metrics_stop, self._console_stop):
+            if stop is not None:
+                stop()
         self.broker.stop()
 
 
@@ -199,6 +210,8 @@ def serve(config: BrokerConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     print(f"chronomq listening on {config.server.host}:{server.port}", flush=True)
+    if server.console_port:
+        print(f"console on http://{config.server.host}:{server.console_port}/", flush=True)
     if server.rocketmq_port:
         print(f"RocketMQ 5 front listening on "
               f"{config.rocketmq.host or config.server.host}:{server.rocketmq_port}", flush=True)

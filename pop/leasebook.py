@@ -237,10 +237,19 @@ class LeaseBook:
                             dead_lettered=sum(self._dead.values()),
                             durable_syncs=self._commit.syncs)
 
-    def group_statistics(self) -> list[GroupStats]:
-        """Per (group, topic) that has leased since it was created."""
+    def group_pairs(self) -> list[tuple[str, str]]:
+        """Every (group, topic) that has leased since it was created, sorted."""
         with self._lock:
-            pairs = sorted(self._group_locks)
+            return sorted(self._group_locks)
+
+    def group_statistics(self, pairs: list[tuple[str, str]] | None = None) -> list[GroupStats]:
+        """Per (group, topic) of ``pairs`` (default: ``group_pairs()``; a console page
+        asks for its own slice only)."""
+        if pairs is None:
+            pairs = self.group_pairs()
+        else:  # never a lock for a pair that has not leased
+            with self._lock:
+                pairs = [p for p in pairs if p in self._group_locks]
         out = []
         for group, topic in pairs:
             t = self._store.topics.get(topic) or self._store.topics.mounted(topic)

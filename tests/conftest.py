@@ -13,7 +13,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from chronomq.client import ChronomqClient
-from chronomq.config import BrokerConfig, PopConfig, ServerConfig, TierConfig
+from chronomq.config import BrokerConfig, ConsoleConfig, PopConfig, ServerConfig, TierConfig
 from chronomq.server import BrokerServer
 from store.clock import Clock, ManualClock, SystemClock
 from store.store import MessageStore, StoreConfig
@@ -132,6 +132,7 @@ def broker_config(data_dir: Path, **server: object) -> BrokerConfig:
         store=StoreConfig(data_dir=str(data_dir), segment_bytes=1 << 20,
                           max_body_bytes=64 << 10),
         pop=PopConfig(max_wait_ms=5000),
+        console=ConsoleConfig(port=0),
     )
 
 

@@ -45,6 +45,7 @@ from store.message import (
 from store.store import MessageStore
 from tiered.timerflatfile import TimerFlatFiles
 from timer.parking import ParkingLot
+from timer.schedule import Schedule, due_schedule
 from timer.store import TimerStore, id_key, parse_timer_key, timer_key
 from timer.wheel import TimingWheel
 
@@ -126,6 +127,8 @@ class TimerService:
         self._rescheduled = 0
         self._last_delivery_ms = 0
         self._lateness = [0] * (len(LATENESS_BOUNDS_MS) + 1)
+        self._schedule_lock = threading.Lock()
+        self._schedule: tuple[float, Schedule] | None = None  # (made at, monotonic ms)
 
     # ------------------------------------------------------------------ rules
 
@@ -366,6 +369,24 @@ class TimerService:
             self._rescheduled += 1
         self._wake.set()
         return TimerOutcome.RESCHEDULED
+
+    def pending_due(self, message_id: str) -> int | None:
+        """When the pending message with this id is due (in RocksDB, the wheel, or parked
+        for a TimerFlatFile), or None if none is pending.  Two point reads; no lock."""
+        loc = self._timers.locate(message_id)
+        if loc is None:
+            parked = self._timers.locate_parked(message_id)
+            loc = parked[0] if parked is not None else None
+        return None if loc is None or timer_key(*loc) in self._delivering else loc[0]
+
+    def schedule(self, max_age_ms: int = 5_000) -> Schedule:
+        """What is due when (``timer.schedule``), at most ``max_age_ms`` old."""
+        with self._schedule_lock:
+            if self._schedule is None or \
+                    self._clock.monotonic_ms() - self._schedule[0] >= max_age_ms:
+                self._schedule = (self._clock.monotonic_ms(),
+                                  due_schedule(self._timers, self._clock.now_ms()))
+            return self._schedule[1]
 
     def _not_pending(self, message_id: str) -> TimerOutcome:
         for m in self._store.query_by_message_id(message_id):

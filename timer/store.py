@@ -179,5 +179,16 @@ class TimerStore:
             _, bucket, offset = _PARKED.unpack(key)
             yield int(bucket), int(offset), record
 
+    def pending_due_times(self, limit: int) -> Iterator[int]:
+        """The due time of every pending message, from the 16-byte ``i`` and ``f`` values
+        (never a record); at most ``limit``."""
+        n = 0
+        for prefix in (b"i", b"f"):
+            for _, value in self.kv.scan(prefix):
+                if n >= limit:
+                    return
+                n += 1
+                yield _U64.unpack_from(value)[0]
+
     def pending_estimate(self) -> int:
         return max(self.kv.estimate_keys() - 1, 0) // 2

@@ -21,7 +21,8 @@ class ServerProcess:
         under ``ulimit -n``."""
         args = [sys.executable, "-m", "chronomq.cli", "serve", "--log-level", "WARNING",
                 "--set", f"store.data_dir={data_dir}", "--set", "server.port=0",
-                "--set", "server.metrics_port=0", *[a for s in settings for a in ("--set", s)]]
+                "--set", "server.metrics_port=0", "--set", "console.port=0",
+                *[a for s in settings for a in ("--set", s)]]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                      preexec_fn=None if nofile is None else partial(

@@ -148,7 +148,8 @@ def test_serve_at_info_prints_no_line_per_tick(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "chronomq.cli", "serve", "--set",
          f"store.data_dir={tmp_path / 'data'}", "--set", "server.port=0", "--set",
-         "server.metrics_port=0", "--set", "timer.preload_interval_ms=1000", "--set",
+         "server.metrics_port=0", "--set", "console.port=0", "--set",
+         "timer.preload_interval_ms=1000", "--set",
          "server.retention_interval_s=1"], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     try:

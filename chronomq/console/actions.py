@@ -1,0 +1,139 @@
+"""The console's actions: cancel or reschedule a pending message, redrive dead letters.
+
+Each goes through the same ``BrokerServicer`` method a gRPC client calls (an in-process
+call with a context whose ``abort`` raises ``Refused``), so the console checks, refuses
+and answers exactly as the API does: the page shows the broker's definite result (the
+outcome name, or the status code and its message).  No action is taken unless
+``console.actions`` is on (``chronomq.console.server`` checks it, and the CSRF token).
+
+Redrive reads the chosen dead letters again from the broker (the page sends only their
+queue offsets, never a body) and sends each back to its topic as a new message: its
+key, tag, body and properties, without the ``chronomq.dlq.*`` ones, plus
+``chronomq.redriven_from`` naming the dead letter.  The copy's client-chosen id is
+``redrive-<dead letter id>``, so a second redrive of the same letter within the dedupe
+window (``store.dedupe_window_ms``) is answered as a duplicate, not delivered twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import grpc
+
+from chronomq.broker import Broker
+from chronomq.console.views import PAGE, REDRIVE_ID
+from chronomq.servicer import BrokerServicer
+from chronomq.v1 import broker_pb2 as pb
+from pop.model import (
+    PROP_DLQ_ATTEMPTS,
+    PROP_DLQ_GROUP,
+    PROP_DLQ_REASON,
+    PROP_ORIGIN_TOPIC,
+    dlq_topic,
+)
+from store.errors import InvalidArgument
+from store.message import Message
+from store.names import check_name
+
+PROP_REDRIVEN_FROM = "chronomq.redriven_from"
+_CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+_DLQ_PROPS = frozenset({PROP_DLQ_ATTEMPTS, PROP_DLQ_GROUP, PROP_DLQ_REASON,
+                        PROP_ORIGIN_TOPIC})
+
+
+class Refused(Exception):
+    """The broker refused: ``code`` is the gRPC status code's name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class _Context:
+    """Just enough of ``grpc.ServicerContext`` for the unary methods used here."""
+
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+        raise Refused(code.name, details)
+
+    def is_active(self) -> bool:
+        return True
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+
+def _ctx() -> Any:
+    return _Context()
+
+
+class ConsoleActions:
+    def __init__(self, servicer: BrokerServicer, broker: Broker) -> None:
+        self._servicer = servicer
+        self._broker = broker
+
+    def cancel(self, message_id: str) -> dict[str, Any]:
+        r = self._servicer.Cancel(pb.CancelRequest(message_id=message_id), _ctx())
+        return {"outcome": pb.TimerOutcome.Name(r.outcome)}
+
+    def reschedule(self, message_id: str, deliver_at_ms: int | None,
+                   delay_ms: int | None) -> dict[str, Any]:
+        req = pb.RescheduleRequest(message_id=message_id)
+        if deliver_at_ms is not None:
+            req.deliver_at_ms = deliver_at_ms
+        elif delay_ms is not None:
+            req.delay_ms = delay_ms
+        r = self._servicer.Reschedule(req, _ctx())
+        return {"outcome": pb.TimerOutcome.Name(r.outcome), "deliver_at_ms": r.deliver_at_ms}
+
+    def redrive(self, group: str, topic: str, offsets: list[int]) -> dict[str, Any]:
+        """Send the dead letters at ``offsets`` of ``group``'s DLQ of ``topic`` back to the
+        topic; one result per offset: ``sent`` (with the new id), ``duplicate`` (redriven
+        before, within the dedupe window), ``gone`` (no longer stored) or the refusal."""
+        check_name(group)
+        check_name(topic)
+        if not offsets or len(offsets) > PAGE:
+            raise InvalidArgument(f"choose 1 to {PAGE} dead letters")
+        store = self._broker.store
+        dead = dlq_topic(group, topic)
+        if store.topics.get(dead) is None:
+            raise InvalidArgument(f"group {group!r} has no dead letters of {topic!r}")
+        low, high = store.queue_bounds(dead, 0)
+        letters: dict[int, Message] = {}
+        for offset in sorted(set(offsets)):
+            if not low <= offset < high:
+                continue
+            entries = store.consume_queue_entries(dead, 0, offset, 1)
+            if entries and not entries[0].is_hole and entries[0].queue_offset == offset:
+                m = store.read_messages_skipping(
+                    [(entries[0].commit_offset, entries[0].record_size)])[0]
+                if isinstance(m, Message):
+                    letters[offset] = m
+        out: dict[str, Any] = {str(o): {"result": "gone"} for o in offsets}
+        if not letters:
+            return {"results": out}
+        request = pb.SendRequest()
+        order = list(letters)
+        for offset in order:
+            m = letters[offset]
+            props = {k: v for k, v in m.properties.items() if k not in _DLQ_PROPS}
+            props[PROP_REDRIVEN_FROM] = m.message_id
+            request.messages.add(topic=m.properties.get(PROP_ORIGIN_TOPIC, topic), body=m.body,
+                                 key=m.key, tag=m.tag, properties=props,
+                                 message_id=REDRIVE_ID + m.message_id)
+        try:
+            response = self._servicer.Send(request, _ctx())
+        except Refused as exc:
+            for offset in order:
+                out[str(offset)] = {"result": exc.code, "message": exc.message}
+            return {"results": out}
+        for offset, result in zip(order, response.results, strict=True):
+            if result.HasField("error"):
+                out[str(offset)] = {"result": _CODE_NAMES.get(result.error.code, "UNKNOWN"),
+                                    "message": result.error.message}
+            elif result.duplicate:
+                out[str(offset)] = {"result": "duplicate", "message_id": result.message_id}
+            else:
+                out[str(offset)] = {"result": "sent", "message_id": result.message_id}
+        return {"results": out}
+

@@ -1,0 +1,118 @@
+"""The console over plain HTTP against a real broker: login, cookie, CSRF, read-only mode,
+limits, and its figures against the gRPC API's answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from chronomq.client import message
+from tests.conftest import RunningServer
+from tests.console.conftest import TOKEN, Browser, console_server
+
+
+def test_pages_need_the_token_and_the_cookie_is_httponly_and_strict(
+        browser: Browser) -> None:
+    status, headers, _ = browser.get("/")
+    assert status == 303 and headers["location"] == "/login"
+    assert browser.get("/api/overview")[0] == 401
+    assert browser.get("/part/topics")[0] == 401
+    status, _, text = browser.post("/login", {"token": "wrong"})
+    assert status == 403 and "not the broker" in text and browser.cookie == ""
+    status, headers, _ = browser.post("/login", {"token": TOKEN})
+    assert status == 303
+    cookie = headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and TOKEN not in cookie
+    status, headers, text = browser.get("/")
+    assert status == 200 and "Overview" in text
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY"
+    # logging out ends the session: the old cookie no longer opens a page
+    old = browser.cookie
+    assert browser.post("/logout", {"csrf": browser.csrf})[0] == 303
+    browser.cookie = old
+    assert browser.get("/")[0] == 303
+
+
+def test_an_action_needs_the_sessions_csrf_token(console: RunningServer,
+                                                 browser: Browser) -> None:
+    browser.login()
+    with console.client(token=TOKEN) as c:
+        c.create_topic("orders", 1)
+        mid = c.send_one("orders", b"later", delay_ms=3_600_000)
+    for form in ({"message_id": mid}, {"message_id": mid, "csrf": "x" * 43}):
+        status, _, text = browser.post("/messages/cancel", form)
+        assert status == 403 and "CSRF" in text
+    assert console.server.broker.timer.pending_due(mid) is not None  # nothing was done
+    status, _, text = browser.post("/messages/cancel", {"message_id": mid,
+                                                        "csrf": browser.csrf})
+    assert status == 200 and f"Cancel {mid}: CANCELLED" in text
+    assert console.server.broker.timer.pending_due(mid) is None
+
+
+def test_read_only_console_refuses_actions_and_shows_no_buttons(tmp_path: Path) -> None:
+    server = console_server(tmp_path / "d", actions=False)
+    try:
+        b = Browser(server.server.console_port)
+        b.login()
+        with server.client(token=TOKEN) as c:
+            c.create_topic("orders", 1)
+            mid = c.send_one("orders", b"later", delay_ms=3_600_000)
+        status, _, text = b.get(f"/messages?id={mid}")
+        assert status == 200 and "pending, due" in text and 'id="cancel"' not in text
+        status, _, text = b.post("/messages/cancel", {"message_id": mid, "csrf": b.csrf})
+        assert status == 403 and "console.actions = false" in text
+        assert server.server.broker.timer.pending_due(mid) is not None
+    finally:
+        server.stop()
+
+
+def test_figures_match_the_api(console: RunningServer, browser: Browser) -> None:
+    browser.login()
+    with console.client(token=TOKEN) as c:
+        for n in range(3):
+            c.create_topic(f"t{n}", 2)
+        c.send([message("t0", b"now") for _ in range(5)] +
+               [message("t1", b"later", delay_ms=120_000) for _ in range(4)])
+        got = c.pop("t0", "g", max_messages=5)
+        assert c.ack("g", [m.receipt_handle for m in got[:2]]) == ["", ""]
+        stats = c.stats()
+        topics = {t.name: t for t in c.list_topics()}
+    overview = json.loads(browser.get("/api/overview")[2])
+    assert overview["topics"] == len(topics) == 3
+    assert overview["counters"]["sent"] == stats["rpc.sent"] == 9
+    assert overview["counters"]["acked"] == stats["pop.acked"] == 2
+    page = json.loads(browser.get("/api/topics")[2])
+    assert [r["name"] for r in page["rows"]] == sorted(topics)
+    assert {r["name"]: r["queues"] for r in page["rows"]} == {
+        n: t.queue_count for n, t in topics.items()}
+    groups = json.loads(browser.get("/api/groups")[2])
+    (row,) = groups["rows"]
+    assert (row["group"], row["topic"]) == ("g", "t0")
+    for figure in ("lag", "in_flight", "backlog"):
+        assert row[figure] == stats[f"group.g.t0.{figure}"]
+    assert row["in_flight"] == 3
+    schedule = json.loads(browser.get("/api/schedule")[2])
+    assert schedule["total"] == 4 and sum(schedule["minutes"]) == 4
+
+
+def test_hostile_requests_are_refused_without_touching_anything(
+        console: RunningServer, browser: Browser, tmp_path: Path) -> None:
+    browser.login()
+    for path in ("/static/../../etc/passwd", "/static/%2e%2e/pop-secret", "/nope",
+                 "/part/nope", "/api/../api/overview/x"):
+        assert browser.get(path)[0] == 404, path
+    for path in ("/topics?page=-1", "/topics?page=99999999999", "/groups?q=%00",
+                 "/messages?id=%00%01", "/messages?topic=../x&key=k",
+                 "/dead-letters?group=a%25b&topic=t", "/messages?topic=t&key=" + "k" * 2000):
+        status, _, text = browser.get(path)
+        assert 400 <= status < 500, (path, status)
+        assert "Traceback" not in text
+    status, _, _ = browser.request("POST", "/messages/cancel", body=b"x" * (65 << 10),
+                                   headers={"Content-Length": str(65 << 10)})
+    assert status == 413
+    many = "&".join(f"f{n}=1" for n in range(200))
+    assert browser.get("/topics?" + many)[0] == 400
+    assert browser.get("/api/overview")[0] == 200  # still serving
+    outside = {p.name for p in tmp_path.iterdir()}
+    assert outside == {"data", "chronomq-tier"} or outside == {"data"}
