@@ -127,9 +127,10 @@ def overview_part(d: dict[str, Any]) -> str:
         ["delivered by the timer", f'<span id="fig-due">{t["delivered"]:,}</span>'],
         ["popped", f'<span id="fig-popped">{int(c["popped"]):,}</span>'],
         ["acked", f'<span id="fig-acked">{int(c["acked"]):,}</span>'],
-        ["pending (wheel + RocksDB)",
-         f'<span id="fig-pending">{t["pending_wheel"] + t["pending_rocksdb"]:,}</span>'],
-        ["next due", when(t["next_due_ms"])],
+        ["pending delayed messages",
+         f'<span id="fig-pending">{t["pending"]:,}</span> (as of '
+         f'{when(t["pending_as_of_ms"])[11:19]}; overdue {t["overdue"]:,})'],
+        ["in the wheel (next minute)", f'{t["pending_wheel"]:,}'],
         ["TimerFlatFile buckets", f'{t["flat_buckets"]:,} ({t["flat_objects"]:,} objects)'],
     ]
     disk_rows = [["used", f'<span id="disk-used">{disk["used_ratio"] * 100:.1f} %</span> of '

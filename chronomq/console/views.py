@@ -32,6 +32,7 @@ from timer.service import LATENESS_BOUNDS_MS
 PAGE = 50
 MAX_PAGE = 1_000_000
 MAX_PREVIEW = 512  # body bytes shown
+OVERVIEW_SCHEDULE_AGE_MS = 30_000  # the overview's pending count: a scan at most this often
 REDRIVE_ID = "redrive-"  # + the dead letter's id: the redriven copy's client-chosen id
 
 
@@ -81,6 +82,7 @@ class ConsoleViews:
             tier.update(asdict(ts))
             tier["health"] = "failing" if ts.consecutive_failures else "ok"
         disk = asdict(b.disk.refresh())
+        schedule = b.timer.schedule(OVERVIEW_SCHEDULE_AGE_MS)
         return {
             "now_ms": b.clock.now_ms(),
             "rates": self.sampler.series(),
@@ -90,7 +92,8 @@ class ConsoleViews:
                       "parked_unwritten": t.parked_unwritten, "next_due_ms": t.next_due_ms,
                       "delivered": t.delivered, "cancelled": t.cancelled,
                       "rescheduled": t.rescheduled, "flat_buckets": t.flat_buckets,
-                      "flat_objects": t.flat_objects},
+                      "flat_objects": t.flat_objects, "pending": schedule.total,
+                      "overdue": schedule.overdue, "pending_as_of_ms": schedule.now_ms},
             "counters": self.counters(),
             "tier": tier, "disk": disk,
             "topics": b.store.topics.count(), "groups": len(b.pop.group_pairs()),

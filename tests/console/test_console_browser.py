@@ -112,6 +112,7 @@ def _operator_session(d: webdriver.Chrome, server: RunningServer, base: str) -> 
         dead_id = got[3].message_id
         stats = c.stats()
         topics = sorted(t.name for t in c.list_topics())  # with the DLQ topic
+    assert server.server.broker.store.wait_visible(10)  # the timer has them (dispatched)
 
     # refused without the token
     login(d, base, "not-the-token")

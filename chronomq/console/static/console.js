@@ -29,6 +29,8 @@
     if (charts[name]) { charts[name].setData(data); return; }
     var size = chartSize(el);
     opts.width = size.width; opts.height = size.height;
+    opts.scales = opts.scales || {};  // counts and rates start at zero
+    opts.scales.y = { range: function (u, min, max) { return [0, max > 0 ? max * 1.1 : 1]; } };
     charts[name] = new uPlot(opts, data, el);
     el.dataset.drawn = "1";
   }
