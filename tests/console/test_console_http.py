@@ -4,7 +4,12 @@ limits, and its figures against the gRPC API's answers."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from urllib.parse import quote, urlencode
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from chronomq.client import message
 from tests.conftest import RunningServer
@@ -117,3 +122,48 @@ def test_hostile_requests_are_refused_without_touching_anything(
     assert browser.get("/api/overview")[0] == 200  # still serving
     outside = {p.name for p in tmp_path.iterdir()}
     assert outside == {"data", "chronomq-tier"} or outside == {"data"}
+
+
+PATHS = ["/", "/schedule", "/topics", "/groups", "/messages", "/dead-letters", "/part/topics",
+         "/part/groups", "/part/dead-letters", "/part/overview", "/api/topics", "/api/groups",
+         "/api/messages", "/api/dead-letters", "/api/schedule", "/messages/cancel",
+         "/messages/reschedule", "/dead-letters/redrive", "/login", "/logout", "/static/"]
+FIELDS = ["page", "q", "id", "topic", "key", "group", "message_id", "delay_s", "deliver_at",
+          "offset", "csrf", "token"]
+
+
+@settings(max_examples=int(os.environ.get("CHRONOMQ_CONSOLE_FUZZ", "150")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(method=st.sampled_from(["GET", "POST", "HEAD"]),
+       path=st.one_of(st.sampled_from(PATHS), st.text(max_size=40).map(lambda t: "/" + t)),
+       fields=st.dictionaries(st.one_of(st.sampled_from(FIELDS), st.text(max_size=10)),
+                              st.one_of(st.text(max_size=300), st.integers().map(str),
+                                        st.sampled_from(["orders", "%DLQ%g%orders", "../..",
+                                                         "0", "-1", "1e9"])),
+                              max_size=6),
+       with_csrf=st.booleans())
+def test_hostile_requests_never_break_the_console(
+        console: RunningServer, browser: Browser, tmp_path: Path, method: str, path: str,
+        fields: dict[str, str], with_csrf: bool) -> None:
+    """Oracle: never a 5xx, the console keeps serving, nothing appears outside the data
+    dir, and a topic of another user is untouched (its message still pending)."""
+    if not browser.cookie:
+        browser.login()
+        with console.client(token=TOKEN) as c:
+            c.create_topic("orders", 1)
+            browser.keep = c.send_one("orders", b"keep", delay_ms=3_600_000)  # type: ignore[attr-defined]
+    form = dict(fields)
+    if with_csrf and method == "POST":
+        form["csrf"] = browser.csrf
+    query = "?" + urlencode(form) if method != "POST" and form else ""
+    status, _, text = browser.request(method, quote(path, safe="/?&=%") + query,
+                                      form=form if method == "POST" else None)
+    assert status < 500, (method, path, form, status)
+    assert "Traceback" not in text
+    if path == "/logout" and status == 303:
+        browser.cookie = ""  # logged out: log in again next time
+    assert browser.get("/api/overview")[0] in (200, 401)
+    assert {p.name for p in tmp_path.iterdir()} <= {"data", "chronomq-tier"}
+    keep = getattr(browser, "keep", None)
+    if keep and not (path == "/messages/cancel" and with_csrf and form.get("message_id") == keep):
+        assert console.server.broker.timer.pending_due(keep) is not None
