@@ -38,6 +38,7 @@ from chronomq.client import ChronomqClient, message
 from tests.chronomq.process import ServerProcess
 
 TOKEN = "bench-token"
+SHOWN: dict[str, str] = {}  # the pending message the Messages picture shows
 PAGES = ["/", "/schedule", "/topics", "/topics?page=100", "/topics?q=topic-09",
          "/groups", "/groups?page=10", "/messages"]
 PARTS = ["/part/overview", "/part/topics?page=100", "/part/groups?page=10",
@@ -96,6 +97,15 @@ def populate(c: ChronomqClient, topics: int, groups: int, pending: int, days: in
     if batch:
         c.send(batch)
     print(f"  {pending:,} delayed messages over {days} days", flush=True)
+    # for the Messages and Dead letters pictures: a keyed reminder, two dead letters
+    (reminder,) = c.send([message("topic-00001", b"call the customer back", key="reminder-1",
+                                  delay_ms=2 * 3_600_000, properties={"order": "42"})])
+    SHOWN["message_id"] = reminder.message_id
+    c.send([message("topic-00000", f"order {n}: total does not add up".encode(),
+                    key=f"order-{n}") for n in (17, 18)])
+    got = c.pop("topic-00000", "group-0000", max_messages=32)
+    c.dead_letter("group-0000", [m.receipt_handle for m in got if b"add up" in m.body],
+                  reason="total does not add up")
 
 
 def traffic(target: str, topics: int, seconds: float) -> None:
@@ -158,7 +168,7 @@ def browser_times(port: int, runs: int, shots: str) -> None:
                     "return t.loadEventEnd - t.startTime;")
                 charts = d.find_elements(By.CSS_SELECTOR, "[data-chart]")
                 if charts:
-                    WebDriverWait(d, 30).until(lambda drv: all(
+                    WebDriverWait(d, 30, poll_frequency=0.01).until(lambda drv: all(
                         c.get_attribute("data-drawn") == "1"
                         for c in drv.find_elements(By.CSS_SELECTOR, "[data-chart]")))
                     drawn.append((time.perf_counter() - started) * 1000)
@@ -168,7 +178,11 @@ def browser_times(port: int, runs: int, shots: str) -> None:
         if shots:
             Path(shots).mkdir(parents=True, exist_ok=True)
             for name, path in (("overview", "/"), ("schedule", "/schedule"),
-                               ("topics", "/topics"), ("groups", "/groups")):
+                               ("topics", "/topics"), ("groups", "/groups"),
+                               ("messages", "/messages?" + urlencode(
+                                   {"id": SHOWN.get("message_id", "")})),
+                               ("dead-letters", "/dead-letters?" + urlencode(
+                                   {"group": "group-0000", "topic": "topic-00000"}))):
                 d.get(base + path)
                 time.sleep(1.0)
                 d.save_screenshot(str(Path(shots) / f"console-{name}.png"))
