@@ -22,7 +22,8 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 COOKIE = "chronomq_console"
 MAX_SESSIONS = 10_000
@@ -33,13 +34,15 @@ class Session:
     sid: str
     csrf: str
     authenticated: bool
-    seen_s: float = field(default_factory=time.monotonic)
+    seen_s: float
 
 
 class Sessions:
-    def __init__(self, token: str, ttl_s: float = 12 * 3600) -> None:
+    def __init__(self, token: str, ttl_s: float = 12 * 3600,
+                 now_s: Callable[[], float] = time.monotonic) -> None:
         self._token = token.encode()
         self.ttl_s = ttl_s
+        self._now_s = now_s
         self._lock = threading.Lock()
         self._sessions: OrderedDict[str, Session] = OrderedDict()
 
@@ -51,7 +54,8 @@ class Sessions:
         return hmac.compare_digest(given.encode(), self._token)
 
     def open(self, authenticated: bool) -> Session:
-        s = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), authenticated)
+        s = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), authenticated,
+                    self._now_s())
         with self._lock:
             self._sessions[s.sid] = s
             while len(self._sessions) > MAX_SESSIONS:
@@ -62,7 +66,7 @@ class Sessions:
         """The live session with this id (its idle clock restarted), else None."""
         if not sid or len(sid) > 100:
             return None
-        now = time.monotonic()
+        now = self._now_s()
         with self._lock:
             s = self._sessions.get(sid)
             if s is None:
