@@ -31,10 +31,12 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
                 allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -62,9 +64,22 @@ def shot(d: webdriver.Chrome, name: str) -> None:
         d.save_screenshot(os.path.join(where, f"console-{name}.png"))
 
 
+WAIT_S = 30  # generous: CI runs the browser beside the whole suite on two cores
+RETRIED = (StaleElementReferenceException, NoSuchElementException)
+
+
+def wait(d: webdriver.Chrome) -> WebDriverWait[webdriver.Chrome]:
+    """A wait that retries while a live part, swapped in every 5 s, replaces what it read."""
+    return WebDriverWait(d, WAIT_S, ignored_exceptions=RETRIED)
+
+
 def text(d: webdriver.Chrome, css: str) -> str:
-    return str(WebDriverWait(d, 10).until(
-        ec.presence_of_element_located((By.CSS_SELECTOR, css))).text)
+    """The text of the element ``css`` matches, read again if a refresh replaced it."""
+    return str(wait(d).until(lambda drv: drv.find_element(By.CSS_SELECTOR, css).text))
+
+
+def drawn(d: webdriver.Chrome, chart: str) -> None:
+    wait(d).until(lambda drv: drv.find_element(By.ID, chart).get_attribute("data-drawn") == "1")
 
 
 def rows(d: webdriver.Chrome, css: str) -> list[list[str]]:
@@ -78,16 +93,29 @@ def rows(d: webdriver.Chrome, css: str) -> list[list[str]]:
 
 def click(d: webdriver.Chrome, css: str) -> None:
     """Click the element ``css`` matches, again if a refresh replaced it meanwhile."""
-    WebDriverWait(d, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
-        lambda drv: drv.find_element(By.CSS_SELECTOR, css).click() or True)
+    def clicked(drv: webdriver.Chrome) -> bool:
+        drv.find_element(By.CSS_SELECTOR, css).click()
+        return True
+    wait(d).until(clicked)
+
+
+def type_in(d: webdriver.Chrome, css: str, keys: str) -> None:
+    """Type into the field ``css`` matches; the focus keeps its part from being refreshed."""
+    def typed(drv: webdriver.Chrome) -> bool:
+        drv.find_element(By.CSS_SELECTOR, css).send_keys(keys)
+        return True
+    wait(d).until(typed)
 
 
 def login(d: webdriver.Chrome, base: str, token: str) -> None:
     d.delete_all_cookies()
     d.get(base + "/")
     assert d.current_url == base + "/login"
-    d.find_element(By.ID, "token").send_keys(token)
-    d.find_element(By.ID, "login").click()
+    type_in(d, "#token", token)
+    click(d, "#login")
+    # the answer has arrived: the overview, or the form again with its error
+    wait(d).until(lambda drv: drv.current_url != base + "/login"
+                  or drv.find_elements(By.ID, "login-error"))
 
 
 def test_an_operator_session(driver: webdriver.Chrome, tmp_path: Path) -> None:
@@ -125,14 +153,12 @@ def _operator_session(d: webdriver.Chrome, server: RunningServer, base: str) -> 
     assert text(d, "#fig-topics") == str(len(topics)) == "3"
     assert int(text(d, "#fig-sent").replace(",", "")) == stats["rpc.sent"] == 8
     assert int(text(d, "#fig-acked").replace(",", "")) == stats["pop.acked"]
-    WebDriverWait(d, 10).until(lambda drv: drv.find_element(
-        By.ID, "chart-lateness").get_attribute("data-drawn") == "1")
+    drawn(d, "chart-lateness")
     shot(d, "overview")
 
     d.get(base + "/schedule")
     assert text(d, "#sched-total") == "2"
-    WebDriverWait(d, 10).until(lambda drv: drv.find_element(
-        By.ID, "chart-minutes").get_attribute("data-drawn") == "1")
+    drawn(d, "chart-minutes")
     assert sum(int(r[1]) for r in rows(d, "#sched-days tbody tr")) == 2
     shot(d, "schedule")
 
@@ -152,16 +178,16 @@ def _operator_session(d: webdriver.Chrome, server: RunningServer, base: str) -> 
 
     # a pending message: look it up, reschedule it, then cancel it
     d.get(base + "/messages")
-    d.find_element(By.ID, "q-id").send_keys(later)
-    d.find_element(By.ID, "lookup").click()
+    type_in(d, "#q-id", later)
+    click(d, "#lookup")
     assert "pending, due" in text(d, ".message .state")
     shot(d, "messages")
-    d.find_element(By.ID, "delay-s").send_keys("7200")
-    d.find_element(By.ID, "reschedule").click()
+    type_in(d, "#delay-s", "7200")
+    click(d, "#reschedule")
     assert f"Reschedule {later}: RESCHEDULED" in text(d, "#result")
     due = server.server.broker.timer.pending_due(later)
     assert due is not None and due > server.server.broker.clock.now_ms() + 7_000_000
-    d.find_element(By.ID, "cancel").click()
+    click(d, "#cancel")
     assert text(d, "#result") == f"Cancel {later}: CANCELLED"
     assert server.server.broker.timer.pending_due(later) is None
     d.get(base + f"/messages?id={later}")
@@ -174,18 +200,18 @@ def _operator_session(d: webdriver.Chrome, server: RunningServer, base: str) -> 
     assert dead_id in row and "bad total" in row
     shot(d, "dead-letters")
     click(d, "#dlq-table input[type=checkbox]")
-    d.find_element(By.ID, "redrive").click()
+    click(d, "#redrive")
     assert "offset 0: sent" in text(d, "#result")
     with server.client(token=TOKEN) as c:
         back = c.pop("orders", "billing", max_messages=8, invisible_time_s=60)
         redriven = [m for m in back if m.properties.get("chronomq.redriven_from") == dead_id]
         assert len(redriven) == 1 and redriven[0].body == got[3].body
     click(d, "#dlq-table input[type=checkbox]")
-    d.find_element(By.ID, "redrive").click()
+    click(d, "#redrive")
     assert "offset 0: duplicate" in text(d, "#result")
 
     # logged out: back to the login form
-    d.find_element(By.CSS_SELECTOR, "header form button").click()
+    click(d, "header form button")
     assert d.current_url == base + "/login"
 
 
