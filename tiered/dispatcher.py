@@ -12,11 +12,13 @@ a back-off (0.2 s doubling to 5 s).  Then each uploaded queue's metadata is writ
 ``<meta_dir>/queues/<topic>/<queue>.json`` (atomically, locally), then the checkpoint:
 the CommitLog offset of the oldest record not yet durable in the tier (the key index,
 ``tiered.index``, has persisted its entries by then).  Copies of the metadata go to the
-tier for a broker that mounts it read-only (``Mirror``).  After a crash it replays from
-the checkpoint, skipping queue offsets the tier has: nothing twice, nothing lost.  As a
-log reader of the store its checkpoint is ``rewind``-ed after a torn tail and guards
-local retention.  It reuses the records the store's dispatcher decoded, else decodes
-with CRC checks, skipping damage.  Delayed records go up when they are delivered.
+tier for a broker that mounts it read-only (``Mirror``); until a copy is in, Stats'
+position and upload lag count its queue's batch as not uploaded (what a mount sees).
+After a crash it replays from the checkpoint, skipping queue offsets the tier has:
+nothing twice, nothing lost.  As a log reader of the store its checkpoint is
+``rewind``-ed after a torn tail and guards local retention.  It reuses the records the
+store's dispatcher decoded, else decodes with CRC checks, skipping damage.  Delayed
+records go up when they are delivered.
 
 Retention (``run_retention``, from the broker's scheduler) is by time, per topic
 (``tier_retention_ms``, else ``TieredConfig.retention_ms``; 0 keeps forever): whole
@@ -82,7 +84,7 @@ class TieredConfig:
 
 @dataclass(frozen=True, slots=True)
 class TierStats:
-    position: int  # CommitLog offset below which everything is durable in the tier
+    position: int  # CommitLog offset below which everything is in the tier, readable by a mount
     uploaded_records: int  # since start
     uploaded_bytes: int  # records and entries
     upload_batches: int  # committed queue batches
@@ -297,7 +299,7 @@ class TieredDispatcher:
         with self._save_lock:
             for q, _, _ in done:
                 crashpoint("tier.after_upload")
-                self._save_queue(q)
+                self._save_queue(q, floor=self._checkpoint)
             self.index.persist()  # the open index file's entries, before the checkpoint
             with self._lock:
                 for q, records, size in done:
@@ -320,14 +322,15 @@ class TieredDispatcher:
                 with self._lock:
                     self._checkpoint = checkpoint
 
-    def _save_queue(self, q: TieredQueue) -> None:
+    def _save_queue(self, q: TieredQueue, floor: int | None = None) -> None:
         """Write ``q``'s metadata locally (the truth; the caller holds ``_save_lock``)
-        and mark its copy in the tier due."""
+        and mark its copy in the tier due.  ``floor``: after an upload, the checkpoint
+        before it; until the copy is in the tier, a mount sees only what is below it."""
         meta = q.to_json().encode()
         tdir = os.path.join(self._meta_dir, "queues", q.topic)
         os.makedirs(tdir, exist_ok=True)
         write_atomic(os.path.join(tdir, f"{q.queue_id}.json"), meta)
-        self._mirror.put(f"{self._broker}/meta/{q.topic}/{q.queue_id}.json", meta)
+        self._mirror.put(f"{self._broker}/meta/{q.topic}/{q.queue_id}.json", meta, floor)
 
     # ------------------------------------------------------------------ retention
 
@@ -380,10 +383,15 @@ class TieredDispatcher:
     # ------------------------------------------------------------------ health
 
     def statistics(self) -> TierStats:
-        """Counters and health; ``upload_lag_s`` is the age of the record at the
-        checkpoint, the oldest not yet durable in the tier."""
+        """Counters and health.  ``position`` is what a reader of the tier (a mount)
+        sees: the checkpoint, or lower while a copy of uploaded queues' metadata is not
+        in the tier yet; ``upload_lag_s`` is the age of the record there, the oldest not
+        yet readable from the tier."""
+        floor = self._mirror.floor()
         with self._lock:
             queues, position = list(self._queues.values()), self._checkpoint
+            if floor is not None:
+                position = min(position, floor)
             stats = TierStats(position, self._uploaded_records, self._uploaded_bytes,
                               self._batches, self._failed, len(queues), len(self.index.files),
                               self._expired, self._reused, last_upload_ms=self._last_upload_ms,

@@ -103,10 +103,21 @@ class Mirror:
         self._lock = threading.Lock()
         self._due: dict[str, bytes] = {}  # path -> latest content not yet in the tier
         self._writing: dict[str, Upload] = {}  # path -> its write in flight (owner)
+        self._floors: dict[str, int] = {}  # path -> see ``put``
 
-    def put(self, path: str, data: bytes) -> None:
+    def put(self, path: str, data: bytes, floor: int | None = None) -> None:
+        """``floor``: a CommitLog offset below which a reader of the tier (a mount) sees
+        everything this copy covers even while it is not in the tier yet (the offset the
+        tier's checkpoint had when the copy was made); what is above waits for the copy."""
         with self._lock:
             self._due[path] = data
+            if floor is not None:
+                self._floors[path] = min(floor, self._floors.get(path, floor))
+
+    def floor(self) -> int | None:
+        """The lowest floor of the copies not in the tier yet (None: all are in)."""
+        with self._lock:
+            return min(self._floors.values(), default=None)
 
     def sync(self, deadline_s: float) -> int:
         """Start a write of each due copy whose path has none in flight and wait for the
@@ -132,4 +143,5 @@ class Mirror:
             with self._lock:
                 if self._due.get(path) is up.data:  # else changed meanwhile: still due
                     del self._due[path]
+                    self._floors.pop(path, None)
         return failed

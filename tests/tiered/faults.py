@@ -10,7 +10,8 @@ from tiered.provider import Provider
 
 
 class FaultyProvider:
-    """Wraps a real provider.  The next ``failures`` writes raise.  After ``hold()`` a
+    """Wraps a real provider.  The next ``failures`` writes raise, and those to paths
+    containing ``refuse`` while it is set.  After ``hold()`` a
     write blocks until ``release()`` and then succeeds: a late success; ``pass_new()``
     lets new writes through while those already held stay held.  ``held`` counts the
     writes blocked now (``wait_held`` waits for some)."""
@@ -23,6 +24,7 @@ class FaultyProvider:
         self.writes = 0
         self.reads = 0  # ranged reads that reached the inner provider
         self.held = 0
+        self.refuse = ""  # while set: every write to a path containing it raises
 
     def hold(self) -> None:
         with self._lock:
@@ -60,6 +62,8 @@ class FaultyProvider:
             if self.failures > 0:
                 self.failures -= 1
                 raise TierUnavailable("injected failure")
+            if self.refuse and self.refuse in path:
+                raise TierUnavailable(f"injected failure for {path}")
             gate = self._gate
             self.held += gate is not None
         if gate is not None:

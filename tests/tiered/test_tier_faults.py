@@ -77,6 +77,7 @@ class Env:
 
     def __init__(self, root: Path, clock: ManualClock, queues: int = 4, **config: object
                  ) -> None:
+        self.root = root
         self.clock = clock
         self.store = MessageStore(StoreConfig(str(root / "data")), clock)
         self.store.open()
@@ -438,3 +439,33 @@ def test_a_failing_tier_never_slows_the_local_path(mode: str, tmp_path: Path,
             assert c.stats()["tier.cache_fetches"] > 0  # read from the tier
     finally:
         assert srv.terminate() == 0, "".join(srv.output)
+
+
+def test_the_upload_lag_counts_metadata_copies_a_mount_has_not_got(env: Env) -> None:
+    """Found with two broker processes: Stats said the tier had caught up (lag 0) while the
+    copy of one queue's metadata had not reached the tier; the broker was killed then,
+    and a mount of its tier missed that queue's last batch.  The lag a mount's loss window
+    is read from must count a batch until its metadata copy is in the tier."""
+    env.send(40)
+    env.tier.commit()
+    assert env.tier.statistics().upload_lag_bytes == 0
+    before = env.store.commitlog.confirmed_offset
+    env.faulty.refuse = "/meta/"  # the data objects go up, the metadata copies do not
+    env.send(40)
+    env.tier.commit()
+    assert env.tier.position() == env.store.commitlog.confirmed_offset  # local: uploaded
+    stats = env.tier.statistics()
+    assert stats.position == before  # what a mount sees stops at the first batch
+    assert stats.upload_lag_bytes == env.store.commitlog.confirmed_offset - before > 0
+    assert stats.failed_uploads >= 4  # each queue's copy, counted
+    # the copies are written again at the next commit, even with nothing new to upload
+    env.faulty.refuse = ""
+    env.tier.commit()
+    stats = env.tier.statistics()
+    assert (stats.position, stats.upload_lag_bytes) == (env.store.commitlog.confirmed_offset, 0)
+    metas = sorted(p for p in env.faulty.list("b0/meta/t/"))
+    assert len(metas) == 4
+    for path in metas:  # the tier's copy is the local truth
+        qid = path.rsplit("/", 1)[1]
+        local = (env.root / "data" / "tiered" / "queues" / "t" / qid).read_bytes()
+        assert env.faulty.read(path) == local
