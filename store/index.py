@@ -6,6 +6,10 @@ Keys and values (``<data>/index`` RocksDB, raw bytes)::
                                        (only ids that do not name their own record:
                                         client-chosen ones and redeliveries)
     b"k" + topic + b"\\0" + key + b"\\0" + commit_offset u64  -> size u32
+    b"p" + topic + b"\\0" + key + b"\\0" + commit_offset u64  -> message_id
+                                       (delayed records with a key, when stored: how a
+                                        pending message is found by key; the timer says
+                                        which of them are still pending)
     b"d" + topic + b"\\0" + message_id                  -> store time ms u64
                                        (every record with a client-chosen id, delayed ones
                                         too: what the send-side de-duplication of
@@ -50,6 +54,10 @@ def _key_prefix(topic: str, key: str) -> bytes:
     return b"k" + topic.encode() + b"\0" + key.encode() + b"\0"
 
 
+def _pending_prefix(topic: str, key: str) -> bytes:
+    return b"p" + topic.encode() + b"\0" + key.encode() + b"\0"
+
+
 class KeyIndex:
     name = "index"
 
@@ -75,6 +83,9 @@ class KeyIndex:
             if r.flags & FLAG_FOREIGN_ID:
                 puts.append((_dedupe_key(r.topic, r.message_id), _U64.pack(r.store_at_ms)))
             if r.flags & FLAG_DELAYED:
+                if r.key:
+                    puts.append((_pending_prefix(r.topic, r.key) + _U64.pack(r.commit_offset),
+                                 r.message_id.encode()))
                 continue  # indexed by location when the timer delivers it
             if r.flags & FLAG_FOREIGN_ID:  # broker-assigned ids locate themselves
                 puts.append((b"m" + r.message_id.encode(),
@@ -114,6 +125,17 @@ class KeyIndex:
         found: list[tuple[int, int]] = []
         for k, v in self._kv.scan(prefix):
             found.append((_U64.unpack_from(k, len(prefix))[0], _U32.unpack(v)[0]))
+        return found[-limit:]
+
+    def pending_by_key(self, topic: str, key: str, limit: int) -> list[tuple[int, str]]:
+        """(commit offset, message id) of the newest ``limit`` delayed messages stored with
+        ``key`` (oldest first), pending or not: the caller asks the timer which still are.
+        Only exact matches: a longer key that starts with ``key + "\\0"`` is skipped."""
+        prefix = _pending_prefix(topic, key)
+        found: list[tuple[int, str]] = []
+        for k, v in self._kv.scan(prefix):
+            if len(k) == len(prefix) + _U64.size:
+                found.append((_U64.unpack_from(k, len(prefix))[0], v.decode()))
         return found[-limit:]
 
     def close(self) -> None:

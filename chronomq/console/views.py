@@ -32,6 +32,7 @@ from timer.service import LATENESS_BOUNDS_MS
 PAGE = 50
 MAX_PAGE = 1_000_000
 MAX_PREVIEW = 512  # body bytes shown
+LOOKUP_LIMIT = 64  # messages a lookup by key shows (delivered, then pending)
 OVERVIEW_SCHEDULE_AGE_MS = 30_000  # the overview's pending count: a scan at most this often
 REDRIVE_ID = "redrive-"  # + the dead letter's id: the redriven copy's client-chosen id
 
@@ -62,6 +63,16 @@ def message_dict(m: Message, due_ms: int | None = None) -> dict[str, Any]:
             "store_at_ms": m.store_at_ms, "deliver_at_ms": m.deliver_at_ms,
             "delivery_attempt": m.delivery_attempt, "body_bytes": len(m.body),
             "body_preview": text, "body_binary": binary, "pending_due_ms": due_ms}
+
+
+def pending_stub(message_id: str, topic: str, key: str, due_ms: int) -> dict[str, Any]:
+    """A pending message whose stored record cannot be read here (local retention took
+    it; the timer keeps its own copy): what the index and the timer know."""
+    return {"message_id": message_id, "topic": topic, "queue_id": "-", "queue_offset": "-",
+            "key": key, "tag": "", "properties": {}, "born_at_ms": None,
+            "store_at_ms": None, "deliver_at_ms": due_ms, "delivery_attempt": 0,
+            "body_bytes": 0, "body_preview": "(held by the timer; not readable here)",
+            "body_binary": False, "pending_due_ms": due_ms}
 
 
 class ConsoleViews:
@@ -169,9 +180,20 @@ class ConsoleViews:
         check_name(topic)
         if not key or len(key) > 1024:
             raise InvalidArgument("give a key of at most 1,024 characters")
-        found = self.broker.query_by_key(topic, key, 64)
-        return {"messages": [message_dict(m, self.broker.timer.pending_due(m.message_id))
-                             for m in found]}
+        b = self.broker
+        found = b.query_by_key(topic, key, LOOKUP_LIMIT)
+        rows = [message_dict(m, b.timer.pending_due(m.message_id)) for m in found]
+        seen = {m.message_id for m in found}
+        # pending ones: the index's delayed records with this key that the timer still holds
+        for _offset, mid in b.store.index.pending_by_key(topic, key, LOOKUP_LIMIT):
+            due = b.timer.pending_due(mid) if mid not in seen else None
+            if due is None:
+                continue  # delivered (then found above), cancelled, or a duplicate entry
+            seen.add(mid)
+            record = [m for m in b.query_by_message_id(mid) if m.topic == topic and m.key == key]
+            rows.append(message_dict(record[-1], due) if record else
+                        pending_stub(mid, topic, key, due))
+        return {"messages": rows}
 
     def dead_letters(self, group: str, topic: str, page: int) -> dict[str, Any]:
         """One page of ``group``'s dead letters of ``topic``, newest first, each with

@@ -167,3 +167,35 @@ def test_hostile_requests_never_break_the_console(
     keep = getattr(browser, "keep", None)
     if keep and not (path == "/messages/cancel" and with_csrf and form.get("message_id") == keep):
         assert console.server.broker.timer.pending_due(keep) is not None
+
+
+def test_a_pending_message_is_found_by_its_key(console: RunningServer, browser: Browser) -> None:
+    """The common case of a delayed-message service: an order's time-out, found by the
+    order's key while it is still pending, then cancelled; a longer key that starts with
+    the same bytes and another topic's message of that key stay out of the answer."""
+    with console.client(token=TOKEN) as c:
+        c.create_topic("orders", 2)
+        c.create_topic("other", 1)
+        timeout = c.send_one("orders", b"time out order 42", key="order-42",
+                             delay_ms=1_800_000)
+        out = c.send([message("orders", b"now", key="order-42"),  # delivered at once
+                      message("orders", b"not this one", key="order-42\0x",
+                              delay_ms=600_000),
+                      message("other", b"nor this", key="order-42", delay_ms=600_000)])
+        assert all(o.ok for o in out)
+    assert console.server.broker.store.wait_visible(10)
+    browser.login()
+    found = json.loads(browser.get("/api/messages?topic=orders&key=order-42")[2])["messages"]
+    assert sorted((m["body_preview"], m["pending_due_ms"] is not None) for m in found) == [
+        ("now", False), ("time out order 42", True)]
+    (pending,) = [m for m in found if m["pending_due_ms"] is not None]
+    assert pending["message_id"] == timeout and pending["key"] == "order-42"
+    assert pending["pending_due_ms"] == console.server.broker.timer.pending_due(timeout)
+    page = browser.get("/messages?topic=orders&key=order-42")[2]
+    assert 'id="cancel"' in page and "time out order 42" in page
+    status, _, answer = browser.post("/messages/cancel", {"csrf": browser.csrf,
+                                                           "message_id": timeout})
+    assert f"Cancel {timeout}: CANCELLED" in answer
+    assert status in (200, 303) and console.server.broker.timer.pending_due(timeout) is None
+    found = json.loads(browser.get("/api/messages?topic=orders&key=order-42")[2])["messages"]
+    assert [m["body_preview"] for m in found] == ["now"]  # cancelled: no longer listed
