@@ -13,7 +13,8 @@ a back-off (0.2 s doubling to 5 s).  Then each uploaded queue's metadata is writ
 the CommitLog offset of the oldest record not yet durable in the tier (the key index,
 ``tiered.index``, has persisted its entries by then).  Copies of the metadata go to the
 tier for a broker that mounts it read-only (``Mirror``); until a copy is in, Stats'
-position and upload lag count its queue's batch as not uploaded (what a mount sees).
+position and upload lag count its queue's batch as not uploaded (what a mount sees);
+at start every queue's copy is written again (a crash may have cut one off).
 After a crash it replays from the checkpoint, skipping queue offsets the tier has:
 nothing twice, nothing lost.  As a log reader of the store its checkpoint is
 ``rewind``-ed after a torn tail and guards local retention.  It reuses the records the
@@ -140,8 +141,10 @@ class TieredDispatcher:
         for topic in filter(lambda t: os.path.isdir(os.path.join(qdir, t)), os.listdir(qdir)):
             for name in fnmatch.filter(os.listdir(os.path.join(qdir, topic)), "*.json"):
                 with open(os.path.join(qdir, topic, name), encoding="utf-8") as f:
-                    qid = int(name[:-5])
-                    self._queues[(topic, qid)] = self._new_queue(topic, qid, f.read())
+                    qid, meta = int(name[:-5]), f.read()
+                self._queues[(topic, qid)] = self._new_queue(topic, qid, meta)
+                # its copy in the tier again: a crash may have cut the last one off
+                self._mirror.put(f"{self._broker}/meta/{topic}/{qid}.json", meta.encode())
         try:
             with open(os.path.join(self._meta_dir, "checkpoint"), encoding="utf-8") as f:
                 return int(f.read().strip())
@@ -299,7 +302,8 @@ class TieredDispatcher:
         with self._save_lock:
             for q, _, _ in done:
                 crashpoint("tier.after_upload")
-                self._save_queue(q, floor=self._checkpoint)
+                since = self._since.get((q.topic, q.queue_id), self._clock.monotonic_ms())
+                self._save_queue(q, floor=(self._checkpoint, since))
             self.index.persist()  # the open index file's entries, before the checkpoint
             with self._lock:
                 for q, records, size in done:
@@ -322,10 +326,11 @@ class TieredDispatcher:
                 with self._lock:
                     self._checkpoint = checkpoint
 
-    def _save_queue(self, q: TieredQueue, floor: int | None = None) -> None:
+    def _save_queue(self, q: TieredQueue, floor: tuple[int, float] | None = None) -> None:
         """Write ``q``'s metadata locally (the truth; the caller holds ``_save_lock``)
         and mark its copy in the tier due.  ``floor``: after an upload, the checkpoint
-        before it; until the copy is in the tier, a mount sees only what is below it."""
+        before it (until the copy is in the tier, a mount sees only what is below it) and
+        when the batch began buffering (``Mirror.put``)."""
         meta = q.to_json().encode()
         tdir = os.path.join(self._meta_dir, "queues", q.topic)
         os.makedirs(tdir, exist_ok=True)
@@ -383,28 +388,31 @@ class TieredDispatcher:
     # ------------------------------------------------------------------ health
 
     def statistics(self) -> TierStats:
-        """Counters and health.  ``position`` is what a reader of the tier (a mount)
-        sees: the checkpoint, or lower while a copy of uploaded queues' metadata is not
-        in the tier yet; ``upload_lag_s`` is the age of the record there, the oldest not
-        yet readable from the tier."""
+        """Counters and health, as a reader of the tier (a mount) sees it: ``position``
+        is the checkpoint, or lower while a copy of uploaded queues' metadata is not in
+        the tier yet; ``upload_lag_s`` is the age of the oldest record not yet readable
+        from the tier (at the checkpoint, or of a batch whose copy is missing)."""
         floor = self._mirror.floor()
         with self._lock:
-            queues, position = list(self._queues.values()), self._checkpoint
-            if floor is not None:
-                position = min(position, floor)
-            stats = TierStats(position, self._uploaded_records, self._uploaded_bytes,
+            queues, checkpoint = list(self._queues.values()), self._checkpoint
+            stats = TierStats(checkpoint, self._uploaded_records, self._uploaded_bytes,
                               self._batches, self._failed, len(queues), len(self.index.files),
                               self._expired, self._reused, last_upload_ms=self._last_upload_ms,
                               consecutive_failures=self._consecutive)
-        lag_bytes, lag_s = self._store.commitlog.confirmed_offset - position, 0.0
-        if lag_bytes > 0:
+        position, lag_s = checkpoint, 0.0
+        if checkpoint < self._store.commitlog.confirmed_offset:
             try:
-                head = self._store.commitlog.read(position, 32 + _STORE_AT.size)
+                head = self._store.commitlog.read(checkpoint, 32 + _STORE_AT.size)
                 lag_s = max(0.0, (self._clock.now_ms() - _STORE_AT.unpack_from(head, 32)[0])
                             / 1000)
             except (StoreError, OSError):  # passed meanwhile (a rewind, a roll): unknown
                 pass
-        return dataclasses.replace(stats, upload_lag_bytes=max(0, lag_bytes), upload_lag_s=lag_s,
+        if floor is not None:  # (local retention may have taken the record at the floor)
+            position = min(position, floor[0])
+            lag_s = max(lag_s, (self._clock.monotonic_ms() - floor[1]) / 1000)
+        lag_bytes = self._store.commitlog.confirmed_offset - position
+        return dataclasses.replace(stats, position=position, upload_lag_bytes=max(0, lag_bytes),
+                                   upload_lag_s=lag_s,
                                    damaged_objects=sum(q.damaged_objects for q in queues))
 
     # ------------------------------------------------------------------ reads

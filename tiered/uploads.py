@@ -103,21 +103,27 @@ class Mirror:
         self._lock = threading.Lock()
         self._due: dict[str, bytes] = {}  # path -> latest content not yet in the tier
         self._writing: dict[str, Upload] = {}  # path -> its write in flight (owner)
-        self._floors: dict[str, int] = {}  # path -> see ``put``
+        self._floors: dict[str, tuple[int, float]] = {}  # path -> see ``put``
 
-    def put(self, path: str, data: bytes, floor: int | None = None) -> None:
-        """``floor``: a CommitLog offset below which a reader of the tier (a mount) sees
-        everything this copy covers even while it is not in the tier yet (the offset the
-        tier's checkpoint had when the copy was made); what is above waits for the copy."""
+    def put(self, path: str, data: bytes, floor: tuple[int, float] | None = None) -> None:
+        """``floor``: (a CommitLog offset below which a reader of the tier, a mount, sees
+        everything this copy covers even while it is not in the tier yet: the tier's
+        checkpoint when the copy was made; when the oldest record that waits for the copy
+        arrived, monotonic ms)."""
         with self._lock:
             self._due[path] = data
             if floor is not None:
-                self._floors[path] = min(floor, self._floors.get(path, floor))
+                old = self._floors.get(path, floor)
+                self._floors[path] = (min(floor[0], old[0]), min(floor[1], old[1]))
 
-    def floor(self) -> int | None:
-        """The lowest floor of the copies not in the tier yet (None: all are in)."""
+    def floor(self) -> tuple[int, float] | None:
+        """The lowest offset and the oldest arrival among the copies not in the tier yet
+        (None: all are in)."""
         with self._lock:
-            return min(self._floors.values(), default=None)
+            if not self._floors:
+                return None
+            return (min(f[0] for f in self._floors.values()),
+                    min(f[1] for f in self._floors.values()))
 
     def sync(self, deadline_s: float) -> int:
         """Start a write of each due copy whose path has none in flight and wait for the

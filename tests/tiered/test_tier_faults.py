@@ -458,6 +458,8 @@ def test_the_upload_lag_counts_metadata_copies_a_mount_has_not_got(env: Env) -> 
     assert stats.position == before  # what a mount sees stops at the first batch
     assert stats.upload_lag_bytes == env.store.commitlog.confirmed_offset - before > 0
     assert stats.failed_uploads >= 4  # each queue's copy, counted
+    env.clock.advance(2500)
+    assert env.tier.statistics().upload_lag_s >= 2.5  # the batch's age, though uploaded
     # the copies are written again at the next commit, even with nothing new to upload
     env.faulty.refuse = ""
     env.tier.commit()
