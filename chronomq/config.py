@@ -150,6 +150,7 @@ class ConsoleConfig:
     port: int = 7602  # 0: off
     actions: bool = False  # cancel, reschedule and redrive from the console
     session_ttl_s: int = 43_200  # an idle login lasts this long
+    refresh_s: float = 5.0  # pages update their live parts and charts this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +226,8 @@ class BrokerConfig:
                            ("console.port", self.console.port)):
             if not 0 <= port <= 65535:
                 raise InvalidArgument(f"{name} must be a port number (0 to 65535)")
+        if not 0.1 <= self.console.refresh_s <= 3600:
+            raise InvalidArgument("console.refresh_s must be from 0.1 to 3600")
         if self.console.session_ttl_s <= 0:
             raise InvalidArgument("console.session_ttl_s must be positive")
         if bool(self.server.tls_cert_file) != bool(self.server.tls_key_file):

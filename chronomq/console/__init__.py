@@ -46,6 +46,6 @@ def open_console(config: BrokerConfig, broker: Broker, servicer: BrokerServicer,
     sampler.sample()
     console = Console(ConsoleViews(broker, sampler, totals), ConsoleActions(servicer, broker),
                       Sessions(config.server.auth_token, config.console.session_ttl_s),
-                      config.console.actions)
+                      config.console.actions, config.console.refresh_s)
     port, stop = start_console(config.server.host, config.console.port, console)
     return port, sampler, stop

@@ -39,7 +39,8 @@ def size(n: float) -> str:
     return str(n)
 
 
-def layout(title: str, active: str, body: str, csrf: str, actions: bool) -> str:
+def layout(title: str, active: str, body: str, csrf: str, actions: bool,
+           refresh_ms: int = 5000) -> str:
     nav = "".join(f'<a href="{href}"{" class=on" if href == active else ""}>{e(name)}</a>'
                   for href, name in NAV)
     mode = "actions on" if actions else "read-only"
@@ -52,7 +53,7 @@ def layout(title: str, active: str, body: str, csrf: str, actions: bool) -> str:
 <link rel="stylesheet" href="/static/console.css">
 <script src="/static/uplot/uPlot.iife.min.js" defer></script>
 <script src="/static/console.js" defer></script>
-</head><body>
+</head><body data-refresh-ms="{int(refresh_ms)}">
 <header><strong>chronomq</strong><nav>{nav}</nav><span class="mode">{mode}</span>
 <form method="post" action="/logout"><input type="hidden" name="csrf" value="{e(csrf)}">
 <button>Log out</button></form></header>

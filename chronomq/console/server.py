@@ -63,11 +63,12 @@ class Console:
     """What the handler threads share: views, actions, sessions and the settings."""
 
     def __init__(self, views: ConsoleViews, actions: ConsoleActions, sessions: Sessions,
-                 actions_on: bool) -> None:
+                 actions_on: bool, refresh_s: float = 5.0) -> None:
         self.views = views
         self.actions = actions
         self.sessions = sessions
         self.actions_on = actions_on
+        self.refresh_ms = round(refresh_s * 1000)
         self.static = {}
         for name, (path, ctype) in STATIC.items():
             with open(os.path.join(_STATIC_DIR, path), "rb") as f:
@@ -141,7 +142,8 @@ class Handler(BaseHTTPRequestHandler):
     def _page(self, title: str, path: str, body: str, session: Session,
               status: int = 200, headers: dict[str, str] | None = None) -> None:
         self._html(status, pages.layout(title, path, body, session.csrf,
-                                        self.console.actions_on), headers)
+                                        self.console.actions_on, self.console.refresh_ms),
+                   headers)
 
     # ------------------------------------------------------------------ entry points
 

@@ -25,9 +25,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def console_server(data: Path, token: str = TOKEN, actions: bool = True) -> RunningServer:
+def console_server(data: Path, token: str = TOKEN, actions: bool = True,
+                   refresh_s: float = 5.0) -> RunningServer:
     config = broker_config(data, auth_token=token)
-    config = replace(config, console=ConsoleConfig(port=free_port(), actions=actions))
+    config = replace(config, console=ConsoleConfig(port=free_port(), actions=actions,
+                                                   refresh_s=refresh_s))
     return RunningServer(config)
 
 

@@ -34,6 +34,7 @@ from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import (  # noqa: E402
     NoSuchElementException,
     StaleElementReferenceException,
+    TimeoutException,
 )
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -78,6 +79,26 @@ def text(d: webdriver.Chrome, css: str) -> str:
     return str(wait(d).until(lambda drv: drv.find_element(By.CSS_SELECTOR, css).text))
 
 
+def shows(d: webdriver.Chrome, css: str, needle: str) -> str:
+    """Wait until the element ``css`` matches shows ``needle`` (the answer to a click has
+    replaced the page that was there: the previous answer may still be showing)."""
+    def showing(drv: webdriver.Chrome) -> str | None:
+        found = str(drv.find_element(By.CSS_SELECTOR, css).text)
+        return found if needle in found else None
+    try:
+        return str(wait(d).until(showing))
+    except TimeoutException:
+        raise AssertionError(f"{css} never showed {needle!r}: {text(d, css)!r}") from None
+
+
+def at(d: webdriver.Chrome, url: str) -> None:
+    """Wait until the browser has navigated to ``url``."""
+    try:
+        wait(d).until(lambda drv: drv.current_url == url)
+    except TimeoutException:
+        raise AssertionError(f"at {d.current_url}, not {url}") from None
+
+
 def drawn(d: webdriver.Chrome, chart: str) -> None:
     wait(d).until(lambda drv: drv.find_element(By.ID, chart).get_attribute("data-drawn") == "1")
 
@@ -119,7 +140,9 @@ def login(d: webdriver.Chrome, base: str, token: str) -> None:
 
 
 def test_an_operator_session(driver: webdriver.Chrome, tmp_path: Path) -> None:
-    server = console_server(tmp_path / "data")
+    """With the live parts refreshed every 0.15 s, so that refreshes meet the clicks (under
+    load, a box ticked while a refresh was out was swapped away before Redrive)."""
+    server = console_server(tmp_path / "data", refresh_s=0.15)
     base = f"http://127.0.0.1:{server.server.console_port}"
     try:
         _operator_session(driver, server, base)
@@ -144,10 +167,10 @@ def _operator_session(d: webdriver.Chrome, server: RunningServer, base: str) -> 
 
     # refused without the token
     login(d, base, "not-the-token")
-    assert "not the broker" in text(d, "#login-error")
+    shows(d, "#login-error", "not the broker")
     # logged in: the cookie cannot be read by scripts and is not sent cross-site
     login(d, base, TOKEN)
-    assert text(d, "h1") == "Overview"
+    assert shows(d, "h1", "Overview") == "Overview"
     (cookie,) = d.get_cookies()
     assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
     assert text(d, "#fig-topics") == str(len(topics)) == "3"
@@ -180,15 +203,15 @@ def _operator_session(d: webdriver.Chrome, server: RunningServer, base: str) -> 
     d.get(base + "/messages")
     type_in(d, "#q-id", later)
     click(d, "#lookup")
-    assert "pending, due" in text(d, ".message .state")
+    shows(d, ".message .state", "pending, due")
     shot(d, "messages")
     type_in(d, "#delay-s", "7200")
     click(d, "#reschedule")
-    assert f"Reschedule {later}: RESCHEDULED" in text(d, "#result")
+    shows(d, "#result", f"Reschedule {later}: RESCHEDULED")
     due = server.server.broker.timer.pending_due(later)
     assert due is not None and due > server.server.broker.clock.now_ms() + 7_000_000
     click(d, "#cancel")
-    assert text(d, "#result") == f"Cancel {later}: CANCELLED"
+    assert shows(d, "#result", f"Cancel {later}: CANCELLED") == f"Cancel {later}: CANCELLED"
     assert server.server.broker.timer.pending_due(later) is None
     d.get(base + f"/messages?id={later}")
     assert d.find_elements(By.ID, "cancel") == []  # no longer pending: nothing to cancel
@@ -196,23 +219,24 @@ def _operator_session(d: webdriver.Chrome, server: RunningServer, base: str) -> 
     # the dead letter: browse the group's DLQ, send it back, and not twice
     d.get(base + "/groups")
     click(d, "#groups-table a")
+    wait(d).until(lambda drv: drv.find_elements(By.CSS_SELECTOR, "#dlq-table tbody tr"))
     (row,) = rows(d, "#dlq-table tbody tr")
     assert dead_id in row and "bad total" in row
     shot(d, "dead-letters")
     click(d, "#dlq-table input[type=checkbox]")
     click(d, "#redrive")
-    assert "offset 0: sent" in text(d, "#result")
+    shows(d, "#result", "offset 0: sent")
     with server.client(token=TOKEN) as c:
         back = c.pop("orders", "billing", max_messages=8, invisible_time_s=60)
         redriven = [m for m in back if m.properties.get("chronomq.redriven_from") == dead_id]
         assert len(redriven) == 1 and redriven[0].body == got[3].body
     click(d, "#dlq-table input[type=checkbox]")
     click(d, "#redrive")
-    assert "offset 0: duplicate" in text(d, "#result")
+    shows(d, "#result", "offset 0: duplicate")
 
     # logged out: back to the login form
     click(d, "header form button")
-    assert d.current_url == base + "/login"
+    at(d, base + "/login")
 
 
 def test_read_only_console_in_the_browser(driver: webdriver.Chrome, tmp_path: Path) -> None:
@@ -225,7 +249,7 @@ def test_read_only_console_in_the_browser(driver: webdriver.Chrome, tmp_path: Pa
         login(driver, base, TOKEN)
         assert "read-only" in text(driver, "header .mode")
         driver.get(base + f"/messages?id={mid}")
-        assert "pending, due" in text(driver, ".message .state")
+        shows(driver, ".message .state", "pending, due")
         assert driver.find_elements(By.ID, "cancel") == []
         assert driver.find_elements(By.ID, "reschedule") == []
     finally:

@@ -2,7 +2,7 @@
 // No framework and no build step; served as a static file by the broker.
 (function () {
   "use strict";
-  var REFRESH_MS = 5000;
+  var REFRESH_MS = 5000;  // unless the page says otherwise (console.refresh_s)
 
   function get(url, as) {
     return fetch(url, { credentials: "same-origin", headers: { "Accept": as } })
@@ -10,12 +10,19 @@
   }
 
   // A live part is re-rendered by the server (/part/...) and swapped in, unless the
-  // operator is busy in it (a focused field, a ticked box).
+  // operator is busy in it (a focused field, a ticked box), asked again when the answer
+  // arrives: a box ticked while the request was out is kept.
+  function busy(el) {
+    return el.contains(document.activeElement) || el.querySelector("input:checked") !== null;
+  }
   function refreshParts() {
     document.querySelectorAll(".live[data-src]").forEach(function (el) {
-      if (el.contains(document.activeElement) || el.querySelector("input:checked")) { return; }
+      if (busy(el)) { return; }
       get(el.dataset.src, "text/html").then(function (r) { return r.text(); })
-        .then(function (html) { el.innerHTML = html; el.dataset.refreshed = Date.now(); })
+        .then(function (html) {
+          if (busy(el)) { return; }
+          el.innerHTML = html; el.dataset.refreshed = Date.now();
+        })
         .catch(function () { el.classList.add("stale"); });
     });
   }
@@ -90,6 +97,7 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     refreshCharts();
-    setInterval(tick, REFRESH_MS);
+    var every = parseInt(document.body.dataset.refreshMs, 10);
+    setInterval(tick, every > 0 ? every : REFRESH_MS);
   });
 })();
