@@ -50,12 +50,9 @@ def _dedupe_key(topic: str, message_id: str) -> bytes:
     return b"d" + topic.encode() + b"\0" + message_id.encode()
 
 
-def _key_prefix(topic: str, key: str) -> bytes:
-    return b"k" + topic.encode() + b"\0" + key.encode() + b"\0"
-
-
-def _pending_prefix(topic: str, key: str) -> bytes:
-    return b"p" + topic.encode() + b"\0" + key.encode() + b"\0"
+def _key_prefix(topic: str, key: str, kind: bytes = b"k") -> bytes:
+    """``kind``: b"k" for records in their topic, b"p" for delayed records when stored."""
+    return kind + topic.encode() + b"\0" + key.encode() + b"\0"
 
 
 class KeyIndex:
@@ -84,7 +81,7 @@ class KeyIndex:
                 puts.append((_dedupe_key(r.topic, r.message_id), _U64.pack(r.store_at_ms)))
             if r.flags & FLAG_DELAYED:
                 if r.key:
-                    puts.append((_pending_prefix(r.topic, r.key) + _U64.pack(r.commit_offset),
+                    puts.append((_key_prefix(r.topic, r.key, b"p") + _U64.pack(r.commit_offset),
                                  r.message_id.encode()))
                 continue  # indexed by location when the timer delivers it
             if r.flags & FLAG_FOREIGN_ID:  # broker-assigned ids locate themselves
@@ -131,7 +128,7 @@ class KeyIndex:
         """(commit offset, message id) of the newest ``limit`` delayed messages stored with
         ``key`` (oldest first), pending or not: the caller asks the timer which still are.
         Only exact matches: a longer key that starts with ``key + "\\0"`` is skipped."""
-        prefix = _pending_prefix(topic, key)
+        prefix = _key_prefix(topic, key, b"p")
         found: list[tuple[int, str]] = []
         for k, v in self._kv.scan(prefix):
             if len(k) == len(prefix) + _U64.size:

@@ -144,7 +144,7 @@ class TieredDispatcher:
                     qid, meta = int(name[:-5]), f.read()
                 self._queues[(topic, qid)] = self._new_queue(topic, qid, meta)
                 # its copy in the tier again: a crash may have cut the last one off
-                self._mirror.put(f"{self._broker}/meta/{topic}/{qid}.json", meta.encode())
+                self._mirror.put(self._meta_copy(topic, qid), meta.encode())
         try:
             with open(os.path.join(self._meta_dir, "checkpoint"), encoding="utf-8") as f:
                 return int(f.read().strip())
@@ -335,7 +335,11 @@ class TieredDispatcher:
         tdir = os.path.join(self._meta_dir, "queues", q.topic)
         os.makedirs(tdir, exist_ok=True)
         write_atomic(os.path.join(tdir, f"{q.queue_id}.json"), meta)
-        self._mirror.put(f"{self._broker}/meta/{q.topic}/{q.queue_id}.json", meta, floor)
+        self._mirror.put(self._meta_copy(q.topic, q.queue_id), meta, floor)
+
+    def _meta_copy(self, topic: str, qid: int) -> str:
+        """Where the tier keeps the copy of a queue's metadata (what a mount reads)."""
+        return f"{self._broker}/meta/{topic}/{qid}.json"
 
     # ------------------------------------------------------------------ retention
 
