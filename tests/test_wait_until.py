@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -13,7 +14,7 @@ from tests.conftest import wait_until
 
 
 def test_returns_the_first_true_answer_as_soon_as_it_comes() -> None:
-    answers = iter([0, [], None, "ready", "later"])
+    answers: Iterator[object] = iter([0, [], None, "ready", "later"])
     assert wait_until(lambda: next(answers), 5, "an answer", poll_s=0.001) == "ready"
 
 

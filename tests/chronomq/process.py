@@ -84,9 +84,15 @@ class ServerProcess:
 def wait_tier_caught_up(client: Any, timeout_s: float = 60.0, poll_s: float = 0.05) -> float:
     """Wait until the broker's tier holds everything in its CommitLog (Stats
     ``tier.lag_bytes`` is 0); returns the seconds it took, fails after ``timeout_s``."""
+    from tests.conftest import wait_until  # here: the benchmarks import this module too
+
     t0 = time.monotonic()
-    while client.stats()["tier.lag_bytes"] > 0:
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"the tier did not catch up within {timeout_s} s")
-        time.sleep(poll_s)
+    lag: list[float] = []
+
+    def caught_up() -> bool:
+        lag[:] = [client.stats()["tier.lag_bytes"]]
+        return lag[0] <= 0
+
+    wait_until(caught_up, timeout_s, "the tier to catch up (Stats tier.lag_bytes 0)",
+               show=lambda: f"tier.lag_bytes {lag[0]:.0f}", poll_s=poll_s)
     return time.monotonic() - t0

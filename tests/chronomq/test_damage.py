@@ -19,7 +19,6 @@ process in ``tests/store/test_damage.py``.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import pytest
 from chronomq.client import ChronomqClient, message
 from store.message import HEADER
 from tests.chronomq.process import ServerProcess, wait_tier_caught_up
+from tests.conftest import wait_until
 
 TOPIC = "t"
 
@@ -44,19 +44,18 @@ def _send(c: ChronomqClient, n: int, tag: str) -> list[str]:
 
 
 def _drain(c: ChronomqClient, group: str, expect: int = 0, timeout_s: float = 5.0) -> list[str]:
-    """Pop and ack until the topic is empty for ``group`` (and at least ``expect``
-    messages came, or the timeout passed); each message comes once."""
+    """Pop and ack until the topic is empty for ``group`` and at least ``expect``
+    messages came (fails after ``timeout_s``); each message comes once."""
     got: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while True:
-        batch = c.pop(TOPIC, group, max_messages=32, invisible_time_s=300, wait_ms=0)
-        if batch:
+
+    def drained() -> bool:
+        while batch := c.pop(TOPIC, group, max_messages=32, invisible_time_s=300, wait_ms=0):
             assert not any(c.ack(group, [m.receipt_handle for m in batch]))
-            got += [m.message_id for m in batch]
-            continue
-        if len(got) >= expect or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+            got.extend(m.message_id for m in batch)
+        return len(got) >= expect
+
+    wait_until(drained, timeout_s, f"{expect} messages for group {group}",
+               show=lambda: f"{len(got)} came", poll_s=0.05)
     assert len(got) == len(set(got)), "a message came twice"
     return got
 
@@ -71,17 +70,6 @@ def _stop(srv: ServerProcess, how: str) -> None:
         srv.kill9()
     else:
         assert srv.terminate() == 0
-
-
-def _wait_output(srv: ServerProcess, found: Callable[[str], bool], timeout_s: float = 5.0
-                 ) -> list[str]:
-    """The server's output lines that ``found`` accepts (waits for one to appear)."""
-    deadline = time.monotonic() + timeout_s
-    while not (lines := [line for line in list(srv.output) if found(line)]):
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    return lines
 
 
 @pytest.fixture
@@ -185,7 +173,10 @@ def test_a_damaged_record_is_skipped_and_reported(data: Path, field: str, stop: 
             new = _send(c, 3, "new")
             assert sorted(_drain(c, "g", expect=3)) == sorted(new)
             # ... and the damage is reported: the file and the offset, and a figure
-            lines = _wait_output(srv, lambda line: "damaged record" in line)
+            lines = wait_until(
+                lambda: [line for line in list(srv.output) if "damaged record" in line], 5,
+                'a "damaged record" line in the server\'s output',
+                show=lambda: "".join(srv.output[-10:]))
             assert any("ERROR" in line and seg.name in line and str(start) in line
                        for line in lines), "".join(srv.output)
             assert c.stats().get("store.damaged_records", 0) >= 1
@@ -211,11 +202,9 @@ def test_a_missing_checkpoint_loses_nothing_acked(data: Path, tmp_path: Path,
     with c:
         assert sorted(_drain(c, "g", expect=20)) == sorted(sent)
         wait_tier_caught_up(c, timeout_s=10)
-        deadline = time.monotonic() + 10
-        while not all((data / p).exists() for p in CHECKPOINTS):  # the periodic flushes
-            assert time.monotonic() < deadline, [p for p in CHECKPOINTS
-                                                 if not (data / p).exists()]
-            time.sleep(0.05)
+        wait_until(lambda: all((data / p).exists() for p in CHECKPOINTS), 10,
+                   "the periodic flushes to write every checkpoint file",
+                   show=lambda: [p for p in CHECKPOINTS if not (data / p).exists()])
     # When the server is killed and one checkpoint file is lost
     srv.kill9()
     os.remove(data / checkpoint)

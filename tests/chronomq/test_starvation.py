@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.config import PopConfig
 from chronomq.v1 import broker_pb2 as pb
-from tests.conftest import RunningServer, broker_config
+from tests.conftest import RunningServer, broker_config, wait_until
 
 STREAMS, POLLS = 24, 24
 
@@ -54,8 +54,12 @@ def test_idle_streams_and_long_polls_leave_room_for_short_calls(tmp_path: Path) 
                 topic="idle", group="p", max_messages=1, invisible_time_s=30,
                 wait_ms=60_000), timeout=90))
         assert all(ev.wait(10) for ev in opened)
-        _wait_for(lambda: _stat(server, "rpc.open_streams") == STREAMS)
-        _wait_for(lambda: _stat(server, "rpc.parked_long_polls") == POLLS)
+        wait_until(lambda: _stat(server, "rpc.open_streams") == STREAMS, 10,
+                   f"{STREAMS} open streams", show=lambda: _stat(server, "rpc.open_streams"),
+                   poll_s=0.05)
+        wait_until(lambda: _stat(server, "rpc.parked_long_polls") == POLLS, 10,
+                   f"{POLLS} parked long polls",
+                   show=lambda: _stat(server, "rpc.parked_long_polls"), poll_s=0.05)
         with server.client(timeout_s=5) as client:
             t0 = time.monotonic()
             assert client.send([message("work", b"still served")])[0].ok
@@ -93,10 +97,3 @@ def pb_grpc_stub(channel: grpc.Channel) -> object:
 def _stat(server: RunningServer, name: str) -> float:
     with ChronomqClient(server.target, timeout_s=5) as client:
         return client.stats().get(name, -1)
-
-
-def _wait_for(condition: object, timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"condition not reached: {condition.__doc__}"
-        time.sleep(0.05)

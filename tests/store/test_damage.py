@@ -19,8 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from store.errors import ChronomqError
 from store.message import HEADER, DispatchInfo, Message
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
+from tests.conftest import wait_until
 
 TOPIC = "t"
 QUEUES = 2
@@ -45,20 +44,13 @@ def _config(data: Path) -> StoreConfig:
     return StoreConfig(str(data), segment_bytes=3000, cq_entries_per_file=100)
 
 
-def _wait(done: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-    """Poll on the real clock (a manual clock never ends the store's own waits)."""
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 def _dispatched(s: MessageStore) -> None:
     assert s.dispatcher is not None
     dispatcher = s.dispatcher
-    _wait(lambda: dispatcher.dispatched_offset >= s.commitlog.confirmed_offset,
-          f"the dispatcher to reach {s.commitlog.confirmed_offset}")
+    # on the real clock: a manual clock never ends the store's own waits
+    wait_until(lambda: dispatcher.dispatched_offset >= s.commitlog.confirmed_offset, 5,
+               f"the dispatcher to reach {s.commitlog.confirmed_offset}",
+               show=lambda: f"dispatched to {dispatcher.dispatched_offset}")
 
 
 def _open(data: Path, clock: ManualClock) -> MessageStore:
@@ -100,7 +92,8 @@ def _build(root: Path, crashed: bool) -> Image:
     end = s.commitlog.confirmed_offset
     cq_checkpoint = OffsetCheckpoint(str(live / "checkpoint" / "consumequeue"))
     clock.advance(5_000)  # the dispatcher's periodic flush persists every position
-    _wait(lambda: cq_checkpoint.read() == end, "the consume-queue checkpoint")
+    wait_until(lambda: cq_checkpoint.read() == end, 5, f"the consume-queue checkpoint at {end}",
+               show=cq_checkpoint.read)
     image = root / "image"
     shutil.copytree(live, image)  # the files as a kill -9 at this moment leaves them
     s.stop()

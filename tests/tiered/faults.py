@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from tiered.errors import TierUnavailable
 from tiered.provider import Provider
@@ -14,7 +13,7 @@ class FaultyProvider:
     containing ``refuse`` while it is set.  After ``hold()`` a
     write blocks until ``release()`` and then succeeds: a late success; ``pass_new()``
     lets new writes through while those already held stay held.  ``held`` counts the
-    writes blocked now (``wait_held`` waits for some)."""
+    writes blocked now, ``writes`` those that reached the inner provider."""
 
     def __init__(self, inner: Provider, failures: int = 0) -> None:
         self.inner, self.failures, self.name = inner, failures, "faulty"
@@ -40,22 +39,6 @@ class FaultyProvider:
             for gate in self._gates:
                 gate.set()
             self._gates, self._gate = [], None
-
-    def wait_held(self, n: int, timeout_s: float = 10.0) -> None:
-        """Until ``n`` writes are blocked by ``hold()``."""
-        deadline = time.monotonic() + timeout_s
-        while self.held < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.held} writes held, {n} expected")
-            time.sleep(0.005)
-
-    def wait_writes(self, n: int, timeout_s: float = 10.0) -> None:
-        """Until ``n`` writes reached the inner provider."""
-        deadline = time.monotonic() + timeout_s
-        while self.writes < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.writes} writes done, {n} expected")
-            time.sleep(0.005)
 
     def write(self, path: str, data: bytes) -> None:
         with self._lock:

@@ -37,7 +37,7 @@ from store.message import Message, decode_record
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
 from tests.chronomq.process import ServerProcess, wait_tier_caught_up
-from tests.conftest import CREDS, create_bucket
+from tests.conftest import CREDS, create_bucket, wait_until
 from tests.tiered.faults import FaultyProvider
 from tests.tiered.proxy import FaultProxy
 from tiered.dispatcher import RETRY_MIN_MS, TieredConfig, TieredDispatcher
@@ -126,7 +126,8 @@ def test_a_held_upload_never_blocks_reads_stats_or_retention(env: Env) -> None:
     env.faulty.hold()
     committer = threading.Thread(target=env.tier.commit, name="test-commit")
     committer.start()
-    env.faulty.wait_held(8)  # four queues, two objects each
+    wait_until(lambda: env.faulty.held >= 8, 10, "8 writes held (4 queues, 2 objects each)",
+               show=lambda: f"{env.faulty.held} held")
     # Then: Pop's view of the tier, Stats and retention answer at once
     waits = [_timed(env.tier.queue, "t", 0), _timed(env.tier.min_queue_offset, "t", 1),
              _timed(env.tier.read, "t", 2, 0, 10), _timed(env.tier.statistics),
@@ -191,7 +192,8 @@ def test_retention_leaves_a_queue_alone_while_its_upload_is_in_flight() -> None:
             q.append(qo, _record(qo), 0, 5000)
         faulty.hold()
         ups = q.begin_commit()
-        faulty.wait_held(2)
+        wait_until(lambda: faulty.held >= 2, 10, "the upload's 2 writes held",
+                   show=lambda: f"{faulty.held} held")
         # When: retention would drop all that is committed (and so seal the segment
         # the upload goes to) while the upload is in flight
         assert q.expire_stored_before(2000) == []
@@ -216,7 +218,9 @@ def test_a_late_write_never_lands_over_a_newer_one() -> None:
         assert not ff.commit()  # not started while the first write may still land
         assert faulty.writes == 0
         faulty.release()
-        faulty.wait_writes(1)  # the late write landed: now the path is free
+        # the late write landed: now the path is free
+        wait_until(lambda: faulty.writes >= 1, 10, "the late write to land",
+                   show=lambda: f"{faulty.writes} writes")
         assert ff.commit() and faulty.writes == 2
     assert ff.read(0, 100) == b"aaaabbbb"
 
