@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from chronomq.client import ChronomqClient, RpcError, message
 from tests.chronomq.process import ServerProcess
+from tests.conftest import wait_until
 
 
 def _send_until_killed(target: str, acked: list[str], stop: threading.Event) -> None:
@@ -32,7 +32,7 @@ def _send_until_killed(target: str, acked: list[str], stop: threading.Event) -> 
 
 def kill_while_sending(srv: ServerProcess, at_least: int) -> list[str]:
     """Two SendStreams send to topic "crash" until ``at_least`` messages are
-    acknowledged (30 s at most), then the server is killed with SIGKILL while both are
+    acknowledged (fails after 30 s), then the server is killed with SIGKILL while both are
     busy; returns the acknowledged ids."""
     acked: list[str] = []
     stop = threading.Event()
@@ -40,13 +40,14 @@ def kill_while_sending(srv: ServerProcess, at_least: int) -> list[str]:
                for _ in range(2)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 30
-    while len(acked) < at_least and time.monotonic() < deadline:
-        time.sleep(0.01)
-    srv.kill9()
-    stop.set()
-    for t in threads:
-        t.join(30)
+    try:
+        wait_until(lambda: len(acked) >= at_least, 30, f"{at_least} acknowledged sends",
+                   show=lambda: len(acked))
+    finally:
+        srv.kill9()
+        stop.set()
+        for t in threads:
+            t.join(30)
     return acked
 
 

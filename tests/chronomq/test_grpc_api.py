@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -14,7 +13,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.v1 import broker_pb2 as pb
-from tests.conftest import RunningServer, broker_config
+from tests.conftest import RunningServer, broker_config, wait_until
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -138,7 +137,8 @@ def test_long_poll_wakes_on_send(client: ChronomqClient, server: RunningServer) 
 
     t = threading.Thread(target=consumer)
     t.start()
-    time.sleep(0.3)  # let the Pop park (the assertion below does not depend on timing)
+    wait_until(lambda: client.stats()["rpc.parked_long_polls"] == 1, 5, "the Pop to park",
+               show=lambda: client.stats()["rpc.parked_long_polls"])
     client.send_one("lp", b"wake")
     t.join(10)
     assert [m.body for m in result] == [b"wake"]

@@ -4,7 +4,6 @@ send that was answered OK is there after the restart, once."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -15,6 +14,7 @@ from chronomq.rocketmq_pb import definition as rd
 from chronomq.rocketmq_pb import service as rs
 from chronomq.rocketmq_pb import service_grpc
 from tests.chronomq.process import ServerProcess
+from tests.conftest import wait_until
 
 SETTINGS = ("rocketmq.enabled=true", "rocketmq.port=0")
 
@@ -49,14 +49,14 @@ def test_kill9_loses_no_acknowledged_send(tmp_path: Path) -> None:
                                                                stop)) for i in range(4)]
     for t in lanes:
         t.start()
-    deadline = time.monotonic() + 30
-    while len(acked) < 1000 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    srv.kill9()
-    stop.set()
-    for t in lanes:
-        t.join(30)
-    assert len(acked) >= 1000, "the senders never got going"
+    try:  # the senders got going
+        wait_until(lambda: len(acked) >= 1000, 30, "1000 acknowledged sends",
+                   show=lambda: len(acked))
+    finally:
+        srv.kill9()
+        stop.set()
+        for t in lanes:
+            t.join(30)
     srv = ServerProcess(data, *SETTINGS)
     try:
         with ChronomqClient(srv.target) as c:

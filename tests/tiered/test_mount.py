@@ -9,7 +9,6 @@ creates are refused; without the setting the topics are gone (unmounted)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import grpc
@@ -18,7 +17,7 @@ import pytest
 from chronomq.client import ChronomqClient, RpcError, message
 from tests.chronomq.process import ServerProcess, wait_tier_caught_up
 from tests.chronomq.test_cli_exit_codes import chronomq
-from tests.conftest import CREDS, create_bucket
+from tests.conftest import CREDS, create_bucket, wait_until
 
 
 def _tier(endpoint: str, bucket: str, name: str) -> list[str]:
@@ -52,9 +51,9 @@ def test_a_departed_brokers_tier_is_served_read_only(tmp_path: Path, s3_endpoint
             sent.update({o.message_id: (f"order-{b}-{i}".encode(), f"k{i % 5}",
                                         o.deliver_at_ms) for i, o in enumerate(out)})
         wait_tier_caught_up(c)
-        deadline = time.monotonic() + 30  # its key index sealed into the tier too
-        while c.stats()["tier.index_files"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: c.stats()["tier.index_files"] >= 1, 30,
+                   "its key index sealed into the tier (Stats tier.index_files >= 1)",
+                   show=lambda: c.stats()["tier.index_files"], poll_s=0.1)
     a.kill9()  # gone for good
 
     b_settings = [*_tier(s3_endpoint, bucket, "broker-b"), "store.node_id=2",
