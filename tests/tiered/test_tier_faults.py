@@ -343,19 +343,28 @@ class Traffic:
         with self._lock:
             return set(self.sent) - set(self.arrived[group])
 
+    def received(self, group: str, since: float) -> int:
+        """Messages whose Send began at ``since`` or later that the group received."""
+        with self._lock:
+            return sum(began >= since and mid in self.arrived[group]
+                       for mid, began in self.sent.items())
+
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop sending, wait (up to ``timeout_s``) until both groups have every acked
-        message, then stop consuming."""
+        """Stop sending, wait until both groups have every acked message (fails after
+        ``timeout_s``), then stop consuming."""
         self._producing.clear()
         self._threads[0].join(10)  # its last Send answered: ``sent`` is complete
-        deadline = time.monotonic() + timeout_s
-        while (self.missing("pop") or self.missing("sub")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self._stop.set()
-        if self._sub is not None:
-            self._sub.close()
-        for t in self._threads:
-            t.join(10)
+        try:
+            wait_until(lambda: not (self.missing("pop") or self.missing("sub")), timeout_s,
+                       "both groups to receive every acked message",
+                       show=lambda: {g: len(self.missing(g)) for g in ("pop", "sub")},
+                       poll_s=0.05)
+        finally:
+            self._stop.set()
+            if self._sub is not None:
+                self._sub.close()
+            for t in self._threads:
+                t.join(10)
 
 
 def _stats(target: str, timeout_s: float = 2.0) -> dict[str, float]:
@@ -365,6 +374,14 @@ def _stats(target: str, timeout_s: float = 2.0) -> dict[str, float]:
             return c.stats()
         except RpcError:
             return {}
+
+
+def _tier_failing(target: str) -> bool:
+    """The broker reports the tier failing: an upload failed and the oldest record not in
+    the tier waits longer than an upload time-out."""
+    s = _stats(target)
+    return bool(s) and s["tier.consecutive_failures"] >= 1 and \
+        s["tier.upload_lag_s"] > UPLOAD_TIMEOUT_S
 
 
 def _pop_all(c: ChronomqClient, topic: str, group: str) -> set[str]:
@@ -399,15 +416,26 @@ def test_a_failing_tier_never_slows_the_local_path(mode: str, tmp_path: Path,
         with ChronomqClient(srv.target) as c:
             c.create_topic("live", queue_count=4)
             traffic = Traffic(srv.target, "live")
-            time.sleep(0.5)  # warm-up: connections, the first uploads
-            # Given: normal latency, the tier healthy
+            # warm-up: connections, the first uploads
+            wait_until(lambda: traffic.received("pop", 0) and traffic.received("sub", 0)
+                       and c.stats()["tier.upload_batches"] >= 1, 10,
+                       "both groups to receive and the tier to take a first batch",
+                       show=lambda: (traffic.received("pop", 0), traffic.received("sub", 0),
+                                     c.stats()["tier.upload_batches"]))
+            # Given: normal latency, the tier healthy (a sample of 40 messages a group)
             t0 = time.monotonic()
-            time.sleep(1.0)
+            wait_until(lambda: min(traffic.received(g, t0) for g in ("pop", "sub")) >= 40, 10,
+                       "40 messages to each group at normal latency",
+                       show=lambda: [traffic.received(g, t0) for g in ("pop", "sub")])
             # When: S3 stalls (accepts, never answers) / resets / answers 503, for
             # longer than the upload time-out
             t1 = time.monotonic()
             proxy.set_mode(mode)
-            time.sleep(fault_s)
+            # the fault lasts fault_s on purpose (traffic meets the failing tier that
+            # long), and until the broker reports it
+            wait_until(lambda: time.monotonic() - t1 >= fault_s and _tier_failing(srv.target),
+                       fault_s + 20, "the broker to report the tier failing",
+                       show=lambda: _stats(srv.target), poll_s=0.1)
             during = _stats(srv.target)  # Stats itself answers at once
             t2 = time.monotonic()
             proxy.set_mode("pass")
@@ -435,10 +463,8 @@ def test_a_failing_tier_never_slows_the_local_path(mode: str, tmp_path: Path,
             assert after["tier.consecutive_failures"] == 0 and after["tier.upload_lag_s"] == 0
             assert after["tier.damaged_objects"] == 0
             # ... local retention drops what the tier holds, and a new group reads it back
-            deadline = time.monotonic() + 10
-            while c.stats()["commitlog.min_offset"] == 0:
-                assert time.monotonic() < deadline, "local retention never ran"
-                time.sleep(0.2)
+            wait_until(lambda: c.stats()["commitlog.min_offset"] > 0, 10,
+                       "local retention to run (Stats commitlog.min_offset > 0)", poll_s=0.2)
             assert set(traffic.sent) <= _pop_all(c, "live", "late")
             assert c.stats()["tier.cache_fetches"] > 0  # read from the tier
     finally:
