@@ -19,7 +19,7 @@ from chronomq.replay_sink import GrpcReplaySink
 from spark.datasource import TierLocation
 from spark.jobs import export, replay, select
 from tests.chronomq.process import wait_tier_caught_up
-from tests.conftest import RunningServer, broker_config, tier_config
+from tests.conftest import RunningServer, broker_config, tier_config, wait_until
 from tiered.scan import Selection
 
 
@@ -29,6 +29,18 @@ def _server(kind: str, tmp_path: Path, request: pytest.FixtureRequest
     tier = tier_config(kind, tmp_path, request, "replay", **fast)
     config = dataclasses.replace(broker_config(tmp_path / "data"), tier=tier)
     return RunningServer(config), TierLocation.from_tier(tier, config.tier_local_dir())
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000  # the clock the broker stamps store times with
+
+
+def _next_ms() -> int:
+    """The first wall-clock millisecond after now: every message stored so far (its Send
+    answered) has a store time before it, every one sent from now on one at or after."""
+    sent_by_ms = _now_ms()
+    return wait_until(lambda: (now := _now_ms()) > sent_by_ms and now, 1,
+                      f"the clock to pass {sent_by_ms} ms", poll_s=0.001)
 
 
 def _drain(c: ChronomqClient, topic: str, group: str) -> list[str]:
@@ -52,13 +64,11 @@ def test_replay_delivers_exactly_the_selection_once(
             c.create_topic("replayed")
             early = [o.message_id for o in c.send(
                 [message("orders", f"early-{i}".encode(), key=f"k{i % 3}") for i in range(30)])]
-            time.sleep(0.05)
-            start_ms = int(time.time() * 1000)
+            start_ms = _next_ms()
             window = c.send([message("orders", f"in-{i}".encode(), key=f"k{i % 3}",
                                      properties={"n": str(i)}) for i in range(60)])
             c.send([message("other", b"not selected", key="k1")])
-            time.sleep(0.05)
-            end_ms = int(time.time() * 1000)
+            end_ms = _next_ms()
             c.send([message("orders", b"late", key="k1")])
             wait_tier_caught_up(c)
             wanted = {o.message_id for o, i in zip(window, range(60), strict=True)
@@ -91,7 +101,10 @@ def test_spread_retimes_deliveries(spark: SparkSession, tmp_path: Path,
             c.create_topic("orders")
             c.create_topic("later")
             first = c.send([message("orders", f"a{i}".encode()) for i in range(5)])
-            time.sleep(0.1)
+            # the span spread stretches: the second batch stored 0.1 s after the first
+            # (real time on purpose: the broker stamps store times on its system clock)
+            wait_until(lambda: _now_ms() >= first[0].deliver_at_ms + 100, 5,
+                       "0.1 s of store time after the first batch", poll_s=0.005)
             c.send([message("orders", f"b{i}".encode()) for i in range(5)])
             wait_tier_caught_up(c)
             df = select(spark, location, Selection(frozenset({"orders"})))
