@@ -21,6 +21,7 @@ from rocketmq import (
 )
 from rocketmq.v5.exception import BadRequestException, NotFoundException
 
+from tests.conftest import wait_until
 from tests.rocketmq.conftest import RocketMQEnv
 
 DELAY = 3  # rocketmq MessageType.DELAY
@@ -213,9 +214,9 @@ def test_push_consumer(rmq: RocketMQEnv, producer: Producer) -> None:
     c.startup()
     try:
         sent = sorted(producer.send(_message(f"p{i}".encode())).message_id for i in range(20))
-        deadline = time.monotonic() + 30
-        while len(listener.seen) < len(sent) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(listener.seen) >= len(sent), 30,
+                   f"{len(sent)} messages to the push consumer", show=lambda: len(listener.seen),
+                   poll_s=0.05)
         assert sorted(listener.seen) == [(mid, 1) for mid in sent]
     finally:
         c.shutdown()

@@ -9,7 +9,7 @@ import pytest
 
 from chronomq.client import ChronomqClient, message
 from tests.chronomq.process import ServerProcess
-from tests.conftest import CREDS, RunningServer, create_bucket
+from tests.conftest import CREDS, RunningServer, create_bucket, wait_until
 
 
 def _now_ms() -> int:
@@ -54,10 +54,10 @@ def test_sigkill_with_pending_and_delivering_timers(tmp_path: Path) -> None:
             out = c.send([message("k", f"{b}-{i}".encode(), deliver_at_ms=due)
                           for i in range(100)])
             ids.update({o.message_id: due for o in out})
-    # When the broker is killed while some are delivered, some are being delivered, and
-    # the rest are pending
-    while _now_ms() < start + 1500:
-        time.sleep(0.01)
+        # When the broker is killed while some are delivered (the first instant's 500 and
+        # more), some are being delivered, and the rest are pending
+        wait_until(lambda: c.stats()["timer.delivered"] >= 600, 30, "600 timers delivered",
+                   show=lambda: c.stats()["timer.delivered"])
     srv.kill9()
     srv = ServerProcess(data)
     try:
@@ -106,10 +106,10 @@ def test_far_future_through_flat_files_survives_kill9(tmp_path: Path, tier: str,
         out = c.send([message("far", f"{i}".encode(), deliver_at_ms=start + 3000 + i * 30)
                       for i in range(100)])
         ids = {o.message_id: start + 3000 + i * 30 for i, o in enumerate(out)}
-        deadline = time.monotonic() + 2  # parked records are written at the next flush
-        while c.stats()["timer.flat_objects"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert c.stats()["timer.flat_objects"] >= 1
+        # parked records are written at the next flush
+        wait_until(lambda: c.stats()["timer.flat_objects"] >= 1, 2,
+                   "a TimerFlatFile object (Stats timer.flat_objects >= 1)",
+                   show=lambda: c.stats()["timer.flat_objects"], poll_s=0.05)
     # When the broker is killed before any is due, and restarted
     srv.kill9()
     srv = ServerProcess(data, *settings)
