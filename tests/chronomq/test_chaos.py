@@ -151,7 +151,7 @@ def _worker(cluster: _Cluster, ledger: Ledger, name: str, seed: int, body: _Body
             except RpcError as exc:
                 if cluster.live(generation):  # not killed: the broker failed a call
                     cluster.rpc_errors.append(f"{name} at {now_ms()}: {exc}")
-                time.sleep(0.05)  # killed under us: expected
+                time.sleep(0.05)  # killed under us: expected (a pause before wait_up again)
             except Exception as exc:  # a harness bug: the test must say so
                 cluster.errors.append(f"{name}: {exc!r}")
                 raise
@@ -176,14 +176,14 @@ def _producer(cluster: _Cluster, plan: ChaosPlan, streaming: bool) -> _Body:
             def batches() -> Iterator[list[Draft]]:
                 while cluster.live(generation):
                     yield _drafts(plan, lc, rnd)
-                    time.sleep(rnd.uniform(0.005, 0.03))
+                    time.sleep(rnd.uniform(0.005, 0.03))  # pacing the load, not a wait
 
             for _ in lc.send_stream(batches()):
                 pass
             return
         while cluster.live(generation):
             lc.send(_drafts(plan, lc, rnd))
-            time.sleep(rnd.uniform(0.005, 0.03))
+            time.sleep(rnd.uniform(0.005, 0.03))  # pacing the load, not a wait
     return body
 
 
@@ -237,6 +237,7 @@ def run_chaos(workdir: Path, plan: ChaosPlan, say: Callable[[str], None] = print
     try:
         for cycle in range(plan.cycles):
             quick = rnd.random() < plan.quick_kill
+            # a random span of real time under load before the kill: the scenario itself
             time.sleep(rnd.uniform(0.05, 0.5) if quick else rnd.uniform(*plan.run_s))
             cluster.down()
             killed_at = now_ms()

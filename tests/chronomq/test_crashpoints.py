@@ -19,7 +19,6 @@ costs little: a run takes 2-9 s.
 from __future__ import annotations
 
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,11 +34,13 @@ from tests.chronomq.ledger import (
     now_ms,
 )
 from tests.chronomq.process import ServerProcess
+from tests.conftest import wait_until
 
 TOPIC, GROUP = "cp", "g"
+BUCKET_MS = 300  # timer.bucket_ms
 CRASHPOINT_SETTINGS = (
     "tier.upload=true", "tier.upload_batch_ms=100", "store.segment_bytes=32768",
-    "timer.rocks_horizon_ms=600", "timer.bucket_ms=300", "timer.preload_ahead_ms=300",
+    "timer.rocks_horizon_ms=600", f"timer.bucket_ms={BUCKET_MS}", "timer.preload_ahead_ms=300",
     "timer.wheel_window_ms=300", "timer.preload_interval_ms=50", "timer.flat_batch_ms=50",
     "timer.load_interval_ms=50", "store.queue_flush_interval_ms=100",
 )
@@ -58,14 +59,18 @@ def scripted_workload(lc: LedgeredClient) -> None:
                             for i in range(3)):
         pass
     # delayed: near ones through RocksDB and the wheel; far ones (beyond the 600 ms
-    # rocks horizon) parked, each round in a 300 ms bucket of its own, written to its
-    # TimerFlatFile when the next round comes (older than flat_batch_ms), preloaded
+    # rocks horizon) parked, each round in a 300 ms bucket of its own, taken for its
+    # TimerFlatFile (once flat_batch_ms old) before the next round comes, preloaded
     # 300 ms before the bucket starts, then deleted
+    first_ms = now_ms() + 900
+    first_ms += BUCKET_MS - first_ms % BUCKET_MS  # the start of a bucket
     for i in range(4):
-        far_ms = now_ms() + 900 + 200 * i
+        far_ms = first_ms + BUCKET_MS * i + 100  # both inside the round's bucket
         lc.send([*(lc.draft(TOPIC, delay_ms=200 + 100 * j) for j in range(3)),
                  *(lc.draft(TOPIC, deliver_at_ms=far_ms + 20 * j) for j in range(2))])
-        time.sleep(0.1)
+        wait_until(lambda: lc.client.stats()["timer.parked_unwritten"] == 0, 10,
+                   f"round {i}'s parked messages to be taken for their TimerFlatFile",
+                   show=lambda: lc.client.stats()["timer.parked_unwritten"], poll_s=0.02)
     for _ in range(3):
         lc.ack(GROUP, lc.pop(TOPIC, GROUP, 8, invisible_time_s=1))
     got = lc.pop(TOPIC, GROUP, 9, invisible_time_s=1)
