@@ -3,7 +3,8 @@ topic catalogue + retention.
 
 Data directory layout::
 
-    <data_dir>/commitlog/      CommitLog segments and checkpoint (store.commitlog)
+    <data_dir>/commitlog/      CommitLog segments and checkpoint (store.commitlog), and
+                               the message-id floor (store.idfloor)
     <data_dir>/consumequeue/   one folder per topic/queue (store.consumequeue)
     <data_dir>/checkpoint/     dispatcher checkpoints
     <data_dir>/index/          RocksDB key/message-id index (store.index)
@@ -44,6 +45,7 @@ from store.consumequeue import CqEntry
 from store.disk import unless_full
 from store.dispatcher import Dispatcher, DispatchHandler, LogReader
 from store.errors import DamagedRecord, FailedPrecondition, StoreError, TopicNotFound
+from store.idfloor import IdFloor
 from store.index import KeyIndex
 from store.message import (
     FLAG_DELAYED,
@@ -128,6 +130,7 @@ class MessageStore:
         self._retention_guards: list[Callable[[], int]] = []
         self.dispatcher: Dispatcher | None = None
         self.ids = MessageIdFormat(config.node_id)
+        self._id_floor = IdFloor(os.path.join(log_dir, "id-floor"))  # ids never repeat
         self._next_queue_offset = NextOffsets(self.queues)
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._appended = 0
@@ -214,6 +217,7 @@ class MessageStore:
             return
         self._stopped = True
         self.commitlog.stop()
+        self._id_floor.close()
         if self.dispatcher is not None:
             unless_full(self.dispatcher.stop, "the dispatcher's final flush")
         self.commitlog.close()
@@ -281,7 +285,7 @@ class MessageStore:
                 raise TopicNotFound(name)
             topics[name] = (topic.queue_count, name.encode())
         now = self.clock.now_ms()
-        id_prefix, make_id = self.ids.prefix(now), self.ids.make
+        id_prefix, make_id = self.ids.prefix(self._id_floor.ms(now)), self.ids.make
         records: list[bytes] = []
         infos: list[DispatchInfo] = []
         next_qo = self._next_queue_offset
