@@ -44,13 +44,13 @@ from store.commitlog import CommitLog, CommitLogStats
 from store.consumequeue import CqEntry
 from store.disk import unless_full
 from store.dispatcher import Dispatcher, DispatchHandler, LogReader
-from store.errors import DamagedRecord, FailedPrecondition, StoreError, TopicNotFound
+from store.errors import DamagedRecord, FailedPrecondition, TopicNotFound
 from store.idfloor import IdFloor
 from store.index import KeyIndex
+from store.lookup import DelayedWitness, RecordLookup
 from store.message import (
     FLAG_DELAYED,
     FLAG_FOREIGN_ID,
-    HEADER,
     HEADER_AFTER_CRC,
     HEADER_PREFIX,
     RECORD_MAGIC,
@@ -59,7 +59,6 @@ from store.message import (
     Message,
     MessageIdFormat,
     draft_of,
-    record_size_at,
     reframe_record,
     validate_message_fields,
     validate_times,
@@ -138,6 +137,9 @@ class MessageStore:
         self._stopped = False
         # no record is bigger than its body and 1 MiB (properties, strings)
         self.reader = RecordReader(self.commitlog, config.max_body_bytes + (1 << 20))
+        self.lookup = RecordLookup(self.commitlog, self.reader, self.index, self.queues,
+                                   self.topics, self.ids, self._dispatched_offset,
+                                   self.wait_visible)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -355,6 +357,9 @@ class MessageStore:
         assert self.dispatcher is not None
         return self.dispatcher.wait_dispatched(self.commitlog.confirmed_offset, timeout_s)
 
+    def _dispatched_offset(self) -> int:
+        return self.dispatcher.dispatched_offset if self.dispatcher is not None else 0
+
     def read_message(self, commit_offset: int, size: int) -> Message:
         """The record at ``commit_offset`` of ``size`` bytes (a ConsumeQueue entry's);
         raises ``DamagedRecord`` when it fails its checks (``store.reader``)."""
@@ -382,23 +387,23 @@ class MessageStore:
 
     def query_by_message_id(self, message_id: str) -> list[Message]:
         """The record with this id: the indexed one (client-chosen ids, redeliveries), else
-        the record its broker-assigned id points at."""
-        loc = self.index.by_message_id(message_id)
-        if loc is None:
-            offset = self.ids.locate(message_id)
-            if offset is None or not self.reader.on_disk(offset):
-                return []
-            try:
-                loc = offset, record_size_at(self.commitlog.read(offset, HEADER.size))
-            except StoreError:
-                return []
-        m = self.reader.read_located(*loc)
-        return [m] if m is not None and m.message_id == message_id else []
+        the record its broker-assigned id points at; only a record the store wrote, never
+        bytes inside a body that look like one (``store.lookup``)."""
+        return self.lookup.by_message_id(message_id)
 
     def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
         self.topics.require(topic)
-        found = (self.reader.read_located(o, n) for o, n in self.index.by_key(topic, key, limit))
-        return [m for m in found if m is not None and m.topic == topic and m.key == key]
+        return self.lookup.by_key(topic, key, limit)
+
+    def stored_at(self, messages: list[tuple[str, str]]) -> list[int | None]:
+        """When a record with each (topic, client-chosen id) was last stored (None: never,
+        or it was lost in a torn tail): what the send-side de-duplication looks up."""
+        return self.lookup.stored_at(messages)
+
+    def add_delayed_witness(self, holds: DelayedWitness) -> None:
+        """``holds(message_id, commit_offset)``: whether that delayed record is pending
+        (the timer); the proof a delayed record found by its id needs (``store.lookup``)."""
+        self.lookup.add_delayed_witness(holds)
 
     # ------------------------------------------------------------------ retention
 
