@@ -370,6 +370,16 @@ class TimerService:
         self._wake.set()
         return TimerOutcome.RESCHEDULED
 
+    def holds(self, message_id: str, commit_offset: int) -> bool:
+        """Whether the delayed record at ``commit_offset`` is pending here with this id
+        (in RocksDB or parked): the proof the store asks for before a delayed record found
+        by its id is served (``store.lookup``).  Point reads; no lock."""
+        loc = self._timers.locate(message_id)
+        if loc is not None and loc[1] == commit_offset:
+            return True
+        parked = self._timers.locate_parked(message_id)
+        return parked is not None and parked[0][1] == commit_offset
+
     def pending_due(self, message_id: str) -> int | None:
         """When the pending message with this id is due (in RocksDB, the wheel, or parked
         for a TimerFlatFile), or None if none is pending.  Two point reads; no lock."""
