@@ -1,4 +1,5 @@
-"""The console's actions: cancel or reschedule a pending message, redrive dead letters.
+"""The console's actions: cancel or reschedule the pending messages with an id, redrive
+dead letters.
 
 Each goes through the same ``BrokerServicer`` method a gRPC client calls (an in-process
 call with a context whose ``abort`` raises ``Refused``), so the console checks, refuses
