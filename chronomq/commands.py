@@ -161,17 +161,8 @@ def run_client(args: argparse.Namespace) -> Outcome:
                 args.group, args.handle, args.seconds)})
         if args.command == "groups":
             return Outcome(groups(c.stats()))
-        if args.command == "cancel":
-            outcome = c.cancel(args.message_id)
-            return Outcome({"message_id": args.message_id, "outcome": outcome},
-                           [] if outcome == "CANCELLED" else
-                           [f"{outcome}: message {args.message_id} is not pending"])
-        if args.command == "reschedule":
-            outcome, due = c.reschedule(args.message_id, args.deliver_at_ms, args.delay_ms)
-            return Outcome({"message_id": args.message_id, "outcome": outcome,
-                            "deliver_at_ms": due},
-                           [] if outcome == "RESCHEDULED" else
-                           [f"{outcome}: message {args.message_id} is not pending"])
+        if args.command in ("cancel", "reschedule"):
+            return _timer_change(c, args)
         if args.command in ("mount", "unmount"):
             topics = c.mount(args.broker) if args.command == "mount" else \
                 c.unmount(args.broker)
@@ -180,6 +171,21 @@ def run_client(args: argparse.Namespace) -> Outcome:
             return Outcome([received_dict(m)
                             for m in c.query(args.topic, args.key, args.message_id)])
         return Outcome(c.stats())
+
+
+def _timer_change(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
+    """Cancel or reschedule every pending message with the id (of ``--topic``, if given)."""
+    if args.command == "cancel":
+        r = c.cancel(args.message_id, args.topic)
+    else:
+        r = c.reschedule(args.message_id, args.deliver_at_ms, args.delay_ms, args.topic)
+    out: dict[str, Any] = {"message_id": args.message_id, "outcome": r.outcome,
+                           "changed": r.changed}
+    if args.command == "reschedule":
+        out["deliver_at_ms"] = r.deliver_at_ms
+    where = f" in topic {args.topic}" if args.topic else ""
+    return Outcome(out, [] if r.changed else
+                   [f"{r.outcome}: no message {args.message_id}{where} is pending"])
 
 
 def _check_replay_target(args: argparse.Namespace) -> None:
