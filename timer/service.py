@@ -390,12 +390,9 @@ class TimerService:
     def holds(self, message_id: str, commit_offset: int) -> bool:
         """Whether the delayed record at ``commit_offset`` is pending here with this id
         (in RocksDB or parked): the proof the store asks for before a delayed record found
-        by its id is served (``store.lookup``).  Point reads; no lock."""
-        loc = self._timers.locate(message_id)
-        if loc is not None and loc[1] == commit_offset:
-            return True
-        parked = self._timers.locate_parked(message_id)
-        return parked is not None and parked[0][1] == commit_offset
+        by its id is served (``store.lookup``).  Two short prefix scans; no lock."""
+        return any(off == commit_offset for _, off in self._timers.locate(message_id)) or \
+            any(off == commit_offset for (_, off), _ in self._timers.locate_parked(message_id))
 
     def pending_due(self, message_id: str) -> int | None:
         """When the first pending message with this id is due (in RocksDB, the wheel, or
