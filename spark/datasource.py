@@ -164,7 +164,8 @@ class ChronomqReader(DataSourceReader):
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         sel = self.selection
         for f in filters:
-            column = f.attribute[0] if len(f.attribute) == 1 else ""  # type: ignore[attr-defined]
+            attribute: tuple[str, ...] = getattr(f, "attribute", ())  # NOT/AND/OR: none
+            column = attribute[0] if len(attribute) == 1 else ""
             pushed = _narrow(sel, column, f)
             if pushed is None:
                 yield f
