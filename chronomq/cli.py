@@ -239,7 +239,8 @@ def _print(result: Any, as_json: bool) -> None:
             print("(none)")
     elif isinstance(result, dict):
         for k, v in sorted(result.items()):
-            print(f"{k}: {v:g}" if isinstance(v, float) else f"{k}: {v}")
+            text = json.dumps(v) if isinstance(v, list | dict) else f"{v}"
+            print(f"{k}: {v:g}" if isinstance(v, float) else f"{k}: {text}")
 
 
 def configure_logging(level_name: str) -> None:
@@ -278,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     _print(outcome.value, args.json)
+    for line in outcome.warnings:
+        print(f"warning: {line}", file=sys.stderr)
     for line in outcome.refused:
         print(f"error: {line}", file=sys.stderr)
     return 1 if outcome.refused else 0

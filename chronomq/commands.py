@@ -1,10 +1,12 @@
 """What each ``chronomq`` client command does, given its parsed arguments.
 
-A command returns an ``Outcome``: the value to print, and the broker's refusals, one line
-each (``CODE: message``).  ``chronomq.cli`` prints the value on stdout and the refusals on
-stderr, and turns them into the exit status: 0 when there are none, 1 when the broker
-refused or failed.  Bad input found before anything is sent raises ``InvalidArgument``
-(exit 2).  Destructive commands check their confirmation flag before they connect.
+A command returns an ``Outcome``: the value to print, the broker's refusals, one line
+each (``CODE: message``), and warnings.  ``chronomq.cli`` prints the value on stdout, the
+refusals and warnings on stderr, and turns the refusals into the exit status: 0 when
+there are none, 1 when the broker refused or failed.  A warning (damaged tier objects a
+Spark job skipped: it delivered every intact record) leaves the exit status alone.  Bad
+input found before anything is sent raises ``InvalidArgument`` (exit 2).  Destructive
+commands check their confirmation flag before they connect.
 
 The Spark commands (``replay``, ``export``) import Spark only when run, so the other
 commands start in a fraction of a second.
@@ -19,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -29,11 +31,15 @@ from chronomq.v1 import broker_pb2 as pb
 from pop.policy import parse_duration_ms
 from store.errors import InvalidArgument
 
+if TYPE_CHECKING:
+    from tiered.scan import Damage
+
 
 @dataclass(slots=True)
 class Outcome:
     value: Any
     refused: list[str] = field(default_factory=list)  # "CODE: message", one per refusal
+    warnings: list[str] = field(default_factory=list)  # one line each, on stderr
 
 
 def _refusal(error: pb.Error) -> str:
@@ -201,6 +207,19 @@ def _check_replay_target(args: argparse.Namespace) -> None:
                        f"{args.target}: create them first (chronomq topic create NAME)")
 
 
+def _damage_summary(damaged: list[Damage]) -> dict[str, Any]:
+    return {"damaged_objects": len(damaged),
+            "damaged": [{"object": d.path, "reason": d.reason} for d in damaged]}
+
+
+def _damage_warnings(damaged: list[Damage], done: str) -> list[str]:
+    if not damaged:
+        return []
+    return [*(f"damaged tier object {d.path}: {d.reason}" for d in damaged),
+            f"{len(damaged)} damaged tier object(s) read in part or skipped: every intact "
+            f"record was {done}, the damaged ones were not"]
+
+
 def run_spark_job(args: argparse.Namespace) -> Outcome:
     if args.command == "export" and not args.overwrite and os.path.isdir(args.output) \
             and os.listdir(args.output):
@@ -235,18 +254,22 @@ def run_spark_job(args: argparse.Namespace) -> Outcome:
     try:
         df = select(spark, location, selection)
         if args.command == "export":
-            rows = export(spark, df, args.output)
+            damaged: list[Damage] = []
+            rows = export(spark, df, args.output, damaged=damaged)
             return Outcome({"exported": rows, "output": args.output,
                             "seconds": round(time.monotonic() - t0, 2),
-                            "spark_start_seconds": round(started_s, 2)})
+                            "spark_start_seconds": round(started_s, 2),
+                            **_damage_summary(damaged)}, [],
+                           _damage_warnings(damaged, "exported"))
         r = replay(spark, df, GrpcReplaySink(args.target, args.token), args.into_topic,
                    spread_ms, args.rate)
         return Outcome({"selected": r.selected, "sent": r.sent, "duplicates": r.duplicates,
                         "failed": r.failed, "seconds": round(r.seconds, 2),
                         "send_seconds": round(r.send_seconds, 2),
                         "msgs_per_s": round(r.rate, 1),
-                        "spark_start_seconds": round(started_s, 2)},
+                        "spark_start_seconds": round(started_s, 2),
+                        **_damage_summary(list(r.damaged))},
                        [f"{r.failed} message(s) not replayed; the first: {r.first_error}"]
-                       if r.failed else [])
+                       if r.failed else [], _damage_warnings(list(r.damaged), "replayed"))
     finally:
         spark.stop()
