@@ -110,6 +110,7 @@ class Broker:
         self.timer = TimerService(self.store, self._timer_store, self.flat_files,
                                   config.timer, clock)
         self.store.add_dispatch_handler(self.timer)
+        self.store.add_delayed_witness(self.timer.holds)  # pending ones are found by id
         self.store.add_dispatch_handler(self.pop.copies)
         self.tiered: TieredDispatcher | None = None
         self.tier_reader: TieredReader | None = None
@@ -281,7 +282,7 @@ class Broker:
         if window <= 0:
             return [False] * len(messages)
         horizon = now_ms - window
-        stored = self.store.index.stored_at(messages)
+        stored = self.store.stored_at(messages)
         out = []
         with self._recent_lock:
             recent = self._recent_ids

@@ -7,8 +7,8 @@
     chronomq ack|nack|dead-letter GROUP HANDLE... [--delay-ms N] [--reason R]
     chronomq change-invisible GROUP HANDLE SECONDS
     chronomq groups
-    chronomq cancel ID
-    chronomq reschedule ID (--delay-ms N | --deliver-at-ms T)
+    chronomq cancel ID [--topic T]
+    chronomq reschedule ID (--delay-ms N | --deliver-at-ms T) [--topic T]
     chronomq query TOPIC (--key K | --message-id ID)
     chronomq stats
     chronomq mount|unmount BROKER
@@ -50,6 +50,11 @@ def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout-s", type=_positive_float, default=30.0,
                    help="give up on a call after this many seconds (default 30)")
     p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _timer_topic_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topic", default="", help="only the pending messages of this topic "
+                   "(a group's retry copies: %%RETRY%%GROUP%%TOPIC); default: every topic")
 
 
 def _bounded(hi: int) -> Callable[[str], int]:
@@ -151,12 +156,14 @@ def _parser() -> argparse.ArgumentParser:
     gr = sub.add_parser("groups", help="per consumer group: in flight, backlog, lag, ...")
     _client_args(gr)
 
-    ca = sub.add_parser("cancel", help="cancel a pending delayed message")
+    ca = sub.add_parser("cancel", help="cancel the pending delayed messages with an id")
     ca.add_argument("message_id", help="id answered by send")
+    _timer_topic_arg(ca)
     _client_args(ca)
 
-    rs = sub.add_parser("reschedule", help="move a pending delayed message")
+    rs = sub.add_parser("reschedule", help="move the pending delayed messages with an id")
     rs.add_argument("message_id", help="id answered by send")
+    _timer_topic_arg(rs)
     rwhen = rs.add_mutually_exclusive_group(required=True)
     rwhen.add_argument("--delay-ms", type=_ms, help="deliver this many ms from now")
     rwhen.add_argument("--deliver-at-ms", type=_ms, help="deliver at this epoch ms")
@@ -232,7 +239,8 @@ def _print(result: Any, as_json: bool) -> None:
             print("(none)")
     elif isinstance(result, dict):
         for k, v in sorted(result.items()):
-            print(f"{k}: {v:g}" if isinstance(v, float) else f"{k}: {v}")
+            text = json.dumps(v) if isinstance(v, list | dict) else f"{v}"
+            print(f"{k}: {v:g}" if isinstance(v, float) else f"{k}: {text}")
 
 
 def configure_logging(level_name: str) -> None:
@@ -271,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     _print(outcome.value, args.json)
+    for line in outcome.warnings:
+        print(f"warning: {line}", file=sys.stderr)
     for line in outcome.refused:
         print(f"error: {line}", file=sys.stderr)
     return 1 if outcome.refused else 0

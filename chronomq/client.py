@@ -17,7 +17,7 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -33,6 +33,16 @@ class RpcError(ChronomqError):
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
+
+
+class TimerResult(NamedTuple):
+    """What a Cancel or Reschedule did: ``outcome`` (CANCELLED, RESCHEDULED,
+    ALREADY_DELIVERED, NOT_FOUND), how many pending messages it ``changed`` and, for a
+    Reschedule, the new ``deliver_at_ms``."""
+
+    outcome: str
+    changed: int
+    deliver_at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,21 +223,24 @@ class ChronomqClient:
 
     # ------------------------------------------------------------------ timer control
 
-    def cancel(self, message_id: str) -> str:
-        """Cancel a pending delayed message: CANCELLED, ALREADY_DELIVERED or NOT_FOUND."""
-        resp = self.call("Cancel", pb.CancelRequest(message_id=message_id))
-        return str(pb.TimerOutcome.Name(resp.outcome))
+    def cancel(self, message_id: str, topic: str = "") -> TimerResult:
+        """Cancel every pending delayed message with this id (only that ``topic``'s, if
+        given)."""
+        resp = self.call("Cancel", pb.CancelRequest(message_id=message_id, topic=topic))
+        return TimerResult(str(pb.TimerOutcome.Name(resp.outcome)), int(resp.changed))
 
     def reschedule(self, message_id: str, deliver_at_ms: int | None = None,
-                   delay_ms: int | None = None) -> tuple[str, int]:
-        """Move a pending message's delivery time; returns (outcome, new deliver_at_ms)."""
-        request = pb.RescheduleRequest(message_id=message_id)
+                   delay_ms: int | None = None, topic: str = "") -> TimerResult:
+        """Move the delivery time of every pending message with this id (only that
+        ``topic``'s, if given)."""
+        request = pb.RescheduleRequest(message_id=message_id, topic=topic)
         if deliver_at_ms is not None:
             request.deliver_at_ms = deliver_at_ms
         elif delay_ms is not None:
             request.delay_ms = delay_ms
         resp = self.call("Reschedule", request)
-        return str(pb.TimerOutcome.Name(resp.outcome)), int(resp.deliver_at_ms)
+        return TimerResult(str(pb.TimerOutcome.Name(resp.outcome)), int(resp.changed),
+                           int(resp.deliver_at_ms))
 
     # ------------------------------------------------------------------ query / stats
 

@@ -1,10 +1,12 @@
 """What each ``chronomq`` client command does, given its parsed arguments.
 
-A command returns an ``Outcome``: the value to print, and the broker's refusals, one line
-each (``CODE: message``).  ``chronomq.cli`` prints the value on stdout and the refusals on
-stderr, and turns them into the exit status: 0 when there are none, 1 when the broker
-refused or failed.  Bad input found before anything is sent raises ``InvalidArgument``
-(exit 2).  Destructive commands check their confirmation flag before they connect.
+A command returns an ``Outcome``: the value to print, the broker's refusals, one line
+each (``CODE: message``), and warnings.  ``chronomq.cli`` prints the value on stdout, the
+refusals and warnings on stderr, and turns the refusals into the exit status: 0 when
+there are none, 1 when the broker refused or failed.  A warning (damaged tier objects a
+Spark job skipped: it delivered every intact record) leaves the exit status alone.  Bad
+input found before anything is sent raises ``InvalidArgument`` (exit 2).  Destructive
+commands check their confirmation flag before they connect.
 
 The Spark commands (``replay``, ``export``) import Spark only when run, so the other
 commands start in a fraction of a second.
@@ -19,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -29,11 +31,15 @@ from chronomq.v1 import broker_pb2 as pb
 from pop.policy import parse_duration_ms
 from store.errors import InvalidArgument
 
+if TYPE_CHECKING:
+    from tiered.scan import Damage
+
 
 @dataclass(slots=True)
 class Outcome:
     value: Any
     refused: list[str] = field(default_factory=list)  # "CODE: message", one per refusal
+    warnings: list[str] = field(default_factory=list)  # one line each, on stderr
 
 
 def _refusal(error: pb.Error) -> str:
@@ -161,17 +167,8 @@ def run_client(args: argparse.Namespace) -> Outcome:
                 args.group, args.handle, args.seconds)})
         if args.command == "groups":
             return Outcome(groups(c.stats()))
-        if args.command == "cancel":
-            outcome = c.cancel(args.message_id)
-            return Outcome({"message_id": args.message_id, "outcome": outcome},
-                           [] if outcome == "CANCELLED" else
-                           [f"{outcome}: message {args.message_id} is not pending"])
-        if args.command == "reschedule":
-            outcome, due = c.reschedule(args.message_id, args.deliver_at_ms, args.delay_ms)
-            return Outcome({"message_id": args.message_id, "outcome": outcome,
-                            "deliver_at_ms": due},
-                           [] if outcome == "RESCHEDULED" else
-                           [f"{outcome}: message {args.message_id} is not pending"])
+        if args.command in ("cancel", "reschedule"):
+            return _timer_change(c, args)
         if args.command in ("mount", "unmount"):
             topics = c.mount(args.broker) if args.command == "mount" else \
                 c.unmount(args.broker)
@@ -180,6 +177,21 @@ def run_client(args: argparse.Namespace) -> Outcome:
             return Outcome([received_dict(m)
                             for m in c.query(args.topic, args.key, args.message_id)])
         return Outcome(c.stats())
+
+
+def _timer_change(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
+    """Cancel or reschedule every pending message with the id (of ``--topic``, if given)."""
+    if args.command == "cancel":
+        r = c.cancel(args.message_id, args.topic)
+    else:
+        r = c.reschedule(args.message_id, args.deliver_at_ms, args.delay_ms, args.topic)
+    out: dict[str, Any] = {"message_id": args.message_id, "outcome": r.outcome,
+                           "changed": r.changed}
+    if args.command == "reschedule":
+        out["deliver_at_ms"] = r.deliver_at_ms
+    where = f" in topic {args.topic}" if args.topic else ""
+    return Outcome(out, [] if r.changed else
+                   [f"{r.outcome}: no message {args.message_id}{where} is pending"])
 
 
 def _check_replay_target(args: argparse.Namespace) -> None:
@@ -193,6 +205,19 @@ def _check_replay_target(args: argparse.Namespace) -> None:
         raise RpcError(grpc.StatusCode.NOT_FOUND,
                        f"topic(s) {', '.join(missing)} do not exist on the broker at "
                        f"{args.target}: create them first (chronomq topic create NAME)")
+
+
+def _damage_summary(damaged: list[Damage]) -> dict[str, Any]:
+    return {"damaged_objects": len(damaged),
+            "damaged": [{"object": d.path, "reason": d.reason} for d in damaged]}
+
+
+def _damage_warnings(damaged: list[Damage], done: str) -> list[str]:
+    if not damaged:
+        return []
+    return [*(f"damaged tier object {d.path}: {d.reason}" for d in damaged),
+            f"{len(damaged)} damaged tier object(s) read in part or skipped: every intact "
+            f"record was {done}, the damaged ones were not"]
 
 
 def run_spark_job(args: argparse.Namespace) -> Outcome:
@@ -229,18 +254,22 @@ def run_spark_job(args: argparse.Namespace) -> Outcome:
     try:
         df = select(spark, location, selection)
         if args.command == "export":
-            rows = export(spark, df, args.output)
+            damaged: list[Damage] = []
+            rows = export(spark, df, args.output, damaged=damaged)
             return Outcome({"exported": rows, "output": args.output,
                             "seconds": round(time.monotonic() - t0, 2),
-                            "spark_start_seconds": round(started_s, 2)})
+                            "spark_start_seconds": round(started_s, 2),
+                            **_damage_summary(damaged)}, [],
+                           _damage_warnings(damaged, "exported"))
         r = replay(spark, df, GrpcReplaySink(args.target, args.token), args.into_topic,
                    spread_ms, args.rate)
         return Outcome({"selected": r.selected, "sent": r.sent, "duplicates": r.duplicates,
                         "failed": r.failed, "seconds": round(r.seconds, 2),
                         "send_seconds": round(r.send_seconds, 2),
                         "msgs_per_s": round(r.rate, 1),
-                        "spark_start_seconds": round(started_s, 2)},
+                        "spark_start_seconds": round(started_s, 2),
+                        **_damage_summary(list(r.damaged))},
                        [f"{r.failed} message(s) not replayed; the first: {r.first_error}"]
-                       if r.failed else [])
+                       if r.failed else [], _damage_warnings(list(r.damaged), "replayed"))
     finally:
         spark.stop()

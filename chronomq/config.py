@@ -65,6 +65,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 7600
     metrics_port: int = 7601
+    advertise_address: str = ""  # host:port recorded for other brokers' clients
+    #                              (tier.claim_topics); default: host:port
     auth_token: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""
@@ -226,6 +228,10 @@ class BrokerConfig:
                            ("console.port", self.console.port)):
             if not 0 <= port <= 65535:
                 raise InvalidArgument(f"{name} must be a port number (0 to 65535)")
+        self._check_distinct_ports()
+        if self.server.advertise_address and not _is_host_port(self.server.advertise_address):
+            raise InvalidArgument("server.advertise_address must be host:port, got "
+                                  f"{self.server.advertise_address!r}")
         if not 0.1 <= self.console.refresh_s <= 3600:
             raise InvalidArgument("console.refresh_s must be from 0.1 to 3600")
         if self.console.session_ttl_s <= 0:
@@ -246,6 +252,20 @@ class BrokerConfig:
                             ("timer.preload_interval_ms", self.timer.preload_interval_ms)):
             if value <= 0:
                 raise InvalidArgument(f"{name} must be positive")
+
+    def _check_distinct_ports(self) -> None:
+        """Two listeners set to one port on one host would find it taken by the other."""
+        r = self.rocketmq
+        on = [("server.port", self.server.host, self.server.port),
+              ("console.port", self.server.host, self.console.port),
+              ("server.metrics_port", self.server.host, self.server.metrics_port),
+              ("rocketmq.port", r.host or self.server.host, r.port if r.enabled else 0)]
+        for i, (name, host, port) in enumerate(on):
+            for other, other_host, other_port in on[i + 1:]:
+                if port and port == other_port and (host == other_host or
+                                                    {host, other_host} & {"0.0.0.0", "::", ""}):
+                    raise InvalidArgument(f"{name} and {other} are both {port}: give each "
+                                          "listener a port of its own")
 
 
 def _is_host_port(text: str) -> bool:

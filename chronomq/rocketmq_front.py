@@ -324,7 +324,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             validate_message_id(mid)
             if not mid:
                 raise InvalidArgument("the recall handle is empty")
-            outcome = self._broker.timer.cancel(mid, request.topic.name)
+            outcome = self._broker.timer.cancel(mid, request.topic.name).outcome
         except ChronomqError as exc:
             return rs.RecallMessageResponse(status=status_of(code_of(exc), str(exc)))
         if outcome is TimerOutcome.CANCELLED:

@@ -2,6 +2,11 @@
 
 ``serve(config)`` runs until SIGINT/SIGTERM, then stops taking RPCs, lets running ones
 finish (``server.shutdown_grace_s``), and flushes everything to disk.
+
+Every listener's address is checked before the data directory is opened
+(``chronomq.listeners``): a taken port is refused at once, holding nothing.  A start that
+fails later (a port taken since the check) stops what it started, so the store is closed
+and no thread is left.
 """
 
 from __future__ import annotations
@@ -25,6 +30,15 @@ from chronomq.broker import Broker
 from chronomq.budget import CallBudget
 from chronomq.config import BrokerConfig
 from chronomq.handlers import add_service, bearer
+from chronomq.listeners import (
+    Listener,
+    api_listener,
+    binding,
+    check_free,
+    metrics_listener,
+    rocketmq_listener,
+    unreachable,
+)
 from chronomq.metrics import start_metrics
 from chronomq.notify import ArrivalNotifier
 from chronomq.servicer import BrokerServicer
@@ -33,6 +47,11 @@ from pop.service import origin_of
 from store import crashpoint
 from store.clock import Clock, SystemClock
 from store.message import DispatchInfo
+from store.names import is_name
+from tiered.errors import TierError
+from tiered.ownership import PREFIX as OWNERS_PREFIX
+from tiered.ownership import owner_of
+from tiered.provider import Provider
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +79,9 @@ class BrokerServer:
         self.background = background
         self.clock = clock or SystemClock()
         crashpoint.arm_from_setting(config.server.crash_at)
+        check_free(config)  # before the data directory is opened: a refusal holds nothing
         self.broker = Broker(config, self.clock)
+        self._opened = False
         self.notifier = ArrivalNotifier()
         self.port = 0
         self.servicer: BrokerServicer | None = None
@@ -74,9 +95,19 @@ class BrokerServer:
         self._console_stop: Callable[[], None] | None = None
 
     def start(self) -> int:
-        """Open the store (recovery), start its threads and the gRPC server."""
+        """Open the store (recovery), start its threads and the gRPC server.  On failure
+        everything started is stopped again and the store closed."""
+        try:
+            return self._start()
+        except BaseException:
+            if self._opened:
+                self.stop()
+            raise
+
+    def _start(self) -> int:
         cfg = self.config.server
         self.broker.open()
+        self._opened = True
         dispatcher = self.broker.store.dispatcher
         assert dispatcher is not None
         dispatcher.add_listener(self._on_dispatched)
@@ -94,7 +125,7 @@ class BrokerServer:
         names = (broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name,
                  health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
-        self.port = self._bind(server, cfg.host, cfg.port)
+        self.port = self._bind(server, api_listener(self.config))
         server.start()
         self._server = server
         for name in ("", names[0]):
@@ -102,10 +133,7 @@ class BrokerServer:
         if self.config.rocketmq.enabled:
             self._start_rocketmq()
         if self.config.tier.claim_topics:  # after binding: the owner records the addresses
-            rmq = self.config.rocketmq
-            front = (rmq.advertise_address or f"{rmq.host or cfg.host}:{self.rocketmq_port}"
-                     if self.rocketmq_port else "")
-            self.broker.claim_topics(f"{cfg.host}:{self.port}", front)
+            self._claim_topics()
         self._scheduler = BackgroundScheduler()
         self._scheduler.add_job(self._retention, "interval", id="retention",
                                 seconds=cfg.retention_interval_s, max_instances=1,
@@ -133,7 +161,8 @@ class BrokerServer:
                      "actions on" if self.config.console.actions else "read-only")
         self._scheduler.start()
         if cfg.metrics_port:
-            self._metrics_stop = start_metrics(cfg.host, cfg.metrics_port, self.servicer)
+            with binding(metrics_listener(self.config)):
+                self._metrics_stop = start_metrics(cfg.host, cfg.metrics_port, self.servicer)
         log.info("chronomq serving on %s:%d (data in %s)", cfg.host, self.port,
                  self.config.store.data_dir)
         return self.port
@@ -148,31 +177,64 @@ class BrokerServer:
         host = cfg.host or self.config.server.host
         server = _grpc_server(cfg.worker_threads + cfg.max_streams + cfg.max_long_polls,
                               "rmq", cfg.max_concurrent_rpcs)
-        self.rocketmq_port = self._bind(server, host, cfg.port)
-        self.rocketmq = RocketMQServicer(
-            self.broker, self.notifier, self.config.pop.max_wait_ms,
-            cfg.advertise_address or f"{host}:{self.rocketmq_port}",
-            CallBudget(cfg.max_streams, cfg.max_long_polls, cfg.max_waiting_per_connection,
-                       "rocketmq"))
-        add_service(server, self.rocketmq, rs.DESCRIPTOR.services_by_name["MessagingService"],
-                    AccessKeyAuth(cfg.access_key, cfg.secret_key).signed
-                    if cfg.access_key else None,
-                    "missing or wrong RocketMQ credentials (access key / secret key)")
+        self.rocketmq_port = self._bind(server, rocketmq_listener(self.config))
+        try:
+            self.rocketmq = RocketMQServicer(
+                self.broker, self.notifier, self.config.pop.max_wait_ms,
+                cfg.advertise_address or f"{host}:{self.rocketmq_port}",
+                CallBudget(cfg.max_streams, cfg.max_long_polls,
+                           cfg.max_waiting_per_connection, "rocketmq"))
+            add_service(server, self.rocketmq,
+                        rs.DESCRIPTOR.services_by_name["MessagingService"],
+                        AccessKeyAuth(cfg.access_key, cfg.secret_key).signed
+                        if cfg.access_key else None,
+                        "missing or wrong RocketMQ credentials (access key / secret key)")
+        finally:  # a bound gRPC server keeps its port until it has been started and stopped
+            server.start()
+            self._rocketmq_server = server
         assert self.servicer is not None
         self.servicer.more_figures.append(self.rocketmq.figures)
-        server.start()
-        self._rocketmq_server = server
         log.info("RocketMQ 5 front serving on %s:%d", host, self.rocketmq_port)
 
-    def _bind(self, server: grpc.Server, host: str, port: int) -> int:
-        """Listen on ``host:port`` (TLS when ``server.tls_*`` is set); the bound port."""
+    def _bind(self, server: grpc.Server, listener: Listener) -> int:
+        """Listen on ``listener``'s address (TLS when ``server.tls_*`` is set); the bound
+        port."""
         cfg = self.config.server
-        address = f"{host}:{port}"
+        address = listener.address  # an IPv6 host in brackets, as gRPC wants it
         if not cfg.tls_cert_file:
-            return int(server.add_insecure_port(address))
+            with binding(listener):
+                return int(server.add_insecure_port(address))
         with open(cfg.tls_key_file, "rb") as k, open(cfg.tls_cert_file, "rb") as c:
             creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-        return int(server.add_secure_port(address, creds))
+        with binding(listener):
+            return int(server.add_secure_port(address, creds))
+
+    def _claim_topics(self) -> None:
+        """Record this broker as its topics' owner at the addresses other brokers' clients
+        are sent to; warn when those addresses cannot reach it from another machine."""
+        cfg, rmq = self.config.server, self.config.rocketmq
+        api = cfg.advertise_address or f"{cfg.host}:{self.port}"
+        front = (rmq.advertise_address or f"{rmq.host or cfg.host}:{self.rocketmq_port}"
+                 if self.rocketmq_port else "")
+        self.broker.claim_topics(api, front)
+        others = ""
+        for setting, address, given in (("server", api, cfg.advertise_address),
+                                        ("rocketmq", front, rmq.advertise_address)):
+            why = "" if given or not address else unreachable(address)
+            if why == "loopback" and not others:
+                others = _other_owner(self.broker.tier, self.config.tier.broker_name) or "-"
+            if why == "any":
+                log.warning("tier.claim_topics records %s in the shared tier for clients "
+                            "of other brokers, but %s.host %s is no address they can "
+                            "dial: set %s.advertise_address = \"HOST:PORT\" to an address "
+                            "of this broker they reach", address, setting,
+                            address.rpartition(":")[0], setting)
+            elif why == "loopback" and others != "-":
+                log.warning("tier.claim_topics records %s in the shared tier, which reaches "
+                            "only this machine, and broker %s records its topics there "
+                            "too: if it or its clients run on another machine, set %s."
+                            "advertise_address = \"HOST:PORT\" to an address of this "
+                            "broker they reach", address, others, setting)
 
     def _on_dispatched(self, records: list[DispatchInfo]) -> None:
         self.notifier.arrived({origin_of(r.topic) for r in records})  # retries wake their topic
@@ -187,7 +249,7 @@ class BrokerServer:
 
     def stop(self) -> None:
         """Graceful: stop accepting, finish RPCs in flight, flush and close the store."""
-        if self._scheduler is not None:
+        if self._scheduler is not None and self._scheduler.running:
             self._scheduler.shutdown(wait=True)
         self.notifier.close()  # long polls answer now instead of at their deadline
         grace = self.config.server.shutdown_grace_s
@@ -197,7 +259,22 @@ class BrokerServer:
         for stop in (self._metrics_stop, self._console_stop):
             if stop is not None:
                 stop()
+        self._metrics_stop = self._console_stop = None
         self.broker.stop()
+
+
+def _other_owner(tier: Provider, me: str) -> str:
+    """A broker other than ``me`` that owns a topic in the shared tier ("": none); reads
+    owner objects only until it finds one."""
+    for path in tier.list(OWNERS_PREFIX):
+        topic = path[len(OWNERS_PREFIX):].removesuffix(".json")
+        try:
+            owner = owner_of(tier, topic) if is_name(topic) else None
+        except TierError:  # damaged: says nothing about who else is there
+            continue
+        if owner is not None and owner.broker != me:
+            return owner.broker
+    return ""
 
 
 def serve(config: BrokerConfig) -> None:

@@ -44,6 +44,7 @@ from store.message import (
     encode_properties,
     validate_message_id,
 )
+from store.names import check_readable
 from store.topics import Topic
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,15 @@ def _abort(context: Context, exc: BaseException) -> NoReturn:
         log.error("internal error", exc_info=exc)
     context.abort(code, str(exc))
     raise AssertionError("context.abort returns only by raising")
+
+
+def _check_timer_target(message_id: str, topic: str, rpc: str) -> None:
+    """A Cancel or Reschedule names an id and, to narrow it, a topic (a retry topic too)."""
+    validate_message_id(message_id)
+    if not message_id:
+        raise InvalidArgument(f"{rpc} needs a message_id")
+    if topic:
+        check_readable(topic)
 
 
 class _PendingSend(NamedTuple):
@@ -350,29 +360,26 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     def Cancel(self, request: pb.CancelRequest, context: Context) -> pb.CancelResponse:
         try:
-            validate_message_id(request.message_id)
-            if not request.message_id:
-                raise InvalidArgument("Cancel needs a message_id")
-            outcome = self._broker.timer.cancel(request.message_id)
+            _check_timer_target(request.message_id, request.topic, "Cancel")
+            change = self._broker.timer.cancel(request.message_id, request.topic)
         except ChronomqError as exc:
             _abort(context, exc)
-        return pb.CancelResponse(outcome=outcome.name)
+        return pb.CancelResponse(outcome=change.outcome.name, changed=change.changed)
 
     def Reschedule(self, request: pb.RescheduleRequest,
                    context: Context) -> pb.RescheduleResponse:
         try:
-            validate_message_id(request.message_id)
-            if not request.message_id:
-                raise InvalidArgument("Reschedule needs a message_id")
+            _check_timer_target(request.message_id, request.topic, "Reschedule")
             if request.WhichOneof("delivery") is None:
                 raise InvalidArgument("Reschedule needs deliver_at_ms or delay_ms")
             now = self._broker.clock.now_ms()
             due, _ = self._broker.resolve_deliver_at(request.deliver_at_ms, request.delay_ms,
                                                      now)
-            outcome = self._broker.timer.reschedule(request.message_id, due)
+            change = self._broker.timer.reschedule(request.message_id, due, request.topic)
         except ChronomqError as exc:
             _abort(context, exc)
-        return pb.RescheduleResponse(outcome=outcome.name, deliver_at_ms=due)
+        return pb.RescheduleResponse(outcome=change.outcome.name, deliver_at_ms=due,
+                                     changed=change.changed)
 
     # ------------------------------------------------------------------ query / stats
 

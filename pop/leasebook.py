@@ -1,26 +1,35 @@
-"""LeaseBook: the lease state of every (group, topic, queue) and how it is persisted.
+"""LeaseBook: every consumer group's position and open leases, and their durability.
 
 Per (group, leased topic, queue) it keeps ``QueueLeases``: the ack offset (the first
 queue offset not yet done), the pop offset (the first never leased) and the open
 PopCheckpoints by start offset, all mirrored in the POP RocksDB (``pop.checkpoint``
-layouts).  Writes go through a ``GroupCommit``: callers that answer a client wait for
-their ticket, so an OK answer is durable, and one WAL fsync covers every consumer
-waiting at that moment.  It also decodes and checks receipt handles against the book.
+layouts) and loaded from it when the book is built.  Writes go through a
+``GroupCommit``: callers that answer a client wait for their ticket (``wait``), so an
+OK answer is durable, and one WAL fsync covers every consumer waiting at that moment.
 
-The POP service builds on it in two layers: ``pop.requeue`` (release, dead-letter,
-revive) and ``pop.service`` (Pop, Ack, ChangeInvisibleTime).
+The book also issues and checks receipt handles (``pop.handle``) against its leases,
+remembers entries recently put back for redelivery (a late settle of one gets a clear
+error), and keeps the figures of every group (``statistics``, ``group_statistics``).
 
-Thread-safe: a lock per (group, user topic) orders that group's leases and their
-writes (its retry topic shares the lock); ``_lock`` guards the shared dicts and
-counters.
+It knows nothing of deadlines' timing nor of copies: an operation that closes a lease
+returns the lease's deadlines (``retired``) for the caller to take off the revive
+schedule (``pop.schedule``); redelivery is ``pop.requeue``'s, which marks the entries it
+copied done here (``mark_requeued``).  This is the state a takeover of a lost broker's
+consumers needs: positions (``o``/``p`` keys) and open checkpoints (``c`` keys).
+
+Thread-safe: a lock per (group, user topic) (``lock``) orders that group's leases and
+their writes (its retry topic shares the lock).  Methods that take a ``ReceiptHandle``
+or a queue and say "caller holds the lock" need it held; the others take it
+themselves.  An internal lock guards the shared dicts and counters.
 """
 
 from __future__ import annotations
 
-import random
+import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Container
+from typing import Literal, NamedTuple
 
 from pop.checkpoint import (
     PopCheckpoint,
@@ -35,42 +44,59 @@ from pop.checkpoint import (
 )
 from pop.handle import HandleCodec, ReceiptHandle
 from pop.model import (
-    RETRY_PREFIX,
+    REQUEUED_MEMORY,
+    AlreadyDone,
     AlreadyRequeued,
     Deadline,
     GroupStats,
     HandleSuperseded,
-    MountedBounds,
     PopStats,
     QueueLeases,
     ReceiptHandleExpired,
-    TierReader,
+    Requeue,
+    by_origin,
     check_group,
     origin_of,
     retry_topic,
 )
-from pop.policy import RetryPolicy
+from pop.source import QueueBounds, QueueSource
 from store.clock import Clock
 from store.errors import ChronomqError, InvalidArgument
 from store.kv import KV, GroupCommit
 from store.store import MessageStore
 
+log = logging.getLogger(__name__)
+
+Ops = dict[bytes, bytes | None]  # key -> value, None: delete
+
+
+class Recorded(NamedTuple):
+    """A new lease in the book: its writes, and its deadline (None: nothing to lease,
+    the tag filter skipped every entry)."""
+
+    puts: list[tuple[bytes, bytes]]
+    deadline: Deadline | None
+
+
+class Acked(NamedTuple):
+    """The outcome of an ack of several handles."""
+
+    errors: list[ChronomqError | None]  # one per handle (None: acknowledged or no handle)
+    ticket: int  # wait for it before answering OK (0: nothing written)
+    retired: list[Deadline]  # deadlines of the leases it closed
+
 
 class LeaseBook:
-    """Lease state and its persistence (see the module docstring).  Thread-safe."""
+    """Positions, leases and their persistence (see the module docstring).  Thread-safe."""
 
     def __init__(self, store: MessageStore, kv: KV, secret: bytes, clock: Clock,
-                 max_messages_cap: int = 32, policy: RetryPolicy | None = None,
-                 group_policies: dict[str, RetryPolicy] | None = None) -> None:
+                 source: QueueSource) -> None:
         self._store = store
         self._kv = kv
         self._commit = GroupCommit(kv)  # leases, acks and deadlines: durable before OK
         self._handles = HandleCodec(secret)
         self._clock = clock
-        self.max_messages_cap = max_messages_cap
-        self.default_policy = policy or RetryPolicy()
-        self._policies = dict(group_policies or {})
-        self._rnd = random.Random()
+        self._source = source
         self._lock = threading.Lock()  # guards the dicts and counters below
         self._group_locks: dict[tuple[str, str], threading.Lock] = {}
         self._leases: dict[tuple[str, str, int], QueueLeases] = {}
@@ -82,20 +108,14 @@ class LeaseBook:
         # entries recently put back for redelivery, so a late settle of one gets a clear
         # error instead of a silent "done" (bounded; forgotten on restart)
         self._requeued: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
-        self.tier: TierReader | None = None  # set: read what local retention deleted
-        self.mounts: MountedBounds | None = None  # set: queues of mounted tiers
+        self._load()
 
+    # ---------------------------------------------------------------- state and locks
 
-    def policy(self, group: str) -> RetryPolicy:
-        return self._policies.get(group, self.default_policy)
-
-    def _recover(self) -> list[Deadline]:
-        """Load every open lease; returns their deadlines, to schedule (needed before
-        revive can run: a lease whose deadline passed while the broker was down revives
-        at once)."""
+    def _load(self) -> None:
+        """Load every position and open lease from the POP RocksDB."""
         offsets = {parse_key(k)[:3]: decode_offset(v) for k, v in self._kv.scan(b"o")}
         popped = {parse_key(k)[:3]: decode_offset(v) for k, v in self._kv.scan(b"p")}
-        deadlines: list[Deadline] = []
         for k, v in self._kv.scan(b"c"):
             group, topic, qid, start = parse_key(k)
             assert start is not None
@@ -106,16 +126,22 @@ class LeaseBook:
                 leases = self._leases[(group, topic, qid)] = QueueLeases(ack, ack)
             leases.checkpoints[ck.ck_start] = ck
             leases.pop_offset = max(leases.pop_offset, ck.end)
-            deadlines += [(group, topic, qid, ck.ck_start, e) for e in ck.deadlines()]
         for key, leases in self._leases.items():
             leases.pop_offset = max(leases.pop_offset, popped.get(key, 0))
         for group, topic, _ in list(self._leases) + list(offsets):
-            self._group_lock(group, origin_of(topic))  # known to statistics
-        return deadlines
+            self.lock(group, origin_of(topic))  # known to statistics
 
-    def _group_lock(self, group: str, topic: str) -> threading.Lock:
-        """One lock per (group, topic): its leases change, and are persisted, in order,
-        while other groups and topics proceed in parallel."""
+    def deadlines(self) -> list[Deadline]:
+        """The deadlines of every open lease (to schedule at start: a lease whose
+        deadline passed while the broker was down revives at once)."""
+        with self._lock:
+            return [(group, topic, qid, ck.ck_start, e)
+                    for (group, topic, qid), leases in self._leases.items()
+                    for ck in leases.checkpoints.values() for e in ck.deadlines()]
+
+    def lock(self, group: str, topic: str) -> threading.Lock:
+        """The lock of (group, user topic): its leases change, and are persisted, in
+        order, while other groups and topics proceed in parallel."""
         key = (group, topic)
         lock = self._group_locks.get(key)
         if lock is None:
@@ -123,28 +149,13 @@ class LeaseBook:
                 lock = self._group_locks.setdefault(key, threading.Lock())
         return lock
 
-    def _bounds(self, topic: str, qid: int) -> tuple[int, int, int]:
-        """``(low, local_low, high)``: the oldest queue offset readable (local or in the
-        tier), the oldest still on local disk, and the end."""
-        if self.mounts is not None:
-            mounted = self.mounts.bounds(topic, qid)
-            if mounted is not None:  # all of it in another broker's tier
-                return mounted[0], mounted[1], mounted[1]
-        local_low, high = self._store.queue_bounds(topic, qid)
-        low = local_low
-        if self.tier is not None:
-            tier_low = self.tier.min_queue_offset(topic, qid)
-            if tier_low is not None and tier_low < local_low:
-                low = tier_low
-        return low, local_low, high
-
     def _queue(self, group: str, topic: str, qid: int) -> QueueLeases:
-        """The queue's lease state; the caller holds the (group, topic) lock."""
+        """The queue's lease state; the caller holds the lock."""
         key = (group, topic, qid)
         leases = self._leases.get(key)
         if leases is None:
             raw = self._kv.get(offset_key(group, topic, qid))
-            ack = decode_offset(raw) if raw else self._bounds(topic, qid)[0]
+            ack = decode_offset(raw) if raw else self._source.bounds(topic, qid).low
             raw = self._kv.get(pop_offset_key(group, topic, qid))
             leases = QueueLeases(ack_offset=ack,
                                   pop_offset=max(ack, decode_offset(raw) if raw else 0))
@@ -152,7 +163,31 @@ class LeaseBook:
                 self._leases[key] = leases
         return leases
 
-    def _decode(self, group: str, text: str, now: int, verify: bool = True) -> ReceiptHandle:
+    # ---------------------------------------------------------------- durability
+
+    def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes] | None = None
+              ) -> int:
+        """Apply writes without a sync; the ticket to ``wait`` for (0: nothing written)."""
+        if not puts and not deletes:
+            return 0
+        return self._commit.write(puts, deletes or [])
+
+    def wait(self, ticket: int) -> None:
+        """Return once the write of ``ticket`` is durable."""
+        self._commit.wait(ticket)
+
+    def _write_ops(self, ops: Ops) -> int:
+        return self.write([(k, v) for k, v in ops.items() if v is not None],
+                          [k for k, v in ops.items() if v is None])
+
+    # ---------------------------------------------------------------- receipt handles
+
+    def encode(self, group: str, h: ReceiptHandle) -> str:
+        return self._handles.encode(group, h)
+
+    def decode(self, group: str, text: str, now: int, verify: bool = True) -> ReceiptHandle:
+        """A receipt handle of ``group``, checked (MAC unless ``verify`` is False, and
+        expiry at ``now``)."""
         h = self._handles.decode(group, text, verify)
         if now >= h.expire_at_ms:
             raise ReceiptHandleExpired(
@@ -160,10 +195,30 @@ class LeaseBook:
                 "and the message may have been redelivered")
         return h
 
-    def _lease_of(self, group: str, h: ReceiptHandle) -> tuple[PopCheckpoint | None, int]:
+    def decode_all(self, group: str, texts: list[str], issued: Container[str] = ()
+                   ) -> tuple[list[ReceiptHandle | None], list[ChronomqError | None]]:
+        """Decode several handles: each, or the error that rejected it.  Handles in
+        ``issued`` are known to be this broker's: their MAC is not recomputed."""
+        try:
+            check_group(group)
+        except ChronomqError as exc:
+            return [None] * len(texts), [exc] * len(texts)
+        now = self._clock.now_ms()
+        handles: list[ReceiptHandle | None] = []
+        results: list[ChronomqError | None] = []
+        for text in texts:
+            try:
+                handles.append(self.decode(group, text, now, text not in issued))
+                results.append(None)
+            except ChronomqError as exc:
+                handles.append(None)
+                results.append(exc)
+        return handles, results
+
+    def lease_of(self, group: str, h: ReceiptHandle) -> tuple[PopCheckpoint | None, int]:
         """The checkpoint holding ``h`` (None once it is done) and the entry's index;
         raises for a handle that does not match or was superseded.  Caller holds the
-        group lock."""
+        lock."""
         ck = self._queue(group, h.topic, h.queue_id).checkpoints.get(h.ck_start)
         if (group, h.topic, h.queue_id, h.queue_offset) in self._requeued:
             raise AlreadyRequeued("the message was already released for redelivery (Nack, "
@@ -180,53 +235,157 @@ class LeaseBook:
             return None, i
         return ck, i
 
-    def _finish(self, group: str, topic: str, qid: int, ck: PopCheckpoint,
-                ops: dict[bytes, bytes | None]) -> None:
-        """Persist a checkpoint after marks: rewrite it, or delete it and move the ack
-        offset when all its entries are done.  Caller holds the group lock."""
+    # ---------------------------------------------------------------- Pop
+
+    def next_queue(self, group: str, topic: str) -> int:
+        """Where this Pop starts in ``topic``'s queues (round robin).  Caller holds the
+        lock."""
+        first = self._next_queue.get((group, topic), 0)
+        self._next_queue[(group, topic)] = first + 1
+        return first
+
+    def pop_offset(self, group: str, topic: str, qid: int, bounds: QueueBounds) -> int:
+        """The first queue offset the group has never leased, moved into ``bounds``.
+        Caller holds the lock."""
+        leases = self._queue(group, topic, qid)
+        if leases.pop_offset < bounds.low:  # retention removed what the group had not
+            leases.pop_offset = leases.ack_offset = bounds.low  # reached
+        elif leases.pop_offset > bounds.high:  # the queue's tail was lost (flush =
+            # "async" and an OS crash): new messages take those queue offsets again
+            log.warning("%s/%d ends at %d, below group %s's pop offset %d: the tail was "
+                        "lost; leasing from %d", topic, qid, bounds.high, group,
+                        leases.pop_offset, bounds.high)
+            leases.pop_offset = bounds.high
+            leases.ack_offset = min(leases.ack_offset, bounds.high)
+        return leases.pop_offset
+
+    def record_lease(self, group: str, topic: str, qid: int, ck: PopCheckpoint) -> Recorded:
+        """A Pop leased ``ck`` (entries it skipped already marked done): the pop offset
+        moves past it.  Returns the writes for the caller to make durable before the
+        messages leave the broker.  Caller holds the lock."""
+        leases = self._queue(group, topic, qid)
+        leases.pop_offset = ck.end
+        puts = [(pop_offset_key(group, topic, qid), encode_offset(ck.end))]
+        if ck.all_acked():  # the filter skipped everything: no lease, just move on
+            if not leases.checkpoints:
+                leases.ack_offset = leases.pop_offset
+                puts.append((offset_key(group, topic, qid), encode_offset(leases.ack_offset)))
+            return Recorded(puts, None)
+        leases.checkpoints[ck.ck_start] = ck
+        puts.append((checkpoint_key(group, topic, qid, ck.ck_start), encode_checkpoint(ck)))
+        return Recorded(puts, (group, topic, qid, ck.ck_start, ck.expire_at_ms))
+
+    def count_popped(self, n: int) -> None:
+        with self._lock:
+            self._popped += n
+
+    # ---------------------------------------------------------------- settling
+
+    def ack(self, group: str, handles: list[ReceiptHandle | None]) -> Acked:
+        """Mark the handles' entries done, one write per user topic (not waited for)."""
+        errors: list[ChronomqError | None] = [None] * len(handles)
+        retired: list[Deadline] = []
+        ticket = 0
+        for origin, items in by_origin(handles).items():
+            ops: Ops = {}
+            acked = 0
+            with self.lock(group, origin):
+                for n, h in items:
+                    try:
+                        ck, i = self.lease_of(group, h)
+                    except ChronomqError as exc:
+                        errors[n] = exc
+                        continue
+                    if ck is not None:
+                        ck.mark(i)
+                        acked += 1
+                        retired += self._finish(group, h.topic, h.queue_id, ck, ops)
+                ticket = self._write_ops(ops) or ticket
+            with self._lock:
+                self._acked += acked
+        return Acked(errors, ticket, retired)
+
+    def change_invisible_time(self, group: str, h: ReceiptHandle, expire_at_ms: int) -> int:
+        """Move the deadline of ``h``'s entry to ``expire_at_ms``; the ticket of the
+        write.  Raises ``AlreadyDone`` when the entry is done."""
+        with self.lock(group, origin_of(h.topic)):
+            ck, i = self.lease_of(group, h)
+            if ck is None:
+                raise AlreadyDone("the message was already acknowledged or released")
+            if ck.count == 1:
+                ck.expire_at_ms = expire_at_ms
+            else:
+                ck.overrides[i] = expire_at_ms
+            return self.write([(checkpoint_key(group, h.topic, h.queue_id, ck.ck_start),
+                                encode_checkpoint(ck))])
+
+    def entries_due(self, deadline: Deadline) -> list[int]:
+        """Indexes of the entries still open whose deadline is ``deadline``'s."""
+        group, topic, qid, start, expire = deadline
+        with self.lock(group, origin_of(topic)):
+            leases = self._leases.get((group, topic, qid))
+            ck = leases.checkpoints.get(start) if leases else None
+            return ck.open_at(expire) if ck is not None else []
+
+    def entry_at(self, group: str, topic: str, qid: int, queue_offset: int
+                 ) -> tuple[int, int] | None:
+        """``(ck_start, index)`` of the open lease entry at ``queue_offset``, or None
+        when it is done or not leased.  Caller holds the lock."""
+        leases = self._leases.get((group, topic, qid))
+        ck = next((c for c in (leases.checkpoints.values() if leases else ())
+                   if c.ck_start <= queue_offset < c.end), None)
+        if ck is None or ck.is_acked(queue_offset - ck.ck_start):
+            return None
+        return ck.ck_start, queue_offset - ck.ck_start
+
+    def mark_requeued(self, reqs: list[Requeue], outcome: Literal["released", "revived"]
+                      ) -> list[Deadline]:
+        """Mark done entries whose copies are durable (dead-lettered when a request has
+        a reason) and write their checkpoints, not synced: a lost mark only repeats a
+        redelivery.  Returns the deadlines of the leases it closed.  Caller holds the
+        lock."""
+        counter = self._released if outcome == "released" else self._revived
+        ops: Ops = {}
+        retired: list[Deadline] = []
+        for r in reqs:
+            ck = self._queue(r.group, r.topic, r.queue_id).checkpoints.get(r.ck_start)
+            if ck is None or ck.is_acked(r.index):
+                continue
+            ck.mark(r.index)
+            retired += self._finish(r.group, r.topic, r.queue_id, ck, ops)
+            key = (r.group, origin_of(r.topic))
+            with self._lock:
+                self._requeued[(r.group, r.topic, r.queue_id, r.ck_start + r.index)] = None
+                if len(self._requeued) > REQUEUED_MEMORY:
+                    self._requeued.popitem(last=False)
+                if r.reason is None:
+                    counter[key] += 1
+                else:
+                    self._dead[key] += 1
+        self._write_ops(ops)
+        return retired
+
+    def _finish(self, group: str, topic: str, qid: int, ck: PopCheckpoint, ops: Ops
+                ) -> list[Deadline]:
+        """Persist a checkpoint after marks into ``ops``: rewrite it, or delete it and
+        move the ack offset when all its entries are done; returns the deadlines of a
+        deleted one.  Caller holds the lock."""
         key = checkpoint_key(group, topic, qid, ck.ck_start)
         if not ck.all_acked():
             ops[key] = encode_checkpoint(ck)
-            return
+            return []
         leases = self._queue(group, topic, qid)
         if leases.checkpoints.pop(ck.ck_start, None) is None:
-            return
+            return []
         ops[key] = None
-        self._forget_deadlines([(group, topic, qid, ck.ck_start, e)
-                                for e in {ck.expire_at_ms, *ck.overrides.values()}])
         oldest = min(leases.checkpoints, default=leases.pop_offset)
         if oldest > leases.ack_offset:
             leases.ack_offset = oldest
             ops[offset_key(group, topic, qid)] = encode_offset(oldest)
+        return [(group, topic, qid, ck.ck_start, e)
+                for e in {ck.expire_at_ms, *ck.overrides.values()}]
 
-    def _forget_deadlines(self, deadlines: list[Deadline]) -> None:
-        """The lease these deadlines belong to is done: they need not fire (the revive
-        layer drops them from its wheel, ``pop.requeue``)."""
-
-    def _write(self, ops: dict[bytes, bytes | None]) -> int:
-        """Apply ``ops`` (None: delete) without a sync; the ticket to wait for (0: none)."""
-        if not ops:
-            return 0
-        return self._commit.write([(k, v) for k, v in ops.items() if v is not None],
-                                  [k for k, v in ops.items() if v is None])
-
-    def _decode_all(self, group: str, texts: list[str], issued: Container[str] = ()
-                    ) -> tuple[list[ReceiptHandle | None], list[ChronomqError | None]]:
-        try:
-            check_group(group)
-        except ChronomqError as exc:
-            return [None] * len(texts), [exc] * len(texts)
-        now = self._clock.now_ms()
-        handles: list[ReceiptHandle | None] = []
-        results: list[ChronomqError | None] = []
-        for text in texts:
-            try:
-                handles.append(self._decode(group, text, now, text not in issued))
-                results.append(None)
-            except ChronomqError as exc:
-                handles.append(None)
-                results.append(exc)
-        return handles, results
+    # ---------------------------------------------------------------- figures, topics
 
     def statistics(self) -> PopStats:
         with self._lock:
@@ -259,13 +418,13 @@ class LeaseBook:
             if self._store.topics.get(retry_topic(group, topic)) is not None:
                 parts.append((retry_topic(group, topic), 1))
             in_flight = backlog = 0
-            with self._group_lock(group, topic):
+            with self.lock(group, topic):
                 for ltopic, queues in parts:
                     for qid in range(queues):
                         leases = self._queue(group, ltopic, qid)
-                        low, _, high = self._bounds(ltopic, qid)
+                        b = self._source.bounds(ltopic, qid)
                         in_flight += sum(c.count - c.done for c in leases.checkpoints.values())
-                        backlog += max(0, high - max(leases.pop_offset, low))
+                        backlog += max(0, b.high - max(leases.pop_offset, b.low))
             with self._lock:
                 redelivered = self._revived[(group, topic)] + self._released[(group, topic)]
                 dead = self._dead[(group, topic)]
@@ -276,8 +435,8 @@ class LeaseBook:
         return out
 
     def forget_topic(self, topic: str) -> None:
-        """Drop every group's leases and offsets of a deleted topic (memory and RocksDB)
-        and the groups' retry topics."""
+        """Drop every group's leases and positions of a deleted user topic and of its
+        retry topics (memory and RocksDB)."""
         with self._lock:
             doomed_keys = [k for k in self._leases if origin_of(k[1]) == topic]
             for key in doomed_keys:
@@ -287,6 +446,3 @@ class LeaseBook:
         doomed = [k for kind in (b"c", b"o", b"p") for k, _ in self._kv.scan(kind)
                   if origin_of(parse_key(k)[1]) == topic]
         self._kv.write(deletes=doomed)
-        for t in self._store.topics.list():
-            if t.name.startswith(RETRY_PREFIX) and origin_of(t.name) == topic:
-                self._store.delete_topic(t.name)

@@ -15,7 +15,13 @@ Options (plain values, so executors open their own tier): ``path`` (local-direct
 tier) or ``s3_bucket``, ``s3_prefix``, ``s3_endpoint_url``, ``s3_region``,
 ``s3_access_key_id``, ``s3_secret_access_key``; ``broker`` (default ``broker-0``);
 optionally ``topic`` (comma-separated), ``start_ms``, ``end_ms``, ``key``, and
-``max_slice_bytes``.
+``max_slice_bytes``; ``damage_rows`` (``true``: see below).
+
+Damaged tier objects (``tiered.scan``) never fail a read: their intact records are read,
+the rest skipped and logged at ERROR by the executor.  With ``damage_rows``, each
+partition also yields one marker row per damaged object (``queue_id`` -1, the object's
+path and what was wrong in the properties ``chronomq.damaged_object`` and
+``chronomq.damage``), so a job can report them on the driver (``spark.jobs`` does).
 
 Filter push-down: ``topic = / IN``, ``store_at_ms`` bounds and ``key =`` are handled by the
 source (exactly: Spark does not evaluate them again); topic and time skip whole
@@ -24,7 +30,7 @@ segments using the tier's metadata, the key is checked while decoding.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,11 +53,15 @@ from store.names import check_readable
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.s3 import S3Provider, S3Settings
-from tiered.scan import ScanSlice, Selection, decode_slice, plan
+from tiered.scan import SCHEMA as ARROW_SCHEMA
+from tiered.scan import Damage, ScanSlice, Selection, decode_slice, log_damage, plan
 
 SCHEMA = ("topic string, queue_id int, queue_offset long, message_id string, key string, "
           "tag string, born_at_ms long, store_at_ms long, deliver_at_ms long, "
           "properties map<string,string>, body binary")
+DAMAGE_QUEUE_ID = -1  # marks a damage row (a record's queue id is a u16)
+DAMAGED_OBJECT = "chronomq.damaged_object"
+DAMAGE_REASON = "chronomq.damage"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +117,28 @@ def selection_from_options(options: dict[str, str]) -> Selection:
 
 
 class SlicePartition(InputPartition):
-    def __init__(self, s: ScanSlice | None) -> None:
+    """One slice to read, or none: a partition that only carries damage found while
+    planning (queue metadata copies that do not parse)."""
+
+    def __init__(self, s: ScanSlice | None, damaged: tuple[Damage, ...] = ()) -> None:
         super().__init__(s)
         self.slice = s
+        self.damaged = damaged
+
+
+def damage_rows(damaged: list[Damage], topics: list[str],
+                selection: Selection) -> pa.RecordBatch:
+    """One marker row per damaged object (of topic ``topics[i]``); its other columns
+    satisfy the selection, so a filter Spark evaluates again keeps it."""
+    n = len(damaged)
+    return pa.RecordBatch.from_pydict({
+        "topic": topics, "queue_id": [DAMAGE_QUEUE_ID] * n, "queue_offset": [-1] * n,
+        "message_id": [""] * n, "key": [selection.key] * n, "tag": [""] * n,
+        "born_at_ms": [0] * n, "store_at_ms": [selection.start_ms] * n,
+        "deliver_at_ms": [0] * n,
+        "properties": [[(DAMAGED_OBJECT, d.path), (DAMAGE_REASON, d.reason)]
+                       for d in damaged],
+        "body": [b""] * n}, schema=ARROW_SCHEMA)
 
 
 class ChronomqDataSource(DataSource):
@@ -128,13 +157,15 @@ class ChronomqReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.location = TierLocation.from_options(options)
         self.selection = selection_from_options(options)
-        self.max_slice_bytes = int({k.lower(): v for k, v in options.items()}
-                                   .get("max_slice_bytes") or 64 << 20)
+        o = {k.lower(): v for k, v in options.items()}
+        self.max_slice_bytes = int(o.get("max_slice_bytes") or 64 << 20)
+        self.damage_rows = o.get("damage_rows", "").lower() == "true"
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         sel = self.selection
         for f in filters:
-            column = f.attribute[0] if len(f.attribute) == 1 else ""  # type: ignore[attr-defined]
+            attribute: tuple[str, ...] = getattr(f, "attribute", ())  # NOT/AND/OR: none
+            column = attribute[0] if len(attribute) == 1 else ""
             pushed = _narrow(sel, column, f)
             if pushed is None:
                 yield f
@@ -143,15 +174,33 @@ class ChronomqReader(DataSourceReader):
         self.selection = sel
 
     def partitions(self) -> Sequence[InputPartition]:
+        damaged: list[Damage] = []
         slices = plan(self.location.open(), self.location.broker, self.selection,
-                      self.max_slice_bytes)
-        return [SlicePartition(s) for s in slices] or [SlicePartition(None)]
+                      self.max_slice_bytes, _noting(damaged))
+        parts = [SlicePartition(s) for s in slices]
+        if damaged or not parts:
+            parts.append(SlicePartition(None, tuple(damaged)))
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        s = partition.slice  # type: ignore[attr-defined]
-        if s is None:
-            return
-        yield from decode_slice(self.location.open(), s, self.selection)
+        s: ScanSlice | None = partition.slice  # type: ignore[attr-defined]
+        damaged: list[Damage] = list(partition.damaged)  # type: ignore[attr-defined]
+        if s is not None:
+            yield from decode_slice(self.location.open(), s, self.selection,
+                                    _noting(damaged))
+        if self.damage_rows and damaged:
+            # planning damage is a queue metadata copy: <broker>/meta/<topic>/<queue>.json
+            topics = [s.topic if s else d.path.split("/", 2)[-1].rpartition("/")[0]
+                      for d in damaged]
+            yield damage_rows(damaged, topics, self.selection)
+
+
+def _noting(damaged: list[Damage]) -> Callable[[Damage], None]:
+    """Log each damaged object (at ERROR) and keep it in ``damaged``."""
+    def note(damage: Damage) -> None:
+        log_damage(damage)
+        damaged.append(damage)
+    return note
 
 
 def _narrow(sel: Selection, column: str, f: Filter) -> Selection | None:

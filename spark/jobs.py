@@ -15,6 +15,12 @@ with a rate), each sending its share; a request goes out as soon as the messages
 it are within the share (``Pace``), so the cap is reached when the broker can take it.
 A refused message is counted and the first refusal's status kept, so the job can say
 why; the send window (first request to last answer) gives the rate achieved.
+
+Damaged tier objects do not stop either job: ``select`` asks the source for a marker row
+per damaged object (``damage_rows``); both jobs take the markers out before sending or
+writing and collect them in the same pass (a Spark ``Observation``), so every intact
+record is delivered and the damaged objects are reported (``ReplayResult.damaged``,
+``export(..., damaged=[])``).
 """
 
 from __future__ import annotations
@@ -27,12 +33,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from spark.datasource import TierLocation
+from spark.datasource import DAMAGE_QUEUE_ID, DAMAGE_REASON, DAMAGED_OBJECT, TierLocation
 from store.names import check_name
-from tiered.scan import Selection
+from tiered.scan import Damage, Selection
 
 SEND_BATCH = 500
 # one message as replay sends it: topic, body, key, tag, properties, deliver_at_ms (0: now),
@@ -60,6 +66,7 @@ class ReplayResult:
     seconds: float
     first_error: str = ""  # "CODE: message" of a failed send, when any failed
     send_seconds: float = 0.0  # from the first request sent to the last answer
+    damaged: tuple[Damage, ...] = ()  # tier objects skipped in part or whole, by path
 
     @property
     def rate(self) -> float:
@@ -69,8 +76,11 @@ class ReplayResult:
 
 
 def select(spark: SparkSession, location: TierLocation, selection: Selection) -> DataFrame:
-    """The selected messages as a DataFrame (the selection is pushed into the source)."""
-    reader = spark.read.format("chronomq").option("broker", location.broker)
+    """The selected messages as a DataFrame (the selection is pushed into the source),
+    with a marker row per damaged tier object (``queue_id`` -1; ``replay`` and
+    ``export`` take them out and report them)."""
+    reader = (spark.read.format("chronomq").option("broker", location.broker)
+              .option("damage_rows", "true"))
     for field in TierLocation.__slots__:
         value = getattr(location, field)
         if value and field != "broker":
@@ -94,12 +104,16 @@ def replay(spark: SparkSession, df: DataFrame, sink: ReplaySink, into_topic: str
         check_name(into_topic)
     t0 = time.monotonic()
     first_ms = span_ms = 0
-    if spread_ms:
-        lo, hi = df.agg(F.min("store_at_ms"), F.max("store_at_ms")).first() or (None, None)
+    observed, damage = _without_damage(df)
+    if spread_ms:  # an extra pass over the intact records (no report: the send has it)
+        intact = df if damage is None else df.where(F.col("queue_id") != DAMAGE_QUEUE_ID)
+        lo, hi = intact.agg(F.min("store_at_ms"),
+                            F.max("store_at_ms")).first() or (None, None)
         if lo is not None and hi is not None:
             first_ms, span_ms = int(lo), max(1, int(hi) - int(lo))
     launch_ms = int(time.time() * 1000)
     running = max(1, spark.sparkContext.defaultParallelism)
+    df = observed
     if rate:  # every partition sends at once, at an even share of the rate
         df = df.repartition(running)
     per_task_rate = rate / running if rate else 0.0
@@ -113,14 +127,41 @@ def replay(spark: SparkSession, df: DataFrame, sink: ReplaySink, into_topic: str
     sent, dups, failed = int(sent or 0), int(dups or 0), int(failed or 0)
     window_s = (last - first) / 1000 if first is not None and last is not None else 0.0
     return ReplayResult(sent + dups + failed, sent, dups, failed, time.monotonic() - t0,
-                        error or "", window_s)
+                        error or "", window_s, tuple(_damaged(damage)))
 
 
-def export(spark: SparkSession, df: DataFrame, path: str, progress: bool = True) -> int:
-    """Write ``df`` as Parquet under ``path`` (replacing it); returns the rows written."""
+def export(spark: SparkSession, df: DataFrame, path: str, progress: bool = True,
+           damaged: list[Damage] | None = None) -> int:
+    """Write ``df`` as Parquet under ``path`` (replacing it); returns the rows written.
+    The damaged tier objects met are added to ``damaged`` (when given)."""
+    observed, damage = _without_damage(df)
     with _Progress(spark, "export", progress):
-        df.write.mode("overwrite").parquet(path)
+        observed.write.mode("overwrite").parquet(path)
+    if damaged is not None:
+        damaged += _damaged(damage)
     return int(spark.read.parquet(path).count())
+
+
+def _without_damage(df: DataFrame) -> tuple[DataFrame, Observation | None]:
+    """``df`` without its damage marker rows, and the observation that collects them
+    while the job's action runs (None: ``df`` has no such columns)."""
+    if not {"queue_id", "properties"} <= set(df.columns):
+        return df, None
+    marker = F.col("queue_id") == DAMAGE_QUEUE_ID
+    props = F.col("properties")
+    observation = Observation("chronomq_damage")
+    observed = df.observe(observation, F.collect_set(F.when(marker, F.struct(
+        props[DAMAGED_OBJECT].alias("path"), props[DAMAGE_REASON].alias("reason"))))
+        .alias("damaged"))
+    return observed.where(~marker), observation
+
+
+def _damaged(observation: Observation | None) -> list[Damage]:
+    """The damaged objects the observed action met, by path (after the action)."""
+    if observation is None:
+        return []
+    rows = observation.get.get("damaged") or []
+    return sorted((Damage(r["path"], r["reason"]) for r in rows), key=lambda d: d.path)
 
 
 class _Sender:

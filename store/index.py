@@ -10,10 +10,14 @@ Keys and values (``<data>/index`` RocksDB, raw bytes)::
                                        (delayed records with a key, when stored: how a
                                         pending message is found by key; the timer says
                                         which of them are still pending)
-    b"d" + topic + b"\\0" + message_id                  -> store time ms u64
+    b"d" + topic + b"\\0" + message_id                  -> store time ms u64 |
+                                                          commit_offset u64 | size u32
                                        (every record with a client-chosen id, delayed ones
                                         too: what the send-side de-duplication of
-                                        ``Broker.seen_recently`` looks up, per topic)
+                                        ``Broker.seen_recently`` looks up, per topic; the
+                                        record's location lets ``MessageStore.stored_at``
+                                        check it survived a torn tail.  An 8-byte value,
+                                        store time only, is from before the location)
     b"!position"                                       -> commit_offset u64
 
 The position is written in the same atomic batch as the entries it covers, so the index
@@ -34,16 +38,37 @@ Thread-safety: dispatch runs on the dispatcher thread; lookups from any thread.
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 from store.crashpoint import crashpoint
 from store.kv import KV
 from store.message import FLAG_DELAYED, FLAG_FOREIGN_ID, DispatchInfo
 
 _LOC = struct.Struct(">QI")
+_DEDUPE = struct.Struct(">QQI")  # store time ms, commit offset, size
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _POSITION = b"!position"
 WRITE_BUFFER_BYTES = 4 << 20  # per memtable (RocksDB keeps at most two)
+
+
+class DedupeEntry(NamedTuple):
+    """The last record stored with a (topic, client-chosen id): when, and where
+    (``commit_offset`` -1: an entry written before entries held the location)."""
+
+    store_at_ms: int
+    commit_offset: int
+    record_size: int
+
+
+def encode_dedupe(entry: DedupeEntry) -> bytes:
+    return _DEDUPE.pack(*entry)
+
+
+def decode_dedupe(raw: bytes) -> DedupeEntry:
+    if len(raw) == _U64.size:
+        return DedupeEntry(_U64.unpack(raw)[0], -1, 0)
+    return DedupeEntry(*_DEDUPE.unpack(raw))
 
 
 def _dedupe_key(topic: str, message_id: str) -> bytes:
@@ -69,7 +94,8 @@ class KeyIndex:
 
     def rewind(self, offset: int) -> None:
         """Entries of records past ``offset`` may stay: a lookup checks the record it reads
-        (``MessageStore`` verifies topic, key and id), and replay rewrites them."""
+        (``store.lookup``: topic, key, id, and that the store wrote it there), and replay
+        rewrites them."""
         if self._position > offset or self._pending_position > offset:
             self._kv.write([(_POSITION, _U64.pack(offset))], sync=True)
             self._position = self._pending_position = offset
@@ -78,7 +104,8 @@ class KeyIndex:
         puts: list[tuple[bytes, bytes]] = []
         for r in records:
             if r.flags & FLAG_FOREIGN_ID:
-                puts.append((_dedupe_key(r.topic, r.message_id), _U64.pack(r.store_at_ms)))
+                puts.append((_dedupe_key(r.topic, r.message_id), encode_dedupe(
+                    DedupeEntry(r.store_at_ms, r.commit_offset, r.record_size))))
             if r.flags & FLAG_DELAYED:
                 if r.key:
                     puts.append((_key_prefix(r.topic, r.key, b"p") + _U64.pack(r.commit_offset),
@@ -110,11 +137,12 @@ class KeyIndex:
         offset, size = _LOC.unpack_from(raw)
         return int(offset), int(size)
 
-    def stored_at(self, messages: list[tuple[str, str]]) -> list[int | None]:
-        """When a record with each (topic, client-chosen id) was last stored (None:
-        never); one RocksDB multi-get for the lot."""
+    def dedupe_entries(self, messages: list[tuple[str, str]]) -> list[DedupeEntry | None]:
+        """The last record stored with each (topic, client-chosen id) (None: never), as
+        dispatched: it may since have been lost in a torn tail (``MessageStore.stored_at``
+        checks); one RocksDB multi-get for the lot."""
         values = self._kv.get_many([_dedupe_key(t, mid) for t, mid in messages])
-        return [int(_U64.unpack(v)[0]) if v is not None else None for v in values]
+        return [decode_dedupe(v) if v is not None else None for v in values]
 
     def by_key(self, topic: str, key: str, limit: int) -> list[tuple[int, int]]:
         """Locations of the newest ``limit`` messages with ``key`` (oldest first)."""

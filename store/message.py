@@ -280,10 +280,14 @@ class MessageIdFormat:
 
         ms timestamp (48 bits) | node id (16 bits) | CommitLog offset of the record (64 bits)
 
-    The offset makes an id unique on its broker (offsets never repeat) and lets a lookup by
-    id read the record directly, so the hot path writes no id index; ids a client chose
-    (replay) or that a redelivery keeps are indexed instead (``store.index``).  Ids sort by
-    assignment time across brokers, then by position.  Thread-safe (immutable).
+    The offset and the millisecond make an id unique on its broker (an offset is taken
+    again only after a torn tail, and then ``store.idfloor`` gives a later millisecond),
+    and the offset lets a lookup by id read the record directly, so the hot path writes no
+    id index; ids a client chose (replay) or that a redelivery keeps are indexed instead
+    (``store.index``).  A client can predict an offset and so name bytes inside a body:
+    ``MessageStore.query_by_message_id`` checks the record it reads there is one the store
+    wrote.  Ids sort by assignment time across brokers, then by position.  Thread-safe
+    (immutable).
     """
 
     def __init__(self, node_id: int = 0) -> None:

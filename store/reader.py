@@ -7,7 +7,8 @@ CommitLog counts it once however often it is read, and it costs that record only
 
 A location from the key index or a broker-assigned id is read quietly instead
 (``read_located``): it may be stale (index entries of a lost tail stay until replay
-rewrites them) or made up by a client, so a mismatch is "not found", not damage.
+rewrites them) or made up by a client, so a mismatch is "not found", not damage; and
+what it finds still needs the proof of ``store.lookup`` that the store wrote it there.
 
 Thread-safe (reads only).
 """

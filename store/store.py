@@ -3,7 +3,8 @@ topic catalogue + retention.
 
 Data directory layout::
 
-    <data_dir>/commitlog/      CommitLog segments and checkpoint (store.commitlog)
+    <data_dir>/commitlog/      CommitLog segments and checkpoint (store.commitlog), and
+                               the message-id floor (store.idfloor)
     <data_dir>/consumequeue/   one folder per topic/queue (store.consumequeue)
     <data_dir>/checkpoint/     dispatcher checkpoints
     <data_dir>/index/          RocksDB key/message-id index (store.index)
@@ -43,12 +44,13 @@ from store.commitlog import CommitLog, CommitLogStats
 from store.consumequeue import CqEntry
 from store.disk import unless_full
 from store.dispatcher import Dispatcher, DispatchHandler, LogReader
-from store.errors import DamagedRecord, FailedPrecondition, StoreError, TopicNotFound
+from store.errors import DamagedRecord, FailedPrecondition, TopicNotFound
+from store.idfloor import IdFloor
 from store.index import KeyIndex
+from store.lookup import DelayedWitness, RecordLookup
 from store.message import (
     FLAG_DELAYED,
     FLAG_FOREIGN_ID,
-    HEADER,
     HEADER_AFTER_CRC,
     HEADER_PREFIX,
     RECORD_MAGIC,
@@ -57,7 +59,6 @@ from store.message import (
     Message,
     MessageIdFormat,
     draft_of,
-    record_size_at,
     reframe_record,
     validate_message_fields,
     validate_times,
@@ -128,6 +129,7 @@ class MessageStore:
         self._retention_guards: list[Callable[[], int]] = []
         self.dispatcher: Dispatcher | None = None
         self.ids = MessageIdFormat(config.node_id)
+        self._id_floor = IdFloor(os.path.join(log_dir, "id-floor"))  # ids never repeat
         self._next_queue_offset = NextOffsets(self.queues)
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._appended = 0
@@ -135,6 +137,9 @@ class MessageStore:
         self._stopped = False
         # no record is bigger than its body and 1 MiB (properties, strings)
         self.reader = RecordReader(self.commitlog, config.max_body_bytes + (1 << 20))
+        self.lookup = RecordLookup(self.commitlog, self.reader, self.index, self.queues,
+                                   self.topics, self.ids, self._dispatched_offset,
+                                   self.wait_visible)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -214,6 +219,7 @@ class MessageStore:
             return
         self._stopped = True
         self.commitlog.stop()
+        self._id_floor.close()
         if self.dispatcher is not None:
             unless_full(self.dispatcher.stop, "the dispatcher's final flush")
         self.commitlog.close()
@@ -281,7 +287,7 @@ class MessageStore:
                 raise TopicNotFound(name)
             topics[name] = (topic.queue_count, name.encode())
         now = self.clock.now_ms()
-        id_prefix, make_id = self.ids.prefix(now), self.ids.make
+        id_prefix, make_id = self.ids.prefix(self._id_floor.ms(now)), self.ids.make
         records: list[bytes] = []
         infos: list[DispatchInfo] = []
         next_qo = self._next_queue_offset
@@ -351,6 +357,9 @@ class MessageStore:
         assert self.dispatcher is not None
         return self.dispatcher.wait_dispatched(self.commitlog.confirmed_offset, timeout_s)
 
+    def _dispatched_offset(self) -> int:
+        return self.dispatcher.dispatched_offset if self.dispatcher is not None else 0
+
     def read_message(self, commit_offset: int, size: int) -> Message:
         """The record at ``commit_offset`` of ``size`` bytes (a ConsumeQueue entry's);
         raises ``DamagedRecord`` when it fails its checks (``store.reader``)."""
@@ -378,23 +387,23 @@ class MessageStore:
 
     def query_by_message_id(self, message_id: str) -> list[Message]:
         """The record with this id: the indexed one (client-chosen ids, redeliveries), else
-        the record its broker-assigned id points at."""
-        loc = self.index.by_message_id(message_id)
-        if loc is None:
-            offset = self.ids.locate(message_id)
-            if offset is None or not self.reader.on_disk(offset):
-                return []
-            try:
-                loc = offset, record_size_at(self.commitlog.read(offset, HEADER.size))
-            except StoreError:
-                return []
-        m = self.reader.read_located(*loc)
-        return [m] if m is not None and m.message_id == message_id else []
+        the record its broker-assigned id points at; only a record the store wrote, never
+        bytes inside a body that look like one (``store.lookup``)."""
+        return self.lookup.by_message_id(message_id)
 
     def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
         self.topics.require(topic)
-        found = (self.reader.read_located(o, n) for o, n in self.index.by_key(topic, key, limit))
-        return [m for m in found if m is not None and m.topic == topic and m.key == key]
+        return self.lookup.by_key(topic, key, limit)
+
+    def stored_at(self, messages: list[tuple[str, str]]) -> list[int | None]:
+        """When a record with each (topic, client-chosen id) was last stored (None: never,
+        or it was lost in a torn tail): what the send-side de-duplication looks up."""
+        return self.lookup.stored_at(messages)
+
+    def add_delayed_witness(self, holds: DelayedWitness) -> None:
+        """``holds(message_id, commit_offset)``: whether that delayed record is pending
+        (the timer); the proof a delayed record found by its id needs (``store.lookup``)."""
+        self.lookup.add_delayed_witness(holds)
 
     # ------------------------------------------------------------------ retention
 

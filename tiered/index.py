@@ -20,10 +20,16 @@ n-th (topic, queue, generation), listed in the catalogue.
 
 The catalogue ``<data>/tiered/index/catalog.json`` (copied to ``<broker>/index/catalog.json``
 for a broker that mounts the tier read-only) lists the sealed files with their CommitLog
-and time ranges.  A local copy of each file's header and slot table
-(``<data>/tiered/index/<name>.slots``) turns the slot lookup into a local ``pread``, so
-the tier sees one ranged read per file; without it (another broker) the slot is read from
-the object first.
+and time ranges, and per queue the queue offset after its last entry in the file: what
+follows the last one is what a mount indexes itself (``tiered.mount``).  A local copy of
+each file's header and slot table (``<data>/tiered/index/<name>.slots``) turns the slot
+lookup into a local ``pread``, so the tier sees one ranged read per file; without it
+(another broker) the slot is read from the object first.
+
+Lookups search the open file too (``lookup_open``): local retention may delete a record's
+segment long before its file is sealed, and the tier holds the record by then.  Its
+entries stay packed (36 bytes each, the digest first), so that search is a byte search
+over at most ``max_entries`` entries, with no per-entry objects in memory.
 
 Crash safety: the open file's entries are appended to ``<data>/tiered/index/open`` and
 fsynced (``persist``) before the dispatcher writes its checkpoint, and reloaded on start;
@@ -64,6 +70,7 @@ OPEN_BLOCK = struct.Struct(">IQIH")  # queue id, generation, entry count, topic 
 OPEN_ENTRY = struct.Struct(">QQQQI")  # digest, queue offset, store time, commit offset, size
 SLOT = struct.Struct(">II")
 ENTRY = struct.Struct(">IIQQ")
+_DIGEST = struct.Struct(">Q")  # an OPEN_ENTRY's first field
 MAGIC = b"CMQX"
 ENTRIES_PER_SLOT = 16  # average; a lookup reads about this many entries
 
@@ -79,6 +86,24 @@ def id_digest(message_id: str) -> int:
 
 def key_digest(topic: str, key: str) -> int:
     return digest(b"k" + topic.encode() + b"\0" + key.encode())
+
+
+def scan(blocks: list[tuple[int, bytes]], d: int) -> list[tuple[int, int, int, int]]:
+    """(queue ref, queue offset, store time, commit offset) of each packed OPEN_ENTRY in
+    ``blocks`` whose digest is ``d``: a byte search (C speed, no Python work per entry);
+    a match not on an entry's boundary is not an entry's digest."""
+    needle = _DIGEST.pack(d)
+    out = []
+    for ref, body in blocks:
+        at = body.find(needle)
+        while at >= 0:
+            if at % OPEN_ENTRY.size:
+                at = body.find(needle, at + 1)
+                continue
+            _, qo, stored, commit, _ = OPEN_ENTRY.unpack_from(body, at)
+            out.append((ref, qo, stored, commit))
+            at = body.find(needle, at + OPEN_ENTRY.size)
+    return out
 
 
 class IndexHit(NamedTuple):
@@ -99,6 +124,9 @@ class IndexFile:
     entries: int
     slots: int
     queues: list[tuple[str, int, int]] = field(default_factory=list)
+    # per queue (same order): the queue offset after its last entry here; a mount indexes
+    # itself what follows the last sealed file (empty: a catalogue written before it)
+    ends: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -111,6 +139,8 @@ class _OpenFile:
     count: int = 0  # entries
     blocks: list[tuple[int, bytes]] = field(default_factory=list)  # (queue ref, OPEN_ENTRYs)
     queues: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    names: list[tuple[str, int, int]] = field(default_factory=list)  # ref -> queue
+    ends: dict[int, int] = field(default_factory=dict)  # ref -> queue offset after its last
 
     def entries(self) -> list[tuple[int, int, int, int]]:
         """(digest, queue ref, queue offset, store time) of every entry."""
@@ -192,7 +222,8 @@ class TieredIndex:
                         if e[3] + e[4] > self.sealed_end]          # after sealing)
                 if kept:
                     self._add_block(topic, qid, gen,
-                                    b"".join(OPEN_ENTRY.pack(*e) for e in kept), kept)
+                                    b"".join(OPEN_ENTRY.pack(*e) for e in kept), kept,
+                                    kept[-1][1])
         self._open.unsaved.clear()
 
     @property
@@ -223,12 +254,13 @@ class TieredIndex:
         if parts:
             self._add_block(topic, queue_id, generation, b"".join(parts),
                             [(0, 0, r.store_at_ms, r.commit_offset, r.record_size)
-                             for r in (kept[0], kept[-1])])
+                             for r in (kept[0], kept[-1])], kept[-1].queue_offset)
 
     def _add_block(self, topic: str, queue_id: int, generation: int, body: bytes,
-                   ends: list[tuple[int, int, int, int, int]]) -> None:
+                   ends: list[tuple[int, int, int, int, int]], last_queue_offset: int) -> None:
         """Add one queue's packed entries; ``ends`` holds (at least) its first and last
-        entry, in CommitLog order."""
+        entry, in CommitLog order.  Lookups may read the open file meanwhile: a queue's
+        name is listed before a block refers to it."""
         o = self._open
         first, last = ends[0], ends[-1]
         if not o.count:
@@ -238,6 +270,8 @@ class TieredIndex:
         ref = o.queues.get(qkey)
         if ref is None:
             ref = o.queues[qkey] = len(o.queues)
+            o.names.append(qkey)
+        o.ends[ref] = max(o.ends.get(ref, 0), last_queue_offset + 1)
         n = len(body) // OPEN_ENTRY.size
         o.blocks.append((ref, body))
         o.count += n
@@ -313,7 +347,7 @@ class TieredIndex:
         write_atomic(self._slots_path(name), up.data[: HEADER.size + slots * SLOT.size])
         queues = sorted(o.queues, key=lambda q: o.queues[q])
         f = IndexFile(name, o.begin_offset, o.end_offset, o.begin_ms, o.end_ms,
-                      o.count, slots, queues)
+                      o.count, slots, queues, [o.ends[o.queues[q]] for q in queues])
         with self._lock:
             self.files.append(f)
             self.sealed_end = o.end_offset
@@ -370,6 +404,17 @@ class TieredIndex:
                     topic, qid, gen = f.queues[ref]
                     hits.append(IndexHit(topic, qid, gen, qo, stored))
         return hits
+
+    def lookup_open(self, d: int, before_offset: int | None = None) -> list[IndexHit]:
+        """Entries whose digest is ``d`` in the open file (not sealed yet: no file in the
+        tier lists them), of records below CommitLog offset ``before_offset`` if given.
+        Take it before ``snapshot``: a seal in between then shows an entry twice, never
+        not at all."""
+        o = self._open
+        blocks = list(o.blocks)
+        names = list(o.names)  # after the blocks: it names every ref they hold
+        return [IndexHit(*names[ref], qo, stored) for ref, qo, stored, commit in scan(blocks, d)
+                if before_offset is None or commit < before_offset]
 
     def _slot(self, f: IndexFile, slot: int) -> tuple[int, int]:
         at = HEADER.size + slot * SLOT.size

@@ -14,7 +14,15 @@ its Stats as ``tier.upload_lag_s``).  Metadata read at mount time: a mount of a 
 that is still running sees a snapshot (mount again to refresh).
 
 QueryMessages by key or id reads the departed broker's sealed key-index files (their
-catalogue's copy in the tier), the same digests its own broker would look up.
+catalogue's copy in the tier), the same digests its own broker would look up.  What no
+sealed file covers (its open index file, lost with it: at most its last
+``tier.index_entries`` / ``tier.index_ms`` of records) the mount indexes itself on the
+first query: each queue's records after its entries in the last sealed file that lists
+it (the catalogue keeps that queue offset) are read from the tier once, and their digests
+kept packed in memory, 36 bytes per id or key (``tiered.index.scan``), for at most
+``_TAIL_MAX_RECORDS`` records (more only when the catalogue is lost: logged).  A catalogue
+written before it kept those offsets: the tail starts at the first segment holding data
+stored after that file ends (less a minute of clock slack).
 
 ``MountReader`` is the POP service's tier reader with the mounts in front: a mounted
 queue is read from the tier entirely; any other queue goes to the broker's own tiered
@@ -28,18 +36,54 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from store.clock import SystemClock
+from store.consumequeue import ENTRY
 from store.errors import FailedPrecondition, InvalidArgument
-from store.message import Message, decode_record
+from store.message import HEADER, Message, decode_record
 from store.names import is_name
 from tiered.errors import TierError, TierNotFound
-from tiered.index import IndexFile, IndexHit, TieredIndex, id_digest, key_digest
+from tiered.index import (
+    OPEN_ENTRY,
+    IndexFile,
+    IndexHit,
+    TieredIndex,
+    digest,
+    id_digest,
+    key_digest,
+    scan,
+)
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
 
 log = logging.getLogger(__name__)
+
+_TAIL_CHUNK = 512  # entries read per tier read while indexing the unsealed tail
+_TAIL_MAX_RECORDS = 1 << 21  # memory bound of that index (2 entries of 36 bytes each)
+_CLOCK_SLACK_MS = 60_000  # a catalogue without queue offsets: store times may step back
+
+
+def _tail_entries(key_prefix: bytes, e: TieredEntry) -> bytes:
+    """The packed OPEN_ENTRYs of a record (its id, and its key when set), as the owner's
+    ``TieredIndex.add_batch`` made them (no CommitLog position: a mount has none)."""
+    h = HEADER.unpack_from(e.record)
+    id_len, topic_len, key_len = h[10], h[11], h[12]
+    at = HEADER.size
+    out = OPEN_ENTRY.pack(digest(b"m" + e.record[at : at + id_len]), e.queue_offset,
+                          e.store_at_ms, 0, 0)
+    if key_len:
+        at += id_len + topic_len
+        out += OPEN_ENTRY.pack(digest(key_prefix + e.record[at : at + key_len]),
+                               e.queue_offset, e.store_at_ms, 0, 0)
+    return out
+
+
+class _MountIndex(NamedTuple):
+    reader: TieredIndex  # the sealed files' lookups
+    files: list[IndexFile]
+    tail: list[tuple[int, bytes]]  # (queue ref, packed OPEN_ENTRYs) of what they miss
+    names: list[tuple[str, int, int]]  # queue ref -> (topic, queue, generation)
 
 
 class OwnTierReader(Protocol):
@@ -64,8 +108,8 @@ class MountedBroker:
         self.broker = broker
         self._provider = provider
         self._work_dir = work_dir
-        self._index_files: list[IndexFile] | None = None
-        self._index_reader: TieredIndex | None = None
+        self._index_lock = threading.Lock()  # the first query builds the index
+        self._mount_index: _MountIndex | None = None
         self._queues: dict[tuple[str, int], TieredQueue] = {}
         prefix = f"{broker}/meta/"
         for path in provider.list(prefix):
@@ -106,34 +150,90 @@ class MountedBroker:
 
     # ------------------------------------------------------------------ queries
 
-    def _index(self) -> tuple[TieredIndex, list[IndexFile]] | None:
-        """The departed broker's sealed key-index files, from its catalogue's copy in the
-        tier (read once; the files its open index still held when it left are not
-        there: QueryMessages misses at most its last ``tier.index_ms`` of keys)."""
-        if self._index_files is None:
-            try:
-                raw = json.loads(self._provider.read(f"{self.broker}/index/catalog.json"))
-                files = [IndexFile(**{**f, "queues": [tuple(q) for q in f["queues"]]})
-                         for f in raw["files"]]
-            except TierNotFound:
-                files = []
-            except (ValueError, KeyError, TypeError) as exc:
-                log.error("mount of %s: its key-index catalogue is damaged: %s",
-                          self.broker, exc)
-                files = []
-            self._index_files = files
-            self._index_reader = TieredIndex(self._provider, self.broker,
-                                             os.path.join(self._work_dir, "index"),
-                                             SystemClock())
-        assert self._index_reader is not None
-        return (self._index_reader, self._index_files) if self._index_files else None
+    def _index(self) -> _MountIndex:
+        """The departed broker's key index: its sealed files, from its catalogue's copy
+        in the tier, and the tail no sealed file covers, indexed here (once)."""
+        with self._index_lock:
+            if self._mount_index is None:
+                files = self._catalogue()
+                reader = TieredIndex(self._provider, self.broker,
+                                     os.path.join(self._work_dir, "index"), SystemClock())
+                self._mount_index = _MountIndex(reader, files, *self._index_tail(files))
+            return self._mount_index
+
+    def _catalogue(self) -> list[IndexFile]:
+        try:
+            raw = json.loads(self._provider.read(f"{self.broker}/index/catalog.json"))
+            return [IndexFile(**{**f, "queues": [tuple(q) for q in f["queues"]]})
+                    for f in raw["files"]]
+        except TierNotFound:
+            return []
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("mount of %s: its key-index catalogue is damaged (its records are "
+                      "indexed here instead): %s", self.broker, exc)
+            return []
+
+    def _tail_start(self, q: TieredQueue, ends: dict[tuple[str, int, int], int],
+                    ends_ms: dict[tuple[str, int, int], int]) -> int:
+        """The first queue offset of ``q`` no sealed file covers."""
+        key = (q.topic, q.queue_id, q.generation)
+        if key in ends:
+            return max(ends[key], q.min_queue_offset)
+        if key in ends_ms:  # a catalogue without queue offsets: by store time
+            position = q.cq.segments_before(ends_ms[key] - _CLOCK_SLACK_MS)
+            return q.first_queue_offset + position // ENTRY.size
+        return q.min_queue_offset
+
+    def _index_tail(self, files: list[IndexFile]
+                    ) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]]:
+        """Read and index, per queue, the records after the last sealed file's."""
+        ends: dict[tuple[str, int, int], int] = {}
+        ends_ms: dict[tuple[str, int, int], int] = {}
+        for f in files:
+            for i, queue in enumerate(f.queues):
+                if i < len(f.ends):
+                    ends[queue] = max(ends.get(queue, 0), f.ends[i])
+                else:
+                    ends_ms[queue] = max(ends_ms.get(queue, 0), f.end_ms)
+        tail: list[tuple[int, bytes]] = []
+        names: list[tuple[str, int, int]] = []
+        records = 0
+        for q in self._queues.values():
+            start, end = self._tail_start(q, ends, ends_ms), q.committed_queue_offset
+            key_prefix = b"k" + q.topic.encode() + b"\0"
+            body = bytearray()
+            while start < end and records < _TAIL_MAX_RECORDS and \
+                    (got := q.read(start, min(_TAIL_CHUNK, _TAIL_MAX_RECORDS - records))):
+                body += b"".join(_tail_entries(key_prefix, e) for e in got)
+                start = got[-1].queue_offset + 1
+                records += len(got)
+            if body:
+                tail.append((len(names), bytes(body)))
+                names.append((q.topic, q.queue_id, q.generation))
+            if start < end and records >= _TAIL_MAX_RECORDS:
+                log.error("mount of %s: more than %d records no sealed key-index file "
+                          "covers (its catalogue lost or damaged?); QueryMessages will not "
+                          "find the rest (Pop still serves them)", self.broker, records)
+                break
+        log.info("mount of %s: indexed %d record(s) no sealed key-index file covers",
+                 self.broker, records)
+        return tail, names
+
+    def _lookup(self, d: int) -> list[IndexHit]:
+        index = self._index()
+        hits = [IndexHit(*index.names[ref], qo, stored)
+                for ref, qo, stored, _ in scan(index.tail, d)]
+        return hits + (index.reader.lookup(d, index.files) if index.files else [])
 
     def _found(self, hits: list[IndexHit]) -> list[Message]:
         out = []
+        seen: set[tuple[str, int, int]] = set()  # a tail that overlaps a sealed file
         for h in hits:
             q = self._queues.get((h.topic, h.queue_id))
-            if q is None or q.generation != h.generation:
+            if q is None or q.generation != h.generation or \
+                    (h.topic, h.queue_id, h.queue_offset) in seen:
                 continue
+            seen.add((h.topic, h.queue_id, h.queue_offset))
             entries = q.read(h.queue_offset, 1)
             if entries and entries[0].queue_offset == h.queue_offset:
                 out.append(decode_record(entries[0].record))
@@ -141,21 +241,15 @@ class MountedBroker:
 
     def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
         """The newest ``limit`` messages of ``topic`` with ``key`` (oldest first)."""
-        index = self._index()
-        if index is None or limit <= 0:
+        if limit <= 0:
             return []
-        reader, files = index
-        found = [m for m in self._found(reader.lookup(key_digest(topic, key), files))
+        found = [m for m in self._found(self._lookup(key_digest(topic, key)))
                  if m.topic == topic and m.key == key]
         found.sort(key=lambda m: (m.store_at_ms, m.queue_id, m.queue_offset))
         return found[-limit:]
 
     def query_by_message_id(self, message_id: str) -> list[Message]:
-        index = self._index()
-        if index is None:
-            return []
-        reader, files = index
-        return [m for m in self._found(reader.lookup(id_digest(message_id), files))
+        return [m for m in self._found(self._lookup(id_digest(message_id)))
                 if m.message_id == message_id][:1]
 
     def messages(self) -> int:

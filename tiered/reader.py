@@ -15,8 +15,9 @@ The read strategy (``tier.read``):
 
 In every strategy data the tier does not have yet is read locally.
 
-QueryMessages falls through to the tier's key index (``tiered.index``) for what local
-retention deleted, in every strategy but ``disable``.
+QueryMessages falls through to the tier's key index (``tiered.index``: its open file,
+then its sealed files) for what local retention deleted, in every strategy but
+``disable``.
 """
 
 from __future__ import annotations
@@ -109,33 +110,41 @@ class TieredReader:
         id names) narrows the search to the one index file that covers it."""
         if self.strategy == "disable":
             return []
-        files = self._dispatcher.index.snapshot()
+        index, d = self._dispatcher.index, id_digest(message_id)
+        for m in self._messages(index.lookup_open(d)):  # before the snapshot (a seal)
+            if m.message_id == message_id:
+                return [m]
+        files = index.snapshot()
         if commit_offset is not None:
             files = [f for f in files if f.begin_offset <= commit_offset < f.end_offset]
         for f in reversed(files):
-            for m in self._messages(self._dispatcher.index.lookup(id_digest(message_id), [f])):
+            for m in self._messages(index.lookup(d, [f])):
                 if m.message_id == message_id:
                     return [m]
         return []
 
     def query_by_key(self, topic: str, key: str, limit: int, before_offset: int,
                      exclude: set[tuple[int, int]]) -> list[Message]:
-        """The newest ``limit`` messages of ``topic`` with ``key`` in index files that
-        begin below CommitLog offset ``before_offset``, skipping (queue, queue offset)
-        pairs in ``exclude``; oldest first."""
+        """The newest ``limit`` messages of ``topic`` with ``key`` among records below
+        CommitLog offset ``before_offset`` (the open index file's, then the sealed files'),
+        skipping (queue, queue offset) pairs in ``exclude``; oldest first."""
         if self.strategy == "disable" or limit <= 0:
             return []
-        files: list[IndexFile] = [f for f in self._dispatcher.index.snapshot()
-                                  if f.begin_offset < before_offset]
-        found: list[Message] = []
-        d = key_digest(topic, key)
+        index, d = self._dispatcher.index, key_digest(topic, key)
+        skip = set(exclude)
+
+        def matching(hits: list[IndexHit]) -> list[Message]:
+            out = [m for m in self._messages(hits) if m.topic == topic and m.key == key
+                   and (m.queue_id, m.queue_offset) not in skip]
+            skip.update((m.queue_id, m.queue_offset) for m in out)  # a seal in between
+            return sorted(out, key=lambda m: (m.store_at_ms, m.queue_id, m.queue_offset))
+
+        found = matching(index.lookup_open(d, before_offset))  # before the snapshot
+        files: list[IndexFile] = [f for f in index.snapshot() if f.begin_offset < before_offset]
         for f in reversed(files):  # newest file first
-            batch = [m for m in self._messages(self._dispatcher.index.lookup(d, [f]))
-                     if m.topic == topic and m.key == key
-                     and (m.queue_id, m.queue_offset) not in exclude]
-            found = batch + found
             if len(found) >= limit:
                 break
+            found = matching(index.lookup(d, [f])) + found
         return found[-limit:]
 
     def _messages(self, hits: list[IndexHit]) -> list[Message]:

@@ -6,21 +6,36 @@ of one segment, at most ``max_slice_bytes`` each, skipping segments whose store 
 fall outside the wanted range.  ``decode_slice`` reads a slice's objects (one ranged read
 each) and decodes their records, CRC-checked, into columns.  Slices are small picklable
 values, so Spark can ship them to executors, which open their own provider.
+
+Damage never stops a scan; it is reported through ``on_damage`` (default: logged at
+ERROR), one ``Damage`` per object, and the scan goes on with what is intact:
+
+- a record that fails its check (magic, size, CRC) costs that record only: the scan
+  resyncs at the next position holding a record that passes its check (a magic, then a
+  matching CRC);
+- a record that passes its CRC but whose fields do not parse (lengths that overrun it,
+  strings that are not UTF-8, properties that overrun) costs that record only;
+- an object shorter than the metadata says gives every whole record before the cut;
+- an object listed but missing or unreadable is skipped;
+- a queue metadata copy that does not parse skips that queue (its layout is unknown).
+
+A tier that cannot be reached (``TierUnavailable``) is an outage, not damage: it raises.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from store.message import HEADER, HEADER_PREFIX, RECORD_MAGIC
-from tiered.errors import TierError
+from store.message import HEADER, HEADER_PREFIX, RECORD_MAGIC, RecordError, check_record
+from tiered.errors import TierError, TierNotFound, TierUnavailable
 from tiered.flatfile import FlatFileMeta
 from tiered.provider import Provider
 
@@ -31,6 +46,26 @@ SCHEMA = pa.schema([
     ("properties", pa.map_(pa.string(), pa.string())), ("body", pa.binary()),
 ])
 COLUMNS = tuple(SCHEMA.names)
+_MAGIC_BYTES = RECORD_MAGIC.to_bytes(4, "big")
+_MAX_PROBLEMS = 3  # problems spelled out per damaged object; the rest are counted
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """A tier object the scan could not read in full: its path and what was wrong (the
+    bytes skipped and why)."""
+
+    path: str
+    reason: str
+
+
+OnDamage = Callable[[Damage], None]
+
+
+def log_damage(damage: Damage) -> None:
+    log.error("damaged tier object %s: %s", damage.path, damage.reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +99,10 @@ class Selection:
 
 
 def plan(provider: Provider, broker: str, selection: Selection,
-         max_slice_bytes: int = 64 << 20) -> list[ScanSlice]:
-    """The slices that may hold selected messages, oldest first per queue."""
+         max_slice_bytes: int = 64 << 20,
+         on_damage: OnDamage = log_damage) -> list[ScanSlice]:
+    """The slices that may hold selected messages, oldest first per queue.  A queue whose
+    metadata copy does not parse is reported and left out."""
     slices: list[ScanSlice] = []
     prefix = f"{broker}/meta/"
     for path in provider.list(prefix):
@@ -76,8 +113,14 @@ def plan(provider: Provider, broker: str, selection: Selection,
             raw = json.loads(provider.read(path))
             log = FlatFileMeta.from_json(raw["log"])
             generation, qid = int(raw["generation"]), int(name[:-5])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TierError(f"tiered queue metadata {path} is unreadable: {exc}") from exc
+        except TierNotFound:
+            continue  # deleted since the listing (its topic was)
+        except TierUnavailable:
+            raise
+        except (TierError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            on_damage(Damage(path, f"the tiered queue metadata is unreadable ({exc}): the "
+                                   "queue's records are not scanned"))
+            continue
         base = f"{broker}/data/{topic}/{generation}/{qid}/log"
         for seg in log.segments:
             if not seg.length or not selection.overlaps(seg.first_at_ms, seg.last_at_ms):
@@ -102,23 +145,75 @@ def _slice(topic: str, qid: int, generation: int, run: list[tuple[str, int]],
                      tuple(n for _, n in run), first_ms, last_ms)
 
 
-def decode_slice(provider: Provider, s: ScanSlice,
-                 selection: Selection = Selection()) -> Iterator[pa.RecordBatch]:
+def decode_slice(provider: Provider, s: ScanSlice, selection: Selection = Selection(),
+                 on_damage: OnDamage = log_damage) -> Iterator[pa.RecordBatch]:
     """The selected records of the slice as Arrow record batches (``SCHEMA``), one per
-    object.  Every record's magic, size and CRC are checked; a damaged one raises
-    ``TierError`` naming the object and position."""
+    object.  Every record's magic, size and CRC are checked; damage is reported through
+    ``on_damage`` (one ``Damage`` per object) and skipped."""
     for path, length in zip(s.paths, s.lengths, strict=True):
-        data = provider.read(path, 0, length)
-        if len(data) != length:
-            raise TierError(f"object {path} is shorter than its metadata says")
-        batch = decode_object(data, s.topic, path, selection)
+        try:
+            data = provider.read(path, 0, length)
+        except TierNotFound:
+            on_damage(Damage(path, f"it is missing although the metadata lists it "
+                                   f"({length} bytes): its records are skipped"))
+            continue
+        except TierUnavailable:
+            raise
+        except TierError as exc:
+            on_damage(Damage(path, f"it is unreadable ({exc}): its records are skipped"))
+            continue
+        problems = [] if len(data) == length else [
+            f"its data ends at byte {len(data)} but the metadata says {length}"]
+        batch = _decode(data, s.topic, selection, problems)
+        _report(path, problems, on_damage)
         if batch.num_rows:
             yield batch
 
 
-def _record_starts(data: bytes, path: str) -> list[int]:
-    """Where each record starts, checking magic, size and CRC (the only per-record
-    Python; the fields are then read column-wise with numpy)."""
+def decode_object(data: bytes, topic: str, path: str = "",
+                  selection: Selection = Selection(),
+                  on_damage: OnDamage = log_damage) -> pa.RecordBatch:
+    """One log object's records (whole records, back to back) as a record batch; the
+    damaged ones are reported (one ``Damage`` for the object) and left out."""
+    problems: list[str] = []
+    batch = _decode(data, topic, selection, problems)
+    _report(path, problems, on_damage)
+    return batch
+
+
+def _report(path: str, problems: list[str], on_damage: OnDamage) -> None:
+    if problems:
+        more = len(problems) - _MAX_PROBLEMS
+        on_damage(Damage(path, "; ".join(problems[:_MAX_PROBLEMS])
+                         + (f"; and {more} more bad stretch(es)" if more > 0 else "")))
+
+
+def _decode(data: bytes, topic: str, selection: Selection,
+            problems: list[str]) -> pa.RecordBatch:
+    """The intact records of ``data``; what is damaged goes to ``problems``.  The fields
+    are decoded column-wise for all records at once; should a record that passed its
+    CRC still not parse, the records are decoded one by one to leave out only it."""
+    starts = _record_starts(data, problems)
+    found: list[str] = []
+    try:
+        batch = _columns(data, starts, topic, selection, found)
+        problems += found
+        return batch
+    except (TierError, pa.ArrowInvalid):
+        pass
+    parts = []
+    for at in starts:
+        try:
+            parts.append(_columns(data, [at], topic, selection, problems))
+        except (TierError, pa.ArrowInvalid) as exc:
+            problems.append(f"record at byte {at} passed its CRC but does not parse: {exc}")
+    return pa.concat_batches(parts) if parts else pa.RecordBatch.from_pylist([], SCHEMA)
+
+
+def _record_starts(data: bytes, problems: list[str]) -> list[int]:
+    """Where each intact record starts, checking magic, size and CRC (the only
+    per-record Python; the fields are then read column-wise with numpy).  After a bad
+    record, the scan goes on at the next record that passes its check."""
     view = memoryview(data)
     length, hsize, crc32, magic_ok = len(data), HEADER.size, zlib.crc32, RECORD_MAGIC
     prefix = HEADER_PREFIX.unpack_from
@@ -126,53 +221,88 @@ def _record_starts(data: bytes, path: str) -> list[int]:
     append = starts.append
     pos = 0
     while pos < length:
-        if length - pos < hsize:
-            raise TierError(f"object {path}: bad record at byte {pos}: truncated header")
-        magic, total, crc = prefix(data, pos)
-        end = pos + total
-        if magic != magic_ok or total < hsize or end > length \
-                or crc32(view[pos + 12 : end]) != crc:
-            raise TierError(f"object {path}: bad record at byte {pos}: bad magic, size "
-                            "or CRC")
-        append(pos)
-        pos = end
+        if length - pos >= hsize:
+            magic, total, crc = prefix(data, pos)
+            end = pos + total
+            if magic == magic_ok and total >= hsize and end <= length \
+                    and crc32(view[pos + 12 : end]) == crc:
+                append(pos)
+                pos = end
+                continue
+        nxt = _resync(data, pos, problems)
+        if nxt < 0:
+            break
+        pos = nxt
     return starts
 
 
-def decode_object(data: bytes, topic: str, path: str = "",
-                  selection: Selection = Selection()) -> pa.RecordBatch:
-    """One log object's records (whole records, back to back) as a record batch."""
-    starts = np.asarray(_record_starts(data, path), dtype=np.int64)
+def _resync(data: bytes, pos: int, problems: list[str]) -> int:
+    """Note the bad record at ``pos``; the next position holding a record that passes
+    its check, or -1."""
+    try:
+        check_record(data, pos)
+        why = "bad record"  # not reached: the caller found it bad
+    except RecordError as exc:
+        why = str(exc)
+    nxt = data.find(_MAGIC_BYTES, pos + 1)
+    while nxt >= 0:
+        try:
+            check_record(data, nxt)
+            break
+        except RecordError:
+            nxt = data.find(_MAGIC_BYTES, nxt + 1)
+    skipped = (nxt if nxt >= 0 else len(data)) - pos
+    problems.append(f"bad record at byte {pos} ({why}): {skipped} bytes skipped"
+                    + (" to the next valid record" if nxt >= 0 else ", to the end"))
+    return nxt
+
+
+def _columns(data: bytes, record_starts: list[int], topic: str, selection: Selection,
+             problems: list[str]) -> pa.RecordBatch:
+    """The records starting at ``record_starts`` (each passed its CRC) as columns;
+    records whose field lengths do not add up to their size go to ``problems``."""
+    starts = np.asarray(record_starts, dtype=np.int64)
     raw = np.frombuffer(data, dtype=np.uint8)
     n = len(starts)
     h = raw[starts[:, None] + np.arange(HEADER.size)].view(_HEADER_DTYPE).reshape(n)
+    id_len = h["id_len"].astype(np.int64)
+    key_len = h["key_len"].astype(np.int64)
+    tag_len = h["tag_len"].astype(np.int64)
+    props_len = h["props_len"].astype(np.int64)
+    body_len = h["body_len"].astype(np.int64)
+    fits = (HEADER.size + id_len + h["topic_len"] + key_len + tag_len + props_len
+            + body_len) == h["total"]
+    keep = fits.copy()
+    for at in starts[~fits]:
+        problems.append(f"record at byte {at} passed its CRC but its fields overrun it")
     store = h["store"].astype(np.int64)
-    keep = np.ones(n, dtype=bool)
     if selection.start_ms:
         keep &= store >= selection.start_ms
     if selection.end_ms:
         keep &= store < selection.end_ms
     id_at = starts + HEADER.size
-    id_len = h["id_len"].astype(np.int64)
     key_at = id_at + id_len + h["topic_len"]
-    key_len = h["key_len"].astype(np.int64)
     tag_at = key_at + key_len
-    tag_len = h["tag_len"].astype(np.int64)
     props_at = tag_at + tag_len
-    props_len = h["props_len"].astype(np.int64)
     body_at = props_at + props_len
-    body_len = h["body_len"].astype(np.int64)
-    keys = _gather(raw, key_at, key_len, pa.string())
-    if selection.key:
-        keep &= np.asarray(pc.equal(keys, selection.key).fill_null(False))
-    if not keep.all():
+    if not keep.all():  # before any gather: a record that does not fit is never read
         idx = np.flatnonzero(keep)
-        h, store, keys = h[idx], store[idx], keys.take(pa.array(idx))
-        id_at, id_len, tag_at, tag_len = id_at[idx], id_len[idx], tag_at[idx], tag_len[idx]
+        h, store = h[idx], store[idx]
+        id_at, id_len, key_at, key_len = id_at[idx], id_len[idx], key_at[idx], key_len[idx]
+        tag_at, tag_len = tag_at[idx], tag_len[idx]
         props_at, props_len = props_at[idx], props_len[idx]
         body_at, body_len = body_at[idx], body_len[idx]
+    keys = _gather(raw, key_at, key_len, pa.string())
+    if selection.key:
+        wanted = np.asarray(pc.equal(keys, selection.key).fill_null(False))
+        if not wanted.all():
+            idx = np.flatnonzero(wanted)
+            h, store, keys = h[idx], store[idx], keys.take(pa.array(idx))
+            id_at, id_len, tag_at, tag_len = id_at[idx], id_len[idx], tag_at[idx], tag_len[idx]
+            props_at, props_len = props_at[idx], props_len[idx]
+            body_at, body_len = body_at[idx], body_len[idx]
     m = len(store)
-    props = _properties(raw, props_at, props_len, path)
+    props = _properties(raw, props_at, props_len)
     return pa.RecordBatch.from_arrays([
         pa.array([topic] * m, pa.string()) if m else pa.array([], pa.string()),
         pa.array(h["queue_id"].astype(np.int32)),
@@ -217,8 +347,7 @@ _HEADER_DTYPE = np.dtype([
 assert _HEADER_DTYPE.itemsize == HEADER.size
 
 
-def _properties(raw: np.ndarray, at: np.ndarray, lengths: np.ndarray,
-                path: str) -> pa.Array:
+def _properties(raw: np.ndarray, at: np.ndarray, lengths: np.ndarray) -> pa.Array:
     """Each row's encoded properties (``store.message.encode_properties``: u16 key length,
     key, u32 value length, value, repeated) as a map array, parsed a property at a time
     across all rows at once."""
@@ -229,11 +358,11 @@ def _properties(raw: np.ndarray, at: np.ndarray, lengths: np.ndarray,
     while len(active):
         p = pos[active]
         if np.any(p + 6 > end[active]):
-            raise TierError(f"object {path}: properties overrun their length")
+            raise TierError("properties overrun their length")
         klen = (raw[p].astype(np.int64) << 8) | raw[p + 1]
         v = p + 2 + klen
         if np.any(v + 4 > end[active]):
-            raise TierError(f"object {path}: properties overrun their length")
+            raise TierError("properties overrun their length")
         vlen = ((raw[v].astype(np.int64) << 24) | (raw[v + 1].astype(np.int64) << 16)
                 | (raw[v + 2].astype(np.int64) << 8) | raw[v + 3])
         rows.append(active)
@@ -243,7 +372,7 @@ def _properties(raw: np.ndarray, at: np.ndarray, lengths: np.ndarray,
         val_len.append(vlen)
         pos[active] = v + 4 + vlen
         if np.any(pos[active] > end[active]):
-            raise TierError(f"object {path}: properties overrun their length")
+            raise TierError("properties overrun their length")
         active = active[pos[active] < end[active]]
     counts = np.zeros(n + 1, dtype=np.int32)
     if rows:

@@ -15,7 +15,8 @@ whose deleted keys would make every scan slower.
   one synced write, then deletes exactly the objects it read.  An object's entry is
   loaded only while its ``f`` key still names it, and that key goes in the same write,
   so a crash before the objects are deleted never loads (and delivers) a message twice;
-- ``unpark`` moves one message into the timer store for Cancel / Reschedule.
+- ``unpark`` moves the messages with one id into the timer store for Cancel /
+  Reschedule.
 
 Thread-safety: ``lock`` is the TimerService's lock (routing and the mirror change under
 it); ``flat_lock`` orders the TimerFlatFile steps and is always taken before ``lock``.
@@ -171,30 +172,35 @@ class ParkingLot:
         self._admit([(timer_key(due, off), due) for _, due, off, _ in keep])
         return len(keep)
 
-    def unpark(self, message_id: str) -> bool:
-        """Move one parked message into RocksDB (still parked, or from its bucket's
-        objects, whose copy is then skipped by the preload: no ``f`` key).  The caller holds
-        ``flat_lock`` and ``lock``."""
-        found = self._timers.locate_parked(message_id)
-        if found is None:
-            return False
-        (due, offset), mark = found
-        bucket = self._flat.bucket_of(due)
-        held = self._parking.get(bucket, [])
-        mine = next((e for e in held if e[0] == offset), None)
-        if mine is not None:  # not yet in an object: one atomic move
+    def unpark(self, message_id: str) -> int:
+        """Move every parked message with this id into RocksDB (still parked, or from its
+        bucket's objects, whose copy is then skipped by the preload: no ``f`` key); returns
+        how many.  The caller holds ``flat_lock`` and ``lock``."""
+        moved = 0
+        in_objects: dict[int, list[tuple[int, int, bytes]]] = {}  # bucket -> (due, off, f)
+        for (due, offset), mark in self._timers.locate_parked(message_id):
+            bucket = self._flat.bucket_of(due)
+            held = self._parking.get(bucket, [])
+            mine = next((e for e in held if e[0] == offset), None)
+            if mine is None:
+                in_objects.setdefault(bucket, []).append((due, offset, mark))
+                continue
+            # not yet in an object: one atomic move
             held.remove(mine)
             self._parked -= 1
             self._parked_bytes -= len(mine[1])
             self._timers.add([(message_id, due, offset, mine[1])], None,
-                             deletes=[parked_key(bucket, offset), mark],
-                             sync=True)
-            return True
-        record = next((r for o, r in self._flat.read_bucket(bucket) if o == offset), None)
-        if record is None:
-            return False
-        # its object stays until the bucket is preloaded: without the ``f`` key, the
-        # preload skips it
-        self._timers.add([(message_id, due, offset, record)], None,
-                         deletes=[mark], sync=True)
-        return True
+                             deletes=[parked_key(bucket, offset), mark], sync=True)
+            moved += 1
+        for bucket, wanted in in_objects.items():
+            offsets = {off for _, off, _ in wanted}
+            records = {o: r for o, r in self._flat.read_bucket(bucket) if o in offsets}
+            found = [(due, off, mark) for due, off, mark in wanted if off in records]
+            if not found:
+                continue
+            # its objects stay until the bucket is preloaded: without the ``f`` keys, the
+            # preload skips these records
+            self._timers.add([(message_id, due, off, records[off]) for due, off, _ in found],
+                             None, deletes=[mark for _, _, mark in found], sync=True)
+            moved += len(found)
+        return moved

@@ -16,8 +16,10 @@ Flow (DESIGN.md "one write path"):
    deletes them again when the dispatcher reaches it, in the same write as the position,
    so a crash in between never delivers a message twice.
 
-``Cancel``/``Reschedule`` find a pending message by id wherever it is (RocksDB, wheel,
-parked, a TimerFlatFile).
+``Cancel``/``Reschedule`` reach every pending message with an id (a client-chosen id sent
+to several topics, the retry copies of one message nacked by several groups), or those of
+one topic, wherever they are (RocksDB, wheel, parked, a TimerFlatFile), and say how many
+they changed.
 One named thread (``timer``) drives loading and delivery; tests drive ``load_due`` and
 ``deliver_due`` with a manual clock instead.  Thread-safe.
 """
@@ -76,6 +78,15 @@ class TimerOutcome(enum.Enum):
     RESCHEDULED = 2
     ALREADY_DELIVERED = 3
     NOT_FOUND = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TimerChange:
+    """What a Cancel or Reschedule did: ``CANCELLED``/``RESCHEDULED`` when ``changed`` (the
+    pending messages it reached) is at least 1, else why none was reached."""
+
+    outcome: TimerOutcome
+    changed: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,15 +194,16 @@ class TimerService:
         CommitLog.  The timer thread removes them right after the copy is durable; this
         removes them again from the log itself, in the same write as the position, so a
         crash between the copy and the removal never delivers a message twice."""
-        located = self._timers.locate_many([r.message_id for r in delivered])
-        # removed already (or that id is pending again, for another time): nothing to do
-        pending = [(r, timer_key(*loc)) for r, loc in zip(delivered, located, strict=True)
-                   if loc is not None and loc[0] == r.deliver_at_ms]
+        pending: list[tuple[DispatchInfo, bytes]] = []
+        for r in delivered:
+            # removed already (or pending again, for another time): nothing to do
+            pending += [(r, timer_key(*loc)) for loc in self._timers.locate(r.message_id)
+                        if loc[0] == r.deliver_at_ms]
         records = self._timers.records([key for _, key in pending])
         keys: list[bytes] = []
         for (r, key), record in zip(pending, records, strict=True):
             if record is not None and decode_dispatch_infos(record, 0)[0][0].topic == r.topic:
-                keys += (key, id_key(r.message_id))
+                keys += (key, id_key(r.message_id, parse_timer_key(key)[1]))
         return keys
 
     def write_parked(self, force: bool = False) -> int:
@@ -320,64 +332,76 @@ class TimerService:
 
     # ------------------------------------------------------------------ cancel / reschedule
 
-    def _find_pending(self, message_id: str) -> tuple[bytes, int] | TimerOutcome:
-        """``(timer key, commit offset)`` of a pending message in RocksDB, or why there is
-        none; a message parked in a TimerFlatFile is first moved into RocksDB.  The caller
-        holds the lock."""
-        loc = self._timers.locate(message_id)
-        if loc is None and self._lot.unpark(message_id):
-            loc = self._timers.locate(message_id)
-        if loc is None:
-            return self._not_pending(message_id)
-        key = timer_key(*loc)
-        if key in self._delivering:
-            return TimerOutcome.ALREADY_DELIVERED
-        return key, loc[1]
+    def _find_pending(self, message_id: str, topic: str
+                      ) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """``(timer key, record)`` of every pending message with this id (of ``topic``,
+        if given), and whether one is being delivered right now (then not listed).  Parked
+        ones are first moved into RocksDB (all of this id: a parked record's topic is
+        known only once it is read).  The caller holds ``flat_lock`` and the lock."""
+        self._lot.unpark(message_id)
+        keys = [timer_key(*loc) for loc in self._timers.locate(message_id)]
+        found: list[tuple[bytes, bytes]] = []
+        delivering = False
+        for key, record in zip(keys, self._timers.records(keys), strict=True):
+            if record is None or (topic and decode_dispatch_infos(record, 0)[0][0].topic
+                                  != topic):
+                continue
+            if key in self._delivering:
+                delivering = True
+            else:
+                found.append((key, record))
+        return found, delivering
 
-    def cancel(self, message_id: str, topic: str = "") -> TimerOutcome:
-        """Cancel a pending message; with ``topic``, only if it belongs to that topic
-        (``NOT_FOUND`` otherwise)."""
+    def _none_reached(self, message_id: str, topic: str, delivering: bool) -> TimerChange:
+        if delivering:
+            return TimerChange(TimerOutcome.ALREADY_DELIVERED, 0)
+        return TimerChange(self._not_pending(message_id, topic), 0)
+
+    def cancel(self, message_id: str, topic: str = "") -> TimerChange:
+        """Cancel every pending message with this id (only those of ``topic``, if given)."""
         with self._lot.flat_lock, self._lock:
-            found = self._find_pending(message_id)
-            if isinstance(found, TimerOutcome):
-                return found
-            key, _ = found
-            if topic:
-                (record,) = self._timers.records([key])
-                if record is None or decode_dispatch_infos(record, 0)[0][0].topic != topic:
-                    return TimerOutcome.NOT_FOUND
-            self._timers.remove([(key, message_id)])
-            self._wheel.remove(key)
-            self._cancelled += 1
-            return TimerOutcome.CANCELLED
+            found, delivering = self._find_pending(message_id, topic)
+            if not found:
+                return self._none_reached(message_id, topic, delivering)
+            self._timers.remove([(key, message_id) for key, _ in found])
+            for key, _ in found:
+                self._wheel.remove(key)
+            self._cancelled += len(found)
+            return TimerChange(TimerOutcome.CANCELLED, len(found))
 
-    def reschedule(self, message_id: str, deliver_at_ms: int) -> TimerOutcome:
+    def reschedule(self, message_id: str, deliver_at_ms: int, topic: str = "") -> TimerChange:
+        """Move every pending message with this id (only those of ``topic``, if given) to
+        ``deliver_at_ms``."""
         now = self._clock.now_ms()
         self.check_delay(deliver_at_ms, now)
         with self._lot.flat_lock, self._lock:
-            found = self._find_pending(message_id)
-            if isinstance(found, TimerOutcome):
-                return found
-            old_key, commit_offset = found
-            (record,) = self._timers.records([old_key])
-            assert record is not None
-            new_key = self._timers.move(message_id, old_key, deliver_at_ms, commit_offset,
-                                        record)
-            self._wheel.remove(old_key)
-            if new_key < self._load_cursor and not self._wheel.add(new_key, deliver_at_ms):
-                self._due_now.append((new_key, deliver_at_ms))
-            self._rescheduled += 1
+            found, delivering = self._find_pending(message_id, topic)
+            if not found:
+                return self._none_reached(message_id, topic, delivering)
+            new_keys = self._timers.move(message_id, found, deliver_at_ms)
+            for (old_key, _), new_key in zip(found, new_keys, strict=True):
+                self._wheel.remove(old_key)
+                if new_key < self._load_cursor and not self._wheel.add(new_key, deliver_at_ms):
+                    self._due_now.append((new_key, deliver_at_ms))
+            self._rescheduled += len(found)
         self._wake.set()
-        return TimerOutcome.RESCHEDULED
+        return TimerChange(TimerOutcome.RESCHEDULED, len(found))
+
+    def holds(self, message_id: str, commit_offset: int) -> bool:
+        """Whether the delayed record at ``commit_offset`` is pending here with this id
+        (in RocksDB or parked): the proof the store asks for before a delayed record found
+        by its id is served (``store.lookup``).  Two short prefix scans; no lock."""
+        return any(off == commit_offset for _, off in self._timers.locate(message_id)) or \
+            any(off == commit_offset for (_, off), _ in self._timers.locate_parked(message_id))
 
     def pending_due(self, message_id: str) -> int | None:
-        """When the pending message with this id is due (in RocksDB, the wheel, or parked
-        for a TimerFlatFile), or None if none is pending.  Two point reads; no lock."""
-        loc = self._timers.locate(message_id)
-        if loc is None:
-            parked = self._timers.locate_parked(message_id)
-            loc = parked[0] if parked is not None else None
-        return None if loc is None or timer_key(*loc) in self._delivering else loc[0]
+        """When the first pending message with this id is due (in RocksDB, the wheel, or
+        parked for a TimerFlatFile), or None if none is pending.  Two short scans; no
+        lock."""
+        locs = self._timers.locate(message_id)
+        locs += [loc for loc, _ in self._timers.locate_parked(message_id)]
+        due = [loc[0] for loc in locs if timer_key(*loc) not in self._delivering]
+        return min(due) if due else None
 
     def schedule(self, max_age_ms: int = 5_000) -> Schedule:
         """What is due when (``timer.schedule``), at most ``max_age_ms`` old."""
@@ -388,9 +412,9 @@ class TimerService:
                                   due_schedule(self._timers, self._clock.now_ms()))
             return self._schedule[1]
 
-    def _not_pending(self, message_id: str) -> TimerOutcome:
+    def _not_pending(self, message_id: str, topic: str = "") -> TimerOutcome:
         for m in self._store.query_by_message_id(message_id):
-            if not m.flags & FLAG_DELAYED:
+            if not m.flags & FLAG_DELAYED and (not topic or m.topic == topic):
                 return TimerOutcome.ALREADY_DELIVERED  # delivered copy, or sent as due
         return TimerOutcome.NOT_FOUND
 

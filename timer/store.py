@@ -1,32 +1,35 @@
 """TimerStore: pending delayed messages in RocksDB (``<data>/timer``, raw bytes).
 
-Keys and values::
+Keys and values (``id`` is the message id, printable ASCII, so it never holds a 0x00 byte)::
 
-    b"t" + deliver_at_ms u64 + commit_offset u64   -> the message's whole CommitLog record
-    b"i" + message_id                              -> deliver_at_ms u64 + commit_offset u64
-    b"f" + message_id + b"\0" + commit_offset u64  -> deliver_at_ms u64 + commit_offset u64
-                                                      of a message parked for a TimerFlatFile
-                                                      and not yet preloaded: the preload loads
-                                                      an object's entry only while its key is
-                                                      there, and deletes it in the same
-                                                      synced write (older releases wrote
-                                                      b"f" + message_id; still read)
-    b"x" + message_id                              -> (older releases: a tombstone; no longer
-                                                      read: an unparked message's f key is
-                                                      gone, which is what preload checks)
-    b"w" + bucket_start_ms u64 + commit_offset u64  -> the whole record of a far-future
-                                                      message waiting for its TimerFlatFile
-                                                      object (parked)
-    b"!position"                                   -> dispatch position u64
+    key                                        value
+    b"t" | deliver_at_ms u64 | offset u64      the message's whole CommitLog record
+    b"i" | id | 0x00 | offset u64              deliver_at_ms u64 | offset u64
+    b"f" | id | 0x00 | offset u64              deliver_at_ms u64 | offset u64
+    b"w" | bucket_start_ms u64 | offset u64    the whole record (parked, see below)
+    b"x" | id                                  (older releases: a tombstone; never read)
+    b"!position"                               dispatch position u64
+    b"!version"                                FORMAT_VERSION u64
 
-A far-future message is parked (``w`` and ``f`` keys) in the same atomic write as the
-dispatch position, so the position never waits for a TimerFlatFile write and a restart
-never dispatches a record twice; the ``w`` key goes once its object is written.
+``offset`` is the delayed record's CommitLog offset.  ``t`` keys sort by due time, so
+"everything due before T" is one range scan; the value is the whole record, so a pending
+timer never depends on CommitLog retention.  ``i`` finds the messages with an id for
+Cancel/Reschedule: one key per message (a client-chosen id sent to two topics, the retry
+copies of one message nacked by two groups), all under the prefix ``b"i" | id | 0x00``
+(no other id's keys start with it: ids hold no 0x00).  ``f`` says a message is parked
+for a TimerFlatFile and not yet preloaded: the preload loads an object's entry only while
+its key is there, and deletes it in the same synced write.  ``w`` holds the record of a
+far-future message waiting for its TimerFlatFile object; it is written with its ``f`` key
+in the same atomic write as the dispatch position, so the position never waits for a
+TimerFlatFile write and a restart never dispatches a record twice; it goes once its
+object is written.  Entries and the dispatch position they bring the store to are written
+in one atomic batch.
 
-``t`` keys sort by due time, so "everything due before T" is one range scan; the value is
-the whole record, so a pending timer never depends on CommitLog retention.  ``i`` finds a
-message for Cancel/Reschedule.  Entries and the dispatch position they bring the store to
-are written in one atomic batch.  Thread-safe (RocksDB is; no state here).
+Upgrade: older releases keyed ``i`` and ``f`` by the id alone (``b"i" | id``), so a second
+message with that id replaced the first one's key.  A store without ``!version`` is
+migrated at open: each such key is rewritten in the form above (its value names the
+offset), in atomic batches, then ``!version`` is written (synced); a crash in between
+migrates the rest at the next open.  Thread-safe (RocksDB is; no state here).
 
 Memory: RocksDB's memtables hold at most two write buffers of ``WRITE_BUFFER_BYTES``
 (the active one and one being flushed).  Every delayed message passes through here
@@ -47,19 +50,24 @@ _PARKED = struct.Struct(">cQQ")
 _LOC = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
 _POSITION = b"!position"
+_VERSION = b"!version"
+FORMAT_VERSION = 2  # 2: id keys carry the offset (1, no !version key: the id alone)
+MIGRATE_BATCH = 10_000  # legacy keys rewritten per atomic write at open
 WRITE_BUFFER_BYTES = 8 << 20  # per memtable (RocksDB keeps at most two)
+
+Loc = tuple[int, int]  # (deliver_at_ms, commit_offset)
 
 
 def timer_key(deliver_at_ms: int, commit_offset: int) -> bytes:
     return _KEY.pack(b"t", deliver_at_ms, commit_offset)
 
 
-def parse_timer_key(key: bytes) -> tuple[int, int]:
+def parse_timer_key(key: bytes) -> Loc:
     _, due, offset = _KEY.unpack(key)
     return int(due), int(offset)
 
 
-def _pair(raw: bytes) -> tuple[int, int]:
+def _pair(raw: bytes) -> Loc:
     due, offset = _LOC.unpack(raw)
     return int(due), int(offset)
 
@@ -68,18 +76,49 @@ def parked_key(bucket_start_ms: int, commit_offset: int) -> bytes:
     return _PARKED.pack(b"w", bucket_start_ms, commit_offset)
 
 
+def id_prefix(message_id: str, kind: bytes = b"i") -> bytes:
+    """The prefix of every ``i`` (or ``f``) key of the messages with this id."""
+    return kind + message_id.encode() + b"\0"
+
+
+def id_key(message_id: str, commit_offset: int, kind: bytes = b"i") -> bytes:
+    """The ``i`` (pending) or ``f`` (parked) key of one message."""
+    return id_prefix(message_id, kind) + _U64.pack(commit_offset)
+
+
 def parked_id_key(message_id: str, commit_offset: int) -> bytes:
-    """The ``f`` key of one parked message (the offset tells apart two with one id)."""
-    return b"f" + message_id.encode() + b"\0" + _U64.pack(commit_offset)
+    return id_key(message_id, commit_offset, b"f")
 
 
-def id_key(message_id: str, kind: bytes = b"i") -> bytes:
-    return kind + message_id.encode()
+def parse_id_key(key: bytes) -> tuple[str, int]:
+    """``(message_id, commit_offset)`` of an ``i`` or ``f`` key."""
+    return key[1:-9].decode(), int(_U64.unpack_from(key, len(key) - 8)[0])
 
 
 class TimerStore:
     def __init__(self, path: str) -> None:
         self.kv = KV(path, write_buffer_bytes=WRITE_BUFFER_BYTES)
+        if self.kv.get(_VERSION) is None:
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Rewrite the id-only ``i`` and ``f`` keys of older releases with their offset
+        (module docstring); idempotent, so a crash midway is finished at the next open."""
+        for kind in (b"i", b"f"):
+            batch: list[tuple[bytes, bytes]] = []
+            for key, value in self.kv.scan(kind):
+                if b"\0" not in key:  # the old form: the id alone
+                    batch.append((key, value))
+                if len(batch) >= MIGRATE_BATCH:
+                    self._rewrite(kind, batch)
+                    batch = []
+            self._rewrite(kind, batch)
+        self.kv.write([(_VERSION, _U64.pack(FORMAT_VERSION))], sync=True)
+
+    def _rewrite(self, kind: bytes, legacy: list[tuple[bytes, bytes]]) -> None:
+        puts = [(id_key(key[1:].decode(), _pair(value)[1], kind), value)
+                for key, value in legacy]
+        self.kv.write(puts, [key for key, _ in legacy])
 
     def close(self) -> None:
         self.kv.close()
@@ -97,7 +136,7 @@ class TimerStore:
         puts: list[tuple[bytes, bytes]] = []
         for message_id, due, offset, record in entries:
             puts.append((timer_key(due, offset), record))
-            puts.append((id_key(message_id), _LOC.pack(due, offset)))
+            puts.append((id_key(message_id, offset), _LOC.pack(due, offset)))
         for bucket, (message_id, due, offset, record) in parked:
             puts.append((parked_id_key(message_id, offset), _LOC.pack(due, offset)))
             puts.append((parked_key(bucket, offset), record))
@@ -105,48 +144,22 @@ class TimerStore:
             puts.append((_POSITION, _U64.pack(position)))
         self.kv.write(puts, deletes, sync=sync)
 
-    def locate(self, message_id: str, kind: bytes = b"i") -> tuple[int, int] | None:
-        """``(deliver_at_ms, commit_offset)`` of a pending message in RocksDB (``i``) or
-        parked in a TimerFlatFile (``f``)."""
-        raw = self.kv.get(id_key(message_id, kind))
-        if raw is None:
-            return None
-        due, offset = _LOC.unpack(raw)
-        return int(due), int(offset)
-
-    def locate_many(self, message_ids: list[str]) -> list[tuple[int, int] | None]:
-        """``locate`` for several ids with one multi-get."""
-        out: list[tuple[int, int] | None] = []
-        for raw in self.kv.get_many([id_key(m) for m in message_ids]):
-            out.append(None if raw is None else _pair(raw))
-        return out
+    def locate(self, message_id: str) -> list[Loc]:
+        """``(deliver_at_ms, commit_offset)`` of every pending message with this id in
+        RocksDB (not parked), by offset."""
+        return [_pair(value) for _, value in self.kv.scan(id_prefix(message_id))]
 
     def parked_ids(self, entries: list[tuple[str, int, int]]) -> list[bytes | None]:
         """For each ``(message_id, deliver_at_ms, commit_offset)``, the ``f`` key that says
         it is parked and not yet preloaded, or None."""
         keys = [parked_id_key(m, off) for m, _, off in entries]
-        legacy = [id_key(m, b"f") for m, _, _ in entries]
-        found = self.kv.get_many(keys + legacy)
-        out: list[bytes | None] = []
-        for n, (_, due, off) in enumerate(entries):
-            if found[n] is not None:
-                out.append(keys[n])
-            elif (raw := found[len(entries) + n]) is not None and _pair(raw) == (due, off):
-                out.append(legacy[n])
-            else:
-                out.append(None)
-        return out
+        return [None if raw is None else key
+                for key, raw in zip(keys, self.kv.get_many(keys), strict=True)]
 
-    def locate_parked(self, message_id: str) -> tuple[tuple[int, int], bytes] | None:
-        """``((deliver_at_ms, commit_offset), f key)`` of a parked message with this id (the
-        newest, if several)."""
-        found: tuple[tuple[int, int], bytes] | None = None
-        for key, value in self.kv.scan(b"f" + message_id.encode() + b"\0"):
-            found = (_pair(value), key)
-        legacy = self.kv.get(id_key(message_id, b"f"))
-        if found is None and legacy is not None:
-            found = (_pair(legacy), id_key(message_id, b"f"))
-        return found
+    def locate_parked(self, message_id: str) -> list[tuple[Loc, bytes]]:
+        """``((deliver_at_ms, commit_offset), f key)`` of every parked message with this
+        id, by offset."""
+        return [(_pair(value), key) for key, value in self.kv.scan(id_prefix(message_id, b"f"))]
 
     def records(self, keys: list[bytes]) -> list[bytes | None]:
         return self.kv.get_many(keys)
@@ -159,18 +172,25 @@ class TimerStore:
             yield key
 
     def remove(self, keys_and_ids: list[tuple[bytes, str]]) -> None:
+        """Delete ``(timer key, message_id)`` entries and their id keys."""
         deletes: list[bytes] = []
         for key, message_id in keys_and_ids:
-            deletes += (key, id_key(message_id))
+            deletes += (key, id_key(message_id, parse_timer_key(key)[1]))
         self.kv.write(deletes=deletes)
 
-    def move(self, message_id: str, old_key: bytes, new_due_ms: int, offset: int,
-             record: bytes) -> bytes:
-        """Reschedule atomically; returns the new timer key."""
-        new_key = timer_key(new_due_ms, offset)
-        self.kv.write([(new_key, record), (id_key(message_id), _LOC.pack(new_due_ms, offset))],
-                      deletes=[old_key] if old_key != new_key else [])
-        return new_key
+    def move(self, message_id: str, moves: list[tuple[bytes, bytes]],
+             new_due_ms: int) -> list[bytes]:
+        """Reschedule ``(timer key, record)`` entries of messages with this id to
+        ``new_due_ms``, atomically; returns their new timer keys."""
+        new_keys = [timer_key(new_due_ms, parse_timer_key(k)[1]) for k, _ in moves]
+        puts: list[tuple[bytes, bytes]] = []
+        for new_key, (_, record) in zip(new_keys, moves, strict=True):
+            offset = parse_timer_key(new_key)[1]
+            puts += ((new_key, record),
+                     (id_key(message_id, offset), _LOC.pack(new_due_ms, offset)))
+        deletes = [k for (k, _), new in zip(moves, new_keys, strict=True) if k != new]
+        self.kv.write(puts, deletes)
+        return new_keys
 
     def parked(self) -> Iterator[tuple[int, int, bytes]]:
         """``(bucket, commit_offset, record)`` of every parked message, by bucket (a scan:

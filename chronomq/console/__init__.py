@@ -20,6 +20,7 @@ from chronomq.console.rates import RateSampler
 from chronomq.console.server import Console, start_console
 from chronomq.console.session import Sessions
 from chronomq.console.views import ConsoleViews
+from chronomq.listeners import binding, console_listener
 from chronomq.servicer import BrokerServicer
 
 SAMPLE_INTERVAL_S = 5
@@ -47,5 +48,6 @@ def open_console(config: BrokerConfig, broker: Broker, servicer: BrokerServicer,
     console = Console(ConsoleViews(broker, sampler, totals), ConsoleActions(servicer, broker),
                       Sessions(config.server.auth_token, config.console.session_ttl_s),
                       config.console.actions, config.console.refresh_s)
-    port, stop = start_console(config.server.host, config.console.port, console)
+    with binding(console_listener(config)):  # a taken port: one line naming console.port
+        port, stop = start_console(config.server.host, config.console.port, console)
     return port, sampler, stop

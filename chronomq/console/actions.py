@@ -1,4 +1,5 @@
-"""The console's actions: cancel or reschedule a pending message, redrive dead letters.
+"""The console's actions: cancel or reschedule the pending messages with an id, redrive
+dead letters.
 
 Each goes through the same ``BrokerServicer`` method a gRPC client calls (an in-process
 call with a context whose ``abort`` raises ``Refused``), so the console checks, refuses
@@ -74,7 +75,7 @@ class ConsoleActions:
 
     def cancel(self, message_id: str) -> dict[str, Any]:
         r = self._servicer.Cancel(pb.CancelRequest(message_id=message_id), _ctx())
-        return {"outcome": pb.TimerOutcome.Name(r.outcome)}
+        return {"outcome": pb.TimerOutcome.Name(r.outcome), "changed": r.changed}
 
     def reschedule(self, message_id: str, deliver_at_ms: int | None,
                    delay_ms: int | None) -> dict[str, Any]:
@@ -84,7 +85,8 @@ class ConsoleActions:
         elif delay_ms is not None:
             req.delay_ms = delay_ms
         r = self._servicer.Reschedule(req, _ctx())
-        return {"outcome": pb.TimerOutcome.Name(r.outcome), "deliver_at_ms": r.deliver_at_ms}
+        return {"outcome": pb.TimerOutcome.Name(r.outcome), "deliver_at_ms": r.deliver_at_ms,
+                "changed": r.changed}
 
     def redrive(self, group: str, topic: str, offsets: list[int]) -> dict[str, Any]:
         """Send the dead letters at ``offsets`` of ``group``'s DLQ of ``topic`` back to the

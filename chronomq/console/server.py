@@ -288,11 +288,11 @@ class Handler(BaseHTTPRequestHandler):
             mid = form.get("message_id", "")
             if path == "/messages/cancel":
                 r = acts.cancel(mid)
-                text = f"Cancel {mid}: {r['outcome']}"
+                text = f"Cancel {mid}: {r['outcome']} ({_count(r['changed'])})"
             else:
                 at, delay = _when(form.get("deliver_at", ""), form.get("delay_s", ""))
                 r = acts.reschedule(mid, at, delay)
-                text = (f"Reschedule {mid}: {r['outcome']}, due "
+                text = (f"Reschedule {mid}: {r['outcome']} ({_count(r['changed'])}), due "
                         f"{pages.when(r['deliver_at_ms'])}")
             result = {"ok": r["outcome"] in ("CANCELLED", "RESCHEDULED"), "text": text}
         except Refused as exc:
@@ -302,6 +302,10 @@ class Handler(BaseHTTPRequestHandler):
             result, status = {"ok": False, "text": f"{code}: {exc}"}, _HTTP_OF.get(code, 400)
         self._view("/messages", {"id": form.get("message_id", "")}, session, {}, result,
                    status)
+
+
+def _count(changed: int) -> str:
+    return f"{changed} message" + ("" if changed == 1 else "s")
 
 
 def _fields(raw: str) -> dict[str, str]:

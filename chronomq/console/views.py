@@ -214,7 +214,7 @@ class ConsoleViews:
         messages = [m for m in read if isinstance(m, Message)]
         origin = [(m.properties.get(PROP_ORIGIN_TOPIC, topic), REDRIVE_ID + m.message_id)
                   for m in messages]
-        redriven = b.store.index.stored_at(origin) if origin else []
+        redriven = b.store.stored_at(origin) if origin else []
         rows = []
         for m, at in zip(reversed(messages), reversed(redriven), strict=True):
             row = message_dict(m)

@@ -329,34 +329,42 @@ class SubscribeResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ReceivedMessage, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SettleError, _Mapping]]] = ..., changed: _Optional[_Iterable[_Union[HandleChange, _Mapping]]] = ..., settled_through: _Optional[int] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
-    __slots__ = ("message_id",)
+    __slots__ = ("message_id", "topic")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
     message_id: str
-    def __init__(self, message_id: _Optional[str] = ...) -> None: ...
+    topic: str
+    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
 
 class CancelResponse(_message.Message):
-    __slots__ = ("outcome",)
+    __slots__ = ("outcome", "changed")
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
     outcome: TimerOutcome
-    def __init__(self, outcome: _Optional[_Union[TimerOutcome, str]] = ...) -> None: ...
+    changed: int
+    def __init__(self, outcome: _Optional[_Union[TimerOutcome, str]] = ..., changed: _Optional[int] = ...) -> None: ...
 
 class RescheduleRequest(_message.Message):
-    __slots__ = ("message_id", "deliver_at_ms", "delay_ms")
+    __slots__ = ("message_id", "deliver_at_ms", "delay_ms", "topic")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
     DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     deliver_at_ms: int
     delay_ms: int
-    def __init__(self, message_id: _Optional[str] = ..., deliver_at_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ...) -> None: ...
+    topic: str
+    def __init__(self, message_id: _Optional[str] = ..., deliver_at_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., topic: _Optional[str] = ...) -> None: ...
 
 class RescheduleResponse(_message.Message):
-    __slots__ = ("outcome", "deliver_at_ms")
+    __slots__ = ("outcome", "deliver_at_ms", "changed")
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
     outcome: TimerOutcome
     deliver_at_ms: int
-    def __init__(self, outcome: _Optional[_Union[TimerOutcome, str]] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
+    changed: int
+    def __init__(self, outcome: _Optional[_Union[TimerOutcome, str]] = ..., deliver_at_ms: _Optional[int] = ..., changed: _Optional[int] = ...) -> None: ...
 
 class QueryMessagesRequest(_message.Message):
     __slots__ = ("topic", "key", "message_id", "max_messages")

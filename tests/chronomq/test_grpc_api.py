@@ -294,8 +294,8 @@ def test_a_client_chosen_id_sent_again_within_the_window_is_dropped(
     # the ids are in the key index too, which outlives the in-memory set (restarts)
     broker = server.server.broker
     assert broker.store.wait_visible(5)
-    stored = broker.store.index.stored_at([("d", "replay-2"), ("d", "replay-4"),
-                                           ("d", "never-sent"), ("other", "replay-4")])
+    stored = broker.store.stored_at([("d", "replay-2"), ("d", "replay-4"),
+                                     ("d", "never-sent"), ("other", "replay-4")])
     assert stored[0] is not None and stored[1] is not None  # replay-2 is delayed
     assert stored[2] is None and stored[3] is None
     # ids are per topic: the same id sent to another topic is a new message

@@ -211,7 +211,8 @@ def _operator_session(d: webdriver.Chrome, server: RunningServer, base: str) -> 
     due = server.server.broker.timer.pending_due(later)
     assert due is not None and due > server.server.broker.clock.now_ms() + 7_000_000
     click(d, "#cancel")
-    assert shows(d, "#result", f"Cancel {later}: CANCELLED") == f"Cancel {later}: CANCELLED"
+    assert shows(d, "#result", f"Cancel {later}: CANCELLED") == \
+        f"Cancel {later}: CANCELLED (1 message)"
     assert server.server.broker.timer.pending_due(later) is None
     d.get(base + f"/messages?id={later}")
     assert d.find_elements(By.ID, "cancel") == []  # no longer pending: nothing to cancel

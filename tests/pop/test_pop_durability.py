@@ -71,10 +71,10 @@ def test_acks_and_leases_are_group_committed(tmp_path: Path,
     try:
         env.send(40)
         got = env.pop.pop("t", "G", 32, 60)
-        syncs = env.pop._commit.syncs
+        syncs = env.pop.statistics().durable_syncs
         assert syncs >= 1  # the Pop waited for its leases to be durable
         assert env.pop.ack_many("G", [p.receipt_handle for p in got]) == [None] * 32
-        assert env.pop._commit.syncs == syncs + 1  # 32 acks, one fsync
+        assert env.pop.statistics().durable_syncs == syncs + 1  # 32 acks, one fsync
     finally:
         env.close()
 

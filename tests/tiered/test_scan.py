@@ -6,16 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from store.clock import ManualClock
 from store.message import Message, draft_of
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
 from tiered.dispatcher import TieredConfig, TieredDispatcher
-from tiered.errors import TierError
 from tiered.providers.local import LocalProvider
-from tiered.scan import COLUMNS, ScanSlice, Selection, decode_slice, plan
+from tiered.scan import COLUMNS, Damage, ScanSlice, Selection, decode_slice, plan
 
 
 def _tiered(tmp_path: Path, clock: ManualClock) -> tuple[MessageStore, LocalProvider, int]:
@@ -76,8 +73,10 @@ def test_a_damaged_object_is_reported(tmp_path: Path, manual_clock: ManualClock)
     data = bytearray(path.read_bytes())
     data[-3] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(TierError, match="bad record at byte 0"):
-        list(decode_slice(provider, s))
+    damaged: list[Damage] = []
+    assert list(decode_slice(provider, s, on_damage=damaged.append)) == []
+    assert [d.path for d in damaged] == [s.paths[0]]
+    assert "bad record at byte 0 (CRC mismatch)" in damaged[0].reason
 
 
 def _rows(provider: LocalProvider, s: ScanSlice,

@@ -79,8 +79,8 @@ def test_routing_at_the_horizon(env: Env) -> None:
     near = env.send(b"near", 10 * SEC - 1)  # just inside the RocksDB horizon
     far = env.send(b"far", 10 * SEC)  # at the horizon: parked on the tier
     timers = env.broker._timer_store
-    assert timers.locate(near) is not None and timers.locate_parked(near) is None
-    assert timers.locate(far) is None and timers.locate_parked(far) is not None
+    assert timers.locate(near) != [] and timers.locate_parked(near) == []
+    assert timers.locate(far) == [] and timers.locate_parked(far) != []
     assert len(env.objects()) == 1 and env.objects()[0].startswith("broker-0/timer/")
     assert env.broker.timer.statistics().flat_objects == 1
 
@@ -88,7 +88,7 @@ def test_routing_at_the_horizon(env: Env) -> None:
 def test_far_messages_are_preloaded_and_delivered_on_time(env: Env) -> None:
     # Given messages 30 s to 60 s ahead: all in TimerFlatFiles
     ids = [env.send(f"{s}".encode(), s * SEC) for s in (30, 31, 44, 60)]
-    assert all(env.broker._timer_store.locate(i) is None for i in ids)  # none in RocksDB
+    assert all(env.broker._timer_store.locate(i) == [] for i in ids)  # none in RocksDB
     buckets_before = {o.split("/")[2] for o in env.objects()}
     delivered: dict[int, list[bytes]] = {}
     for t in range(1, 62):
@@ -106,15 +106,16 @@ def test_cancel_and_reschedule_parked_messages(env: Env) -> None:
     gone = env.send(b"gone", 40 * SEC)
     moved = env.send(b"moved", 50 * SEC)
     kept = env.send(b"kept", 40 * SEC)
-    assert env.timer.cancel(gone) is TimerOutcome.CANCELLED
-    assert env.timer.reschedule(moved, env.clock.now_ms() + 2 * SEC) is TimerOutcome.RESCHEDULED
+    assert env.timer.cancel(gone).outcome is TimerOutcome.CANCELLED
+    moving = env.timer.reschedule(moved, env.clock.now_ms() + 2 * SEC)
+    assert moving.outcome is TimerOutcome.RESCHEDULED
     delivered: list[bytes] = []
     for _ in range(55):
         env.clock.advance(SEC)
         delivered += env.tick()
     assert delivered == [b"moved", b"kept"]
-    assert env.timer.cancel(gone) is TimerOutcome.NOT_FOUND
-    assert env.timer.cancel(kept) is TimerOutcome.ALREADY_DELIVERED
+    assert env.timer.cancel(gone).outcome is TimerOutcome.NOT_FOUND
+    assert env.timer.cancel(kept).outcome is TimerOutcome.ALREADY_DELIVERED
 
 
 def test_parked_messages_survive_restart(env: Env) -> None:

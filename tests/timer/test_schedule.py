@@ -68,8 +68,8 @@ def test_counts_per_minute_hour_and_day_wherever_messages_wait(env: Env) -> None
 
     # cancel and reschedule move the counts; the cached answer lasts max_age_ms
     first = env.timer.schedule()
-    assert env.timer.cancel(five_min[0]).name == "CANCELLED"
-    assert env.timer.reschedule(ninety[0], START + 10 * MINUTE_MS).name == "RESCHEDULED"
+    assert env.timer.cancel(five_min[0]).outcome.name == "CANCELLED"
+    assert env.timer.reschedule(ninety[0], START + 10 * MINUTE_MS).outcome.name == "RESCHEDULED"
     assert env.timer.schedule() is first
     env.clock.advance(5_000)
     s = env.timer.schedule()

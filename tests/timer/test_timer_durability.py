@@ -121,7 +121,7 @@ def test_a_cancel_made_while_a_far_message_is_parked_survives_kill_9(tmp_path: P
         c.create_topic("t", queue_count=1)
         far = c.send_one("t", b"far", delay_ms=4000)  # beyond the horizon: parked
         near = c.send_one("t", b"near", delay_ms=1500)  # in RocksDB
-        assert c.cancel(near) == "CANCELLED"
+        assert c.cancel(near).outcome == "CANCELLED"
     srv.kill9()
     srv = ServerProcess(data, *settings)
     try:

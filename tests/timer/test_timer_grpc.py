@@ -23,9 +23,9 @@ def test_delayed_send_pop_cancel_reschedule(client: ChronomqClient,
     (keep, drop, move) = [o.message_id for o in client.send([
         message("d", b"keep", delay_ms=1500), message("d", b"drop", delay_ms=1500),
         message("d", b"move", delay_ms=60_000)])]
-    assert client.cancel(drop) == "CANCELLED"
-    outcome, due = client.reschedule(move, delay_ms=1700)
-    assert outcome == "RESCHEDULED" and due >= sent_at + 1700
+    assert client.cancel(drop)[:2] == ("CANCELLED", 1)
+    outcome, changed, due = client.reschedule(move, delay_ms=1700)
+    assert (outcome, changed) == ("RESCHEDULED", 1) and due >= sent_at + 1700
     assert client.pop("d", "g") == []  # nothing is due yet
     got: dict[bytes, tuple[int, int]] = {}
     deadline = time.monotonic() + 10
@@ -36,7 +36,7 @@ def test_delayed_send_pop_cancel_reschedule(client: ChronomqClient,
     assert set(got) == {b"keep", b"move"}
     for received_at, deliver_at in got.values():
         assert received_at >= deliver_at  # never early
-    assert client.cancel(keep) == "ALREADY_DELIVERED"
+    assert client.cancel(keep)[:2] == ("ALREADY_DELIVERED", 0)
     assert client.stats()["timer.delivered"] == 2
 
 

@@ -147,23 +147,24 @@ def test_cancel_in_rocksdb_and_in_the_wheel(env: Env) -> None:
     near = env.send(b"near", delay_ms=10_000)
     env.tick()  # loads "near" into the wheel
     assert env.timer.statistics().pending_wheel == 1
-    assert env.timer.cancel(far) is TimerOutcome.CANCELLED
-    assert env.timer.cancel(near) is TimerOutcome.CANCELLED
+    assert env.timer.cancel(far).outcome is TimerOutcome.CANCELLED
+    assert env.timer.cancel(near).outcome is TimerOutcome.CANCELLED
     assert env.timer.statistics().pending_wheel == 0
     env.clock.advance(2 * HOUR)
     assert env.tick() == 0 and env.bodies() == []
-    assert env.timer.cancel(far) is TimerOutcome.NOT_FOUND  # gone: a second cancel finds nothing
+    # gone: a second cancel finds nothing
+    assert env.timer.cancel(far).outcome is TimerOutcome.NOT_FOUND
 
 
 def test_cancel_after_delivery_and_unknown_ids(env: Env) -> None:
     mid = env.send(b"x", delay_ms=1_000)
     env.clock.advance(1_000)
     env.tick()
-    assert env.timer.cancel(mid) is TimerOutcome.ALREADY_DELIVERED
+    assert env.timer.cancel(mid).outcome is TimerOutcome.ALREADY_DELIVERED
     now_id = env.send(b"immediate")
-    assert env.timer.cancel(now_id) is TimerOutcome.ALREADY_DELIVERED
-    assert env.timer.cancel("0" * 32) is TimerOutcome.NOT_FOUND
-    assert env.timer.cancel("no-such-id") is TimerOutcome.NOT_FOUND
+    assert env.timer.cancel(now_id).outcome is TimerOutcome.ALREADY_DELIVERED
+    assert env.timer.cancel("0" * 32).outcome is TimerOutcome.NOT_FOUND
+    assert env.timer.cancel("no-such-id").outcome is TimerOutcome.NOT_FOUND
 
 
 def test_reschedule_in_each_tier(env: Env) -> None:
@@ -172,9 +173,9 @@ def test_reschedule_in_each_tier(env: Env) -> None:
     c = env.send(b"c", delay_ms=20_000)  # wheel -> now
     env.tick()
     now = env.clock.now_ms()
-    assert env.timer.reschedule(a, now + 30_000) is TimerOutcome.RESCHEDULED
-    assert env.timer.reschedule(b, now + 2 * HOUR) is TimerOutcome.RESCHEDULED
-    assert env.timer.reschedule(c, now) is TimerOutcome.RESCHEDULED
+    assert env.timer.reschedule(a, now + 30_000).outcome is TimerOutcome.RESCHEDULED
+    assert env.timer.reschedule(b, now + 2 * HOUR).outcome is TimerOutcome.RESCHEDULED
+    assert env.timer.reschedule(c, now).outcome is TimerOutcome.RESCHEDULED
     assert env.tick() == 1 and env.bodies() == [b"c"]
     env.clock.advance(30_000)
     assert env.tick() == 1 and env.bodies() == [b"a"]
@@ -182,7 +183,7 @@ def test_reschedule_in_each_tier(env: Env) -> None:
     assert env.tick() == 0
     env.clock.advance(HOUR)
     assert env.tick() == 1 and env.bodies() == [b"b"]
-    assert env.timer.reschedule(a, now) is TimerOutcome.ALREADY_DELIVERED
+    assert env.timer.reschedule(a, now).outcome is TimerOutcome.ALREADY_DELIVERED
 
 
 def test_pending_timers_survive_restart(env: Env) -> None:
