@@ -25,7 +25,7 @@ from chronomq.listeners import ListenError
 from chronomq.server import BrokerServer
 from store.errors import InvalidArgument
 from tests.chronomq.process import ServerProcess
-from tests.conftest import broker_config
+from tests.conftest import broker_config, wait_until
 
 SETTINGS = ["server.port", "console.port", "server.metrics_port", "rocketmq.port"]
 
@@ -118,11 +118,9 @@ def test_a_port_taken_during_start_releases_everything(setting: str,
     # Then the error names the setting and the address
     assert setting in str(refused.value) and f"127.0.0.1:{port}" in str(refused.value)
     # and nothing keeps running: no thread of the broker, its store closed
-    deadline = time.monotonic() + 10
-    while (left := [t for t in threading.enumerate() if t not in before]) and \
-            time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not left, left
+    wait_until(lambda: not [t for t in threading.enumerate() if t not in before], 10,
+               "the broker's threads to end",
+               show=lambda: [t for t in threading.enumerate() if t not in before], poll_s=0.05)
     again = BrokerServer(broker_config(tmp_path / "data"))  # RocksDB's locks were released
     again.start()
     again.stop()

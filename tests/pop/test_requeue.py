@@ -3,8 +3,6 @@ real store and real RocksDB, with a manual clock (no PopService, no broker)."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from pop.settle import PROP_LEASE, decode_lease
 from store.clock import ManualClock
 from store.errors import InvalidArgument
 from store.message import Message
+from tests.conftest import wait_until
 from tests.pop.test_leasebook import Parts
 
 
@@ -144,10 +143,8 @@ def test_the_revive_thread_fires_due_deadlines(env: Env) -> None:
     env.clock.advance(1_000)
     env.requeuer.start()
     try:
-        idle = threading.Event()
-        deadline = time.monotonic() + 10
-        while env.book.statistics().revived == 0 and time.monotonic() < deadline:
-            idle.wait(0.01)  # the thread revives on its own: poll its outcome
+        # the thread revives on its own: poll its outcome
+        wait_until(lambda: env.book.statistics().revived > 0, 10, "the revive thread to fire")
     finally:
         env.requeuer.stop()
     assert env.book.statistics().revived == 1

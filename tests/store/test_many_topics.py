@@ -57,6 +57,7 @@ from store.store import MessageStore, StoreConfig
 from store.topiclog import decode_line, encode_line
 from store.topics import LOG_NAME, Topic, TopicCatalogue
 from tests.chronomq.process import ServerProcess
+from tests.conftest import wait_until
 
 NOFILE = 1024  # the common default soft limit the broker must live under
 
@@ -385,8 +386,9 @@ def test_2500_topics_start_and_serve_under_ulimit_1024(tmp_path: Path) -> None:
             assert not [r for resp in sends for r in resp.results  # type: ignore[attr-defined]
                         if r.WhichOneof("outcome") == "error"]
         with ChronomqClient(srv.target) as c:
-            while c.stats()["store.dispatch_lag_bytes"] > 0:
-                threading.Event().wait(0.05)
+            wait_until(lambda: c.stats()["store.dispatch_lag_bytes"] <= 0, 120,
+                       "the dispatcher to catch up (Stats store.dispatch_lag_bytes 0)",
+                       show=lambda: c.stats()["store.dispatch_lag_bytes"], poll_s=0.05)
         assert len(list((tmp_path / "data" / "consumequeue").glob("*/*/*.cq"))) == 4 * n
         assert _open_files(srv) < NOFILE
         # When it restarts under the same limit: cleanly, then after a kill -9 with
@@ -441,13 +443,14 @@ def test_a_topic_answered_ok_survives_kill9(tmp_path: Path) -> None:
     threads = [threading.Thread(target=create, args=(w,)) for w in range(8)]
     for t in threads:
         t.start()
-    while len(answered) < 400:
-        threading.Event().wait(0.01)
-    # When the broker is killed while creates are in flight
-    srv.kill9()
-    stop.set()
-    for t in threads:
-        t.join()
+    try:
+        wait_until(lambda: len(answered) >= 400, 60, "400 answered CreateTopics",
+                   show=lambda: len(answered))
+    finally:  # When the broker is killed while creates are in flight
+        srv.kill9()
+        stop.set()
+        for t in threads:
+            t.join()
     srv = ServerProcess(tmp_path / "data")
     try:
         with ChronomqClient(srv.target) as c:
