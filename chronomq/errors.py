@@ -1,6 +1,15 @@
-"""The one place project errors become gRPC status codes."""
+"""The one place project errors become gRPC status codes.
+
+``abort`` is called by the method handlers (``chronomq.handlers``) for every method of
+every service, unary and streaming: servicers raise project errors and never map them
+themselves.  ``code_number`` gives the same code for per-item errors inside a response
+(a batch Send's ``Error``, a Subscribe settlement's).
+"""
 
 from __future__ import annotations
+
+import logging
+from typing import NoReturn
 
 import grpc
 
@@ -38,3 +47,16 @@ def code_number(exc: BaseException) -> int:
     """The numeric google.rpc.Code, for per-item errors inside a response."""
     value: tuple[int, str] = status_of(exc).value
     return value[0]
+
+
+log = logging.getLogger(__name__)
+
+
+def abort(context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
+    """End the call with ``exc``'s status and message (an INTERNAL one is logged with its
+    traceback: it is the broker's fault, not the caller's)."""
+    code = status_of(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.error("internal error", exc_info=exc)
+    context.abort(code, str(exc))
+    raise AssertionError("context.abort returns only by raising")

@@ -26,7 +26,7 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 
-from chronomq.errors import status_of
+from chronomq.errors import abort
 from store.errors import ChronomqError
 
 Metadata = Sequence[tuple[str, str | bytes]]
@@ -103,14 +103,14 @@ def _wrap(method: MethodDescriptor, behavior: Callable[..., Any], allow: Allow |
         try:
             return behavior(request, context)
         except ChronomqError as exc:
-            context.abort(status_of(exc), str(exc))
+            abort(context, exc)
 
     def unary_in_stream_out(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         check(request, context)
         try:
             yield from behavior(request, context)
         except ChronomqError as exc:
-            context.abort(status_of(exc), str(exc))
+            abort(context, exc)
 
     def stream_in(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         check(None, context)
@@ -118,7 +118,7 @@ def _wrap(method: MethodDescriptor, behavior: Callable[..., Any], allow: Allow |
         try:
             answer = behavior(checked, context)
         except ChronomqError as exc:
-            context.abort(status_of(exc), str(exc))
+            abort(context, exc)
         check(Malformed(checked.error) if checked.error else None, context)
         return answer
 
@@ -129,7 +129,7 @@ def _wrap(method: MethodDescriptor, behavior: Callable[..., Any], allow: Allow |
         try:
             yield from behavior(checked, context)
         except ChronomqError as exc:
-            context.abort(status_of(exc), str(exc))
+            abort(context, exc)
         check(Malformed(checked.error) if checked.error else None, context)
 
     parse = _parser(message_factory.GetMessageClass(method.input_type))

@@ -1,11 +1,13 @@
-"""``chronomq.v1.Broker`` over gRPC: converts protobuf <-> the core and maps errors.
+"""``chronomq.v1.Broker`` over gRPC: converts protobuf <-> the core.
 
-Runs on the threaded gRPC server (measured on this 2-core machine, it moves more requests
-per CPU second than grpc.aio).  Each RPC runs on a worker thread; appends are group
-committed by the CommitLog writer, so many concurrent Sends share one fsync.
+Runs on the threaded gRPC server (bench/RESULTS.md compares it with grpc.aio).  Each RPC
+runs on a worker thread; appends are group committed by the CommitLog writer, so many
+concurrent Sends share one fsync.
 
 The Subscribe stream's state lives in ``chronomq.subscription``, the Stats figures in
-``chronomq.figures``; this module maps each RPC onto the broker.
+``chronomq.figures``; this module maps each RPC onto the broker.  Errors are raised, not
+mapped here: the method handlers (``chronomq.handlers``) turn a project error into its
+status once, for every method.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import NamedTuple, NoReturn, TypeAlias
+from typing import NamedTuple, TypeAlias
 
 import grpc
 
@@ -55,14 +57,6 @@ MAX_SEND_BATCH = 1000
 _FAST_KEY_CHARS = MAX_KEY_BYTES // 4
 _FAST_TAG_CHARS = MAX_TAG_BYTES // 4
 MAX_QUERY = 64
-
-
-def _abort(context: Context, exc: BaseException) -> NoReturn:
-    code = status_of(exc)
-    if code == grpc.StatusCode.INTERNAL:
-        log.error("internal error", exc_info=exc)
-    context.abort(code, str(exc))
-    raise AssertionError("context.abort returns only by raising")
 
 
 def _check_timer_target(message_id: str, topic: str, rpc: str) -> None:
@@ -109,10 +103,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         topic = Topic(t.name, t.queue_count or self._broker.config.store.default_queue_count,
                       t.retention_ms, t.retention_bytes,
                       tier_retention_ms=t.tier_retention_ms)
-        try:
-            created_topic, created = self._broker.create_topic(topic)
-        except ChronomqError as exc:
-            _abort(context, exc)
+        created_topic, created = self._broker.create_topic(topic)
         return pb.CreateTopicResponse(topic=_topic_pb(created_topic), created=created)
 
     def ListTopics(self, request: pb.ListTopicsRequest, context: Context) -> pb.ListTopicsResponse:
@@ -125,10 +116,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     def DeleteTopic(self, request: pb.DeleteTopicRequest,
                     context: Context) -> pb.DeleteTopicResponse:
-        try:
-            self._broker.delete_topic(request.name)
-        except ChronomqError as exc:
-            _abort(context, exc)
+        self._broker.delete_topic(request.name)
         return pb.DeleteTopicResponse(deleted=True)
 
     # ------------------------------------------------------------------ send
@@ -200,10 +188,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         return pb.SendResponse(results=results)
 
     def Send(self, request: pb.SendRequest, context: Context) -> pb.SendResponse:
-        try:
-            return self._finish_send(self._begin_send(request))
-        except ChronomqError as exc:
-            _abort(context, exc)
+        return self._finish_send(self._begin_send(request))
 
     def SendStream(self, request_iterator: Iterator[pb.SendRequest],
                    context: Context) -> Iterator[pb.SendResponse]:
@@ -228,38 +213,32 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         threading.Thread(target=read, name="sendstream-reader", daemon=True).start()
         while (item := pending.get()) is not None:
             if isinstance(item, ChronomqError):
-                _abort(context, item)
+                raise item  # mapped to its status by the handler (chronomq.handlers)
             if isinstance(item, BaseException):
                 if context.is_active():
                     raise item
                 return
-            try:
-                yield self._finish_send(item)
-            except ChronomqError as exc:
-                _abort(context, exc)
+            yield self._finish_send(item)
 
     # ------------------------------------------------------------------ pop / ack
 
     def Pop(self, request: pb.PopRequest, context: Context) -> pb.PopResponse:
         pop = self._broker.pop
-        try:
-            pop.validate(request.topic, request.group, request.max_messages,
-                         request.invisible_time_s)
-            tf = TagFilter.parse(request.tag_expression)
-            wait_s = min(request.wait_ms, self._max_wait_ms) / 1000
-            remaining = context.time_remaining()
-            if remaining is not None:  # answer before the client gives up
-                wait_s = min(wait_s, max(remaining - 0.2, 0.0))
+        pop.validate(request.topic, request.group, request.max_messages,
+                     request.invisible_time_s)
+        tf = TagFilter.parse(request.tag_expression)
+        wait_s = min(request.wait_ms, self._max_wait_ms) / 1000
+        remaining = context.time_remaining()
+        if remaining is not None:  # answer before the client gives up
+            wait_s = min(wait_s, max(remaining - 0.2, 0.0))
 
-            def fetch() -> list[PoppedMessage]:
-                return pop.pop(request.topic, request.group, request.max_messages,
-                               request.invisible_time_s, tf)
-            got: Sequence[PoppedMessage] = fetch()
-            if not got and wait_s > 0:  # a long poll: it waits on a place of its own
-                with self._budget.hold(LONG_POLL, context.peer()):
-                    got = self._notifier.poll(request.topic, wait_s, fetch, context.is_active)
-        except ChronomqError as exc:
-            _abort(context, exc)
+        def fetch() -> list[PoppedMessage]:
+            return pop.pop(request.topic, request.group, request.max_messages,
+                           request.invisible_time_s, tf)
+        got: Sequence[PoppedMessage] = fetch()
+        if not got and wait_s > 0:  # a long poll: it waits on a place of its own
+            with self._budget.hold(LONG_POLL, context.peer()):
+                got = self._notifier.poll(request.topic, wait_s, fetch, context.is_active)
         with self._counts_lock:
             self.popped += len(got)
         return pb.PopResponse(messages=[
@@ -267,34 +246,28 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     def Ack(self, request: pb.AckRequest, context: Context) -> pb.AckResponse:
         if not request.receipt_handles:
-            _abort(context, InvalidArgument("Ack needs at least one receipt handle"))
+            raise InvalidArgument("Ack needs at least one receipt handle")
         outcomes = self._broker.pop.ack_many(request.group, list(request.receipt_handles))
         return pb.AckResponse(results=ack_results(outcomes))
 
     def ChangeInvisibleTime(self, request: pb.ChangeInvisibleTimeRequest,
                             context: Context) -> pb.ChangeInvisibleTimeResponse:
-        try:
-            handle = self._broker.pop.change_invisible_time(
-                request.group, request.receipt_handle, request.invisible_time_s)
-        except ChronomqError as exc:
-            _abort(context, exc)
+        handle = self._broker.pop.change_invisible_time(
+            request.group, request.receipt_handle, request.invisible_time_s)
         return pb.ChangeInvisibleTimeResponse(receipt_handle=handle)
 
     def Nack(self, request: pb.NackRequest, context: Context) -> pb.NackResponse:
         if not request.receipt_handles:
-            _abort(context, InvalidArgument("Nack needs at least one receipt handle"))
+            raise InvalidArgument("Nack needs at least one receipt handle")
         delay = request.delay_ms if request.HasField("delay_ms") else None
-        try:
-            outcomes = self._broker.pop.release_many(
-                request.group, [(h, delay) for h in request.receipt_handles])
-        except ChronomqError as exc:
-            _abort(context, exc)
+        outcomes = self._broker.pop.release_many(
+            request.group, [(h, delay) for h in request.receipt_handles])
         return pb.NackResponse(results=ack_results(outcomes))
 
     def DeadLetter(self, request: pb.DeadLetterRequest,
                    context: Context) -> pb.DeadLetterResponse:
         if not request.receipt_handles:
-            _abort(context, InvalidArgument("DeadLetter needs at least one receipt handle"))
+            raise InvalidArgument("DeadLetter needs at least one receipt handle")
         outcomes = self._broker.pop.dead_letter_many(
             request.group, [(h, request.reason) for h in request.receipt_handles])
         return pb.DeadLetterResponse(results=ack_results(outcomes))
@@ -312,10 +285,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             first = next(request_iterator)
         except StopIteration:
             return
-        try:
-            sub = Subscription(self._broker, first)
-        except ChronomqError as exc:
-            _abort(context, exc)
+        sub = Subscription(self._broker, first)
         sub.settle(first)
         wake = partial(self._notifier.wake, sub.topic)
 
@@ -350,8 +320,6 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             report = sub.take_report()  # the client half-closed: answer its last settlements
             if report is not None and context.is_active():
                 yield report
-        except ChronomqError as exc:
-            _abort(context, exc)
         finally:
             sub.close()
             sub.give_back()
@@ -359,25 +327,19 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     # ------------------------------------------------------------------ timer control
 
     def Cancel(self, request: pb.CancelRequest, context: Context) -> pb.CancelResponse:
-        try:
-            _check_timer_target(request.message_id, request.topic, "Cancel")
-            change = self._broker.timer.cancel(request.message_id, request.topic)
-        except ChronomqError as exc:
-            _abort(context, exc)
+        _check_timer_target(request.message_id, request.topic, "Cancel")
+        change = self._broker.timer.cancel(request.message_id, request.topic)
         return pb.CancelResponse(outcome=change.outcome.name, changed=change.changed)
 
     def Reschedule(self, request: pb.RescheduleRequest,
                    context: Context) -> pb.RescheduleResponse:
-        try:
-            _check_timer_target(request.message_id, request.topic, "Reschedule")
-            if request.WhichOneof("delivery") is None:
-                raise InvalidArgument("Reschedule needs deliver_at_ms or delay_ms")
-            now = self._broker.clock.now_ms()
-            due, _ = self._broker.resolve_deliver_at(request.deliver_at_ms, request.delay_ms,
-                                                     now)
-            change = self._broker.timer.reschedule(request.message_id, due, request.topic)
-        except ChronomqError as exc:
-            _abort(context, exc)
+        _check_timer_target(request.message_id, request.topic, "Reschedule")
+        if request.WhichOneof("delivery") is None:
+            raise InvalidArgument("Reschedule needs deliver_at_ms or delay_ms")
+        now = self._broker.clock.now_ms()
+        due, _ = self._broker.resolve_deliver_at(request.deliver_at_ms, request.delay_ms,
+                                                 now)
+        change = self._broker.timer.reschedule(request.message_id, due, request.topic)
         return pb.RescheduleResponse(outcome=change.outcome.name, deliver_at_ms=due,
                                      changed=change.changed)
 
@@ -388,34 +350,32 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         limit = min(request.max_messages or MAX_QUERY, MAX_QUERY)
         which = request.WhichOneof("selector")
         broker = self._broker
-        try:
-            if which == "message_id":
-                validate_message_id(request.message_id)
-                found = [m for m in broker.query_by_message_id(request.message_id)
-                         if not request.topic or m.topic == request.topic]
-            elif which == "key" and request.key:
-                if not request.topic:
-                    raise InvalidArgument("a query by key needs the topic")
-                found = broker.query_by_key(request.topic, request.key, limit)
-            else:
-                raise InvalidArgument(
-                    "QueryMessages needs a key (with its topic) or a message_id")
-        except ChronomqError as exc:
-            _abort(context, exc)
+        if which == "message_id":
+            validate_message_id(request.message_id)
+            found = [m for m in broker.query_by_message_id(request.message_id)
+                     if not request.topic or m.topic == request.topic]
+        elif which == "key" and request.key:
+            if not request.topic:
+                raise InvalidArgument("a query by key needs the topic")
+            found = broker.query_by_key(request.topic, request.key, limit)
+        else:
+            raise InvalidArgument(
+                "QueryMessages needs a key (with its topic) or a message_id")
         return pb.QueryMessagesResponse(messages=[received_pb(m) for m in found])
 
     def Mount(self, request: pb.MountRequest, context: Context) -> pb.MountResponse:
         try:
             return pb.MountResponse(topics=self._broker.mount(request.broker))
         except ChronomqError as exc:
-            if status_of(exc) == grpc.StatusCode.INTERNAL:  # the tier answered nonsense
-                exc = FailedPrecondition(f"cannot mount {request.broker[:140]!r}: {exc}")
-            _abort(context, exc)
+            if status_of(exc) != grpc.StatusCode.INTERNAL:
+                raise
+            # the tier answered nonsense: the departed broker's data, not this broker, is bad
+            raise FailedPrecondition(f"cannot mount {request.broker[:140]!r}: {exc}") from exc
 
     def Unmount(self, request: pb.UnmountRequest, context: Context) -> pb.UnmountResponse:
         topics = self._broker.unmount(request.broker)
         if not topics:
-            _abort(context, NotFound(f"broker {request.broker[:140]!r} is not mounted here"))
+            raise NotFound(f"broker {request.broker[:140]!r} is not mounted here")
         return pb.UnmountResponse(topics=topics)
 
     def Stats(self, request: pb.StatsRequest, context: Context) -> pb.StatsResponse:
