@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_request_cost import cpu_s
 from chronomq.client import ChronomqClient, message
-from chronomq.consumer import Consumer
-from chronomq.producer import Producer
+from chronomq.client.consumer import Consumer
+from chronomq.client.producer import Producer
 from tests.chronomq.process import ServerProcess
 
 BODY = b"x" * 200

@@ -47,9 +47,9 @@ WINDOW = 256  # Producer.send_async futures in flight per process
 def _stub_sender(target: str, seconds: float, out: Any) -> None:
     import grpc
 
-    from chronomq.rocketmq_pb import definition as rd
-    from chronomq.rocketmq_pb import service as rs
-    from chronomq.rocketmq_pb import service_grpc
+    from chronomq.rocketmq.pb import definition as rd
+    from chronomq.rocketmq.pb import service as rs
+    from chronomq.rocketmq.pb import service_grpc
 
     seq = 0
     sent = 0
@@ -77,8 +77,8 @@ def _heartbeats(target: str, seconds: float, out: Any) -> None:
 
     import grpc
 
-    from chronomq.rocketmq_pb import service as rs
-    from chronomq.rocketmq_pb import service_grpc
+    from chronomq.rocketmq.pb import service as rs
+    from chronomq.rocketmq.pb import service_grpc
 
     counts = [0] * 16
 

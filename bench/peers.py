@@ -234,7 +234,7 @@ class ChronomqClientAdapter(Client):
 
     def put(self, items: list[tuple[bytes, int]]) -> None:
         from chronomq.client import message
-        from chronomq.producer import Producer
+        from chronomq.client.producer import Producer
 
         if self.mode == "batch":
             out = self._c.send([message(TOPIC, b, deliver_at_ms=due or None)
@@ -271,7 +271,7 @@ class ChronomqClientAdapter(Client):
         return out
 
     def _take_one(self) -> list[tuple[Any, bytes]]:
-        from chronomq.consumer import Consumer
+        from chronomq.client.consumer import Consumer
 
         if self._consumer is None:
             self._consumer = Consumer(self._c, TOPIC, GROUP, invisible_time_s=300)

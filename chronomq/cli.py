@@ -34,7 +34,7 @@ from typing import Any
 
 import grpc
 
-from chronomq.client import RpcError
+from chronomq.client.client import RpcError
 from chronomq.commands import Outcome, run_client, run_spark_job
 from chronomq.config import load_config
 from store.errors import ChronomqError

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from chronomq.client import ChronomqClient, RpcError, message, status_by_number
+from chronomq.client.client import ChronomqClient, RpcError, message, status_by_number
 from chronomq.config import load_config
 from chronomq.v1 import broker_pb2 as pb
 from pop.policy import parse_duration_ms

@@ -71,7 +71,7 @@ class ServerConfig:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     worker_threads: int = 64  # short calls served at once; waiting calls have their own:
-    max_streams: int = 1000  # Subscribe/SendStream streams open at once (chronomq.budget)
+    max_streams: int = 1000  # Subscribe/SendStream streams open at once (chronomq.api.budget)
     max_long_polls: int = 1000  # Pops waiting for messages at once
     max_waiting_per_connection: int = 200  # streams + long polls one connection may hold
     max_concurrent_rpcs: int = 4000  # beyond this, calls are refused with RESOURCE_EXHAUSTED

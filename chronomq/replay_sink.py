@@ -3,7 +3,7 @@
 
 Each Spark task opens its own connection (the sink holds only the address and token, so
 it pickles to the executors), encodes rows with the hand-written protobuf encoder of
-``chronomq.wire`` (no message objects per row), and pipelines its requests on one
+``chronomq.api.wire`` (no message objects per row), and pipelines its requests on one
 stream.  Results come back one per row, refusals as ``"CODE: message"``.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from chronomq.client import ChronomqClient, status_by_number
-from chronomq.wire import encode_outgoing, encode_send_request
+from chronomq.api.wire import encode_outgoing, encode_send_request
+from chronomq.client.client import ChronomqClient, status_by_number
 from spark.jobs import Result, Row
 
 

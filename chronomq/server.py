@@ -26,10 +26,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from chronomq import memtrace
+from chronomq.api.budget import CallBudget
+from chronomq.api.handlers import add_service, bearer
+from chronomq.api.notify import ArrivalNotifier
+from chronomq.api.servicer import BrokerServicer
 from chronomq.broker import Broker
-from chronomq.budget import CallBudget
 from chronomq.config import BrokerConfig
-from chronomq.handlers import add_service, bearer
 from chronomq.listeners import (
     Listener,
     api_listener,
@@ -40,8 +42,6 @@ from chronomq.listeners import (
     unreachable,
 )
 from chronomq.metrics import start_metrics
-from chronomq.notify import ArrivalNotifier
-from chronomq.servicer import BrokerServicer
 from chronomq.v1 import broker_pb2
 from pop.service import origin_of
 from store import crashpoint
@@ -169,9 +169,9 @@ class BrokerServer:
 
     def _start_rocketmq(self) -> None:
         """The RocketMQ 5 front on a port of its own (imported only when enabled)."""
-        from chronomq.rocketmq_auth import AccessKeyAuth
-        from chronomq.rocketmq_front import RocketMQServicer
-        from chronomq.rocketmq_pb import service as rs
+        from chronomq.rocketmq.auth import AccessKeyAuth
+        from chronomq.rocketmq.front import RocketMQServicer
+        from chronomq.rocketmq.pb import service as rs
 
         cfg = self.config.rocketmq
         host = cfg.host or self.config.server.host

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from chronomq.api.servicer import BrokerServicer
 from chronomq.broker import Broker
 from chronomq.config import BrokerConfig
 from chronomq.console.actions import ConsoleActions
@@ -21,7 +22,6 @@ from chronomq.console.server import Console, start_console
 from chronomq.console.session import Sessions
 from chronomq.console.views import ConsoleViews
 from chronomq.listeners import binding, console_listener
-from chronomq.servicer import BrokerServicer
 
 SAMPLE_INTERVAL_S = 5
 

@@ -21,9 +21,9 @@ from typing import Any, NoReturn
 
 import grpc
 
+from chronomq.api.servicer import BrokerServicer
 from chronomq.broker import Broker
 from chronomq.console.views import PAGE, REDRIVE_ID
-from chronomq.servicer import BrokerServicer
 from chronomq.v1 import broker_pb2 as pb
 from pop.model import (
     PROP_DLQ_ATTEMPTS,

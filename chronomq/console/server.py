@@ -33,11 +33,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from chronomq.api.errors import status_of
 from chronomq.console import pages
 from chronomq.console.actions import ConsoleActions, Refused
 from chronomq.console.session import COOKIE, Session, Sessions
 from chronomq.console.views import ConsoleViews, name_prefix, page_number
-from chronomq.errors import status_of
 from store.errors import ChronomqError, InvalidArgument
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from chronomq.client import ChronomqClient, RpcError, SendOutcome
-from chronomq.consumer import Consumer
-from chronomq.producer import BufferFull, Producer
+from chronomq.client.consumer import Consumer
+from chronomq.client.producer import BufferFull, Producer
 from chronomq.v1 import broker_pb2 as pb
 from tests.chronomq.process import ServerProcess
 from tests.conftest import RunningServer

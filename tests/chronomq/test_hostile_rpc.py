@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from chronomq.client import message
 from chronomq.config import PopConfig, RocketMQConfig, TierConfig
-from chronomq.rocketmq_pb import service as rs
+from chronomq.rocketmq.pb import service as rs
 from chronomq.v1 import broker_pb2
 from store.store import StoreConfig
 from tests.chronomq.fuzz import BAD_CODES, Tally, call, frames, tree

@@ -12,11 +12,11 @@ import pytest
 
 from chronomq.broker import make_provider
 from chronomq.client import RpcError, message
+from chronomq.client.routing import BrokerDirectory, RoutedClient
 from chronomq.config import RocketMQConfig
-from chronomq.rocketmq_pb import definition as rd
-from chronomq.rocketmq_pb import service as rs
-from chronomq.rocketmq_pb import service_grpc
-from chronomq.routing import BrokerDirectory, RoutedClient
+from chronomq.rocketmq.pb import definition as rd
+from chronomq.rocketmq.pb import service as rs
+from chronomq.rocketmq.pb import service_grpc
 from tests.chronomq.process import wait_tier_caught_up
 from tests.conftest import RunningServer, broker_config, tier_config
 

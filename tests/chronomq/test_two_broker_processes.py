@@ -15,8 +15,8 @@ import pytest
 
 from chronomq.broker import make_provider
 from chronomq.client import ChronomqClient, RpcError, message
+from chronomq.client.routing import BrokerDirectory, RoutedClient
 from chronomq.config import load_config
-from chronomq.routing import BrokerDirectory, RoutedClient
 from tests.chronomq.process import ServerProcess, wait_tier_caught_up
 from tests.conftest import CREDS, create_bucket
 

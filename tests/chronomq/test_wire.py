@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from chronomq.api.wire import encode_outgoing, encode_send_request, encode_send_response
 from chronomq.v1 import broker_pb2 as pb
-from chronomq.wire import encode_outgoing, encode_send_request, encode_send_response
 
 results = st.lists(st.tuples(st.text(alphabet="0123456789ABCDEF", max_size=200),
                              st.integers(0, 2**63 - 1)), max_size=20)

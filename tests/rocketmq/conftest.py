@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from chronomq.config import RocketMQConfig
-from chronomq.rocketmq_pb import service_grpc
+from chronomq.rocketmq.pb import service_grpc
 from store.clock import ManualClock
 from store.topics import Topic
 from tests.conftest import RunningServer, broker_config

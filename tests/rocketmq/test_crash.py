@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from chronomq.client import ChronomqClient
-from chronomq.rocketmq_pb import definition as rd
-from chronomq.rocketmq_pb import service as rs
-from chronomq.rocketmq_pb import service_grpc
+from chronomq.rocketmq.pb import definition as rd
+from chronomq.rocketmq.pb import service as rs
+from chronomq.rocketmq.pb import service_grpc
 from tests.chronomq.process import ServerProcess
 from tests.conftest import wait_until
 

@@ -11,9 +11,9 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 
 from chronomq.client import ChronomqClient, message
-from chronomq.consumer import Consumer
-from chronomq.rocketmq_pb import definition as rd
-from chronomq.rocketmq_pb import service as rs
+from chronomq.client.consumer import Consumer
+from chronomq.rocketmq.pb import definition as rd
+from chronomq.rocketmq.pb import service as rs
 from tests.conftest import RunningServer
 from tests.rocketmq.conftest import RocketMQEnv
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from chronomq.rocketmq_pb import definition as rd
-from chronomq.rocketmq_pb import service as rs
+from chronomq.rocketmq.pb import definition as rd
+from chronomq.rocketmq.pb import service as rs
 from tests.rocketmq.conftest import RocketMQEnv
 
 C = rd.Code

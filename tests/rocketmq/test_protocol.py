@@ -13,10 +13,10 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from chronomq.rocketmq_front import CLIENT_GONE_MS, MAX_RENEW_MS, duration_s, timestamp_ms
-from chronomq.rocketmq_pb import definition as rd
-from chronomq.rocketmq_pb import service as rs
-from chronomq.rocketmq_pb import service_grpc
+from chronomq.rocketmq.front import CLIENT_GONE_MS, MAX_RENEW_MS, duration_s, timestamp_ms
+from chronomq.rocketmq.pb import definition as rd
+from chronomq.rocketmq.pb import service as rs
+from chronomq.rocketmq.pb import service_grpc
 from store.topics import Topic
 from tests.rocketmq.conftest import RocketMQEnv
 
@@ -387,7 +387,7 @@ def test_lite_consumers_are_refused_with_a_reason(rmq: RocketMQEnv, client_type:
 
 def test_settings_answer_waits_for_the_clients_route_queries(rmq: RocketMQEnv) -> None:
     """A client that sends its settings after its first route query, while it fetches the
-    others, gets the answer once they are fetched (see chronomq.rocketmq_startup)."""
+    others, gets the answer once they are fetched (see chronomq.rocketmq.startup)."""
     import threading
 
     for name in ("t1", "t2"):

@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from chronomq.config import BrokerConfig
-from chronomq.rocketmq_codec import duration_pb
-from chronomq.rocketmq_pb import definition as rd
+from chronomq.rocketmq.codec import duration_pb
+from chronomq.rocketmq.pb import definition as rd
 from pop.policy import RetryPolicy
 
 SETTINGS_HOLD_S = 3.0

@@ -4,9 +4,9 @@ Runs on the threaded gRPC server (bench/RESULTS.md compares it with grpc.aio).  
 runs on a worker thread; appends are group committed by the CommitLog writer, so many
 concurrent Sends share one fsync.
 
-The Subscribe stream's state lives in ``chronomq.subscription``, the Stats figures in
-``chronomq.figures``; this module maps each RPC onto the broker.  Errors are raised, not
-mapped here: the method handlers (``chronomq.handlers``) turn a project error into its
+The Subscribe stream's state lives in ``chronomq.api.subscription``, the Stats figures in
+``chronomq.api.figures``; this module maps each RPC onto the broker.  Errors are raised, not
+mapped here: the method handlers (``chronomq.api.handlers``) turn a project error into its
 status once, for every method.
 """
 
@@ -22,20 +22,20 @@ from typing import NamedTuple, TypeAlias
 
 import grpc
 
-from chronomq.broker import Broker, Submission
-from chronomq.budget import LONG_POLL, STREAM, CallBudget
-from chronomq.errors import code_number, status_of
-from chronomq.figures import broker_figures
-from chronomq.notify import ArrivalNotifier
-from chronomq.subscription import (
+from chronomq.api.budget import LONG_POLL, STREAM, CallBudget
+from chronomq.api.errors import code_number, status_of
+from chronomq.api.figures import broker_figures
+from chronomq.api.notify import ArrivalNotifier
+from chronomq.api.subscription import (
     STREAM_BATCH,
     Subscription,
     ack_results,
     received_pb,
 )
+from chronomq.api.wire import encode_send_response
+from chronomq.broker import Broker, Submission
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
-from chronomq.wire import encode_send_response
 from pop.service import PoppedMessage, TagFilter
 from store.errors import ChronomqError, FailedPrecondition, InvalidArgument, NotFound
 from store.message import (
@@ -213,7 +213,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         threading.Thread(target=read, name="sendstream-reader", daemon=True).start()
         while (item := pending.get()) is not None:
             if isinstance(item, ChronomqError):
-                raise item  # mapped to its status by the handler (chronomq.handlers)
+                raise item  # mapped to its status by the handler (chronomq.api.handlers)
             if isinstance(item, BaseException):
                 if context.is_active():
                     raise item

@@ -13,7 +13,7 @@ on a stream they leave the call half-broken.  Here:
   so each kind of call is refused the same way: UNAUTHENTICATED.  Health and reflection
   are separate services and stay open;
 - a project error (``ChronomqError``) that a servicer method lets out still gets its own
-  status (``chronomq.errors``), never UNKNOWN.
+  status (``chronomq.api.errors``), never UNKNOWN.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 
-from chronomq.errors import abort
+from chronomq.api.errors import abort
 from store.errors import ChronomqError
 
 Metadata = Sequence[tuple[str, str | bytes]]

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
+from chronomq.api.budget import CallBudget
 from chronomq.broker import Broker
-from chronomq.budget import CallBudget
 
 
 def broker_figures(broker: Broker, budget: CallBudget, sent: int, popped: int,

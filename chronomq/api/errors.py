@@ -1,6 +1,6 @@
 """The one place project errors become gRPC status codes.
 
-``abort`` is called by the method handlers (``chronomq.handlers``) for every method of
+``abort`` is called by the method handlers (``chronomq.api.handlers``) for every method of
 every service, unary and streaming: servicers raise project errors and never map them
 themselves.  ``code_number`` gives the same code for per-item errors inside a response
 (a batch Send's ``Error``, a Subscribe settlement's).

@@ -3,7 +3,7 @@ conversions between RocketMQ's protobuf messages (timestamps, durations, message
 filters, GZIP bodies) and chronomq's, and what is refused as unsupported.
 
 Everything here is a pure function of its arguments (no broker state), so the servicer in
-``chronomq.rocketmq_front`` reads as the mapping of each RPC onto the broker, and these
+``chronomq.rocketmq.front`` reads as the mapping of each RPC onto the broker, and these
 rules can be tested on their own.  ``Refused`` carries a RocketMQ status code: the
 servicer turns it into the answer's status.
 """
@@ -18,7 +18,7 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from chronomq.rocketmq_pb import definition as rd
+from chronomq.rocketmq.pb import definition as rd
 from pop.handle import InvalidReceiptHandle
 from pop.service import (
     AlreadyDone,

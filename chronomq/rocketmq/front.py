@@ -17,7 +17,7 @@ How the protocol maps onto the core:
   ChangeInvisibleTime and DeadLetter; RecallMessage is Cancel.  Leases of ``auto_renew``
   receives (push consumers) are renewed while the client lives (``LeaseRenewer``).
 - Telemetry answers each settings command with the client's settings completed, once the
-  client has fetched the routes of the topics they name (``chronomq.rocketmq_startup``).
+  client has fetched the routes of the topics they name (``chronomq.rocketmq.startup``).
 - FIFO, transactional, lite and priority messages, lite consumers (their settings and
   heartbeats), SQL92 filters and the pull API answer with a clear UNSUPPORTED status.
 
@@ -40,10 +40,10 @@ from typing import Any, TypeAlias
 
 import grpc
 
+from chronomq.api.budget import LONG_POLL, STREAM, CallBudget
+from chronomq.api.notify import ArrivalNotifier
 from chronomq.broker import Broker
-from chronomq.budget import LONG_POLL, STREAM, CallBudget
-from chronomq.notify import ArrivalNotifier
-from chronomq.rocketmq_codec import (
+from chronomq.rocketmq.codec import (
     Refused,
     client_id,
     code_of,
@@ -57,14 +57,14 @@ from chronomq.rocketmq_codec import (
     timestamp_pb,
     unsupported,
 )
-from chronomq.rocketmq_codec import timestamp_ms as timestamp_ms  # re-exported
-from chronomq.rocketmq_message import draft_of, message_pb
-from chronomq.rocketmq_pb import definition as rd
-from chronomq.rocketmq_pb import service as rs
-from chronomq.rocketmq_pb import service_grpc as rs_grpc
-from chronomq.rocketmq_renewal import MAX_RENEW_MS as MAX_RENEW_MS  # re-exported
-from chronomq.rocketmq_renewal import LeaseRenewer
-from chronomq.rocketmq_startup import RouteWatch, settings_answer
+from chronomq.rocketmq.codec import timestamp_ms as timestamp_ms  # re-exported
+from chronomq.rocketmq.message import draft_of, message_pb
+from chronomq.rocketmq.pb import definition as rd
+from chronomq.rocketmq.pb import service as rs
+from chronomq.rocketmq.pb import service_grpc as rs_grpc
+from chronomq.rocketmq.renewal import MAX_RENEW_MS as MAX_RENEW_MS  # re-exported
+from chronomq.rocketmq.renewal import LeaseRenewer
+from chronomq.rocketmq.startup import RouteWatch, settings_answer
 from pop.service import (
     MAX_INVISIBLE_TIME_S,
     PoppedMessage,
@@ -196,7 +196,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                                   broker=broker, accept_message_types=[rd.NORMAL, rd.DELAY])
                   for qid in range(queue_count)]
         client = client_id(context)
-        if client:  # counted once the answer has left (see chronomq.rocketmq_startup)
+        if client:  # counted once the answer has left (see chronomq.rocketmq.startup)
             context.add_callback(lambda: self.routes.fetched(client, name))
         return rs.QueryRouteResponse(status=ok_status(), message_queues=queues)
 
@@ -251,7 +251,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def Telemetry(self, request_iterator: Iterable[Any], context: Context) -> Iterator[Any]:
         """Answer every settings command with the client's settings completed by the
         broker's (clients wait for this reply before they start); a starting client's
-        answer waits for its route queries (``chronomq.rocketmq_startup``)."""
+        answer waits for its route queries (``chronomq.rocketmq.startup``)."""
         self._heard_from(context)
         client = client_id(context)
         try:

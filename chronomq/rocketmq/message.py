@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from chronomq.broker import Broker
-from chronomq.rocketmq_codec import (
+from chronomq.rocketmq.codec import (
     PROP_KEYS,
     UNSUPPORTED_TYPES,
     Refused,
@@ -29,7 +29,7 @@ from chronomq.rocketmq_codec import (
     timestamp_ms,
     timestamp_pb,
 )
-from chronomq.rocketmq_pb import definition as rd
+from chronomq.rocketmq.pb import definition as rd
 from pop.service import (
     PoppedMessage,
 )

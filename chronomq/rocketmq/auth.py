@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from chronomq.handlers import Metadata, one_header
+from chronomq.api.handlers import Metadata, one_header
 
 
 class AccessKeyAuth:

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from chronomq.api.errors import code_number
 from chronomq.broker import Broker
-from chronomq.errors import code_number
 from chronomq.v1 import broker_pb2 as pb
 from pop.service import PoppedMessage, TagFilter
 from store.errors import ChronomqError, InvalidArgument

@@ -21,12 +21,12 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from chronomq.client.errors import ClientError
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
-from store.errors import ChronomqError
 
 
-class RpcError(ChronomqError):
+class RpcError(ClientError):
     """Raised when the broker answers a call with an error status."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
@@ -166,7 +166,7 @@ class ChronomqClient:
 
     def send_stream_encoded(self, requests: Iterable[bytes]) -> Iterator[list[SendOutcome]]:
         """``send_stream`` for requests already encoded as ``SendRequest`` wire bytes
-        (``chronomq.wire.encode_send_request``): no protobuf objects per message."""
+        (``chronomq.api.wire.encode_send_request``): no protobuf objects per message."""
         call = self._channel.stream_stream(
             "/chronomq.v1.Broker/SendStream", request_serializer=None,
             response_deserializer=pb.SendResponse.FromString)

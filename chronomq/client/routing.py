@@ -1,0 +1,189 @@
+"""Several brokers, one client: every call goes to the broker that owns its topic.
+
+A topic lives on one broker; with ``tier.claim_topics`` the owner is recorded in the
+shared tier (``tiered.ownership``).  ``BrokerDirectory`` finds a topic's owner
+
+* from the shared tier, when given a ``Provider`` of it (the bucket): one read of
+  ``owners/<topic>.json``, which names the owner's address; or
+* from the broker addresses it was given: ``ListTopics`` on each in turn, the first that
+  has the topic (a broker that does not answer is skipped);
+
+then keeps one ``ChronomqClient`` per broker and the owner per topic.  A call that the
+owner answers with ``NOT_FOUND`` (the topic moved or was deleted; for a send, every
+message's result) forgets the topic and is tried once more at the owner found again;
+``UNAVAILABLE`` forgets it too, and is raised (a send may have been stored: the caller
+decides; with client-chosen ids a resend is dropped as a duplicate).
+
+``RoutedClient`` has the typed client's calls that name a topic.  Settling calls (ack,
+nack, dead letter, ChangeInvisibleTime) take the topic too: a receipt handle is valid
+only on the broker that leased it.  Mixed-topic sends are split per owner and the
+outcomes given back in the order of the messages.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import grpc
+
+from chronomq.client.client import ChronomqClient, RpcError, SendOutcome, Subscription
+from chronomq.v1 import broker_pb2 as pb
+
+if TYPE_CHECKING:  # a bucket is looked up only when one is given: imported then
+    from tiered.provider import Provider
+
+T = TypeVar("T")
+NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # a per-message error code in SendResult
+
+
+class BrokerDirectory:
+    """Topic -> the broker that owns it, and one client per broker.  Thread-safe."""
+
+    def __init__(self, targets: Sequence[str] = (), tier: Provider | None = None, *,
+                 token: str = "", tls_ca_file: str = "", timeout_s: float = 30.0) -> None:
+        if not targets and tier is None:
+            raise ValueError("give broker addresses, the shared tier, or both")
+        self.targets = list(targets)
+        self._tier = tier
+        self._token, self._tls_ca, self._timeout_s = token, tls_ca_file, timeout_s
+        self._lock = threading.Lock()
+        self._clients: dict[str, ChronomqClient] = {}
+        self._owners: dict[str, str] = {}  # topic -> address
+
+    def client(self, address: str) -> ChronomqClient:
+        with self._lock:
+            c = self._clients.get(address)
+            if c is None:
+                c = self._clients[address] = ChronomqClient(
+                    address, self._token, self._tls_ca, self._timeout_s)
+            return c
+
+    def locate(self, topic: str) -> str:
+        """The address of the broker that owns ``topic`` (``RpcError`` NOT_FOUND if none
+        has it)."""
+        with self._lock:
+            known = self._owners.get(topic)
+        if known is not None:
+            return known
+        address = self._from_tier(topic) or self._from_brokers(topic)
+        if address is None:
+            raise RpcError(grpc.StatusCode.NOT_FOUND,
+                           f"no broker has topic {topic!r} (asked: "
+                           f"{', '.join(self.targets) or 'the shared tier'})")
+        with self._lock:
+            self._owners[topic] = address
+        return address
+
+    def _from_tier(self, topic: str) -> str | None:
+        if self._tier is None:
+            return None
+        from tiered.ownership import owner_of  # the tier's reader, only with a bucket
+        owner = owner_of(self._tier, topic)
+        return owner.address if owner is not None else None
+
+    def _from_brokers(self, topic: str) -> str | None:
+        for address in self.targets:
+            try:
+                names = {t.name for t in self.client(address).list_topics()}
+            except RpcError as exc:
+                if exc.code == grpc.StatusCode.UNAVAILABLE:
+                    continue  # that broker is down: the topic may be on another
+                raise
+            if topic in names:
+                return address
+        return None
+
+    def forget(self, topic: str) -> None:
+        with self._lock:
+            self._owners.pop(topic, None)
+
+    def for_topic(self, topic: str) -> ChronomqClient:
+        return self.client(self.locate(topic))
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
+
+
+class RoutedClient:
+    """The typed client's topic calls, each at the topic's owner (see the module)."""
+
+    def __init__(self, directory: BrokerDirectory) -> None:
+        self.directory = directory
+
+    def __enter__(self) -> RoutedClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.directory.close()
+
+    def _at_owner(self, topic: str, call: Callable[[ChronomqClient], T]) -> T:
+        for attempt in (1, 2):
+            try:
+                return call(self.directory.for_topic(topic))
+            except RpcError as exc:
+                if exc.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                    self.directory.forget(topic)
+                    if exc.code == grpc.StatusCode.NOT_FOUND and attempt == 1:
+                        continue  # moved: look for the owner again, once
+                raise
+        raise AssertionError("unreachable")
+
+    def send(self, messages: Iterable[pb.OutgoingMessage]) -> list[SendOutcome]:
+        """One outcome per message, in order; each topic's messages go to its owner."""
+        items = list(messages)
+        by_topic: dict[str, list[int]] = {}
+        for n, m in enumerate(items):
+            by_topic.setdefault(m.topic, []).append(n)
+        out: list[SendOutcome | None] = [None] * len(items)
+        for topic, indexes in by_topic.items():
+            answered = self._send_at_owner(topic, [items[n] for n in indexes])
+            for n, outcome in zip(indexes, answered, strict=True):
+                out[n] = outcome
+        return [o for o in out if o is not None]
+
+    def _send_at_owner(self, topic: str, batch: list[pb.OutgoingMessage]
+                       ) -> list[SendOutcome]:
+        out = self._at_owner(topic, lambda c: c.send(batch))
+        if out and all(o.error_code == NOT_FOUND for o in out):  # the topic moved
+            self.directory.forget(topic)
+            out = self._at_owner(topic, lambda c: c.send(batch))
+        return out
+
+    def pop(self, topic: str, group: str, max_messages: int = 32, invisible_time_s: int = 30,
+            wait_ms: int = 0, tag_expression: str = "") -> list[pb.ReceivedMessage]:
+        return self._at_owner(topic, lambda c: c.pop(topic, group, max_messages,
+                                                     invisible_time_s, wait_ms, tag_expression))
+
+    def ack(self, topic: str, group: str, receipt_handles: Iterable[str]) -> list[str]:
+        handles = list(receipt_handles)
+        return self._at_owner(topic, lambda c: c.ack(group, handles))
+
+    def nack(self, topic: str, group: str, receipt_handles: Iterable[str],
+             delay_ms: int | None = None) -> list[str]:
+        handles = list(receipt_handles)
+        return self._at_owner(topic, lambda c: c.nack(group, handles, delay_ms))
+
+    def dead_letter(self, topic: str, group: str, receipt_handles: Iterable[str],
+                    reason: str = "") -> list[str]:
+        handles = list(receipt_handles)
+        return self._at_owner(topic, lambda c: c.dead_letter(group, handles, reason))
+
+    def change_invisible_time(self, topic: str, group: str, receipt_handle: str,
+                              invisible_time_s: int) -> str:
+        return self._at_owner(topic, lambda c: c.change_invisible_time(
+            group, receipt_handle, invisible_time_s))
+
+    def subscribe(self, topic: str, group: str, invisible_time_s: int = 30,
+                  max_outstanding: int = 256, tag_expression: str = "") -> Subscription:
+        """A Subscribe stream at the owner (acks on it go to the same broker)."""
+        return self.directory.for_topic(topic).subscribe(
+            topic, group, invisible_time_s, max_outstanding, tag_expression)
+
+    def query(self, topic: str, key: str = "", message_id: str = "",
+              max_messages: int = 32) -> list[pb.ReceivedMessage]:
+        return self._at_owner(topic, lambda c: c.query(topic, key, message_id, max_messages))
