@@ -11,6 +11,7 @@ import os
 import secrets
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import NamedTuple
 
@@ -19,7 +20,7 @@ from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.service import PopService
 from store.clock import Clock
 from store.disk import DiskGuard, unless_full
-from store.errors import ChronomqError, FailedPrecondition, InvalidArgument
+from store.errors import ChronomqError, FailedPrecondition, InvalidArgument, TopicNotFound
 from store.kv import KV
 from store.message import FLAG_DELAYED, DispatchInfo, Draft, Message
 from store.names import check_name, is_name
@@ -174,6 +175,22 @@ class Broker:
         self._timer_store.close()
         self._pop_kv.close()
 
+    def add_dispatch_listener(self, listener: Callable[[list[DispatchInfo]], None]) -> None:
+        """Call ``listener`` with every batch of records the store's dispatcher has made
+        visible (after ``open``): long polls wake on it."""
+        assert self.store.dispatcher is not None, "open() first"
+        self.store.dispatcher.add_listener(listener)
+
+    @property
+    def timer_store(self) -> TimerStore:
+        """The RocksDB timer store (read by diagnostics and tests)."""
+        return self._timer_store
+
+    def databases(self) -> dict[str, KV]:
+        """The broker's RocksDB databases by name (memory diagnostics)."""
+        return {"index": self.store.index.kv, "pop": self._pop_kv,
+                "timer": self._timer_store.kv}
+
     # ------------------------------------------------------------------ topics
 
     def create_topic(self, topic: Topic) -> tuple[Topic, bool]:
@@ -191,6 +208,25 @@ class Broker:
                 raise FailedPrecondition(f"topic {topic.name!r} is owned by {where} (recorded "
                                          "in the shared tier): send and consume there")
         return self.store.create_topic(topic)
+
+    def topics(self) -> list[Topic]:
+        """This broker's own topics (mounted ones: ``mount_reader``)."""
+        return self.store.topics.list()
+
+    def topic(self, name: str) -> Topic | None:
+        """The topic called ``name``: this broker's own, else a mounted one, else None."""
+        return self.store.topics.get(name) or self.store.topics.mounted(name)
+
+    def topic_or_create(self, name: str) -> Topic:
+        """``topic(name)``, else a new one with the default queue count when
+        ``store.auto_create_topics`` is on (claimed like any other), else
+        ``TopicNotFound``."""
+        found = self.topic(name)
+        if found is not None:
+            return found
+        if not self.config.store.auto_create_topics:
+            raise TopicNotFound(name)
+        return self.create_topic(Topic(name, self.config.store.default_queue_count))[0]
 
     def delete_topic(self, name: str) -> None:
         self.store.delete_topic(name)

@@ -46,7 +46,12 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from store.kv import KV
+
+if TYPE_CHECKING:
+    from chronomq.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +109,12 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
-def rocksdb_figures(dbs: Mapping[str, Any]) -> dict[str, dict[str, int]]:
-    """Memory figures of each open RocksDB (``rocksdict.Rdict``), by name."""
+def rocksdb_figures(dbs: Mapping[str, KV]) -> dict[str, dict[str, int]]:
+    """Memory figures of each open RocksDB, by name."""
     out: dict[str, dict[str, int]] = {}
     for name, db in dbs.items():
         try:
-            out[name] = {k: int(db.property_int_value(p) or 0)
-                         for k, p in _ROCKSDB_PROPERTIES.items()}
+            out[name] = {k: db.property_int(p) for k, p in _ROCKSDB_PROPERTIES.items()}
         except Exception:  # closed meanwhile: diagnostics never fail the broker
             continue
     return out
@@ -120,7 +124,7 @@ class MemTrace:
     """The sampler thread (see the module docstring)."""
 
     def __init__(self, directory: str, interval_s: float, frames: int,
-                 dbs: Mapping[str, Any]) -> None:
+                 dbs: Mapping[str, KV]) -> None:
         self.directory = directory
         self.interval_s = interval_s
         self.frames = frames  # 0: no tracemalloc, figures only
@@ -168,17 +172,7 @@ class MemTrace:
         return line
 
 
-def broker_databases(broker: Any) -> dict[str, Any]:
-    """The broker's RocksDB handles by name (the ones that exist; private attributes:
-    this is a diagnostics hook)."""
-    store = getattr(broker, "store", None)
-    kvs = {"index": getattr(getattr(store, "index", None), "_kv", None),
-           "pop": getattr(broker, "_pop_kv", None),
-           "timer": getattr(getattr(broker, "_timer_store", None), "kv", None)}
-    return {name: kv._db for name, kv in kvs.items() if kv is not None}
-
-
-def start_from_env(environ: Mapping[str, str], broker: Any) -> MemTrace | None:
+def start_from_env(environ: Mapping[str, str], broker: Broker) -> MemTrace | None:
     """Start the sampler when ``environ`` asks for it (see the module docstring)."""
     traced = environ.get("CHRONOMQ_TRACEMALLOC", "")
     directory = traced or environ.get("CHRONOMQ_MEMSTATS", "")
@@ -186,7 +180,7 @@ def start_from_env(environ: Mapping[str, str], broker: Any) -> MemTrace | None:
         return None
     frames = int(environ.get("CHRONOMQ_TRACEMALLOC_FRAMES", "1")) if traced else 0
     trace = MemTrace(directory, float(environ.get("CHRONOMQ_MEMTRACE_INTERVAL_S", "60")),
-                     frames, broker_databases(broker))
+                     frames, broker.databases())
     trace.start()
     log.warning("memtrace on: %s every %.0f s (tracemalloc %s)", directory, trace.interval_s,
                 f"{frames} frames" if frames else "off")

@@ -108,9 +108,7 @@ class BrokerServer:
         cfg = self.config.server
         self.broker.open()
         self._opened = True
-        dispatcher = self.broker.store.dispatcher
-        assert dispatcher is not None
-        dispatcher.add_listener(self._on_dispatched)
+        self.broker.add_dispatch_listener(self._on_dispatched)
         self.broker.start(timer_thread=self.background)
         self.servicer = BrokerServicer(
             self.broker, self.notifier, self.config.pop.max_wait_ms,

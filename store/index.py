@@ -84,8 +84,8 @@ class KeyIndex:
     name = "index"
 
     def __init__(self, path: str) -> None:
-        self._kv = KV(path, write_buffer_bytes=WRITE_BUFFER_BYTES)
-        raw = self._kv.get(_POSITION)
+        self.kv = KV(path, write_buffer_bytes=WRITE_BUFFER_BYTES)
+        raw = self.kv.get(_POSITION)
         self._position = _U64.unpack(raw)[0] if raw else 0
         self._pending_position = self._position
 
@@ -97,7 +97,7 @@ class KeyIndex:
         (``store.lookup``: topic, key, id, and that the store wrote it there), and replay
         rewrites them."""
         if self._position > offset or self._pending_position > offset:
-            self._kv.write([(_POSITION, _U64.pack(offset))], sync=True)
+            self.kv.write([(_POSITION, _U64.pack(offset))], sync=True)
             self._position = self._pending_position = offset
 
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
@@ -120,18 +120,18 @@ class KeyIndex:
         self._pending_position = end_offset
         if puts:  # entries and the position they bring us to, in one atomic batch
             puts.append((_POSITION, _U64.pack(end_offset)))
-            self._kv.write(puts)
+            self.kv.write(puts)
             crashpoint("index.after_write")
             self._position = end_offset
 
     def flush(self) -> None:
         """Persist the position past batches that had nothing to index."""
         if self._pending_position != self._position:
-            self._kv.write([(_POSITION, _U64.pack(self._pending_position))])
+            self.kv.write([(_POSITION, _U64.pack(self._pending_position))])
             self._position = self._pending_position
 
     def by_message_id(self, message_id: str) -> tuple[int, int] | None:
-        raw = self._kv.get(b"m" + message_id.encode())
+        raw = self.kv.get(b"m" + message_id.encode())
         if raw is None:
             return None
         offset, size = _LOC.unpack_from(raw)
@@ -141,14 +141,14 @@ class KeyIndex:
         """The last record stored with each (topic, client-chosen id) (None: never), as
         dispatched: it may since have been lost in a torn tail (``MessageStore.stored_at``
         checks); one RocksDB multi-get for the lot."""
-        values = self._kv.get_many([_dedupe_key(t, mid) for t, mid in messages])
+        values = self.kv.get_many([_dedupe_key(t, mid) for t, mid in messages])
         return [decode_dedupe(v) if v is not None else None for v in values]
 
     def by_key(self, topic: str, key: str, limit: int) -> list[tuple[int, int]]:
         """Locations of the newest ``limit`` messages with ``key`` (oldest first)."""
         prefix = _key_prefix(topic, key)
         found: list[tuple[int, int]] = []
-        for k, v in self._kv.scan(prefix):
+        for k, v in self.kv.scan(prefix):
             found.append((_U64.unpack_from(k, len(prefix))[0], _U32.unpack(v)[0]))
         return found[-limit:]
 
@@ -158,10 +158,10 @@ class KeyIndex:
         Only exact matches: a longer key that starts with ``key + "\\0"`` is skipped."""
         prefix = _key_prefix(topic, key, b"p")
         found: list[tuple[int, str]] = []
-        for k, v in self._kv.scan(prefix):
+        for k, v in self.kv.scan(prefix):
             if len(k) == len(prefix) + _U64.size:
                 found.append((_U64.unpack_from(k, len(prefix))[0], v.decode()))
         return found[-limit:]
 
     def close(self) -> None:
-        self._kv.close()
+        self.kv.close()

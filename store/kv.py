@@ -72,6 +72,10 @@ class KV:
             raise StoreError(f"RocksDB read failed: {exc}") from exc
         return values
 
+    def property_int(self, name: str) -> int:
+        """A RocksDB integer property (``rocksdb.cur-size-all-mem-tables``...), 0 if none."""
+        return int(self._db.property_int_value(name) or 0)
+
     def estimate_keys(self) -> int:
         """RocksDB's estimate of the number of keys (cheap; not exact)."""
         return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)

@@ -111,7 +111,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         mounted = [pb.Topic(name=name, queue_count=count, mounted_from=m.broker)
                    for m in mounts.mounts().values() for name, count in m.topics().items()]
         return pb.ListTopicsResponse(
-            topics=[_topic_pb(t) for t in self._broker.store.topics.list()] +
+            topics=[_topic_pb(t) for t in self._broker.topics()] +
             sorted(mounted, key=lambda t: t.name))
 
     def DeleteTopic(self, request: pb.DeleteTopicRequest,

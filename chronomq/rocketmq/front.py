@@ -74,6 +74,7 @@ from store.errors import (
     ChronomqError,
     InvalidArgument,
     ResourceExhausted,
+    TopicNotFound,
 )
 from store.message import (
     Draft,
@@ -158,15 +159,10 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def _topic(self, name: str) -> Topic:
         if not name:
             raise Refused(Code.ILLEGAL_TOPIC, "the request names no topic")
-        topic = self._broker.store.topics.get(name) or self._broker.store.topics.mounted(name)
-        if topic is None:
-            if not self._broker.config.store.auto_create_topics:
-                raise Refused(Code.TOPIC_NOT_FOUND,
-                               f"topic {name!r} does not exist (create it first: "
-                               "chronomq topic create)")
-            topic, _ = self._broker.create_topic(
-                Topic(name, self._broker.config.store.default_queue_count))
-        return topic
+        try:
+            return self._broker.topic_or_create(name)
+        except TopicNotFound as exc:
+            raise Refused(Code.TOPIC_NOT_FOUND, str(exc)) from exc
 
     @staticmethod
     def _group(resource: Any) -> str:

@@ -51,7 +51,7 @@ def test_a_sample_splits_memory_by_allocator(tmp_path: Path) -> None:
     kv = KV(str(tmp_path / "db"))
     try:
         kv.write([(b"k%d" % i, bytes(100)) for i in range(1000)])
-        trace = memtrace.MemTrace(str(tmp_path / "trace"), 3600, 0, {"db": kv._db})
+        trace = memtrace.MemTrace(str(tmp_path / "trace"), 3600, 0, {"db": kv})
         (tmp_path / "trace").mkdir()
         # When it samples
         line = trace.sample()

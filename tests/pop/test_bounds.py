@@ -61,10 +61,10 @@ def test_open_leases_keep_their_deadlines_and_still_revive(env: Env) -> None:
 
 def test_pop_rocksdb_memtables_stay_within_two_write_buffers(env: Env) -> None:
     # Given 24 MB of checkpoint-sized writes to the broker's POP RocksDB
-    kv = env.broker._pop_kv
+    kv = env.broker.databases()["pop"]
     most = 0
     for batch in range(120):
         kv.write([(b"c-test-%d-%d" % (batch, i), bytes(100)) for i in range(2000)])
-        most = max(most, rocksdb_figures({"pop": kv._db})["pop"]["memtables"])
+        most = max(most, rocksdb_figures({"pop": kv})["pop"]["memtables"])
     # Then RocksDB held at most two write buffers of them in memory
     assert most <= 2 * WRITE_BUFFER_BYTES + (1 << 20)

@@ -29,7 +29,7 @@ def test_key_index_memtables_stay_within_two_write_buffers(tmp_path: Path) -> No
                                             0, offset, 1, 1, mid, "orders", f"k{i}", ""))
                 offset += 200
             index.dispatch(records, offset)
-            most = max(most, rocksdb_figures({"i": index._kv._db})["i"]["memtables"])
+            most = max(most, rocksdb_figures({"i": index.kv})["i"]["memtables"])
     finally:
         index.close()
     # Then RocksDB held at most two write buffers in memory (the 64 MiB default held

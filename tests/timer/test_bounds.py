@@ -20,7 +20,7 @@ from timer.store import WRITE_BUFFER_BYTES, TimerStore
 
 
 def memtable_bytes(store: TimerStore) -> int:
-    return rocksdb_figures({"timer": store.kv._db})["timer"]["memtables"]
+    return rocksdb_figures({"timer": store.kv})["timer"]["memtables"]
 
 
 def test_timer_store_memtables_stay_within_two_write_buffers(tmp_path: Path) -> None:

@@ -78,7 +78,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path,
 def test_routing_at_the_horizon(env: Env) -> None:
     near = env.send(b"near", 10 * SEC - 1)  # just inside the RocksDB horizon
     far = env.send(b"far", 10 * SEC)  # at the horizon: parked on the tier
-    timers = env.broker._timer_store
+    timers = env.broker.timer_store
     assert timers.locate(near) != [] and timers.locate_parked(near) == []
     assert timers.locate(far) == [] and timers.locate_parked(far) != []
     assert len(env.objects()) == 1 and env.objects()[0].startswith("broker-0/timer/")
@@ -88,7 +88,7 @@ def test_routing_at_the_horizon(env: Env) -> None:
 def test_far_messages_are_preloaded_and_delivered_on_time(env: Env) -> None:
     # Given messages 30 s to 60 s ahead: all in TimerFlatFiles
     ids = [env.send(f"{s}".encode(), s * SEC) for s in (30, 31, 44, 60)]
-    assert all(env.broker._timer_store.locate(i) == [] for i in ids)  # none in RocksDB
+    assert all(env.broker.timer_store.locate(i) == [] for i in ids)  # none in RocksDB
     buckets_before = {o.split("/")[2] for o in env.objects()}
     delivered: dict[int, list[bytes]] = {}
     for t in range(1, 62):

@@ -58,7 +58,7 @@ def test_counts_per_minute_hour_and_day_wherever_messages_wait(env: Env) -> None
     assert env.timer.statistics().parked_unwritten == 0  # written to the tier
     assert env.broker.flat_files.statistics().objects >= 1
 
-    s = due_schedule(env.broker._timer_store, env.clock.now_ms())
+    s = due_schedule(env.broker.timer_store, env.clock.now_ms())
     assert (s.total, s.overdue, s.partial) == (8, 0, False)
     assert s.minute_start_ms == START - 15_000 and s.hour_start_ms == START - 15_000
     assert {i: n for i, n in enumerate(s.minutes) if n} == {0: 3, 5: 1}
@@ -81,19 +81,19 @@ def test_counts_per_minute_hour_and_day_wherever_messages_wait(env: Env) -> None
     env.clock.advance(60_000)  # 10:01:20
     now = env.clock.now_ms()
     env.timer.load_due(now)
-    s = due_schedule(env.broker._timer_store, now)
+    s = due_schedule(env.broker.timer_store, now)
     assert (s.overdue, s.total) == (3, 7)
     while not env.timer.load_due(now):
         env.timer.deliver_due(now)
     env.timer.deliver_due(now)
     assert env.broker.store.wait_visible(10)
-    s = due_schedule(env.broker._timer_store, now)
+    s = due_schedule(env.broker.timer_store, now)
     assert (s.overdue, s.total) == (0, 4)
 
     # the 15:00 bucket preloaded into RocksDB: counted once, not twice
     env.clock.advance(4 * HOUR_MS)  # 14:01:20: its bucket starts within preload_ahead_ms
     assert env.timer.preload_due(env.clock.now_ms()) == 2
-    s = due_schedule(env.broker._timer_store, env.clock.now_ms())
+    s = due_schedule(env.broker.timer_store, env.clock.now_ms())
     # left: the 10:10 one (due, not delivered: overdue), the 15:00 pair, the far one
     assert (s.total, s.overdue) == (4, 1)
     assert {i: n for i, n in enumerate(s.hours) if n} == {1: 2, 68: 1}  # 3 days - 4 h
@@ -102,7 +102,7 @@ def test_counts_per_minute_hour_and_day_wherever_messages_wait(env: Env) -> None
 
 def test_the_scan_stops_at_its_limit(env: Env) -> None:
     env.send(MINUTE_MS, 10)
-    s = due_schedule(env.broker._timer_store, env.clock.now_ms(), limit=4)
+    s = due_schedule(env.broker.timer_store, env.clock.now_ms(), limit=4)
     assert (s.partial, s.scanned, s.total, sum(s.minutes)) == (True, 4, 4, 4)
-    s = due_schedule(env.broker._timer_store, env.clock.now_ms())
+    s = due_schedule(env.broker.timer_store, env.clock.now_ms())
     assert (s.partial, s.total, s.minutes[1]) == (False, 10, 10)

@@ -238,7 +238,7 @@ def test_a_timer_store_of_the_previous_version_is_read(tmp_path: Path,
     env = Env(tmp_path, manual_clock)
     try:
         # Then the id key is in the new form, and Cancel reaches the message
-        assert [parse_id_key(k) for k, _ in env.broker._timer_store.kv.scan(b"i")] == \
+        assert [parse_id_key(k) for k, _ in env.broker.timer_store.kv.scan(b"i")] == \
             [(MID, struct.unpack(">QQ", value)[1])]
         result = env.timer.cancel(MID)
         env.clock.advance(60 * SEC)
