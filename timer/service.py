@@ -1,6 +1,6 @@
 """TimerService: delayed delivery on top of the CommitLog.
 
-Flow (DESIGN.md "one write path"):
+Flow (docs/DESIGN.md, "From Send to Ack"):
 
 1. A Send due in the future is appended to the CommitLog like any message, flagged
    ``FLAG_DELAYED`` (the ConsumeQueue dispatcher skips it).
@@ -117,7 +117,6 @@ class TimerService:
         self._store = store
         self._timers = timers
         self._flat = flat
-        flat.recover()
         self.config = config
         self._clock = clock
         self._lock = threading.Lock()
@@ -128,8 +127,7 @@ class TimerService:
         self._load_cursor = timer_key(0, 0)
         self._delivering: set[bytes] = set()
         self._due_now: list[tuple[bytes, int]] = []  # loaded entries already due
-        self._position = timers.position()
-        self._pending_position = self._position
+        self._position = self._pending_position = 0  # read by ``open``
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -140,6 +138,14 @@ class TimerService:
         self._lateness = [0] * (len(LATENESS_BOUNDS_MS) + 1)
         self._schedule_lock = threading.Lock()
         self._schedule: tuple[float, Schedule] | None = None  # (made at, monotonic ms)
+
+    def open(self) -> None:
+        """Read what the timer store and the tier hold: the dispatch position, the parked
+        messages not yet written to a TimerFlatFile, the table of TimerFlatFile objects.
+        Before the store opens (it rewinds this reader from the position)."""
+        self._flat.recover()
+        self._position = self._pending_position = self._timers.position()
+        self._lot.open()
 
     # ------------------------------------------------------------------ rules
 

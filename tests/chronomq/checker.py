@@ -1,4 +1,4 @@
-"""The one checker of DESIGN.md's durability contract, over the client ledgers of
+"""The one checker of docs/DESIGN.md's durability contract, over the client ledgers of
 ``tests.chronomq.ledger``: it names every LOST, REDELIVERED_AFTER_ACK, LEASE_BROKEN,
 EARLY, UNEXPECTED and CORRUPT message (Jepsen's set/queue checkers, here).
 

@@ -7,7 +7,7 @@ Everything is ledgered (``tests.chronomq.ledger``).  The broker is killed with S
 seeded random moments and restarted on the same data directory.  At the end, after a
 last restart, one consumer drains the group until every delayed message is due and every
 lease ran out, the broker must stop with exit code 0 on SIGTERM, and the checker must find
-no violation of DESIGN.md's durability contract.
+no violation of docs/DESIGN.md's durability contract.
 
 ``run_chaos`` is the core; ``bench/bench_chaos.py`` runs it in its long mode.
 """
