@@ -41,7 +41,8 @@ from store.message import Message, draft_of
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
 from tests.chronomq.process import ServerProcess
-from tiered.dispatcher import TieredConfig, TieredDispatcher
+from tiered.config import TierConfig
+from tiered.dispatcher import TieredDispatcher
 from tiered.providers.local import LocalProvider
 from tiered.scan import Selection
 
@@ -52,7 +53,8 @@ def build_tier(root: Path, n: int) -> None:
     store.open()
     store.start()
     tier = TieredDispatcher(store, LocalProvider(str(root / "tier")), "broker-0",
-                            str(root / "data" / "tiered"), TieredConfig(), clock)
+                            str(root / "data" / "tiered"), TierConfig(), clock)
+    tier.open()
     store.create_topic(Topic("orders", 4))
     t0 = time.monotonic()
     for b in range(0, n, 2000):

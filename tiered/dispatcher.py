@@ -1,38 +1,34 @@
-"""TieredDispatcher: follows the local CommitLog on its own thread (the owner of every
-TieredQueue's writes) and uploads each topic queue to the tier (``tiered.queue``), in
-batches, with its own checkpoint.
+"""TieredDispatcher: follows the local CommitLog on its own thread and uploads each topic
+queue to the tier (``tiered.queue``) in batches, with its own checkpoint, so that what the
+broker holds outlives its disk.
 
-A queue's batch is committed when its buffered bytes reach ``batch_bytes`` or its oldest
-buffered record is ``batch_ms`` old (every queue's when all buffers together pass
-``buffer_bytes``; past that it reads no more until they are up).  A commit starts the
-uploads of every due queue and of a due key-index file at once on the uploader pool and
-waits for them together (``tiered.uploads``): a stalled tier costs one
-``upload_timeout_s`` per commit, not one per queue; after a failed commit the next waits
-a back-off (0.2 s doubling to 5 s).  Then each uploaded queue's metadata is written to
-``<meta_dir>/queues/<topic>/<queue>.json`` (atomically, locally), then the checkpoint:
-the CommitLog offset of the oldest record not yet durable in the tier (the key index,
+Batches.  A queue's batch is committed when its buffer reaches ``tier.upload_batch_bytes``
+or its oldest record is ``tier.upload_batch_ms`` old (every queue's when all buffers
+together pass ``tier.upload_buffer_bytes``; past that it reads no more until they are
+up).  A commit starts the uploads of every due queue and of a due key-index file at once
+on the uploader pool and waits for them together (``tiered.uploads``): a stalled tier
+costs one ``upload_timeout_s`` per commit, not one per queue; after a failed commit the
+next waits a back-off.  Delayed records go up when they are delivered.
+
+Order of durable steps.  Each uploaded queue's metadata is written to
+``<meta_dir>/queues/<topic>/<queue>.json`` (atomically, locally), then the checkpoint: the
+CommitLog offset of the oldest record not yet durable in the tier (the key index,
 ``tiered.index``, has persisted its entries by then).  Copies of the metadata go to the
-tier for a broker that mounts it read-only (``Mirror``); until a copy is in, Stats'
-position and upload lag count its queue's batch as not uploaded (what a mount sees);
-at start every queue's copy is written again (a crash may have cut one off).
-After a crash it replays from the checkpoint, skipping queue offsets the tier has:
-nothing twice, nothing lost.  As a log reader of the store its checkpoint is
-``rewind``-ed after a torn tail and guards local retention.  It reuses the records the
-store's dispatcher decoded, else decodes with CRC checks, skipping damage.  Delayed
-records go up when they are delivered.
+tier for a broker that mounts it (``Mirror``); until a copy is in, the position and the
+upload lag count its queue's batch as not uploaded (what a mount sees); ``open`` writes
+every queue's copy again (a crash may have cut one off).  After a crash it replays from
+the checkpoint, skipping queue offsets the tier has: nothing twice, nothing lost.  As a
+log reader of the store its checkpoint is ``rewind``-ed after a torn tail and guards local
+retention.
 
-Retention (``run_retention``, from the broker's scheduler) is by time, per topic
-(``tier_retention_ms``, else ``TieredConfig.retention_ms``; 0 keeps forever): whole
-segments whose data is all older leave the metadata, it is persisted, then their objects
-are deleted.
+Retention (``run_retention``) is by time, per topic (``tier_retention_ms``, else
+``tier.retention_ms``; 0 keeps forever): whole segments whose data is all older leave the
+metadata, it is persisted, then their objects are deleted.
 
 Locking: no lock is held across tier I/O.  ``_lock`` guards the queue map, what is
-pending, the counters and the checkpoint value, for dictionary work only: Pop, Subscribe
-(``queue``, ``min_queue_offset``, ``read``), Stats and Send never wait for an upload.
-``_save_lock`` orders the local metadata and checkpoint files of commit and retention
-(local writes only).  Retention never waits for an upload: a queue whose upload is in
-flight is left for its next pass (``TieredQueue.expire_stored_before``), a pass that
-starts while one runs returns at once, and its tier reads and deletes hold no lock.
+pending, the counters and the checkpoint value (dictionary work only: Pop, Subscribe,
+Stats and Send never wait for an upload); ``_save_lock`` orders the local metadata and
+checkpoint files of commit and retention; a retention pass never waits for an upload.
 ``step``/``commit`` come from the owner (its thread, or a test driving it while the
 thread is not running); everything else is thread-safe.
 """
@@ -55,6 +51,7 @@ from store.errors import StoreError
 from store.files import fsync_dir, write_atomic
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.store import MessageStore
+from tiered.config import TierConfig
 from tiered.errors import TierError
 from tiered.index import IndexFile, TieredIndex
 from tiered.provider import Provider
@@ -68,19 +65,6 @@ READ_CHUNK = 4 << 20
 UPLOAD_THREADS = 16  # the uploader pool: every due queue's two objects go up at once
 RETRY_MIN_MS, RETRY_MAX_MS = 200, 5000  # back-off after a failed commit, doubling
 _STORE_AT = struct.Struct(">Q")  # a record's store_at_ms, at byte 32 (store.message)
-
-
-@dataclass(frozen=True, slots=True)
-class TieredConfig:
-    batch_bytes: int = 4 << 20  # upload a queue's buffer at this size ...
-    batch_ms: int = 5000  # ... or at this age
-    buffer_bytes: int = 64 << 20  # all buffers together beyond this: upload them all
-    segment_bytes: int = 256 << 20
-    upload_timeout_s: float = 30.0
-    segment_ms: int = 3_600_000  # a segment also closes after this span of data
-    retention_ms: int = 0  # tier retention of topics that set none (0: forever)
-    index_entries: int = 1 << 20  # a key-index file is sealed at this many entries ...
-    index_ms: int = 300_000  # ... or this age
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +89,7 @@ class TieredDispatcher:
     name = "tiered"
 
     def __init__(self, store: MessageStore, provider: Provider, broker: str, meta_dir: str,
-                 config: TieredConfig, clock: Clock) -> None:
+                 config: TierConfig, clock: Clock) -> None:
         self._store = store
         self._provider = provider
         self._broker = broker
@@ -124,15 +108,21 @@ class TieredDispatcher:
         self._failed = self._expired = self._reused = 0
         self._consecutive = self._last_upload_ms = 0
         self._retry_at_ms = 0.0  # monotonic: no commit before (back-off after a failure)
-        os.makedirs(os.path.join(meta_dir, "queues"), exist_ok=True)
         self.index = TieredIndex(provider, broker, os.path.join(meta_dir, "index"), clock,
                                  config.index_entries, config.index_ms, self._mirror)
-        self._checkpoint = self._load()
-        self._read_position = self._checkpoint
+        self._checkpoint = self._read_position = 0  # read by ``open``
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._recent = RecentRecords()  # what the store's dispatcher decoded (``offer``)
-        store.add_log_reader(self)
+
+    def open(self) -> None:
+        """Load the queues' metadata and the checkpoint from local disk (every queue's
+        copy goes to the tier again: a crash may have cut one off) and follow the store's
+        log from there.  Before the store opens (it rewinds its log readers)."""
+        os.makedirs(os.path.join(self._meta_dir, "queues"), exist_ok=True)
+        self.index.open()
+        self._checkpoint = self._read_position = self._load()
+        self._store.add_log_reader(self)
 
     # ------------------------------------------------------------------ state
 
@@ -186,10 +176,11 @@ class TieredDispatcher:
             return q
 
     def _full(self) -> bool:
-        """The buffers together hold more than ``buffer_bytes`` (they could not go up)."""
+        """The buffers together hold more than ``tier.upload_buffer_bytes`` (they could
+        not go up)."""
         with self._lock:
             pending = [self._queues[k] for k in self._first_unsaved]
-        return sum(q.buffered_bytes for q in pending) > self.config.buffer_bytes
+        return sum(q.buffered_bytes for q in pending) > self.config.upload_buffer_bytes
 
     # ------------------------------------------------------------------ work
 
@@ -251,17 +242,18 @@ class TieredDispatcher:
                 return None
             pending = [self._queues[k] for k in self._first_unsaved]
             since = dict(self._since)
-        if not force and sum(q.buffered_bytes for q in pending) <= cfg.buffer_bytes:
-            pending = [q for q in pending if q.buffered_bytes >= cfg.batch_bytes
-                       or now - since[(q.topic, q.queue_id)] >= cfg.batch_ms]
+        if not force and sum(q.buffered_bytes for q in pending) <= cfg.upload_buffer_bytes:
+            pending = [q for q in pending if q.buffered_bytes >= cfg.upload_batch_bytes
+                       or now - since[(q.topic, q.queue_id)] >= cfg.upload_batch_ms]
             if not pending and since:
                 return None
         return pending
 
     def commit(self, force: bool = True) -> int:
         """Upload the buffered queues that are due (all when ``force``; else each one
-        whose buffer reached ``batch_bytes`` or is ``batch_ms`` old, or all when the
-        buffers together exceed ``buffer_bytes``) and a due key-index file, all at once;
+        whose buffer reached ``tier.upload_batch_bytes`` or is ``tier.upload_batch_ms``
+        old, or all when the buffers together exceed ``tier.upload_buffer_bytes``) and a
+        due key-index file, all at once;
         persist their metadata, then the checkpoint.  Returns the queues committed."""
         due = self._due(force)
         if due is None:

@@ -20,7 +20,8 @@ from store.errors import DamagedRecord
 from store.message import DispatchInfo, Message, encode_record
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
-from tiered.dispatcher import TieredConfig, TieredDispatcher
+from tiered.config import TierConfig
+from tiered.dispatcher import TieredDispatcher
 from tiered.providers.local import LocalProvider
 
 SEGMENT0 = f"{0:020d}.log"
@@ -207,7 +208,8 @@ def test_the_tier_checkpoint_is_clamped_too(tmp_path: Path, manual_clock: Manual
     config = _config(tmp_path)
     store = _open(config, clock=manual_clock)
     tier = TieredDispatcher(store, LocalProvider(str(tmp_path / "tier")), "b0",
-                            os.path.join(config.data_dir, "tiered"), TieredConfig(), manual_clock)
+                            os.path.join(config.data_dir, "tiered"), TierConfig(), manual_clock)
+    tier.open()
     store.create_topic(Topic("t", 1))
     sent = _put(store, 10)
     while tier.step():
@@ -221,7 +223,8 @@ def test_the_tier_checkpoint_is_clamped_too(tmp_path: Path, manual_clock: Manual
     # When: the broker opens (the tier dispatcher is made before the store opens)
     store = MessageStore(config, manual_clock)
     tier = TieredDispatcher(store, LocalProvider(str(tmp_path / "tier")), "b0",
-                            os.path.join(config.data_dir, "tiered"), TieredConfig(), manual_clock)
+                            os.path.join(config.data_dir, "tiered"), TierConfig(), manual_clock)
+    tier.open()
     store.open()
     # Then: its checkpoint is back at the recovered end, on disk too
     assert tier.position() == end
@@ -405,7 +408,8 @@ def test_the_tier_dispatcher_skips_a_damaged_record(tmp_path: Path,
     _flip(os.path.join(_log_dir(config), SEGMENT0), sent[4].commit_offset)
     store = _open(config, clock=manual_clock)
     tier = TieredDispatcher(store, LocalProvider(str(tmp_path / "tier")), "b0",
-                            os.path.join(config.data_dir, "tiered"), TieredConfig(), manual_clock)
+                            os.path.join(config.data_dir, "tiered"), TierConfig(), manual_clock)
+    tier.open()
     try:
         for _ in range(5):
             tier.step()
@@ -437,7 +441,8 @@ def test_a_record_bigger_than_a_tier_read_is_uploaded(tmp_path: Path,
     store.create_topic(Topic("big", 1))
     big = _put(store, 1, topic="big", body=b"b" * 5000)
     tier = TieredDispatcher(store, LocalProvider(str(tmp_path / "tier")), "b0",
-                            os.path.join(config.data_dir, "tiered"), TieredConfig(), manual_clock)
+                            os.path.join(config.data_dir, "tiered"), TierConfig(), manual_clock)
+    tier.open()
     try:
         for _ in range(10):
             tier.step()

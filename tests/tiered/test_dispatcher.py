@@ -9,7 +9,8 @@ from store.clock import ManualClock
 from store.message import FLAG_DELAYED, Message, decode_record
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
-from tiered.dispatcher import TieredConfig, TieredDispatcher
+from tiered.config import TierConfig
+from tiered.dispatcher import TieredDispatcher
 from tiered.providers.local import LocalProvider
 
 
@@ -19,8 +20,10 @@ def _open(root: Path, clock: ManualClock) -> tuple[MessageStore, TieredDispatche
     store.start()
     tier = TieredDispatcher(store, LocalProvider(str(root / "tier")), "b0",
                             str(root / "data" / "tiered"),
-                            TieredConfig(batch_bytes=4000, batch_ms=1000, index_ms=1000),
+                            TierConfig(upload_batch_bytes=4000, upload_batch_ms=1000,
+                                       index_ms=1000),
                             clock)
+    tier.open()
     return store, tier
 
 

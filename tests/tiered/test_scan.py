@@ -10,7 +10,8 @@ from store.clock import ManualClock
 from store.message import Message, draft_of
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
-from tiered.dispatcher import TieredConfig, TieredDispatcher
+from tiered.config import TierConfig
+from tiered.dispatcher import TieredDispatcher
 from tiered.providers.local import LocalProvider
 from tiered.scan import COLUMNS, Damage, ScanSlice, Selection, decode_slice, plan
 
@@ -22,7 +23,8 @@ def _tiered(tmp_path: Path, clock: ManualClock) -> tuple[MessageStore, LocalProv
     store.start()
     provider = LocalProvider(str(tmp_path / "tier"))
     tier = TieredDispatcher(store, provider, "b0", str(tmp_path / "data" / "tiered"),
-                            TieredConfig(segment_ms=60_000), clock)
+                            TierConfig(segment_ms=60_000), clock)
+    tier.open()
     store.create_topic(Topic("a", 2))
     store.create_topic(Topic("b", 1))
     t0 = clock.now_ms()

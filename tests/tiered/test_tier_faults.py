@@ -40,7 +40,8 @@ from tests.chronomq.process import ServerProcess, wait_tier_caught_up
 from tests.conftest import CREDS, create_bucket, wait_until
 from tests.tiered.faults import FaultyProvider
 from tests.tiered.proxy import FaultProxy
-from tiered.dispatcher import RETRY_MIN_MS, TieredConfig, TieredDispatcher
+from tiered.config import TierConfig
+from tiered.dispatcher import RETRY_MIN_MS, TieredDispatcher
 from tiered.errors import TierUnavailable
 from tiered.flatfile import FlatFile
 from tiered.providers.memory import MemoryProvider
@@ -85,9 +86,10 @@ class Env:
         self.faulty = FaultyProvider(MemoryProvider())
         self.tier = TieredDispatcher(
             self.store, self.faulty, "b0", str(root / "data" / "tiered"),
-            TieredConfig(**{"batch_bytes": 1 << 20, "batch_ms": 1000, "index_ms": 10**9,
+            TierConfig(**{"upload_batch_bytes": 1 << 20, "upload_batch_ms": 1000, "index_ms": 10**9,
                             "upload_timeout_s": UPLOAD_TIMEOUT_S, **config}),  # type: ignore[arg-type]
             clock)
+        self.tier.open()
         self.store.create_topic(Topic("t", queues))
         self.sent = 0
 

@@ -1,0 +1,48 @@
+"""``TierConfig``: the ``[tier]`` settings, one frozen dataclass for the tier's provider,
+the upload of topic queues (``tiered.dispatcher``), reads, retention, the key index,
+mounts and topic ownership.
+
+It lives with the tier so that ``tiered`` takes its own settings without a copy; the
+broker's configuration (``chronomq.config``) holds it as its ``tier`` section, and the
+TOML keys are its field names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    provider: str = "local"  # "local" (a directory), "s3", or "memory" (tests only)
+    local_dir: str = ""  # default: <store.data_dir>/../chronomq-tier
+    broker_name: str = "broker-0"  # the tier layout is keyed by it
+    s3_bucket: str = ""
+    s3_prefix: str = ""
+    s3_endpoint_url: str = ""
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
+    s3_connect_timeout_s: float = 5.0  # every S3 request: to open a connection ...
+    s3_read_timeout_s: float = 10.0  # ... each wait for an answer's bytes ...
+    s3_max_attempts: int = 3  # ... and attempts in all (the first included)
+    upload: bool = False  # copy every topic queue to the tier (the tiered message store)
+    upload_batch_bytes: int = 4 << 20  # a queue's buffer goes up at this size ...
+    upload_batch_ms: int = 5000  # ... or this age
+    upload_buffer_bytes: int = 64 << 20  # all queues' buffers together: beyond it, all go up
+    segment_bytes: int = 256 << 20  # tier segment size
+    upload_timeout_s: float = 30.0  # a slower upload switches segment and retries
+    segment_ms: int = 3_600_000  # a tier segment also closes after this span of data
+    read: str = "not_in_disk"  # when Pop reads the tier: disable | not_in_disk |
+    #                            not_in_mem | force (tiered/reader.py)
+    hot_bytes: int = 1 << 30  # not_in_mem: the newest bytes of the CommitLog read locally
+    read_ahead_bytes: int = 64 << 20  # the read-ahead cache's bound (0: no cache)
+    read_ahead_ttl_ms: int = 10_000  # cached entries unread this long are dropped
+    retention_ms: int = 0  # keep data in the tier this long (0: forever); per topic:
+    #                        the topic's tier_retention_ms
+    index_entries: int = 1 << 20  # a tier key-index file is sealed at this many entries
+    index_ms: int = 300_000  # ... or this age
+    mounts: str = ""  # broker names (comma-separated) whose tiers this broker serves
+    #                   read-only (tiered/mount.py), e.g. a departed broker's
+    claim_topics: bool = False  # record each topic's owner in the shared tier
+    #                             (tiered/ownership.py): for several brokers on one bucket
