@@ -26,7 +26,7 @@ from store.message import FLAG_DELAYED, DispatchInfo, Draft, Message
 from store.names import check_name, is_name
 from store.store import MessageStore
 from store.topics import Topic
-from tiered.dispatcher import TieredConfig, TieredDispatcher
+from tiered.dispatcher import TieredDispatcher
 from tiered.mount import MountedBroker, MountReader
 from tiered.ownership import Owner, TopicOwners
 from tiered.provider import Provider
@@ -88,69 +88,98 @@ def make_provider(config: BrokerConfig) -> Provider:
 
 
 class Broker:
+    """The composition root of one broker: builds the store, the timer, POP and the tier
+    from the configuration (no I/O), opens them in ``open`` (the one place a start touches
+    the disk and the tier: a step that fails closes what was opened and raises), runs their
+    threads in ``start``.  The fronts (gRPC API, RocketMQ front, console) call only this.
+    """
+
+    store: MessageStore
+    pop: PopService
+    timer: TimerService
+    disk: DiskGuard
+    _pop_kv: KV
+    _timer_store: TimerStore
+
     def __init__(self, config: BrokerConfig, clock: Clock) -> None:
         self.config = config
         self.clock = clock
-        sc = config.store
-        os.makedirs(sc.data_dir, exist_ok=True)
-        self.disk = DiskGuard(sc.data_dir, clock, sc.disk_max_used_ratio, sc.disk_clean_ratio,
-                              sc.disk_reserve_bytes)
-        self.disk.release_if_short()  # before RocksDB and the CommitLog open
-        self.store = MessageStore(config.store, clock)
-        self._pop_kv = KV(os.path.join(config.store.data_dir, "pop"),
-                          write_buffer_bytes=POP_WRITE_BUFFER_BYTES)
-        secret_path = config.pop.secret_file or os.path.join(config.store.data_dir, "pop-secret")
-        self.pop = PopService(self.store, self._pop_kv, load_or_create_secret(secret_path),
-                              clock, config.pop.max_messages_cap, config.retry_policy(),
-                              config.groups)
-        self._timer_store = TimerStore(os.path.join(config.store.data_dir, "timer"))
         self.tier = make_provider(config)
         self.owners: TopicOwners | None = None  # set by claim_topics (tier.claim_topics)
         self.flat_files = TimerFlatFiles(self.tier, config.timer.bucket_ms,
                                          prefix=f"{config.tier.broker_name}/timer")
-        self.timer = TimerService(self.store, self._timer_store, self.flat_files,
-                                  config.timer, clock)
-        self.store.add_dispatch_handler(self.timer)
-        self.store.add_delayed_witness(self.timer.holds)  # pending ones are found by id
-        self.store.add_dispatch_handler(self.pop.copies)
         self.tiered: TieredDispatcher | None = None
         self.tier_reader: TieredReader | None = None
+        self.mount_reader = MountReader(None)
         self._recent_lock = threading.Lock()
         self._recent_ids: OrderedDict[tuple[str, str], int] = OrderedDict()  # -> accepted at
-        if config.tier.upload:
-            t = config.tier
-            self.tiered = TieredDispatcher(
-                self.store, self.tier, t.broker_name,
-                os.path.join(config.store.data_dir, "tiered"),
-                TieredConfig(batch_bytes=t.upload_batch_bytes, batch_ms=t.upload_batch_ms,
-                             buffer_bytes=t.upload_buffer_bytes,
-                             segment_bytes=t.segment_bytes, upload_timeout_s=t.upload_timeout_s,
-                             segment_ms=t.segment_ms, retention_ms=t.retention_ms,
-                             index_entries=t.index_entries, index_ms=t.index_ms), clock)
-            cache = None
-            if t.read_ahead_bytes > 0:
-                cache = ReadAheadCache(self.tiered.read, clock, t.read_ahead_bytes,
-                                       t.read_ahead_ttl_ms)
-            self.tier_reader = TieredReader(self.tiered, self.store, t.read, cache,
-                                            t.hot_bytes)
-        # Pop reads mounted tiers (tiered.mount) and, by the read strategy, this broker's
-        own = self.tier_reader if self.tier_reader is not None and config.tier.read != \
-            "disable" else None
-        self.mount_reader = MountReader(own)
-        if own is not None:
-            self.pop.tier = self.mount_reader
+        self._opened: list[tuple[str, Callable[[], None]]] = []  # what to close, in order
 
     def open(self) -> None:
-        self.store.open()
-        if self.tiered is not None:  # reuses the records the store's dispatcher decoded
-            assert self.store.dispatcher is not None
-            self.store.dispatcher.add_listener(self.tiered.offer)
+        """Open every part, recover and catch up; mount ``tier.mounts``.  A failure closes
+        what was opened (in reverse) and raises the first error."""
+        try:
+            self._open()
+        except BaseException:
+            for what, close in reversed(self._opened):
+                try:
+                    close()
+                except Exception:  # the first error is the one to report
+                    log.exception("closing %s after a failed start", what)
+            self._opened.clear()
+            raise
         for name in filter(None, (n.strip() for n in self.config.tier.mounts.split(","))):
             try:
                 self.mount(name)
             except ChronomqError:
                 log.exception("could not mount broker %s (tier.mounts); serving without it",
                               name)
+
+    def _open(self) -> None:
+        config, clock, sc = self.config, self.clock, self.config.store
+        os.makedirs(sc.data_dir, exist_ok=True)
+        self.disk = DiskGuard(sc.data_dir, clock, sc.disk_max_used_ratio, sc.disk_clean_ratio,
+                              sc.disk_reserve_bytes)
+        self.disk.release_if_short()  # before RocksDB and the CommitLog open
+        self.store = MessageStore(sc, clock)
+        self._opened.append(("the store", self.store.stop))
+        self._pop_kv = KV(os.path.join(sc.data_dir, "pop"),
+                          write_buffer_bytes=POP_WRITE_BUFFER_BYTES)
+        self._opened.append(("the POP database", self._pop_kv.close))
+        secret_path = config.pop.secret_file or os.path.join(sc.data_dir, "pop-secret")
+        self.pop = PopService(self.store, self._pop_kv, load_or_create_secret(secret_path),
+                              clock, config.pop.max_messages_cap, config.retry_policy(),
+                              config.groups)
+        self._timer_store = TimerStore(os.path.join(sc.data_dir, "timer"))
+        self._opened.append(("the timer database", self._timer_store.close))
+        self.timer = TimerService(self.store, self._timer_store, self.flat_files,
+                                  config.timer, clock)
+        self.timer.open()
+        # the store's readers, all registered here before it opens (it rewinds them)
+        self.store.add_dispatch_handler(self.timer)
+        self.store.add_delayed_witness(self.timer.holds)  # pending ones are found by id
+        self.store.add_dispatch_handler(self.pop.copies)
+        if config.tier.upload:
+            self._open_tier_upload()
+        self.store.open()
+        if self.tiered is not None:  # reuses the records the store's dispatcher decoded
+            self.add_dispatch_listener(self.tiered.offer)
+
+    def _open_tier_upload(self) -> None:
+        t = self.config.tier
+        self.tiered = TieredDispatcher(
+            self.store, self.tier, t.broker_name,
+            os.path.join(self.config.store.data_dir, "tiered"), t,
+            self.clock)
+        self.tiered.open()
+        cache = None
+        if t.read_ahead_bytes > 0:
+            cache = ReadAheadCache(self.tiered.read, self.clock, t.read_ahead_bytes,
+                                   t.read_ahead_ttl_ms)
+        self.tier_reader = TieredReader(self.tiered, self.store, t.read, cache, t.hot_bytes)
+        if t.read != "disable":  # Pop reads this broker's tier (and mounted ones)
+            self.mount_reader = MountReader(self.tier_reader)
+            self.pop.tier = self.mount_reader
 
     def start(self, timer_thread: bool = True) -> None:
         """Start the store's threads and (unless driven by hand, as tests with a manual

@@ -29,8 +29,8 @@ are not leased again.
 
 Memory: the POP RocksDB's memtables hold at most two write buffers of
 ``WRITE_BUFFER_BYTES`` (the active one and one being flushed).  Every Pop and Ack
-writes here; at RocksDB's 64 MiB default the memtables grew by ~3.5 MB a minute for
-eighteen minutes (500 msgs/s, Pop 32) before the first flush.
+writes here, so a small buffer bounds the memory (the figures that chose it:
+bench/RESULTS.md, "Notes moved from docstrings").
 """
 
 from __future__ import annotations

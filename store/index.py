@@ -28,9 +28,9 @@ points at the latest record.
 
 Memory: RocksDB's memtables of this database hold at most two write buffers of
 ``WRITE_BUFFER_BYTES`` (the active one and one being flushed); a delivered delayed
-message writes two keys here (``m``, ``d``; a third, ``p``, when it has a key), so at
-the default 64 MiB buffer the memtables alone grew by ~3 MB a minute at 500 msgs/s, for
-twenty minutes, before the first flush.
+message writes two keys here (``m``, ``d``; a third, ``p``, when it has a key), so a
+small buffer bounds the memory (the figures that chose it: bench/RESULTS.md, "Notes
+moved from docstrings").
 
 Thread-safety: dispatch runs on the dispatcher thread; lookups from any thread.
 """

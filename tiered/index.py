@@ -182,10 +182,13 @@ class TieredIndex:
         self._open = _OpenFile()
         self._sealing: tuple[_OpenFile, int] | None = None  # begin_seal: (file, slots)
         self._late: Upload | None = None  # a seal that timed out: it may still land
-        os.makedirs(local_dir, exist_ok=True)
         self.files: list[IndexFile] = []
         self.sealed_end = 0
-        path = os.path.join(local_dir, "catalog.json")
+
+    def open(self) -> TieredIndex:
+        """Load the catalogue and the open file's entries from local disk; returns self."""
+        os.makedirs(self._dir, exist_ok=True)
+        path = os.path.join(self._dir, "catalog.json")
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 raw = json.load(f)
@@ -195,6 +198,7 @@ class TieredIndex:
             self.files = [IndexFile(**{**f, "queues": [tuple(q) for q in f["queues"]]})
                           for f in raw["files"]]
         self._load_open()
+        return self
 
     # ------------------------------------------------------------------ writes
 

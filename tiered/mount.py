@@ -157,7 +157,8 @@ class MountedBroker:
             if self._mount_index is None:
                 files = self._catalogue()
                 reader = TieredIndex(self._provider, self.broker,
-                                     os.path.join(self._work_dir, "index"), SystemClock())
+                                     os.path.join(self._work_dir, "index"),
+                                     SystemClock()).open()
                 self._mount_index = _MountIndex(reader, files, *self._index_tail(files))
             return self._mount_index
 

@@ -16,10 +16,9 @@ shortly after the first is served from memory.
 
 Memory: at most ``max_bytes`` (``tier.read_ahead_bytes``) as Python holds it, and
 nothing older than ``ttl_ms``.  Each entry counts its record plus ``ENTRY_OVERHEAD``,
-what its bookkeeping costs (measured with tracemalloc on CPython 3.11: the entry
-tuple and its ints, its slots in the queue's dict, read set and expiry order, their
-keys; 550-750 bytes beyond the record).  The old figure of 96 let records of 100-byte
-bodies take three times the bound.
+what its bookkeeping costs (the entry tuple and its ints, its slots in the queue's
+dict, read set and expiry order, their keys; measured: bench/RESULTS.md, "Notes moved
+from docstrings").
 Thread-safe; fetches run outside the lock.
 """
 

@@ -57,11 +57,16 @@ class ParkingLot:
         self.flat_lock = threading.Lock()
         self.preloaded_until_ms = -1  # buckets starting at or before this are preloaded
         self._parking: dict[int, list[tuple[int, bytes]]] = {}
-        for bucket, offset, record in timers.parked():
+        self._parked = self._parked_bytes = 0
+        self._parked_since_ms = clock.monotonic_ms()
+
+    def open(self) -> None:
+        """Take back what a previous run parked and had not written to its TimerFlatFile
+        (the ``w`` keys): it is written soon."""
+        for bucket, offset, record in self._timers.parked():
             self._parking.setdefault(bucket, []).append((offset, record))
         self._parked = sum(len(v) for v in self._parking.values())
-        self._parked_bytes = config.flat_batch_bytes if self._parked else 0  # soon
-        self._parked_since_ms = clock.monotonic_ms()
+        self._parked_bytes = self.config.flat_batch_bytes if self._parked else 0
 
     @property
     def unwritten(self) -> int:

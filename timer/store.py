@@ -33,9 +33,9 @@ migrates the rest at the next open.  Thread-safe (RocksDB is; no state here).
 
 Memory: RocksDB's memtables hold at most two write buffers of ``WRITE_BUFFER_BYTES``
 (the active one and one being flushed).  Every delayed message passes through here
-whole (~22 MB a minute at 330 delayed msgs/s); at RocksDB's 64 MiB default the
-memtables swung between 0 and 64-128 MB.  At that rate 8 MiB still holds a delay of
-up to ~20 s from its put to its delete, so most such entries never reach an SST file.
+whole, and most are deleted seconds after their put: a buffer that holds that span keeps
+them out of SST files while bounding the memory (the figures that chose it:
+bench/RESULTS.md, "Notes moved from docstrings").
 """
 
 from __future__ import annotations

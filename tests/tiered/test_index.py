@@ -43,7 +43,7 @@ def test_compaction_makes_each_slot_contiguous() -> None:
 def test_lookup_costs_one_ranged_read_per_file(tmp_path: Path,
                                                manual_clock: ManualClock) -> None:
     provider = FaultyProvider(MemoryProvider())
-    index = TieredIndex(provider, "b0", str(tmp_path / "idx"), manual_clock, max_entries=400)
+    index = TieredIndex(provider, "b0", str(tmp_path / "idx"), manual_clock, max_entries=400).open()
     for f in range(3):  # three sealed files of 200 records (400 entries) each
         _fill(index, 200 * f, 200, keys=20)
         assert index.seal_due()
@@ -63,7 +63,7 @@ def test_lookup_costs_one_ranged_read_per_file(tmp_path: Path,
     shutil.copytree(tmp_path / "idx", tmp_path / "other")
     for p in (tmp_path / "other").glob("*.slots"):
         p.unlink()
-    other = TieredIndex(provider, "b0", str(tmp_path / "other"), manual_clock)
+    other = TieredIndex(provider, "b0", str(tmp_path / "other"), manual_clock).open()
     provider.reads = 0
     assert len(other.lookup(key_digest("t", "k7"), other.snapshot())) == len(hits)
     assert provider.reads == 6
@@ -72,7 +72,7 @@ def test_lookup_costs_one_ranged_read_per_file(tmp_path: Path,
 def test_catalogue_and_open_file_survive_a_restart_and_replay_adds_nothing(
         tmp_path: Path, manual_clock: ManualClock) -> None:
     provider: Provider = MemoryProvider()
-    index = TieredIndex(provider, "b0", str(tmp_path / "idx"), manual_clock, seal_ms=1000)
+    index = TieredIndex(provider, "b0", str(tmp_path / "idx"), manual_clock, seal_ms=1000).open()
     _fill(index, 0, 100, keys=10)
     assert not index.seal_due()
     manual_clock.advance(1000)
@@ -82,7 +82,7 @@ def test_catalogue_and_open_file_survive_a_restart_and_replay_adds_nothing(
     _fill(index, 130, 5, keys=10)  # not persisted: lost in the crash, replayed below
     with open(tmp_path / "idx" / "open", "ab") as f:
         f.write(b"\0\0\1\0torn")  # a frame cut short by the crash
-    again = TieredIndex(provider, "b0", str(tmp_path / "idx"), manual_clock)
+    again = TieredIndex(provider, "b0", str(tmp_path / "idx"), manual_clock).open()
     assert again.snapshot() == index.snapshot()
     _fill(again, 50, 90, keys=10)  # a replay from before the last sealed file's end
     assert again.seal() is not None
@@ -97,7 +97,7 @@ def test_catalogue_and_open_file_survive_a_restart_and_replay_adds_nothing(
 def test_expired_files_leave_the_catalogue_and_the_tier(tmp_path: Path,
                                                         manual_clock: ManualClock) -> None:
     provider: Provider = MemoryProvider()
-    index = TieredIndex(provider, "b0", str(tmp_path / "idx"), manual_clock)
+    index = TieredIndex(provider, "b0", str(tmp_path / "idx"), manual_clock).open()
     _fill(index, 0, 10, keys=2)
     first = index.seal()
     _fill(index, 10, 10, keys=2)
