@@ -95,6 +95,8 @@ class Broker:
     """
 
     store: MessageStore
+    tier: Provider
+    flat_files: TimerFlatFiles
     pop: PopService
     timer: TimerService
     disk: DiskGuard
@@ -104,10 +106,7 @@ class Broker:
     def __init__(self, config: BrokerConfig, clock: Clock) -> None:
         self.config = config
         self.clock = clock
-        self.tier = make_provider(config)
         self.owners: TopicOwners | None = None  # set by claim_topics (tier.claim_topics)
-        self.flat_files = TimerFlatFiles(self.tier, config.timer.bucket_ms,
-                                         prefix=f"{config.tier.broker_name}/timer")
         self.tiered: TieredDispatcher | None = None
         self.tier_reader: TieredReader | None = None
         self.mount_reader = MountReader(None)
@@ -141,8 +140,11 @@ class Broker:
         self.disk = DiskGuard(sc.data_dir, clock, sc.disk_max_used_ratio, sc.disk_clean_ratio,
                               sc.disk_reserve_bytes)
         self.disk.release_if_short()  # before RocksDB and the CommitLog open
+        self.tier = make_provider(config)
+        self.flat_files = TimerFlatFiles(self.tier, config.timer.bucket_ms,
+                                         prefix=f"{config.tier.broker_name}/timer")
         self.store = MessageStore(sc, clock)
-        self._opened.append(("the store", self.store.stop))
+        self._opened.append(("the store", self.store.close))  # not opened: writes nothing
         self._pop_kv = KV(os.path.join(sc.data_dir, "pop"),
                           write_buffer_bytes=POP_WRITE_BUFFER_BYTES)
         self._opened.append(("the POP database", self._pop_kv.close))

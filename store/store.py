@@ -213,6 +213,18 @@ class MessageStore:
         self.commitlog.start()
         self.dispatcher.start()
 
+    def close(self) -> None:
+        """Release what the store holds without writing anything: for a store whose
+        ``open`` did not complete (no thread started, no position to save).  An opened
+        store is closed by ``stop``."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.commitlog.close()
+        self.queues.close()
+        self.index.close()
+        self.topics.close()
+
     def stop(self) -> None:
         """Flush and close everything; safe to call twice."""
         if self._stopped:
