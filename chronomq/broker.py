@@ -144,6 +144,7 @@ class Broker:
         self.flat_files = TimerFlatFiles(self.tier, config.timer.bucket_ms,
                                          prefix=f"{config.tier.broker_name}/timer")
         self.store = MessageStore(sc, clock)
+        self.store.set_topic_creator(self.create_topic)  # auto-created topics are claimed
         self._opened.append(("the store", self.store.close))  # not opened: writes nothing
         self._pop_kv = KV(os.path.join(sc.data_dir, "pop"),
                           write_buffer_bytes=POP_WRITE_BUFFER_BYTES)

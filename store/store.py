@@ -135,6 +135,7 @@ class MessageStore:
         self._appended = 0
         self._topic_changes = TopicChanges()
         self._stopped = False
+        self._create_topic: Callable[[Topic], object] = self.create_topic
         # no record is bigger than its body and 1 MiB (properties, strings)
         self.reader = RecordReader(self.commitlog, config.max_body_bytes + (1 << 20))
         self.lookup = RecordLookup(self.commitlog, self.reader, self.index, self.queues,
@@ -275,7 +276,12 @@ class MessageStore:
         if self.topics.get(m.topic) is None:
             if not self.config.auto_create_topics:
                 raise TopicNotFound(m.topic)
-            self.create_topic(Topic(m.topic, self.config.default_queue_count))
+            self._create_topic(Topic(m.topic, self.config.default_queue_count))
+
+    def set_topic_creator(self, create: Callable[[Topic], object]) -> None:
+        """How ``check`` auto-creates a topic (default: ``create_topic``): the broker
+        passes its own, which claims the topic in the shared tier first."""
+        self._create_topic = create
 
     def put(self, messages: list[Message]) -> Future[list[DispatchInfo]]:
         """Append checked messages; resolves once durable (see ``put_drafts``)."""

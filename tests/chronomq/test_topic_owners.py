@@ -150,3 +150,34 @@ def test_a_mount_takes_over_a_departed_brokers_topics(tmp_path: Path,
             assert not rc.send([message("orders", b"new")])[0].ok  # read-only
     finally:
         b.stop()
+
+
+def test_a_topic_auto_created_by_a_send_is_claimed(tmp_path: Path,
+                                                   request: pytest.FixtureRequest) -> None:
+    # Given two brokers on one bucket that create topics on their first send
+    def auto(name: str, node: int) -> RunningServer:
+        server = _broker(tmp_path, request, name, node)
+        config = server.server.config
+        server.stop()
+        return RunningServer(dataclasses.replace(config, store=dataclasses.replace(
+            config.store, auto_create_topics=True)))
+
+    a = auto("broker-a", 1)
+    b = auto("broker-b", 2)
+    try:
+        with a.client() as ca, b.client() as cb:
+            # When a send to a new topic creates it on a
+            assert ca.send_one("fresh", b"first")
+            # Then a owns it in the shared tier: b refuses to create it, and b's sends to
+            # it are refused naming a (two brokers never both accept sends for one topic)
+            with pytest.raises(RpcError) as refused:
+                cb.create_topic("fresh")
+            assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert "broker-a" in refused.value.details
+            with pytest.raises(RpcError) as sent:
+                cb.send_one("fresh", b"second")
+            assert "broker-a" in sent.value.details
+            assert [t.name for t in cb.list_topics()] == []
+    finally:
+        a.stop()
+        b.stop()
