@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
 import threading
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +17,21 @@ class ServerProcess:
     def __init__(self, data_dir: Path, *settings: str, nofile: int | None = None) -> None:
         """``nofile``: the server runs with RLIMIT_NOFILE set to it (soft and hard), as
         under ``ulimit -n``."""
-        args = [sys.executable, "-m", "chronomq.cli", "serve", "--log-level", "WARNING",
+        # The limit is set by a tiny Python that then execs the server, not by a
+        # preexec_fn: with one, Popen forks (not vfork), gRPC's fork handlers restart its
+        # poller in the child, and close_fds closes the poller's epoll fd under it, so the
+        # child can die before exec (``epoll_wait error: Bad file descriptor``; grpc/grpc
+        # #43055), a rare flake seen in CI.
+        limit = [] if nofile is None else [
+            sys.executable, "-c", "import os, resource, sys; resource.setrlimit("
+            f"resource.RLIMIT_NOFILE, ({nofile}, {nofile})); "
+            "os.execv(sys.argv[1], sys.argv[1:])"]
+        args = [*limit, sys.executable, "-m", "chronomq.cli", "serve", "--log-level", "WARNING",
                 "--set", f"store.data_dir={data_dir}", "--set", "server.port=0",
                 "--set", "server.metrics_port=0", "--set", "console.port=0",
                 *[a for s in settings for a in ("--set", s)]]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                     preexec_fn=None if nofile is None else partial(
-                                         resource.setrlimit, resource.RLIMIT_NOFILE,
-                                         (nofile, nofile)))
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 60
         self.output: list[str] = []
