@@ -1,7 +1,7 @@
 """Named crash points: ``crashpoint("commitlog.after_fsync")`` marks a durable step.
 
 Off (the default) a crash point is one dictionary lookup that finds nothing.  Armed with
-``arm(label, nth)`` (the composition root does it from the ``debug.crash_at`` setting,
+``arm(label, nth)`` (the composition root does it from the ``server.crash_at`` setting,
 ``"label:N"``), the Nth time the process passes that label it writes one line to stderr
 and leaves at once with ``os._exit(CRASH_EXIT_CODE)``: no ``finally`` blocks, no
 flushes, no atexit handlers, the same state a kill -9 at that instant leaves behind.

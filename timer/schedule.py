@@ -5,8 +5,8 @@ Read from the timer store's small values only: every pending message has exactly
 an ``i`` value (in RocksDB or the wheel; the wheel holds nothing RocksDB does not) or an
 ``f`` value (parked for, or in, a TimerFlatFile), each 16 bytes (due time, CommitLog
 offset).  No record body is read, no TimerFlatFile object fetched.  The cost is one
-RocksDB iteration over those values (``bench/bench_schedule.py``: about a second per
-million pending messages here), so ``TimerService.schedule`` caches the answer and the
+RocksDB iteration over those values (``bench/bench_console.py`` measures it; figures in
+bench/RESULTS.md), so ``TimerService.schedule`` caches the answer and the
 scan stops at ``limit`` entries (then ``partial`` says the counts cover only those).
 Memory: the counts (60 + 72 + one per day with messages, at most ~3,700 for ten years).
 """

@@ -1,6 +1,6 @@
 """TimerService: delayed delivery on top of the CommitLog.
 
-Flow (docs/DESIGN.md, "From Send to Ack"):
+Flow (docs/DESIGN.md, "Data flow: one write path"):
 
 1. A Send due in the future is appended to the CommitLog like any message, flagged
    ``FLAG_DELAYED`` (the ConsumeQueue dispatcher skips it).
@@ -369,7 +369,7 @@ class TimerService:
             found, delivering = self._find_pending(message_id, topic)
             if not found:
                 return self._none_reached(message_id, topic, delivering)
-            self._timers.remove([(key, message_id) for key, _ in found])
+            self._timers.remove([(key, message_id) for key, _ in found], sync=True)  # OK: durable
             for key, _ in found:
                 self._wheel.remove(key)
             self._cancelled += len(found)

@@ -171,17 +171,19 @@ class TimerStore:
                 return
             yield key
 
-    def remove(self, keys_and_ids: list[tuple[bytes, str]]) -> None:
-        """Delete ``(timer key, message_id)`` entries and their id keys."""
+    def remove(self, keys_and_ids: list[tuple[bytes, str]], sync: bool = False) -> None:
+        """Delete ``(timer key, message_id)`` entries and their id keys (``sync``: the WAL
+        fsynced before returning, for a Cancel's OK)."""
         deletes: list[bytes] = []
         for key, message_id in keys_and_ids:
             deletes += (key, id_key(message_id, parse_timer_key(key)[1]))
-        self.kv.write(deletes=deletes)
+        self.kv.write(deletes=deletes, sync=sync)
 
     def move(self, message_id: str, moves: list[tuple[bytes, bytes]],
              new_due_ms: int) -> list[bytes]:
         """Reschedule ``(timer key, record)`` entries of messages with this id to
-        ``new_due_ms``, atomically; returns their new timer keys."""
+        ``new_due_ms``, atomically and fsynced (a Reschedule's OK); returns their new
+        timer keys."""
         new_keys = [timer_key(new_due_ms, parse_timer_key(k)[1]) for k, _ in moves]
         puts: list[tuple[bytes, bytes]] = []
         for new_key, (_, record) in zip(new_keys, moves, strict=True):
@@ -189,7 +191,7 @@ class TimerStore:
             puts += ((new_key, record),
                      (id_key(message_id, offset), _LOC.pack(new_due_ms, offset)))
         deletes = [k for (k, _), new in zip(moves, new_keys, strict=True) if k != new]
-        self.kv.write(puts, deletes)
+        self.kv.write(puts, deletes, sync=True)
         return new_keys
 
     def parked(self) -> Iterator[tuple[int, int, bytes]]:
