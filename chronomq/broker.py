@@ -23,10 +23,11 @@ from store.disk import DiskGuard, unless_full
 from store.errors import ChronomqError, FailedPrecondition, InvalidArgument, TopicNotFound
 from store.kv import KV
 from store.message import FLAG_DELAYED, DispatchInfo, Draft, Message
-from store.names import check_name, is_name
+from store.names import SYSTEM_STREAMS, check_name, is_name, is_system_stream
 from store.store import MessageStore
 from store.topics import Topic
 from tiered.dispatcher import TieredDispatcher
+from tiered.journal import StateJournal
 from tiered.mount import MountedBroker, MountReader
 from tiered.ownership import Owner, TopicOwners
 from tiered.provider import Provider
@@ -100,6 +101,7 @@ class Broker:
     pop: PopService
     timer: TimerService
     disk: DiskGuard
+    journal: StateJournal
     _pop_kv: KV
     _timer_store: TimerStore
 
@@ -167,6 +169,10 @@ class Broker:
         self.store.open()
         if self.tiered is not None:  # reuses the records the store's dispatcher decoded
             self.add_dispatch_listener(self.tiered.offer)
+            for stream in SYSTEM_STREAMS:  # the timer's pending set and the journal
+                self.store.create_topic(Topic(stream, 1), system=True)
+        self.journal = StateJournal(self.store, self.tiered, self.config.tier.durable_ack)
+        self.timer.set_journal(self.journal)
 
     def _open_tier_upload(self) -> None:
         t = self.config.tier
@@ -188,6 +194,7 @@ class Broker:
         """Start the store's threads and (unless driven by hand, as tests with a manual
         clock do) the timer's and the revive thread."""
         self.store.start()
+        self.pop.set_journal(self.journal)  # its snapshot goes through the CommitLog
         if self.tiered is not None and timer_thread:
             self.tiered.start()
         if timer_thread:
@@ -242,8 +249,9 @@ class Broker:
         return self.store.create_topic(topic)
 
     def topics(self) -> list[Topic]:
-        """This broker's own topics (mounted ones: ``mount_reader``)."""
-        return self.store.topics.list()
+        """This broker's own topics (mounted ones: ``mount_reader``; its system streams
+        are not topics to its users)."""
+        return [t for t in self.store.topics.list() if not is_system_stream(t.name)]
 
     def topic(self, name: str) -> Topic | None:
         """The topic called ``name``: this broker's own, else a mounted one, else None."""
@@ -401,10 +409,12 @@ class Broker:
         if submission.future is None:
             return []
         try:
-            return submission.future.result()
+            infos = submission.future.result()
         except BaseException:
             self.forget_recent(submission.claimed)
             raise
+        self.journal.wait_tier(infos)  # tier.durable_ack: in the tier before the OK
+        return infos
 
     # ------------------------------------------------------------------ queries
 

@@ -167,6 +167,16 @@ class BrokerConfig:
         for name in filter(None, (n.strip() for n in self.tier.mounts.split(","))):
             if not is_name(name):
                 raise InvalidArgument(f"tier.mounts: {name!r} is not a broker name")
+        if self.tier.durable_ack and not self.tier.upload:
+            raise InvalidArgument("tier.durable_ack needs tier.upload: an OK can wait for "
+                                  "the tier only when this broker uploads to it")
+        if self.tier.durable_ack_ms < 1:
+            raise InvalidArgument("tier.durable_ack_ms must be at least 1")
+        if self.tier.takeover and not is_name(self.tier.takeover):
+            raise InvalidArgument(f"tier.takeover: {self.tier.takeover!r} is not a broker name")
+        if self.tier.takeover and not self.tier.upload:
+            raise InvalidArgument("tier.takeover needs tier.upload: what this broker takes "
+                                  "over must outlive it too")
         if self.tier.claim_topics and self.store.auto_create_topics:
             raise InvalidArgument("tier.claim_topics cannot be combined with "
                                   "store.auto_create_topics: a topic is claimed in the "

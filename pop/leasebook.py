@@ -29,7 +29,8 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Container
-from typing import Literal, NamedTuple
+from concurrent.futures import Future
+from typing import Any, Literal, NamedTuple
 
 from pop.checkpoint import (
     PopCheckpoint,
@@ -64,10 +65,12 @@ from store.clock import Clock
 from store.errors import ChronomqError, InvalidArgument
 from store.kv import KV, GroupCommit
 from store.store import MessageStore
+from tiered.journal import POP, POP_RESET, SNAPSHOT_CHUNK, StateJournal, encode_ops
 
 log = logging.getLogger(__name__)
 
 Ops = dict[bytes, bytes | None]  # key -> value, None: delete
+JOURNALED_MEMORY = 65_536  # journal records of writes not waited for yet (durable-ack)
 
 
 class Recorded(NamedTuple):
@@ -108,6 +111,8 @@ class LeaseBook:
         # entries recently put back for redelivery, so a late settle of one gets a clear
         # error instead of a silent "done" (bounded; forgotten on restart)
         self._requeued: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
+        self._journal: StateJournal | None = None  # set_journal
+        self._journaled: OrderedDict[int, Future[Any]] = OrderedDict()  # ticket -> record
         self._load()
 
     # ---------------------------------------------------------------- state and locks
@@ -130,6 +135,44 @@ class LeaseBook:
             leases.pop_offset = max(leases.pop_offset, popped.get(key, 0))
         for group, topic, _ in list(self._leases) + list(offsets):
             self.lock(group, origin_of(topic))  # known to statistics
+
+    def adopt(self, items: dict[bytes, bytes]) -> tuple[list[Deadline], set[str]]:
+        """Take a departed broker's positions and open leases (its POP RocksDB keys,
+        rebuilt from its journal: ``chronomq.takeover``), except for queues this book
+        already knows (their state here is newer); written and synced (journaled) before
+        it returns.  Returns the deadlines of the adopted leases and the groups."""
+        mine = {parse_key(k)[:3] for p in (b"o", b"p", b"c") for k, _ in self._kv.scan(p)}
+        with self._lock:
+            mine |= set(self._leases)
+        taken = [(k, v) for k, v in items.items() if k[:1] in (b"o", b"p", b"c")
+                 and parse_key(k)[:3] not in mine]
+        if not taken:
+            return [], set()
+        self.wait(self.write(taken))
+        deadlines: list[Deadline] = []
+        groups: set[str] = set()
+        offsets = dict(taken)
+        for k, v in taken:
+            group, topic, qid, start = parse_key(k)
+            groups.add(group)
+            with self.lock(group, origin_of(topic)):
+                if start is None:
+                    continue
+                ck = decode_checkpoint(start, v)
+                leases = self._leases.get((group, topic, qid))
+                if leases is None:
+                    raw = offsets.get(offset_key(group, topic, qid))
+                    ack = decode_offset(raw) if raw else ck.ck_start
+                    leases = QueueLeases(ack, ack)
+                    with self._lock:
+                        self._leases[(group, topic, qid)] = leases
+                leases.checkpoints[ck.ck_start] = ck
+                leases.pop_offset = max(leases.pop_offset, ck.end)
+                raw = offsets.get(pop_offset_key(group, topic, qid))
+                if raw:
+                    leases.pop_offset = max(leases.pop_offset, decode_offset(raw))
+                deadlines += [(group, topic, qid, ck.ck_start, e) for e in ck.deadlines()]
+        return deadlines, groups
 
     def deadlines(self) -> list[Deadline]:
         """The deadlines of every open lease (to schedule at start: a lease whose
@@ -165,16 +208,55 @@ class LeaseBook:
 
     # ---------------------------------------------------------------- durability
 
+    def set_journal(self, journal: StateJournal) -> None:
+        """Journal every write from now on (``tiered.journal``), starting with a
+        snapshot of the whole book (``pop-reset``).  Once, after the store opened."""
+        self._journal = journal
+        if not journal.enabled:
+            return
+        with journal.ordered:
+            chunk: list[tuple[bytes, bytes]] = []
+            size, tag = 0, POP_RESET
+            for prefix in (b"o", b"p", b"c"):
+                for k, v in self._kv.scan(prefix):
+                    chunk.append((k, v))
+                    size += len(k) + len(v) + 7
+                    if size >= SNAPSHOT_CHUNK:
+                        journal.append(tag, encode_ops(chunk))
+                        chunk, size, tag = [], 0, POP
+            if chunk or tag == POP_RESET:  # not waited for: a crash repeats it at start
+                journal.append(tag, encode_ops(chunk) or encode_ops([], [b"!"]))
+
     def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes] | None = None
               ) -> int:
-        """Apply writes without a sync; the ticket to ``wait`` for (0: nothing written)."""
+        """Apply writes without a sync; the ticket to ``wait`` for (0: nothing written).
+        With a journal, the same writes go to it in the same order."""
         if not puts and not deletes:
             return 0
-        return self._commit.write(puts, deletes or [])
+        journal = self._journal
+        if journal is None or not journal.enabled:
+            return self._commit.write(puts, deletes or [])
+        body = encode_ops(puts, deletes or [])
+        with journal.ordered:
+            ticket = self._commit.write(puts, deletes or [])
+            future = journal.append(POP, body)
+        if journal.durable_ack and future is not None:
+            with self._lock:
+                self._journaled[ticket] = future
+                while len(self._journaled) > JOURNALED_MEMORY:  # never waited for: a
+                    self._journaled.popitem(last=False)  # later wait covers them
+        return ticket
 
     def wait(self, ticket: int) -> None:
-        """Return once the write of ``ticket`` is durable."""
+        """Return once the write of ``ticket`` is durable (with durable-ack: in the tier
+        too)."""
         self._commit.wait(ticket)
+        if self._journal is not None and self._journal.durable_ack:
+            with self._lock:
+                future = self._journaled.pop(ticket, None)
+                while self._journaled and next(iter(self._journaled)) < ticket:
+                    self._journaled.popitem(last=False)  # covered: the tier's position
+            self._journal.settle(future)  # is a prefix of the CommitLog
 
     def _write_ops(self, ops: Ops) -> int:
         return self.write([(k, v) for k, v in ops.items() if v is not None],

@@ -72,6 +72,7 @@ from store.errors import ChronomqError, InvalidArgument
 from store.kv import KV
 from store.names import check_readable
 from store.store import MessageStore
+from tiered.journal import StateJournal
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,17 @@ class PopService:
         self.copies = self._requeuer.copies
 
     # ---------------------------------------------------------------- delegated
+
+    def set_journal(self, journal: StateJournal) -> None:
+        """Journal every change of the lease book (``tiered.journal``)."""
+        self._book.set_journal(journal)
+
+    def adopt(self, items: dict[bytes, bytes]) -> set[str]:
+        """Take a departed broker's positions and leases (``LeaseBook.adopt``) and
+        schedule the leases' deadlines; returns the groups taken."""
+        deadlines, groups = self._book.adopt(items)
+        self._schedule.add(deadlines)
+        return groups
 
     def start(self) -> None:
         """Start the revive thread (``pop-revive``)."""

@@ -23,6 +23,12 @@ from store.errors import InvalidArgument
 MAX_NAME = 127
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
+# The broker's two system streams, kept only when it uploads to the tier: every delayed
+# record (in its own queue offsets, so the tier holds the timer's pending set) and the
+# journal of state changes (``tiered.journal``).  Never read or written by a client.
+DELAYED_STREAM = "%SYS%delayed"
+STATE_STREAM = "%SYS%state"
+SYSTEM_STREAMS = (DELAYED_STREAM, STATE_STREAM)
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,127}")
 
 
@@ -48,8 +54,12 @@ def split_broker_made(name: str) -> tuple[str, str, str] | None:
     return None
 
 
+def is_system_stream(name: str) -> bool:
+    return name in SYSTEM_STREAMS
+
+
 def check_broker_made(name: str) -> None:
-    if split_broker_made(name) is None:
+    if split_broker_made(name) is None and name not in SYSTEM_STREAMS:
         raise InvalidArgument(f"{name[:140]!r} is not a retry or dead-letter topic name")
 
 

@@ -44,7 +44,7 @@ from store.crashpoint import crashpoint
 from store.filecache import FileCache, FileCacheStats
 from store.files import fsync_dir
 from store.message import FLAG_DELAYED, DispatchInfo
-from store.names import inside
+from store.names import DELAYED_STREAM, inside
 from store.topics import TopicCatalogue
 
 Key = tuple[str, int]  # (topic, queue id)
@@ -194,8 +194,8 @@ class ConsumeQueueTable:
         pack = ENTRY.pack
         for (commit_offset, size, flags, qid, qo, store_at_ms, _due, _mid, topic_name, _key,
              tag) in records:
-            if flags & FLAG_DELAYED:
-                continue  # owned by the timer until it is due
+            if flags & FLAG_DELAYED:  # owned by the timer until it is due; listed in the
+                topic_name, qid = DELAYED_STREAM, 0  # delayed stream when there is one
             low = since.get(topic_name, -1)
             if low == -1:
                 topic = self._catalogue.get(topic_name)

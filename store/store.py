@@ -63,7 +63,7 @@ from store.message import (
     validate_message_fields,
     validate_times,
 )
-from store.names import check_name
+from store.names import DELAYED_STREAM, check_name
 from store.openfiles import plan_open_files
 from store.queues import ConsumeQueueTable, NextOffsets
 from store.reader import RecordReader
@@ -304,6 +304,10 @@ class MessageStore:
             if topic is None:
                 raise TopicNotFound(name)
             topics[name] = (topic.queue_count, name.encode())
+        # delayed records take offsets of the delayed stream when it exists (a broker that
+        # uploads: the tier then holds the timer's pending set), else none
+        delayed_slot = ((DELAYED_STREAM, 0) if self.topics.get(DELAYED_STREAM) is not None
+                        else None)
         now = self.clock.now_ms()
         id_prefix, make_id = self.ids.prefix(self._id_floor.ms(now)), self.ids.make
         records: list[bytes] = []
@@ -327,6 +331,9 @@ class MessageStore:
                 slot = (name, qid)
                 qo = next_qo[slot]  # the queue's end on disk the first time (_NextOffsets)
                 next_qo[slot] = qo + 1
+            elif delayed_slot is not None:
+                qid, qo = 0, next_qo[delayed_slot]
+                next_qo[delayed_slot] = qo + 1
             if mid:
                 flags |= FLAG_FOREIGN_ID
             else:
@@ -355,9 +362,13 @@ class MessageStore:
         back (it was the newest), so no hole is left."""
         next_qo = self._next_queue_offset
         for infos in results:
+            stream = self.topics.get(DELAYED_STREAM)
             for info in infos:
-                if not info.flags & FLAG_DELAYED:
-                    slot = (info.topic, info.queue_id)
+                slot: tuple[str, int] | None = (info.topic, info.queue_id)
+                if info.flags & FLAG_DELAYED:
+                    slot = ((DELAYED_STREAM, 0) if stream is not None
+                            and info.commit_offset >= stream.since_offset else None)
+                if slot is not None:
                     next_qo[slot] = min(next_qo.get(slot, info.queue_offset), info.queue_offset)
             self._appended -= len(infos)
 

@@ -46,3 +46,9 @@ class TierConfig:
     #                   read-only (tiered/mount.py), e.g. a departed broker's
     claim_topics: bool = False  # record each topic's owner in the shared tier
     #                             (tiered/ownership.py): for several brokers on one bucket
+    durable_ack: bool = False  # answer OK only once the change is in the tier (needs
+    #                            upload): what a broker acknowledged outlives its machine
+    durable_ack_ms: int = 50  # durable-ack: the longest a change waits for its upload
+    #                           to start (commits run back to back meanwhile)
+    takeover: str = ""  # a departed broker's name: take over its topics at start
+    #                     (chronomq/takeover.py)

@@ -8,7 +8,9 @@ together pass ``tier.upload_buffer_bytes``; past that it reads no more until the
 up).  A commit starts the uploads of every due queue and of a due key-index file at once
 on the uploader pool and waits for them together (``tiered.uploads``): a stalled tier
 costs one ``upload_timeout_s`` per commit, not one per queue; after a failed commit the
-next waits a back-off.  Delayed records go up when they are delivered.
+next waits a back-off.  Delayed records go up in the delayed stream
+(``store.names.DELAYED_STREAM``, when the broker keeps it), so the tier holds every
+pending one; a broker without it uploads them when they are delivered.
 
 Order of durable steps.  Each uploaded queue's metadata is written to
 ``<meta_dir>/queues/<topic>/<queue>.json`` (atomically, locally), then the checkpoint: the
@@ -50,9 +52,10 @@ from store.crashpoint import crashpoint
 from store.errors import StoreError
 from store.files import fsync_dir, write_atomic
 from store.message import FLAG_DELAYED, DispatchInfo
+from store.names import DELAYED_STREAM, is_system_stream
 from store.store import MessageStore
 from tiered.config import TierConfig
-from tiered.errors import TierError
+from tiered.errors import TierError, TierUnavailable
 from tiered.index import IndexFile, TieredIndex
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
@@ -114,6 +117,8 @@ class TieredDispatcher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._recent = RecentRecords()  # what the store's dispatcher decoded (``offer``)
+        self._durable = threading.Condition()  # ``wait_durable``: notified per commit
+        self._durable_position = 0  # what a mount can read: checkpoint and copies in
 
     def open(self) -> None:
         """Load the queues' metadata and the checkpoint from local disk (every queue's
@@ -122,7 +127,39 @@ class TieredDispatcher:
         os.makedirs(os.path.join(self._meta_dir, "queues"), exist_ok=True)
         self.index.open()
         self._checkpoint = self._read_position = self._load()
+        self._durable_position = self._checkpoint
         self._store.add_log_reader(self)
+
+    # ------------------------------------------------------------------ durable ack
+
+    def wait_durable(self, end_offset: int, timeout_s: float | None = None) -> None:
+        """Return once everything below CommitLog offset ``end_offset`` is readable from
+        the tier (uploaded, committed, its metadata copies in: what a broker taking over
+        reads).  Raises ``TierUnavailable`` after ``timeout_s`` (default
+        ``tier.upload_timeout_s``): the change is durable locally, not in the tier."""
+        limit = time.monotonic() + (timeout_s if timeout_s is not None
+                                    else self.config.upload_timeout_s)
+        with self._durable:
+            while self._durable_position < end_offset:
+                left = limit - time.monotonic()
+                if left <= 0:
+                    raise TierUnavailable(
+                        "the change is stored on this broker but did not reach the tier "
+                        f"within {self.config.upload_timeout_s:g} s (tier.durable_ack): "
+                        "the tier is slow or failing")
+                self._durable.wait(left)
+
+    def _publish_durable(self) -> None:
+        """After a commit: wake the ``wait_durable`` callers it satisfied."""
+        floor = self._mirror.floor()
+        with self._lock:
+            position = self._checkpoint
+        if floor is not None:
+            position = min(position, floor[0])
+        with self._durable:
+            if position > self._durable_position:
+                self._durable_position = position
+                self._durable.notify_all()
 
     # ------------------------------------------------------------------ state
 
@@ -202,9 +239,12 @@ class TieredDispatcher:
         if data and not used:
             offset, data, infos, used = cl.decode_records(offset, data, "tiered dispatcher")
         by_queue: dict[tuple[str, int], list[DispatchInfo]] = {}
+        stream = self._store.topics.get(DELAYED_STREAM)
         for r in infos:
             if not r.flags & FLAG_DELAYED:
                 by_queue.setdefault((r.topic, r.queue_id), []).append(r)
+            elif stream is not None and r.commit_offset >= stream.since_offset:
+                by_queue.setdefault((DELAYED_STREAM, 0), []).append(r)
         buffered = 0
         view = memoryview(data)
         covered = self.index.covered
@@ -242,9 +282,10 @@ class TieredDispatcher:
                 return None
             pending = [self._queues[k] for k in self._first_unsaved]
             since = dict(self._since)
+        batch_ms = 0 if cfg.durable_ack else cfg.upload_batch_ms  # durable: back to back
         if not force and sum(q.buffered_bytes for q in pending) <= cfg.upload_buffer_bytes:
             pending = [q for q in pending if q.buffered_bytes >= cfg.upload_batch_bytes
-                       or now - since[(q.topic, q.queue_id)] >= cfg.upload_batch_ms]
+                       or now - since[(q.topic, q.queue_id)] >= batch_ms]
             if not pending and since:
                 return None
         return pending
@@ -285,6 +326,7 @@ class TieredDispatcher:
         failed_copies = self._mirror.sync(deadline_s)
         with self._lock:
             self._failed += failed_copies
+        self._publish_durable()
         return len(done)
 
     def _save(self, done: list[tuple[TieredQueue, int, int]], failed: int,
@@ -368,6 +410,8 @@ class TieredDispatcher:
         with self._lock:
             queues = list(self._queues.items())
         for key, q in queues:
+            if is_system_stream(q.topic):
+                continue  # pending timers and the journal: never expired by time
             ttl = self.tier_retention_ms(q.topic)
             paths = q.expire_stored_before(now - ttl) if ttl > 0 else []
             if paths:
@@ -451,6 +495,10 @@ class TieredDispatcher:
             self.commit(force=True)
         self._uploader.shutdown(wait=False, cancel_futures=True)
 
+    @property
+    def _poll_s(self) -> float:
+        return self.config.durable_ack_ms / 1000 if self.config.durable_ack else 0.2
+
     def _run(self) -> None:
         cl = self._store.commitlog
         while not self._stop.is_set():
@@ -460,7 +508,7 @@ class TieredDispatcher:
                 if self._full():  # the tier is failing: wait, read nothing more
                     self._stop.wait(0.1)
                 else:
-                    cl.wait_beyond(self._read_position, 0.2)
+                    cl.wait_beyond(self._read_position, self._poll_s)
             except Exception:  # keep following; the cause is logged
                 log.exception("tiered dispatch failed")
                 self._stop.wait(1.0)

@@ -38,7 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from store.consumequeue import ENTRY
-from store.message import HEADER, DispatchInfo, RecordError, check_record
+from store.message import FLAG_DELAYED, HEADER, DispatchInfo, RecordError, check_record
+from store.names import DELAYED_STREAM
 from store.queues import tag_hash
 from tiered.errors import TierError
 from tiered.flatfile import FlatFile, FlatFileMeta
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 _SKIP_SPAN = 256  # entries read per step while skipping a damaged stretch
 _QUEUE_OFFSET = struct.Struct(">Q")  # record bytes 16-24 (store.message layout)
+_FLAGS = struct.Struct(">H")  # record bytes 12-14
 _NAME_LENGTHS = struct.Struct(">BH")  # record bytes 52-55: id_len, topic_len
 _NAMES_AT = HEADER.size  # where the id, then the topic, start in a record
 
@@ -331,6 +333,9 @@ class TieredQueue:
             return str(exc)
         if _QUEUE_OFFSET.unpack_from(record, 16)[0] != queue_offset:
             return f"the record is not the one of queue offset {queue_offset}"
+        if self.topic == DELAYED_STREAM:  # records of every topic, in the stream's offsets
+            return "" if _FLAGS.unpack_from(record, 12)[0] & FLAG_DELAYED else \
+                "the record is not a delayed one"
         id_len, topic_len = _NAME_LENGTHS.unpack_from(record, 52)
         topic_at = _NAMES_AT + id_len
         if record[topic_at : topic_at + topic_len] != self._topic_bytes:

@@ -31,6 +31,7 @@ import enum
 import itertools
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from store.clock import Clock
@@ -45,6 +46,7 @@ from store.message import (
     draft_of_record,
 )
 from store.store import MessageStore
+from tiered.journal import StateJournal
 from tiered.timerflatfile import TimerFlatFiles
 from timer.parking import ParkingLot
 from timer.schedule import Schedule, due_schedule
@@ -138,6 +140,7 @@ class TimerService:
         self._lateness = [0] * (len(LATENESS_BOUNDS_MS) + 1)
         self._schedule_lock = threading.Lock()
         self._schedule: tuple[float, Schedule] | None = None  # (made at, monotonic ms)
+        self._journal: StateJournal | None = None  # set_journal
 
     def open(self) -> None:
         """Read what the timer store and the tier hold: the dispatch position, the parked
@@ -317,8 +320,12 @@ class TimerService:
             self._timers.remove(orphans)
         if not drafts:
             return 0
+        journal = self._journal
+        marker = journal.done_draft(self._stream_offsets(keys, records)) if journal else None
         try:
-            stored = self._store.put_drafts(drafts).result()
+            stored = self._store.put_drafts(drafts + ([marker] if marker else [])).result()
+            if marker:  # the journal's record of these deliveries, in the same write
+                stored = stored[:-1]
             crashpoint("timer.after_deliver_append")
         except ChronomqError:
             log.exception("timer delivery failed; the entries stay and are retried")
@@ -337,6 +344,23 @@ class TimerService:
         return len(stored)
 
     # ------------------------------------------------------------------ cancel / reschedule
+
+    def set_journal(self, journal: StateJournal) -> None:
+        """Journal deliveries, cancels and reschedules (``tiered.journal``)."""
+        self._journal = journal
+
+    def _stream_offsets(self, keys: list[bytes], records: Sequence[bytes | None]
+                        ) -> list[int]:
+        """The delayed-stream queue offsets of these pending records (those in it)."""
+        journal = self._journal
+        if journal is None:
+            return []
+        out = []
+        for key, raw in zip(keys, records, strict=True):
+            qo = journal.stream_offset(raw, parse_timer_key(key)[1]) if raw else None
+            if qo is not None:
+                out.append(qo)
+        return out
 
     def _find_pending(self, message_id: str, topic: str
                       ) -> tuple[list[tuple[bytes, bytes]], bool]:
@@ -373,7 +397,11 @@ class TimerService:
             for key, _ in found:
                 self._wheel.remove(key)
             self._cancelled += len(found)
-            return TimerChange(TimerOutcome.CANCELLED, len(found))
+            journaled = self._journal.timer_done(self._stream_offsets(
+                [k for k, _ in found], [r for _, r in found])) if self._journal else None
+        if self._journal is not None and self._journal.durable_ack:
+            self._journal.settle(journaled)
+        return TimerChange(TimerOutcome.CANCELLED, len(found))
 
     def reschedule(self, message_id: str, deliver_at_ms: int, topic: str = "") -> TimerChange:
         """Move every pending message with this id (only those of ``topic``, if given) to
@@ -390,7 +418,12 @@ class TimerService:
                 if new_key < self._load_cursor and not self._wheel.add(new_key, deliver_at_ms):
                     self._due_now.append((new_key, deliver_at_ms))
             self._rescheduled += len(found)
+            journaled = self._journal.timer_moved([(qo, deliver_at_ms) for qo in (
+                self._stream_offsets([k for k, _ in found], [r for _, r in found]))]
+            ) if self._journal else None
         self._wake.set()
+        if self._journal is not None and self._journal.durable_ack:
+            self._journal.settle(journaled)
         return TimerChange(TimerOutcome.RESCHEDULED, len(found))
 
     def holds(self, message_id: str, commit_offset: int) -> bool:
