@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import NamedTuple
 
 from chronomq.config import BrokerConfig
+from chronomq.takeover import Takeover, TakeoverResult
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.service import PopService
 from store.clock import Clock
@@ -113,8 +114,10 @@ class Broker:
         self.tier_reader: TieredReader | None = None
         self.mount_reader = MountReader(None)
         self._recent_lock = threading.Lock()
+        self._takeover_lock = threading.Lock()
         self._recent_ids: OrderedDict[tuple[str, str], int] = OrderedDict()  # -> accepted at
         self._opened: list[tuple[str, Callable[[], None]]] = []  # what to close, in order
+        self.takeovers = Takeover(self)
 
     def open(self) -> None:
         """Open every part, recover and catch up; mount ``tier.mounts``.  A failure closes
@@ -135,6 +138,22 @@ class Broker:
             except ChronomqError:
                 log.exception("could not mount broker %s (tier.mounts); serving without it",
                               name)
+        self.takeovers.restore()
+
+    def take_over_at_start(self) -> None:
+        """``tier.takeover``: take that broker over now (after ``start``: the takeover
+        appends to the CommitLog), unless done before.  The setting is the operator's
+        decision: no recency check."""
+        name = self.config.tier.takeover
+        done = self.takeovers.results.get(name)
+        if name and (done is None or not done.done):
+            self.takeover(name, force=True)
+
+    def takeover(self, broker: str, force: bool = False) -> TakeoverResult:
+        """Become the owner of a departed broker's topics, positions and pending
+        delayed messages (``chronomq.takeover``)."""
+        with self._takeover_lock:
+            return self.takeovers.run(broker, force)
 
     def _open(self) -> None:
         config, clock, sc = self.config, self.clock, self.config.store

@@ -12,6 +12,7 @@
     chronomq query TOPIC (--key K | --message-id ID)
     chronomq stats
     chronomq mount|unmount BROKER
+    chronomq takeover BROKER [--force]
     chronomq replay --topic T [--from T0] [--to T1] [--key K] [--into-topic T2]
                     [--spread DURATION] [--rate N] [--master local[2]] [--tier-dir D]
     chronomq export --topic T [--from T0] [--to T1] [--key K] --output DIR [--overwrite]
@@ -184,6 +185,13 @@ def _parser() -> argparse.ArgumentParser:
         mo = sub.add_parser(name, help=what)
         mo.add_argument("broker", help="that broker's tier.broker_name")
         _client_args(mo)
+
+    tk = sub.add_parser("takeover", help="become the owner of a departed broker's topics, "
+                        "consumer positions and pending delayed messages (from the shared tier)")
+    tk.add_argument("broker", help="the departed broker's tier.broker_name")
+    tk.add_argument("--force", action="store_true",
+                    help="even if it wrote to the tier within the last minute")
+    _client_args(tk)
 
     rp = sub.add_parser("replay", help="replay a backlog from the tier into a live broker "
                         "(a Spark job)")

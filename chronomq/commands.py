@@ -128,7 +128,8 @@ def _topic(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
         return Outcome({"topic": args.name, "deleted": True})
     return Outcome([{"name": t.name, "queue_count": t.queue_count,
                      "retention_ms": t.retention_ms, "tier_retention_ms": t.tier_retention_ms,
-                     **({"mounted_from": t.mounted_from} if t.mounted_from else {})}
+                     **({"mounted_from": t.mounted_from} if t.mounted_from else {}),
+                     **({"taken_over_from": t.taken_over_from} if t.taken_over_from else {})}
                     for t in c.list_topics()])
 
 
@@ -173,6 +174,12 @@ def run_client(args: argparse.Namespace) -> Outcome:
             topics = c.mount(args.broker) if args.command == "mount" else \
                 c.unmount(args.broker)
             return Outcome({"broker": args.broker, args.command + "ed": ", ".join(topics)})
+        if args.command == "takeover":
+            r = c.takeover(args.broker, args.force)
+            return Outcome({"broker": args.broker, "topics": len(r.topics),
+                            "pending": r.pending, "groups": r.groups,
+                            "seconds": round(r.seconds, 3),
+                            "accepting_after_seconds": round(r.accepting_after_seconds, 3)})
         if args.command == "query":
             return Outcome([received_dict(m)
                             for m in c.query(args.topic, args.key, args.message_id)])

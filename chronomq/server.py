@@ -132,6 +132,8 @@ class BrokerServer:
             self._start_rocketmq()
         if self.config.tier.claim_topics:  # after binding: the owner records the addresses
             self._claim_topics()
+        if self.config.tier.takeover:  # serving meanwhile: sends are accepted early on
+            threading.Thread(target=self._take_over, name="takeover", daemon=True).start()
         self._scheduler = BackgroundScheduler()
         self._scheduler.add_job(self._retention, "interval", id="retention",
                                 seconds=cfg.retention_interval_s, max_instances=1,
@@ -164,6 +166,13 @@ class BrokerServer:
         log.info("chronomq serving on %s:%d (data in %s)", cfg.host, self.port,
                  self.config.store.data_dir)
         return self.port
+
+    def _take_over(self) -> None:
+        try:
+            self.broker.take_over_at_start()
+        except Exception:  # the broker serves on; the command can be run again
+            log.exception("the takeover of %s (tier.takeover) failed",
+                          self.config.tier.takeover)
 
     def _start_rocketmq(self) -> None:
         """The RocketMQ 5 front on a port of its own (imported only when enabled)."""

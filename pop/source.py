@@ -124,12 +124,9 @@ class QueueSource:
         for r in reqs:
             qo = r.ck_start + r.index
             (entry,) = self._store.consume_queue_entries(r.topic, r.queue_id, qo, 1) or (None,)
-            if entry is None or entry.queue_offset != qo:  # below the local queue (a read
-                tiered.append(r)  # there starts at its oldest entry): retention took it
-            elif entry.is_hole:
-                log.error("cannot redeliver %s/%d queue offset %d: a hole", r.topic,
-                          r.queue_id, qo)
-                lost.append(r)
+            if entry is None or entry.queue_offset != qo or entry.is_hole:  # below the
+                tiered.append(r)  # local queue (retention took it), or before the offsets
+                # of a topic taken over (``chronomq.takeover``): a hole here, in the tier
             else:
                 local.append(r)
                 locations.append((entry.commit_offset, entry.record_size))

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from store.filecache import FileCache
+from store.files import fsync_dir
 
 ENTRY = struct.Struct(">QIIQ")
 assert ENTRY.size == 24
@@ -219,6 +220,23 @@ class ConsumeQueue:
             if self._bases:
                 self.min_offset = max(self.min_offset, self._bases[0])
         return deleted
+
+    def start_at(self, queue_offset: int) -> None:
+        """Make an empty queue begin at ``queue_offset`` (a queue taken over from another
+        broker continues its offsets): its first file is extended, sparse, to that entry
+        and made durable; the entries before it are holes.  No-op when it is there."""
+        if self.max_offset >= queue_offset:
+            return
+        base = queue_offset - queue_offset % self._per_file
+        with self._files.use(self._path(base), create=True) as fd:
+            os.ftruncate(fd, max(os.fstat(fd).st_size, (queue_offset - base) * ENTRY.size))
+            os.fsync(fd)
+        fsync_dir(self._dir)
+        with self._lock:
+            if base not in self._bases:
+                bisect.insort(self._bases, base)
+            self.min_offset = self._bases[0]
+        self.max_offset = queue_offset
 
     def set_min_offset(self, queue_offset: int) -> None:
         """Logically expire entries below ``queue_offset`` (retention)."""

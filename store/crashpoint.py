@@ -43,6 +43,11 @@ LABELS: dict[str, str] = {
     "pop.after_mark_done": "revived or released leases marked done",
     "tier.after_upload": "a queue's batch uploaded to the tier, metadata not yet saved",
     "tier.checkpoint": "tier metadata and the tier checkpoint saved",
+    "takeover.after_claim": "a takeover won (its tier marker), nothing taken yet",
+    "takeover.after_positions": "the departed broker's positions and leases written here",
+    "takeover.after_topics": "its topics created here, continuing its offsets",
+    "takeover.after_owners": "its topics' owner records name this broker",
+    "takeover.after_timers": "its pending delayed messages appended here",
 }
 
 _lock = threading.Lock()

@@ -253,6 +253,18 @@ class MessageStore:
                 system=system,
             )
 
+    def create_topic_at(self, topic: Topic, starts: dict[int, int], system: bool = False
+                        ) -> tuple[Topic, bool]:
+        """Create ``topic`` with queue ``q`` beginning at queue offset ``starts[q]`` (a
+        topic taken over from another broker continues its offsets; the queues are made
+        durable before the topic exists, so no send takes an offset below them)."""
+        if self.topics.get(topic.name) is None:
+            for qid, offset in starts.items():
+                if 0 <= qid < topic.queue_count and offset > 0:
+                    self.queues.queue(topic.name, qid).start_at(offset)
+                    self._next_queue_offset.pop((topic.name, qid), None)
+        return self.create_topic(topic, system)
+
     def delete_topic(self, name: str) -> None:
         check_name(name)  # the broker's own topics go with their user's topic
         with self._topic_changes.of(name):

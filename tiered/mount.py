@@ -42,7 +42,7 @@ from store.clock import SystemClock
 from store.consumequeue import ENTRY
 from store.errors import FailedPrecondition, InvalidArgument
 from store.message import HEADER, Message, decode_record
-from store.names import is_name
+from store.names import is_name, is_system_stream, split_broker_made
 from tiered.errors import TierError, TierNotFound
 from tiered.index import (
     OPEN_ENTRY,
@@ -115,7 +115,8 @@ class MountedBroker:
         for path in provider.list(prefix):
             topic, _, name = path[len(prefix):].partition("/")
             qid_text = name.removesuffix(".json")
-            if not is_name(topic) or not qid_text.isdigit() or not name.endswith(".json"):
+            if not (is_name(topic) or split_broker_made(topic) or is_system_stream(topic)) \
+                    or not qid_text.isdigit() or not name.endswith(".json"):
                 continue  # not a queue's metadata (or a name no topic can have)
             try:
                 meta = provider.read(path).decode()
@@ -132,7 +133,8 @@ class MountedBroker:
         """Topic -> queue count (the highest queue id seen, plus one)."""
         out: dict[str, int] = {}
         for topic, qid in self._queues:
-            out[topic] = max(out.get(topic, 0), qid + 1)
+            if not is_system_stream(topic):  # the broker's own streams: read by a takeover
+                out[topic] = max(out.get(topic, 0), qid + 1)
         return out
 
     def bounds(self, topic: str, queue_id: int) -> tuple[int, int] | None:
@@ -272,6 +274,8 @@ class MountReader:
         self._lock = threading.Lock()
         self._mounts: dict[str, MountedBroker] = {}  # broker -> mount
         self._by_topic: dict[str, MountedBroker] = {}
+        # taken-over topics: their broker of origin and each queue's end there
+        self._before: dict[str, tuple[MountedBroker, dict[int, int]]] = {}
 
     def mount(self, mounted: MountedBroker, local_topics: set[str]) -> list[str]:
         """Serve ``mounted``'s topics; returns them.  A topic this broker has itself or
@@ -304,6 +308,25 @@ class MountReader:
     def mounted(self, topic: str) -> MountedBroker | None:
         return self._by_topic.get(topic)
 
+    def adopt(self, mounted: MountedBroker, ends: dict[str, dict[int, int]]) -> None:
+        """Serve queue offsets below ``ends[topic][queue]`` of topics this broker took
+        over (``chronomq.takeover``) from ``mounted``, the broker they came from; the
+        offsets from there on are this broker's own."""
+        with self._lock:
+            for topic, queues in ends.items():
+                self._before[topic] = (mounted, dict(queues))
+
+    def adopted(self) -> dict[str, str]:
+        """Topic -> the broker its older offsets are read from."""
+        with self._lock:
+            return {t: m.broker for t, (m, _) in self._before.items()}
+
+    def _earlier(self, topic: str, queue_id: int) -> tuple[MountedBroker, int] | None:
+        before = self._before.get(topic)
+        if before is None or before[1].get(queue_id, 0) <= 0:
+            return None
+        return before[0], before[1][queue_id]
+
     def mounts(self) -> dict[str, MountedBroker]:
         with self._lock:
             return dict(self._mounts)
@@ -319,6 +342,11 @@ class MountReader:
         if m is not None:
             b = m.bounds(topic, queue_id)
             return b[0] if b is not None else None
+        earlier = self._earlier(topic, queue_id)
+        if earlier is not None:
+            b = earlier[0].bounds(topic, queue_id)
+            if b is not None:
+                return b[0]
         return self._own.min_queue_offset(topic, queue_id) if self._own is not None else None
 
     def floor(self, topic: str, queue_id: int, local_low: int) -> int:
@@ -326,13 +354,19 @@ class MountReader:
         if m is not None:
             b = m.bounds(topic, queue_id)
             return b[1] if b is not None else 0
-        return self._own.floor(topic, queue_id, local_low) if self._own is not None else 0
+        own = self._own.floor(topic, queue_id, local_low) if self._own is not None else 0
+        earlier = self._earlier(topic, queue_id)
+        return max(own, earlier[1]) if earlier is not None else own
 
     def read(self, topic: str, queue_id: int, queue_offset: int, count: int
              ) -> Sequence[tuple[int, int, int, bytes]]:
         m = self._by_topic.get(topic)
         if m is not None:
             return m.read(topic, queue_id, queue_offset, count)
+        earlier = self._earlier(topic, queue_id)
+        if earlier is not None and queue_offset < earlier[1]:
+            return earlier[0].read(topic, queue_id, queue_offset,
+                                   min(count, earlier[1] - queue_offset))
         if self._own is None:
             return []
         return self._own.read(topic, queue_id, queue_offset, count)

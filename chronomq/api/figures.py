@@ -68,6 +68,12 @@ def broker_figures(broker: Broker, budget: CallBudget, sent: int, popped: int,
     for name, mounted in broker.mount_reader.mounts().items():
         out[f"mount.{name}.topics"] = len(mounted.topics())
         out[f"mount.{name}.messages"] = mounted.messages()
+    for name, r in broker.takeovers.results.items():
+        out[f"takeover.{name}.topics"] = len(r.topics)
+        out[f"takeover.{name}.pending"] = r.pending
+        out[f"takeover.{name}.groups"] = r.groups
+        out[f"takeover.{name}.seconds"] = r.seconds
+        out[f"takeover.{name}.done"] = float(r.done)
     for source in more:
         out.update(source())
     return out

@@ -110,9 +110,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         mounts = self._broker.mount_reader
         mounted = [pb.Topic(name=name, queue_count=count, mounted_from=m.broker)
                    for m in mounts.mounts().values() for name, count in m.topics().items()]
-        return pb.ListTopicsResponse(
-            topics=[_topic_pb(t) for t in self._broker.topics()] +
-            sorted(mounted, key=lambda t: t.name))
+        adopted = mounts.adopted()
+        own = [_topic_pb(t) for t in self._broker.topics()]
+        for t in own:
+            t.taken_over_from = adopted.get(t.name, "")
+        return pb.ListTopicsResponse(topics=own + sorted(mounted, key=lambda t: t.name))
 
     def DeleteTopic(self, request: pb.DeleteTopicRequest,
                     context: Context) -> pb.DeleteTopicResponse:
@@ -371,6 +373,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 raise
             # the tier answered nonsense: the departed broker's data, not this broker, is bad
             raise FailedPrecondition(f"cannot mount {request.broker[:140]!r}: {exc}") from exc
+
+    def Takeover(self, request: pb.TakeoverRequest, context: Context) -> pb.TakeoverResponse:
+        r = self._broker.takeover(request.broker, request.force)
+        return pb.TakeoverResponse(topics=r.topics, pending=r.pending, groups=r.groups,
+                                   seconds=r.seconds,
+                                   accepting_after_seconds=r.accepting_after_s)
 
     def Unmount(self, request: pb.UnmountRequest, context: Context) -> pb.UnmountResponse:
         topics = self._broker.unmount(request.broker)

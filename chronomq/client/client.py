@@ -257,6 +257,14 @@ class ChronomqClient:
         """Serve ``broker``'s topics read-only from the shared tier; returns them."""
         return list(self.call("Mount", pb.MountRequest(broker=broker)).topics)
 
+    def takeover(self, broker: str, force: bool = False, timeout_s: float = 3600.0
+                 ) -> pb.TakeoverResponse:
+        """Take over a departed broker's topics, positions and pending delayed messages
+        from the shared tier (may take a while: ``timeout_s``)."""
+        resp: pb.TakeoverResponse = self.call(
+            "Takeover", pb.TakeoverRequest(broker=broker, force=force), timeout_s)
+        return resp
+
     def unmount(self, broker: str) -> list[str]:
         return list(self.call("Unmount", pb.UnmountRequest(broker=broker)).topics)
 

@@ -21,20 +21,22 @@ ALREADY_DELIVERED: TimerOutcome
 NOT_FOUND: TimerOutcome
 
 class Topic(_message.Message):
-    __slots__ = ("name", "queue_count", "retention_ms", "retention_bytes", "tier_retention_ms", "mounted_from")
+    __slots__ = ("name", "queue_count", "retention_ms", "retention_bytes", "tier_retention_ms", "mounted_from", "taken_over_from")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIER_RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     MOUNTED_FROM_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_OVER_FROM_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue_count: int
     retention_ms: int
     retention_bytes: int
     tier_retention_ms: int
     mounted_from: str
-    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., tier_retention_ms: _Optional[int] = ..., mounted_from: _Optional[str] = ...) -> None: ...
+    taken_over_from: str
+    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., tier_retention_ms: _Optional[int] = ..., mounted_from: _Optional[str] = ..., taken_over_from: _Optional[str] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("topic",)
@@ -411,6 +413,28 @@ class UnmountResponse(_message.Message):
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TakeoverRequest(_message.Message):
+    __slots__ = ("broker", "force")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    force: bool
+    def __init__(self, broker: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class TakeoverResponse(_message.Message):
+    __slots__ = ("topics", "pending", "groups", "seconds", "accepting_after_seconds")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTING_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    pending: int
+    groups: int
+    seconds: float
+    accepting_after_seconds: float
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., pending: _Optional[int] = ..., groups: _Optional[int] = ..., seconds: _Optional[float] = ..., accepting_after_seconds: _Optional[float] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("figures", "json")

@@ -119,6 +119,11 @@ class BrokerStub:
                 request_serializer=chronomq_dot_v1_dot_broker__pb2.UnmountRequest.SerializeToString,
                 response_deserializer=chronomq_dot_v1_dot_broker__pb2.UnmountResponse.FromString,
                 _registered_method=True)
+        self.Takeover = channel.unary_unary(
+                '/chronomq.v1.Broker/Takeover',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.TakeoverRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.TakeoverResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -229,6 +234,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Takeover(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -316,6 +327,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Unmount,
                     request_deserializer=chronomq_dot_v1_dot_broker__pb2.UnmountRequest.FromString,
                     response_serializer=chronomq_dot_v1_dot_broker__pb2.UnmountResponse.SerializeToString,
+            ),
+            'Takeover': grpc.unary_unary_rpc_method_handler(
+                    servicer.Takeover,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.TakeoverRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.TakeoverResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -777,6 +793,33 @@ class Broker:
             '/chronomq.v1.Broker/Unmount',
             chronomq_dot_v1_dot_broker__pb2.UnmountRequest.SerializeToString,
             chronomq_dot_v1_dot_broker__pb2.UnmountResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Takeover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/Takeover',
+            chronomq_dot_v1_dot_broker__pb2.TakeoverRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.TakeoverResponse.FromString,
             options,
             channel_credentials,
             insecure,

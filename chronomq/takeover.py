@@ -1,0 +1,322 @@
+"""Takeover: this broker keeps a departed broker's promises, from the shared tier alone.
+
+A broker that uploads (``tier.upload``) keeps in the tier its topic queues, every pending
+delayed record (the delayed stream) and every change of its consumer positions, leases
+and timers (the journal, ``tiered.journal``).  When its machine is lost another broker
+runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
+``tier.takeover`` at start) and becomes the owner of its topics:
+
+1. **One winner.**  ``takeovers/<departed>.json`` is created in the tier with a
+   conditional put (``Provider.create``); a broker that finds another's name there is
+   refused, its own name resumes an interrupted takeover.  A departed broker whose
+   journal or delayed stream was written within ``RECENT_MS`` may still be alive: refused
+   unless ``force``.
+2. **The journal** is read from the departed broker's tier and replayed
+   (``JournalState``): its POP RocksDB contents and the delayed records done or moved.
+3. **Positions**: its groups' ack and pop offsets and open leases of the taken topics
+   are written into this broker's lease book (``PopService.adopt``); leases come back
+   after their invisible time.
+4. **Topics**: each topic it had in the tier (retry and dead-letter topics too) is
+   created here with every queue continuing at the departed broker's end in the tier
+   (``MessageStore.create_topic_at``); offsets below are read from its tier
+   (``MountReader.adopt``).  A local file, ``<data>/takeovers/<departed>.json``, keeps
+   those ends so a restart serves them again.
+5. **Owners**: the owner records that name the departed broker are rewritten to name this
+   one (``TopicOwners.take_over``); clients that look owners up come here.  Sends are
+   accepted from step 4 on.
+6. **Timers**: every pending record of the delayed stream is appended here again, with
+   its id and (rescheduled) due time: due ones at once, later ones through this broker's
+   timer, so Cancel and Reschedule by id work here.  Progress is kept in the local file
+   after each batch, and ids this broker already stored are skipped: a second run
+   appends nothing twice.
+7. **Done**: the tier's ``takeovers/<departed>.json`` says so, with the figures.
+
+What is lost: with ``tier.durable_ack`` nothing acknowledged; without it, what the
+departed broker had not uploaded yet (its Stats' ``tier.upload_lag_*``).  Not carried:
+topic settings (the taken topics get the defaults), a topic that never held a message
+nor a pending delayed one, the departed broker's own takeovers
+(a chain: its predecessor's backlog of those topics), far-future TimerFlatFiles (the
+delayed stream holds the same records, which are parked here again).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pop.checkpoint import parse_key
+from store.crashpoint import crashpoint
+from store.errors import FailedPrecondition, InvalidArgument
+from store.files import write_atomic
+from store.message import (
+    FLAG_DELAYED,
+    FLAG_TIMER_DELIVERY,
+    Draft,
+    decode_dispatch_infos,
+    decode_record,
+    draft_of_record,
+)
+from store.names import DELAYED_STREAM, STATE_STREAM, is_name, split_broker_made
+from store.topics import Topic
+from tiered.errors import TierError, TierNotFound
+from tiered.journal import JournalState
+from tiered.mount import MountedBroker
+from tiered.queue import TieredEntry
+
+if TYPE_CHECKING:
+    from chronomq.broker import Broker
+
+log = logging.getLogger(__name__)
+
+RECENT_MS = 60_000  # a departed broker that wrote this recently may be alive: --force
+READ_BATCH = 2_000  # stream entries read from the tier at a time
+APPEND_BATCH = 2_000  # pending delayed messages appended here at a time
+
+
+@dataclass
+class TakeoverResult:
+    broker: str
+    topics: list[str] = field(default_factory=list)
+    pending: int = 0  # delayed messages scheduled here
+    groups: int = 0
+    seconds: float = 0.0
+    accepting_after_s: float = 0.0
+    done: bool = False
+
+
+def _marker(departed: str) -> str:
+    return f"takeovers/{departed}.json"
+
+
+class Takeover:
+    """Runs takeovers for one broker (see the module docstring).  One at a time."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._b = broker
+        self._dir = os.path.join(broker.config.store.data_dir, "takeovers")
+        self.results: dict[str, TakeoverResult] = {}
+
+    # ------------------------------------------------------------------ restart
+
+    def restore(self) -> None:
+        """At start: serve again the older offsets of topics taken over earlier."""
+        if not os.path.isdir(self._dir):
+            return
+        for name in sorted(os.listdir(self._dir)):
+            if not name.endswith(".json"):
+                continue
+            state = self._load(name[:-5])
+            try:
+                mounted = self._mount(name[:-5])
+            except TierError as exc:
+                log.error("cannot read the tier of %s, taken over earlier: %s", name[:-5], exc)
+                continue
+            self._b.mount_reader.adopt(mounted, _ends(state))
+            self.results[name[:-5]] = TakeoverResult(
+                name[:-5], sorted(state.get("ends", {})), int(state.get("pending", 0)),
+                int(state.get("groups", 0)), float(state.get("seconds", 0.0)),
+                float(state.get("accepting_after_s", 0.0)), bool(state.get("done")))
+
+    # ------------------------------------------------------------------ takeover
+
+    def run(self, departed: str, force: bool = False) -> TakeoverResult:
+        b = self._b
+        me = b.config.tier.broker_name
+        if not is_name(departed):
+            raise InvalidArgument(f"broker name {departed[:140]!r} is invalid")
+        if departed == me:
+            raise InvalidArgument("a broker cannot take itself over")
+        if b.tiered is None:
+            raise FailedPrecondition("takeover needs tier.upload on this broker")
+        started = time.monotonic()
+        mounted = self._mount(departed)
+        state = self._load(departed)
+        if not state:
+            self._claim(departed, mounted, force)
+            state = {"by": me, "ends": {}, "timers_through": 0}
+            self._save(departed, state)
+        crashpoint("takeover.after_claim")
+        journal = self._journal(mounted)
+        taken = {t: n for t, n in mounted.topics().items()}
+        # positions before topics: no Pop here may start a taken queue from its low mark
+        groups = b.pop.adopt({k: v for k, v in journal.pop.items()
+                              if _topic_of(k) in taken})
+        crashpoint("takeover.after_positions")
+        ends: dict[str, dict[int, int]] = _ends(state) or {
+            t: {q: (mounted.bounds(t, q) or (0, 0))[1] for q in range(n)}
+            for t, n in taken.items()}
+        state["ends"] = ends
+        self._save(departed, state)  # the ends first: a restart serves them
+        if b.pop.tier is None:
+            b.pop.tier = b.mount_reader
+        b.mount_reader.adopt(mounted, ends)
+        for topic, count in sorted(taken.items()):
+            b.store.create_topic_at(Topic(topic, count), ends.get(topic, {}),
+                                    system=split_broker_made(topic) is not None)
+        crashpoint("takeover.after_topics")
+        if b.owners is not None:
+            for topic in taken:
+                if is_name(topic):
+                    b.owners.take_over(topic, departed, b.clock.now_ms())
+        accepting = time.monotonic() - started
+        crashpoint("takeover.after_owners")
+        result = TakeoverResult(departed, sorted(taken), 0, len(groups), 0.0, accepting)
+        self.results[departed] = result
+        result.pending = self._timers(departed, mounted, journal, state)
+        crashpoint("takeover.after_timers")
+        result.seconds = time.monotonic() - started
+        result.done = True
+        state.update(pending=result.pending, groups=result.groups, seconds=result.seconds,
+                     accepting_after_s=accepting, done=True)
+        self._save(departed, state)
+        try:
+            b.tier.write(_marker(departed), json.dumps(
+                {"by": me, "done": True, "topics": len(taken), "pending": result.pending,
+                 "groups": result.groups, "at_ms": b.clock.now_ms()}).encode())
+        except TierError as exc:  # the takeover holds; only the record of it is late
+            log.warning("could not record the finished takeover of %s: %s", departed, exc)
+        log.info("took over %s: %d topics, %d groups, %d pending delayed messages in %.1f s "
+                 "(sends accepted after %.1f s)", departed, len(taken), result.groups,
+                 result.pending, result.seconds, accepting)
+        return result
+
+    def _mount(self, departed: str) -> MountedBroker:
+        try:
+            return MountedBroker(self._b.tier, departed,
+                                 os.path.join(self._b.config.store.data_dir, "mounts", departed))
+        except TierNotFound as exc:
+            raise FailedPrecondition(f"cannot take over {departed}: {exc}") from None
+
+    def _claim(self, departed: str, mounted: MountedBroker, force: bool) -> None:
+        """Become the one broker taking ``departed`` over (or refuse)."""
+        b, me = self._b, self._b.config.tier.broker_name
+        last = max((_last_store_ms(mounted, s) for s in (STATE_STREAM, DELAYED_STREAM)),
+                   default=0)
+        age = b.clock.now_ms() - last
+        if not force and age < RECENT_MS:
+            raise FailedPrecondition(
+                f"broker {departed} wrote to the tier {age / 1000:.0f} s ago: it may still be "
+                "running; take it over only once it is gone (--force to insist)")
+        record = json.dumps({"by": me, "at_ms": b.clock.now_ms()}).encode()
+        if b.tier.create(_marker(departed), record):
+            return
+        try:
+            holder = json.loads(b.tier.read(_marker(departed))).get("by")
+        except (TierError, ValueError, AttributeError):
+            holder = None
+        if holder != me:
+            who = holder or "another broker"
+            raise FailedPrecondition(f"broker {departed} is taken over by {who} already "
+                                     f"(tier object {_marker(departed)})")
+
+    def _journal(self, mounted: MountedBroker) -> JournalState:
+        """Replay the departed broker's state stream."""
+        state = JournalState()
+        for entry in _stream(mounted, STATE_STREAM):
+            m = decode_record(entry.record)
+            state.apply(m.tag, m.body)
+        if state.bad:
+            log.error("takeover of %s: %d journal records could not be read", mounted.broker,
+                      state.bad)
+        return state
+
+    def _timers(self, departed: str, mounted: MountedBroker, journal: JournalState,
+                state: dict[str, Any]) -> int:
+        """Append the departed broker's pending delayed messages here; returns how many."""
+        b = self._b
+        through = int(state.get("timers_through", 0))
+        total = int(state.get("pending", 0))
+        batch: list[Draft] = []
+        last_qo = through
+
+        def flush() -> None:
+            nonlocal total, batch
+            if not batch:
+                return
+            seen = b.store.stored_at([(d.topic, d.message_id) for d in batch])
+            fresh = [d for d, at in zip(batch, seen, strict=True) if at is None]
+            if fresh:
+                b.store.put_drafts(fresh).result()
+            total += len(fresh)
+            batch = []
+            state["timers_through"], state["pending"] = last_qo + 1, total
+            self._save(departed, state)
+            self.results[departed].pending = total
+
+        now = b.clock.now_ms()
+        for entry in _stream(mounted, DELAYED_STREAM, through):
+            info = decode_dispatch_infos(entry.record, 0)[0][0]
+            due = journal.pending_due(entry.queue_offset, info.flags, info.deliver_at_ms)
+            last_qo = entry.queue_offset
+            if due is None:
+                continue
+            if b.store.topics.get(info.topic) is None:  # it had only delayed messages
+                b.store.create_topic(Topic(info.topic, b.config.store.default_queue_count),
+                                     system=split_broker_made(info.topic) is not None)
+                if b.owners is not None and is_name(info.topic):
+                    b.owners.take_over(info.topic, departed, b.clock.now_ms())
+                result = self.results[departed]
+                result.topics = sorted({*result.topics, info.topic})
+            flags = FLAG_DELAYED if due > now else FLAG_TIMER_DELIVERY
+            batch.append(draft_of_record(entry.record, due, flags))
+            if len(batch) >= APPEND_BATCH:
+                flush()
+        flush()
+        return total
+
+    # ------------------------------------------------------------------ local state
+
+    def _path(self, departed: str) -> str:
+        return os.path.join(self._dir, f"{departed}.json")
+
+    def _load(self, departed: str) -> dict[str, Any]:
+        try:
+            with open(self._path(departed), encoding="utf-8") as f:
+                state = json.load(f)
+            return state if isinstance(state, dict) else {}
+        except FileNotFoundError:
+            return {}
+
+    def _save(self, departed: str, state: dict[str, Any]) -> None:
+        os.makedirs(self._dir, exist_ok=True)
+        write_atomic(self._path(departed), json.dumps(state).encode())
+
+
+def _topic_of(key: bytes) -> str:
+    try:
+        return parse_key(key)[1]
+    except (ValueError, UnicodeDecodeError, struct.error):
+        return ""
+
+
+def _ends(state: dict[str, Any]) -> dict[str, dict[int, int]]:
+    return {t: {int(q): int(e) for q, e in qs.items()}
+            for t, qs in state.get("ends", {}).items()}
+
+
+def _stream(mounted: MountedBroker, stream: str, start: int = 0) -> Iterator[TieredEntry]:
+    """Every readable entry of one of the departed broker's streams, from ``start``."""
+    bounds = mounted.bounds(stream, 0)
+    if bounds is None:
+        return
+    offset = max(start, bounds[0])
+    while offset < bounds[1]:
+        entries = mounted.read(stream, 0, offset, min(READ_BATCH, bounds[1] - offset))
+        if not entries:
+            return
+        yield from entries
+        offset = entries[-1].queue_offset + 1
+
+
+def _last_store_ms(mounted: MountedBroker, stream: str) -> int:
+    bounds = mounted.bounds(stream, 0)
+    if bounds is None or bounds[1] <= bounds[0]:
+        return 0
+    entries = mounted.read(stream, 0, bounds[1] - 1, 1)
+    return entries[-1].store_at_ms if entries else 0
