@@ -1,0 +1,143 @@
+"""Takeover figures: a broker with TOPICS topics, GROUPS consumer groups and PENDING
+pending delayed messages is killed (kill -9, its data directory deleted) and another
+broker takes it over from the shared tier (``chronomq takeover``).
+
+Prints the seconds until the first send to a taken topic is accepted (the takeover's
+``accepting_after_seconds``, and a client's own first OK measured from the call), until
+every pending message is scheduled (the takeover's ``seconds``), the peak RSS of the
+taking broker, and a check that the pending count matches.
+
+    .venv/bin/python bench/bench_takeover.py --topics 1000 --groups 100 --pending 1000000
+    .venv/bin/python bench/bench_takeover.py --quick        # 100 topics, 10k pending
+
+``--tier local`` (default) shares a local directory; ``--tier s3`` runs moto's S3 server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from chronomq.client import ChronomqClient, RpcError, message
+from tests.chronomq.process import ServerProcess, wait_tier_caught_up
+
+HOUR_MS = 3_600_000
+
+
+def _peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _tier_settings(kind: str, root: Path, name: str, endpoint: str) -> list[str]:
+    if kind == "s3":
+        return ["tier.provider=s3", "tier.s3_bucket=takeover-bench",
+                f"tier.s3_endpoint_url={endpoint}", "tier.s3_access_key_id=testing",
+                "tier.s3_secret_access_key=testing", f"tier.broker_name={name}"]
+    return ["tier.provider=local", f"tier.local_dir={root / 'tier'}", f"tier.broker_name={name}"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--topics", type=int, default=1000)
+    p.add_argument("--groups", type=int, default=100)
+    p.add_argument("--pending", type=int, default=1_000_000)
+    p.add_argument("--tier", choices=("local", "s3"), default="local")
+    p.add_argument("--quick", action="store_true", help="100 topics, 10 groups, 10k pending")
+    args = p.parse_args()
+    if args.quick:
+        args.topics, args.groups, args.pending = 100, 10, 10_000
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    endpoint = ""
+    if args.tier == "s3":
+        import boto3
+        from moto.server import ThreadedMotoServer
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                     aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket="takeover-bench")
+    root = Path(tempfile.mkdtemp(prefix="bench-takeover-"))
+    common = ["tier.upload=true", "tier.claim_topics=true", "store.default_queue_count=4"]
+    try:
+        a = ServerProcess(root / "a", *common, *_tier_settings(args.tier, root, "a", endpoint))
+        topics = [f"t{i:04d}" for i in range(args.topics)]
+        t0 = time.monotonic()
+        with ChronomqClient(a.target, timeout_s=600) as c:
+            for t in topics:
+                c.create_topic(t)
+            rnd = random.Random(7)
+            left = args.pending
+
+            def batches():  # type: ignore[no-untyped-def]
+                nonlocal left
+                while left > 0:
+                    n = min(500, left)
+                    left -= n
+                    yield [message(topics[rnd.randrange(len(topics))], b"p" * 100,
+                                   delay_ms=rnd.randrange(HOUR_MS, 6 * HOUR_MS))
+                           for _ in range(n)]
+            sent = sum(sum(o.ok for o in out) for out in c.send_stream(batches()))
+            # every group reads a few topics: positions to carry over
+            for g in range(args.groups):
+                for t in topics[g % len(topics)::max(1, len(topics) // 10)][:10]:
+                    c.send_one(t, b"now")
+                    for m in c.pop(t, f"g{g:03d}", 4, 60):
+                        c.ack(f"g{g:03d}", [m.receipt_handle])
+            fill_s = time.monotonic() - t0
+            caught = wait_tier_caught_up(c, timeout_s=1800)
+        print(f"A: {sent} pending delayed messages in {args.topics} topics, {args.groups} "
+              f"groups; filled in {fill_s:.1f} s, tier caught up {caught:.1f} s later")
+        a.kill9()
+        shutil.rmtree(root / "a")
+        b = ServerProcess(root / "b", *common, *_tier_settings(args.tier, root, "b", endpoint))
+        first_ok: list[float] = []
+
+        def probe(start: float) -> None:  # a producer that keeps sending to a taken topic
+            with ChronomqClient(b.target) as pc:
+                while time.monotonic() - start < 600:
+                    try:
+                        pc.send_one(topics[0], b"probe")
+                        first_ok.append(time.monotonic() - start)
+                        return
+                    except RpcError:
+                        time.sleep(0.05)
+        with ChronomqClient(b.target, timeout_s=3600) as c:
+            start = time.monotonic()
+            prober = threading.Thread(target=probe, args=(start,), daemon=True)
+            prober.start()
+            r = c.takeover("a", force=True)
+            wall = time.monotonic() - start
+            prober.join(60)
+            rss = _peak_rss_mb(b.proc.pid)
+            stats = c.stats()
+        print(f"takeover of {len(r.topics)} topics, {r.groups} groups, {r.pending} pending "
+              f"({args.tier} tier)")
+        print(f"  sends accepted after   {r.accepting_after_seconds:8.2f} s (takeover's own "
+              f"figure); a producer's first OK after "
+              f"{first_ok[0] if first_ok else float('nan'):.2f} s   goal <= 5 s")
+        print(f"  every pending scheduled {r.seconds:8.2f} s (call: {wall:.2f} s)   goal <= 30 s")
+        print(f"  peak RSS of the taking broker {rss:.0f} MB")
+        print(f"  pending check: sent {sent}, scheduled {r.pending}, timer on B "
+              f"{stats.get('timer.pending_estimate', float('nan')):.0f} (estimate)")
+        b.terminate()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

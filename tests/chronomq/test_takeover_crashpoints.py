@@ -1,0 +1,68 @@
+"""A takeover interrupted by a crash at each of its named crash points, then run again.
+
+Broker A (durable-ack, uploading to a local-directory tier) runs the crash-point test's
+scripted, ledgered workload and is killed with kill -9, its data directory deleted.
+Broker B, armed with ``server.crash_at=takeover.<step>:1``, runs the takeover and dies at
+that step; restarted without it, it runs the takeover again, and the group drained from
+B must satisfy the ledger checker: nothing acknowledged lost, nothing redelivered after
+an ack, no lease broken, nothing early.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from chronomq.client import ChronomqClient, RpcError
+from store.crashpoint import CRASH_EXIT_CODE, LABELS
+from tests.chronomq.checker import check_ledgers
+from tests.chronomq.ledger import Ledger, LedgeredClient, drain, now_ms
+from tests.chronomq.process import ServerProcess
+from tests.chronomq.test_crashpoints import (
+    CRASHPOINT_SETTINGS,
+    GROUP,
+    REVIVE_SLACK_MS,
+    TOPIC,
+    _tail,
+    scripted_workload,
+)
+
+SETTINGS = (*CRASHPOINT_SETTINGS, "tier.durable_ack=true")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", sorted(la for la in LABELS if la.startswith("takeover.")))
+def test_a_takeover_crashed_at_each_step_completes_when_run_again(tmp_path: Path,
+                                                                  label: str) -> None:
+    ledgers = tmp_path / "ledger"
+    a = ServerProcess(tmp_path / "a", *SETTINGS, "tier.broker_name=a", "store.node_id=1")
+    ledger = Ledger(ledgers / "workload.jsonl")
+    with ChronomqClient(a.target, timeout_s=30) as client:
+        lc = LedgeredClient(client, ledger, "w", pad_bytes=1024)
+        scripted_workload(lc)
+    ledger.close()
+    a.kill9()
+    shutil.rmtree(tmp_path / "a")  # the machine is gone
+
+    b_settings = (*SETTINGS, "tier.broker_name=b", "store.node_id=2")
+    b = ServerProcess(tmp_path / "b", *b_settings, f"server.crash_at={label}:1")
+    with ChronomqClient(b.target, timeout_s=120) as client, pytest.raises(RpcError):
+        client.takeover("a", force=True)
+    code = b.proc.wait(10)
+    b.kill9()  # gone already: closes its pipe
+    assert code == CRASH_EXIT_CODE, f"{label} not reached:\n" + "\n".join(_tail(b.output))
+
+    b = ServerProcess(tmp_path / "b", *b_settings)
+    try:
+        with ChronomqClient(b.target, timeout_s=120) as client:
+            result = client.takeover("a", force=True)
+            assert TOPIC in result.topics
+        drain(b.target, ledgers, TOPIC, GROUP, max(lc.horizon_ms, now_ms()) + REVIVE_SLACK_MS,
+              grace_s=8)
+    finally:
+        code = b.terminate()
+    report = check_ledgers(ledgers, GROUP)
+    assert report.ok, "\n".join([report.summary(), *_tail(b.output)])
+    assert code == 0
