@@ -27,8 +27,8 @@ runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
 6. **Timers**: every pending record of the delayed stream is appended here again, with
    its id and (rescheduled) due time: due ones at once, later ones through this broker's
    timer, so Cancel and Reschedule by id work here.  Progress is kept in the local file
-   after each batch, and ids this broker already stored are skipped: a second run
-   appends nothing twice.
+   after each batch; a run that resumes skips, in the first batch (the one a crash may
+   have cut off), the ids this broker already stored: nothing is appended twice.
 7. **Done**: the tier's ``takeovers/<departed>.json`` says so, with the figures.
 
 What is lost: with ``tier.durable_ack`` nothing acknowledged; without it, what the
@@ -75,8 +75,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECENT_MS = 60_000  # a departed broker that wrote this recently may be alive: --force
-READ_BATCH = 2_000  # stream entries read from the tier at a time
-APPEND_BATCH = 2_000  # pending delayed messages appended here at a time
+READ_BATCH = 5_000  # stream entries read from the tier at a time
+APPEND_BATCH = 5_000  # pending delayed messages appended here at a time
 
 
 @dataclass
@@ -235,12 +235,19 @@ class Takeover:
         batch: list[Draft] = []
         last_qo = through
 
+        resumed = through > 0 or bool(state.get("timers_started"))
+        state["timers_started"] = True
+        self._save(departed, state)
+
         def flush() -> None:
-            nonlocal total, batch
+            nonlocal total, batch, resumed
             if not batch:
                 return
-            seen = b.store.stored_at([(d.topic, d.message_id) for d in batch])
-            fresh = [d for d, at in zip(batch, seen, strict=True) if at is None]
+            fresh = batch
+            if resumed:  # the batch a crash cut off may be here already: not twice
+                seen = b.store.stored_at([(d.topic, d.message_id) for d in batch])
+                fresh = [d for d, at in zip(batch, seen, strict=True) if at is None]
+                resumed = False
             if fresh:
                 b.store.put_drafts(fresh).result()
             total += len(fresh)

@@ -212,8 +212,9 @@ class LeaseBook:
         """Journal every write from now on (``tiered.journal``), starting with a
         snapshot of the whole book (``pop-reset``).  Once, after the store opened."""
         self._journal = journal
-        if not journal.enabled:
-            return
+        if not journal.enabled or (journal.empty() and not any(
+                True for p in (b"o", b"p", b"c") for _ in self._kv.scan(p))):
+            return  # a new broker: nothing to say yet
         with journal.ordered:
             chunk: list[tuple[bytes, bytes]] = []
             size, tag = 0, POP_RESET

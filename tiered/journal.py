@@ -100,6 +100,10 @@ class StateJournal:
     def enabled(self) -> bool:
         return self._store.topics.get(STATE_STREAM) is not None
 
+    def empty(self) -> bool:
+        """Whether the state stream holds no record yet."""
+        return self._store.queue_bounds(STATE_STREAM, 0)[1] == 0
+
     def append(self, tag: str, body: bytes) -> Future[Any] | None:
         """Queue a state record; the future resolves once it is in the CommitLog."""
         if not body or not self.enabled:
