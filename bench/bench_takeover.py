@@ -19,6 +19,8 @@ import argparse
 import logging
 import random
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -56,6 +58,8 @@ def main() -> None:
     p.add_argument("--pending", type=int, default=1_000_000)
     p.add_argument("--tier", choices=("local", "s3"), default="local")
     p.add_argument("--quick", action="store_true", help="100 topics, 10 groups, 10k pending")
+    p.add_argument("--profile", default="", help="py-spy the taking broker into this file "
+                   "(collapsed stacks)")
     args = p.parse_args()
     if args.quick:
         args.topics, args.groups, args.pending = 100, 10, 10_000
@@ -116,6 +120,13 @@ def main() -> None:
                         return
                     except RpcError:
                         time.sleep(0.05)
+        spy = None
+        if args.profile:
+            pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+            spy = subprocess.Popen([pyspy, "record", "--nonblocking", "-p",
+                                    str(b.proc.pid), "-o", args.profile, "-f", "raw"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1)
         with ChronomqClient(b.target, timeout_s=3600) as c:
             start = time.monotonic()
             prober = threading.Thread(target=probe, args=(start,), daemon=True)
@@ -124,6 +135,9 @@ def main() -> None:
             wall = time.monotonic() - start
             prober.join(60)
             rss = _peak_rss_mb(b.proc.pid)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(30)
             stats = c.stats()
         print(f"takeover of {len(r.topics)} topics, {r.groups} groups, {r.pending} pending "
               f"({args.tier} tier)")

@@ -32,11 +32,12 @@ runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
 7. **Done**: the tier's ``takeovers/<departed>.json`` says so, with the figures.
 
 What is lost: with ``tier.durable_ack`` nothing acknowledged; without it, what the
-departed broker had not uploaded yet (its Stats' ``tier.upload_lag_*``).  Not carried:
+departed broker had not uploaded yet (its Stats' ``tier.upload_lag_*``).  A chain is followed: the
+departed broker's own takeovers (``<broker>/takeovers/``, written by step 4) name the
+brokers whose tiers hold the older offsets of the topics it had taken.  Not carried:
 topic settings (the taken topics get the defaults), a topic that never held a message
-nor a pending delayed one, the departed broker's own takeovers
-(a chain: its predecessor's backlog of those topics), far-future TimerFlatFiles (the
-delayed stream holds the same records, which are parked here again).
+nor a pending delayed one, far-future TimerFlatFiles (the delayed stream holds the same
+records, which are parked here again).
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ import logging
 import os
 import struct
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +80,7 @@ log = logging.getLogger(__name__)
 RECENT_MS = 60_000  # a departed broker that wrote this recently may be alive: --force
 READ_BATCH = 5_000  # stream entries read from the tier at a time
 APPEND_BATCH = 5_000  # pending delayed messages appended here at a time
+IN_FLIGHT = 4  # appended batches not yet durable while the next ones are read
 
 
 @dataclass
@@ -117,7 +121,7 @@ class Takeover:
             except TierError as exc:
                 log.error("cannot read the tier of %s, taken over earlier: %s", name[:-5], exc)
                 continue
-            self._b.mount_reader.adopt(mounted, _ends(state))
+            self._adopt(name[:-5], mounted, state)
             self.results[name[:-5]] = TakeoverResult(
                 name[:-5], sorted(state.get("ends", {})), int(state.get("pending", 0)),
                 int(state.get("groups", 0)), float(state.get("seconds", 0.0)),
@@ -138,10 +142,17 @@ class Takeover:
         mounted = self._mount(departed)
         state = self._load(departed)
         if not state:
+            clash = sorted(t for t in mounted.topics() if b.store.topics.get(t) is not None)
+            if clash:
+                raise FailedPrecondition(
+                    f"cannot take over {departed}: topic(s) {', '.join(clash[:10])} exist on "
+                    "this broker already (their offsets would mix); take it over elsewhere")
             self._claim(departed, mounted, force)
             state = {"by": me, "ends": {}, "timers_through": 0}
             self._save(departed, state)
         crashpoint("takeover.after_claim")
+        if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
+            b.unmount(departed)
         journal = self._journal(mounted)
         taken = {t: n for t, n in mounted.topics().items()}
         # positions before topics: no Pop here may start a taken queue from its low mark
@@ -152,10 +163,13 @@ class Takeover:
             t: {q: (mounted.bounds(t, q) or (0, 0))[1] for q in range(n)}
             for t, n in taken.items()}
         state["ends"] = ends
+        if "chain" not in state:  # what the departed broker had itself taken over
+            state["chain"] = self._chain_of(departed)
         self._save(departed, state)  # the ends first: a restart serves them
+        self._publish(departed, state)  # and a broker taking this one over finds them
         if b.pop.tier is None:
             b.pop.tier = b.mount_reader
-        b.mount_reader.adopt(mounted, ends)
+        self._adopt(departed, mounted, state)
         for topic, count in sorted(taken.items()):
             b.store.create_topic_at(Topic(topic, count), ends.get(topic, {}),
                                     system=split_broker_made(topic) is not None)
@@ -185,6 +199,40 @@ class Takeover:
                  "(sends accepted after %.1f s)", departed, len(taken), result.groups,
                  result.pending, result.seconds, accepting)
         return result
+
+    def _adopt(self, departed: str, mounted: MountedBroker, state: dict[str, Any]) -> None:
+        """Serve the older offsets of the taken topics: from the departed broker's tier,
+        and the oldest from the tiers of the brokers it had taken them from."""
+        for link in state.get("chain", []):
+            try:
+                self._b.mount_reader.adopt(self._mount(str(link["broker"])), _ends(link))
+            except (FailedPrecondition, TierError, KeyError, TypeError, ValueError) as exc:
+                log.error("takeover of %s: cannot serve the backlog it had taken over from "
+                          "%s: %s", departed, link.get("broker"), exc)
+        self._b.mount_reader.adopt(mounted, _ends(state))
+
+    def _chain_of(self, departed: str) -> list[dict[str, Any]]:
+        """The brokers the departed broker had taken over, with their queues' ends
+        (its ``<broker>/takeovers/`` objects), flattened: a chain of any length."""
+        out: list[dict[str, Any]] = []
+        prefix = f"{departed}/takeovers/"
+        for path in self._b.tier.list(prefix):
+            try:
+                raw = json.loads(self._b.tier.read(path))
+                out += [{"broker": str(c["broker"]), "ends": c["ends"]}
+                        for c in raw.get("chain", [])]
+                out.append({"broker": str(raw["from"]), "ends": raw["ends"]})
+            except (TierError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                log.error("takeover of %s: skipping %s: %s", departed, path, exc)
+        return out
+
+    def _publish(self, departed: str, state: dict[str, Any]) -> None:
+        """``<me>/takeovers/<departed>.json``: what a later takeover of this broker
+        needs to serve the backlog of the topics it took."""
+        me = self._b.config.tier.broker_name
+        self._b.tier.write(f"{me}/takeovers/{departed}.json", json.dumps(
+            {"from": departed, "ends": state["ends"], "chain": state.get("chain", [])}
+        ).encode())
 
     def _mount(self, departed: str) -> MountedBroker:
         try:
@@ -239,8 +287,21 @@ class Takeover:
         state["timers_started"] = True
         self._save(departed, state)
 
+        in_flight: deque[tuple[Future[Any] | None, int, int]] = deque()
+
+        def settle(keep: int) -> None:  # wait for appended batches; progress in order
+            nonlocal total
+            while len(in_flight) > keep:
+                future, count, through_qo = in_flight.popleft()
+                if future is not None:
+                    future.result()
+                total += count
+                state["timers_through"], state["pending"] = through_qo + 1, total
+                self._save(departed, state)
+                self.results[departed].pending = total
+
         def flush() -> None:
-            nonlocal total, batch, resumed
+            nonlocal batch, resumed
             if not batch:
                 return
             fresh = batch
@@ -248,13 +309,10 @@ class Takeover:
                 seen = b.store.stored_at([(d.topic, d.message_id) for d in batch])
                 fresh = [d for d, at in zip(batch, seen, strict=True) if at is None]
                 resumed = False
-            if fresh:
-                b.store.put_drafts(fresh).result()
-            total += len(fresh)
+            in_flight.append((b.store.put_drafts(fresh) if fresh else None, len(fresh),
+                              last_qo))
             batch = []
-            state["timers_through"], state["pending"] = last_qo + 1, total
-            self._save(departed, state)
-            self.results[departed].pending = total
+            settle(IN_FLIGHT - 1)  # the writer works while the next batch is read
 
         now = b.clock.now_ms()
         for entry in _stream(mounted, DELAYED_STREAM, through):
@@ -271,10 +329,11 @@ class Takeover:
                 result = self.results[departed]
                 result.topics = sorted({*result.topics, info.topic})
             flags = FLAG_DELAYED if due > now else FLAG_TIMER_DELIVERY
-            batch.append(draft_of_record(entry.record, due, flags))
+            batch.append(draft_of_record(entry.record, due, flags, info))
             if len(batch) >= APPEND_BATCH:
                 flush()
         flush()
+        settle(0)
         return total
 
     # ------------------------------------------------------------------ local state

@@ -528,4 +528,4 @@ class LeaseBook:
                 del self._group_locks[pair]
         doomed = [k for kind in (b"c", b"o", b"p") for k, _ in self._kv.scan(kind)
                   if origin_of(parse_key(k)[1]) == topic]
-        self._kv.write(deletes=doomed)
+        self.write([], doomed)  # journaled: a takeover must not bring them back

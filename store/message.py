@@ -168,9 +168,12 @@ class Draft(NamedTuple):
     record: bytes = b""
 
 
-def draft_of_record(record: bytes, deliver_at_ms: int, flags: int) -> Draft:
-    """A draft that appends ``record`` again with new flags and due time."""
-    info = decode_dispatch_infos(record, 0)[0][0]
+def draft_of_record(record: bytes, deliver_at_ms: int, flags: int,
+                    info: DispatchInfo | None = None) -> Draft:
+    """A draft that appends ``record`` again with new flags and due time (``info``: its
+    header, when the caller decoded it already)."""
+    if info is None:
+        info = decode_dispatch_infos(record, 0)[0][0]
     born_at_ms, attempt = _BORN.unpack_from(record, 24)[0], _ATTEMPT.unpack_from(record, 48)[0]
     return Draft(info.message_id, info.topic, info.key, info.tag, b"", b"", born_at_ms,
                  deliver_at_ms, flags, attempt, record)

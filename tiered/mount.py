@@ -275,7 +275,7 @@ class MountReader:
         self._mounts: dict[str, MountedBroker] = {}  # broker -> mount
         self._by_topic: dict[str, MountedBroker] = {}
         # taken-over topics: their broker of origin and each queue's end there
-        self._before: dict[str, tuple[MountedBroker, dict[int, int]]] = {}
+        self._before: dict[str, list[tuple[MountedBroker, dict[int, int]]]] = {}
 
     def mount(self, mounted: MountedBroker, local_topics: set[str]) -> list[str]:
         """Serve ``mounted``'s topics; returns them.  A topic this broker has itself or
@@ -311,21 +311,40 @@ class MountReader:
     def adopt(self, mounted: MountedBroker, ends: dict[str, dict[int, int]]) -> None:
         """Serve queue offsets below ``ends[topic][queue]`` of topics this broker took
         over (``chronomq.takeover``) from ``mounted``, the broker they came from; the
-        offsets from there on are this broker's own."""
+        offsets from there on are this broker's own.  Called once per broker of a chain
+        (a broker that had itself taken the topics over from another): each serves the
+        offsets below its end and from the previous broker's end on."""
         with self._lock:
             for topic, queues in ends.items():
-                self._before[topic] = (mounted, dict(queues))
+                chain = [b for b in self._before.get(topic, []) if b[0].broker != mounted.broker]
+                chain.append((mounted, dict(queues)))
+                self._before[topic] = chain
 
     def adopted(self) -> dict[str, str]:
-        """Topic -> the broker its older offsets are read from."""
+        """Topic -> the broker it was taken over from (the last of a chain)."""
         with self._lock:
-            return {t: m.broker for t, (m, _) in self._before.items()}
+            return {t: max(chain, key=lambda b: max(b[1].values(), default=0))[0].broker
+                    for t, chain in self._before.items()}
 
-    def _earlier(self, topic: str, queue_id: int) -> tuple[MountedBroker, int] | None:
-        before = self._before.get(topic)
-        if before is None or before[1].get(queue_id, 0) <= 0:
+    def _earlier(self, topic: str, queue_id: int, queue_offset: int | None = None
+                 ) -> tuple[MountedBroker, int] | None:
+        """The broker of origin that holds ``queue_offset`` of a taken-over queue and its
+        end there (``queue_offset`` None: the last of the chain)."""
+        chain = self._before.get(topic)
+        if not chain:
             return None
-        return before[0], before[1][queue_id]
+        ranked = sorted(((m, e.get(queue_id, 0)) for m, e in chain), key=lambda b: b[1])
+        ranked = [b for b in ranked if b[1] > 0]
+        if not ranked:
+            return None
+        if queue_offset is None:
+            return ranked[-1]
+        return next((b for b in ranked if queue_offset < b[1]), None)
+
+    def _first(self, topic: str, queue_id: int) -> tuple[MountedBroker, int] | None:
+        chain = self._before.get(topic)
+        ranked = sorted(((m, e.get(queue_id, 0)) for m, e in chain or []), key=lambda b: b[1])
+        return next((b for b in ranked if b[1] > 0), None)
 
     def mounts(self) -> dict[str, MountedBroker]:
         with self._lock:
@@ -342,9 +361,9 @@ class MountReader:
         if m is not None:
             b = m.bounds(topic, queue_id)
             return b[0] if b is not None else None
-        earlier = self._earlier(topic, queue_id)
-        if earlier is not None:
-            b = earlier[0].bounds(topic, queue_id)
+        first = self._first(topic, queue_id)
+        if first is not None:
+            b = first[0].bounds(topic, queue_id)
             if b is not None:
                 return b[0]
         return self._own.min_queue_offset(topic, queue_id) if self._own is not None else None
@@ -363,8 +382,8 @@ class MountReader:
         m = self._by_topic.get(topic)
         if m is not None:
             return m.read(topic, queue_id, queue_offset, count)
-        earlier = self._earlier(topic, queue_id)
-        if earlier is not None and queue_offset < earlier[1]:
+        earlier = self._earlier(topic, queue_id, queue_offset)
+        if earlier is not None:
             return earlier[0].read(topic, queue_id, queue_offset,
                                    min(count, earlier[1] - queue_offset))
         if self._own is None:

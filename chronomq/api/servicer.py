@@ -28,6 +28,7 @@ from chronomq.api.figures import broker_figures
 from chronomq.api.notify import ArrivalNotifier
 from chronomq.api.subscription import (
     STREAM_BATCH,
+    STREAM_BATCH_DURABLE,
     Subscription,
     ack_results,
     received_pb,
@@ -298,6 +299,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         threading.Thread(target=sub.read, args=(request_iterator, wake),
                          name="subscribe-reader", daemon=True).start()
         pop = self._broker.pop
+        # durable-ack: each Pop waits for one tier commit, so a stream leases more per Pop
+        batch = STREAM_BATCH_DURABLE if self._broker.journal.durable_ack else STREAM_BATCH
         try:
             while context.is_active() and not sub.closed:
                 report = sub.take_report()
@@ -305,8 +308,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 got: list[PoppedMessage] = []
                 seen = self._notifier.generation(sub.topic)
                 if room > 0:
-                    got = pop.pop(sub.topic, sub.group, min(room, STREAM_BATCH),
-                                  sub.invisible_time_s, sub.tag_filter, cap=STREAM_BATCH)
+                    got = pop.pop(sub.topic, sub.group, min(room, batch),
+                                  sub.invisible_time_s, sub.tag_filter, cap=batch)
                     sub.leased(got)
                 if got or report is not None:
                     with self._counts_lock:
