@@ -146,8 +146,9 @@ def main() -> None:
               f"{first_ok[0] if first_ok else float('nan'):.2f} s   goal <= 5 s")
         print(f"  every pending scheduled {r.seconds:8.2f} s (call: {wall:.2f} s)   goal <= 30 s")
         print(f"  peak RSS of the taking broker {rss:.0f} MB")
-        print(f"  pending check: sent {sent}, scheduled {r.pending}, timer on B "
-              f"{stats.get('timer.pending_estimate', float('nan')):.0f} (estimate)")
+        print(f"  pending check: sent {sent}, scheduled {r.pending}; on B's timer: "
+              f"{stats.get('timer.pending_rocksdb', 0):.0f} in RocksDB (estimate), "
+              f"{stats.get('timer.flat_objects', 0):.0f} TimerFlatFile objects")
         b.terminate()
     finally:
         shutil.rmtree(root, ignore_errors=True)

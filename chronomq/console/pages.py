@@ -184,7 +184,9 @@ def _filter(path: str, prefix: str, label: str) -> str:
 
 def topics_part(d: dict[str, Any], prefix: str) -> str:
     rows = [[e(r["name"]) + (f' <em>(mounted from {e(r["mounted_from"])})</em>'
-                             if r["mounted_from"] else ""),
+                             if r["mounted_from"] else "")
+             + (f' <em>(taken over from {e(r["taken_over_from"])})</em>'
+                if r.get("taken_over_from") else ""),
              str(r["queues"]), f'{r["stored"]:,}', size(r["tier_bytes"]),
              f'{r["retention_ms"] / 3_600_000:g} h', f'{r["tier_retention_ms"] / 3_600_000:g} h']
             for r in d["rows"]]

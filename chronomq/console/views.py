@@ -117,7 +117,8 @@ class ConsoleViews:
 
     def topics(self, page: int, prefix: str) -> dict[str, Any]:
         b = self.broker
-        names = sorted([t.name for t in b.store.topics.list()] +
+        adopted = b.mount_reader.adopted()
+        names = sorted([t.name for t in b.topics()] +
                        [n for m in b.mount_reader.mounts().values() for n in m.topics()])
         if prefix:
             names = [n for n in names if n.startswith(prefix)]
@@ -140,6 +141,7 @@ class ConsoleViews:
             rows.append({
                 "name": name, "queues": queues, "stored": stored, "tier_bytes": tier_bytes,
                 "mounted_from": mounted.broker if mounted is not None else "",
+                "taken_over_from": adopted.get(name, ""),
                 "retention_ms": (t.retention_ms if t and t.retention_ms
                                  else cfg.store.retention_ms),
                 "retention_bytes": t.retention_bytes if t else 0,
