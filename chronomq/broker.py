@@ -29,6 +29,7 @@ from store.store import MessageStore
 from store.topics import Topic
 from tiered.dispatcher import TieredDispatcher
 from tiered.journal import StateJournal
+from tiered.lease import BrokerLease, LeaseWatch
 from tiered.mount import MountedBroker, MountReader
 from tiered.ownership import Owner, TopicOwners
 from tiered.provider import Provider
@@ -118,6 +119,7 @@ class Broker:
         self._recent_ids: OrderedDict[tuple[str, str], int] = OrderedDict()  # -> accepted at
         self._opened: list[tuple[str, Callable[[], None]]] = []  # what to close, in order
         self.takeovers = Takeover(self)
+        self.lease: BrokerLease | None = None  # tier.failover (start_failover)
 
     def open(self) -> None:
         """Open every part, recover and catch up; mount ``tier.mounts``.  A failure closes
@@ -148,6 +150,27 @@ class Broker:
         done = self.takeovers.results.get(name)
         if name and (done is None or not done.done):
             self.takeover(name, force=True)
+
+    def start_failover(self, address: str, rocketmq_address: str) -> LeaseWatch:
+        """``tier.failover``: hold this broker's lease in the bucket (from now on no OK
+        is answered while it is not valid: fencing) and return the watch of the others'
+        leases, which takes over a broker whose lease expired (``tiered.lease``)."""
+        t = self.config.tier
+        lease = BrokerLease(self.tier, t.broker_name, address, rocketmq_address, t.lease_s,
+                            lambda: self.clock.monotonic_ms() / 1000)
+        lease.load = lambda: len(self.topics())
+        self.journal.fence = lease.check
+        lease.acquire()
+        self.lease = lease
+        return LeaseWatch(self.tier, lease, self._take_over_lost)
+
+    def _take_over_lost(self, broker: str) -> None:
+        def run() -> None:
+            try:
+                self.takeover(broker, force=True)
+            except Exception:  # logged; the takeover can be run again by hand
+                log.exception("automatic takeover of %s failed", broker)
+        threading.Thread(target=run, name=f"takeover-{broker}", daemon=True).start()
 
     def takeover(self, broker: str, force: bool = False) -> TakeoverResult:
         """Become the owner of a departed broker's topics, positions and pending
@@ -254,6 +277,7 @@ class Broker:
     def create_topic(self, topic: Topic) -> tuple[Topic, bool]:
         """Create ``topic`` here; with ``tier.claim_topics`` only once this broker owns it
         in the shared tier (``FailedPrecondition`` naming the owner when another does)."""
+        self.journal.check()  # fencing (tier.failover): a broker taken over creates nothing
         if self.store.topics.mounted(topic.name) is not None:
             raise FailedPrecondition(f"topic {topic.name!r} is mounted read-only from "
                                      "another broker's tier: unmount it first")

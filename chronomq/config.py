@@ -177,6 +177,12 @@ class BrokerConfig:
         if self.tier.takeover and not self.tier.upload:
             raise InvalidArgument("tier.takeover needs tier.upload: what this broker takes "
                                   "over must outlive it too")
+        if self.tier.failover and not (self.tier.upload and self.tier.claim_topics):
+            raise InvalidArgument("tier.failover needs tier.upload and tier.claim_topics: "
+                                  "a broker taking over reads the tier, clients follow the "
+                                  "owner records")
+        if self.tier.lease_s < 1:
+            raise InvalidArgument("tier.lease_s must be at least 1 (second)")
         if self.tier.claim_topics and self.store.auto_create_topics:
             raise InvalidArgument("tier.claim_topics cannot be combined with "
                                   "store.auto_create_topics: a topic is claimed in the "

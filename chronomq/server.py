@@ -132,6 +132,8 @@ class BrokerServer:
             self._start_rocketmq()
         if self.config.tier.claim_topics:  # after binding: the owner records the addresses
             self._claim_topics()
+        if self.config.tier.failover:
+            self._start_failover()
         if self.config.tier.takeover:  # serving meanwhile: sends are accepted early on
             threading.Thread(target=self._take_over, name="takeover", daemon=True).start()
         self._scheduler = BackgroundScheduler()
@@ -147,6 +149,13 @@ class BrokerServer:
                                 max_instances=1, coalesce=True)
         self._scheduler.add_job(self.broker.watch_disk, "interval", id="disk", seconds=1,
                                 max_instances=1, coalesce=True)
+        if self.broker.lease is not None:  # tier.failover
+            self._scheduler.add_job(self.broker.lease.renew, "interval", id="lease-renew",
+                                    seconds=self._lease_every_s, max_instances=1,
+                                    coalesce=True)
+            self._scheduler.add_job(self._watch_leases, "interval", id="lease-watch",
+                                    seconds=self._lease_every_s, max_instances=1,
+                                    coalesce=True)
         if self.rocketmq is not None and self.background:
             self._scheduler.add_job(self.rocketmq.renew_leases, "interval",
                                     id="rocketmq-renew", seconds=1, max_instances=1,
@@ -166,6 +175,21 @@ class BrokerServer:
         log.info("chronomq serving on %s:%d (data in %s)", cfg.host, self.port,
                  self.config.store.data_dir)
         return self.port
+
+    def _start_failover(self) -> None:
+        """Hold the lease (renewed every tier.lease_s / 3) and watch the others'."""
+        cfg, rmq = self.config.server, self.config.rocketmq
+        api = cfg.advertise_address or f"{cfg.host}:{self.port}"
+        front = (rmq.advertise_address or f"{rmq.host or cfg.host}:{self.rocketmq_port}"
+                 if self.rocketmq_port else "")
+        self._lease_watch = self.broker.start_failover(api, front)
+        self._lease_every_s = self.config.tier.lease_s / 3
+
+    def _watch_leases(self) -> None:
+        try:
+            self._lease_watch.step()
+        except Exception:  # the next look tries again
+            log.exception("watching the brokers' leases failed")
 
     def _take_over(self) -> None:
         try:

@@ -252,12 +252,23 @@ class LeaseBook:
         """Return once the write of ``ticket`` is durable (with durable-ack: in the tier
         too)."""
         self._commit.wait(ticket)
+        if self._journal is not None and not self._journal.durable_ack:
+            self._journal.check()  # fencing (tiered.lease)
         if self._journal is not None and self._journal.durable_ack:
             with self._lock:
                 future = self._journaled.pop(ticket, None)
                 while self._journaled and next(iter(self._journaled)) < ticket:
                     self._journaled.popitem(last=False)  # covered: the tier's position
             self._journal.settle(future)  # is a prefix of the CommitLog
+            self._journal.check()  # fencing, also when nothing was journaled
+
+    def check_fence(self) -> None:
+        """Raise while this broker may answer no OK (``tiered.lease``)."""
+        if self._journal is not None:
+            self._journal.check()
+
+    def may_change(self) -> bool:
+        return self._journal is None or self._journal.may_change()
 
     def _write_ops(self, ops: Ops) -> int:
         return self.write([(k, v) for k, v in ops.items() if v is not None],

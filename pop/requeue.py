@@ -202,6 +202,9 @@ class Requeuer:
     def _run(self) -> None:
         while self._schedule.wait_due():
             try:
+                if not self._book.may_change():  # fenced (tiered.lease): a broker taking
+                    self._schedule.pause(1.0)  # over may revive these leases
+                    continue
                 self.revive_due()
             except Exception:  # keep reviving; the failure is logged with its cause
                 log.exception("revive failed")

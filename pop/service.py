@@ -144,12 +144,16 @@ class PopService:
     def release_many(self, group: str, items: list[tuple[str, int | None]]
                      ) -> list[ChronomqError | None]:
         """Nack (``pop.requeue.Requeuer.release_many``)."""
-        return self._requeuer.release_many(group, items)
+        out = self._requeuer.release_many(group, items)
+        self._book.check_fence()  # fencing (tiered.lease): no OK while it holds
+        return out
 
     def dead_letter_many(self, group: str, items: list[tuple[str, str]]
                          ) -> list[ChronomqError | None]:
         """To the dead-letter topic now (``pop.requeue.Requeuer.dead_letter_many``)."""
-        return self._requeuer.dead_letter_many(group, items)
+        out = self._requeuer.dead_letter_many(group, items)
+        self._book.check_fence()
+        return out
 
     def revive_due(self, now_ms: int | None = None) -> int:
         """Revive what is due by ``now_ms`` (``pop.requeue.Requeuer.revive_due``)."""

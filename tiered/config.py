@@ -52,3 +52,7 @@ class TierConfig:
     #                           to start (commits run back to back meanwhile)
     takeover: str = ""  # a departed broker's name: take over its topics at start
     #                     (chronomq/takeover.py)
+    failover: bool = False  # hold a lease in the bucket (brokers/<name>.json), take over
+    #                         brokers whose lease expired, fence this one when its own
+    #                         cannot be renewed (tiered/lease.py)
+    lease_s: float = 10.0  # a lease's length; renewed every lease_s / 3

@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from store.errors import ChronomqError
 from store.message import FLAG_DELAYED, FLAG_STATE, DispatchInfo, Draft
 from store.names import DELAYED_STREAM, STATE_STREAM
 from store.store import MessageStore
@@ -95,6 +96,7 @@ class StateJournal:
         self._tier = tier
         self.durable_ack = durable_ack and tier is not None
         self.ordered = threading.Lock()  # a view's write and its record, in one order
+        self.fence: Callable[[], None] | None = None  # raises while no OK may be given
 
     @property
     def enabled(self) -> bool:
@@ -122,9 +124,25 @@ class StateJournal:
 
     def wait_tier(self, infos: list[DispatchInfo]) -> None:
         """With durable-ack, return once the tier holds these stored records (raises
-        ``TierUnavailable`` when it does not in time); else at once."""
+        ``TierUnavailable`` when it does not in time); then the fencing check."""
         if self.durable_ack and infos and self._tier is not None:
             self._tier.wait_durable(max(i.commit_offset + i.record_size for i in infos))
+        self.check()
+
+    def check(self) -> None:
+        """Raise unless this broker may answer OK to a change now (``tiered.lease``:
+        checked after the change is durable, just before the answer)."""
+        if self.fence is not None:
+            self.fence()
+
+    def may_change(self) -> bool:
+        """Whether background work that changes state (timer deliveries, revives) may
+        run now: not while fenced."""
+        try:
+            self.check()
+        except ChronomqError:
+            return False
+        return True
 
     # ------------------------------------------------------------------ the timer's
 

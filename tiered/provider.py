@@ -44,3 +44,16 @@ class Provider(Protocol):
     def list(self, prefix: str = "") -> list[str]:
         """Paths starting with ``prefix``, sorted."""
         ...
+
+    def read_versioned(self, path: str) -> tuple[bytes, str]:
+        """The whole object and its version (S3: the ETag), for ``swap``;
+        ``TierNotFound`` if missing."""
+        ...
+
+    def swap(self, path: str, data: bytes, version: str) -> str | None:
+        """Replace the object only if it is still at ``version`` (``""``: only if there
+        is none), atomically: of two writers racing from one version, exactly one
+        succeeds.  The new version, or None when the object changed (or appeared, or
+        went) meanwhile.  S3's conditional PutObject (``If-Match`` / ``If-None-Match``):
+        what broker leases are made of (``tiered.lease``)."""
+        ...

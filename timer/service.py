@@ -399,8 +399,9 @@ class TimerService:
             self._cancelled += len(found)
             journaled = self._journal.timer_done(self._stream_offsets(
                 [k for k, _ in found], [r for _, r in found])) if self._journal else None
-        if self._journal is not None and self._journal.durable_ack:
-            self._journal.settle(journaled)
+        if self._journal is not None:  # with durable-ack in the tier; then fencing
+            self._journal.settle(journaled if self._journal.durable_ack else None)
+            self._journal.check()
         return TimerChange(TimerOutcome.CANCELLED, len(found))
 
     def reschedule(self, message_id: str, deliver_at_ms: int, topic: str = "") -> TimerChange:
@@ -422,8 +423,9 @@ class TimerService:
                 self._stream_offsets([k for k, _ in found], [r for _, r in found]))]
             ) if self._journal else None
         self._wake.set()
-        if self._journal is not None and self._journal.durable_ack:
-            self._journal.settle(journaled)
+        if self._journal is not None:  # with durable-ack in the tier; then fencing
+            self._journal.settle(journaled if self._journal.durable_ack else None)
+            self._journal.check()
         return TimerChange(TimerOutcome.RESCHEDULED, len(found))
 
     def holds(self, message_id: str, commit_offset: int) -> bool:
@@ -480,6 +482,9 @@ class TimerService:
                     # a backlog (restart, hot second) loads in slices between deliveries
                     complete = self.load_due(now)
                     next_load = now + self.config.load_interval_ms if complete else now
+                if self._journal is not None and not self._journal.may_change():
+                    self._stop.wait(1.0)  # fenced (tiered.lease): a broker taking over
+                    continue  # delivers these
                 self.deliver_due(self._clock.now_ms())
                 with self._lock:
                     nxt = self._wheel.next_expiry_ms()

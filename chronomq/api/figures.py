@@ -68,6 +68,9 @@ def broker_figures(broker: Broker, budget: CallBudget, sent: int, popped: int,
     for name, mounted in broker.mount_reader.mounts().items():
         out[f"mount.{name}.topics"] = len(mounted.topics())
         out[f"mount.{name}.messages"] = mounted.messages()
+    if broker.lease is not None:
+        out["lease.valid_for_s"] = broker.lease.valid_for_s()
+        out["lease.taken_over"] = float(bool(broker.lease.taken_by))
     for name, r in broker.takeovers.results.items():
         out[f"takeover.{name}.topics"] = len(r.topics)
         out[f"takeover.{name}.pending"] = r.pending

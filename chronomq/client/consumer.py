@@ -34,7 +34,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 
 import grpc
@@ -42,6 +42,8 @@ import grpc
 from chronomq.client.client import ChronomqClient, RpcError, status_by_number
 from chronomq.v1 import broker_pb2 as pb
 
+FOLLOW = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+          grpc.StatusCode.UNAVAILABLE)
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
                        grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED,
                        grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -55,11 +57,17 @@ class Consumer:
 
     def __init__(self, client: ChronomqClient, topic: str, group: str, *,
                  invisible_time_s: int = 30, prefetch: int = 256, tag_expression: str = "",
-                 ack_linger_ms: float = 0.0, ack_batch: int = 1000) -> None:
+                 ack_linger_ms: float = 0.0, ack_batch: int = 1000,
+                 locate: Callable[[], ChronomqClient] | None = None) -> None:
+        """``locate``: where to open each stream (``RoutedClient.consumer``: the topic's
+        owner, looked up again after a stream broke), so the consumer follows its topic
+        to another broker after a failover; then NOT_FOUND and FAILED_PRECONDITION are
+        retried too."""
         if prefetch < 1 or ack_batch < 1 or ack_linger_ms < 0:
             raise ValueError("prefetch and ack_batch must be positive, ack_linger_ms "
                              "not negative")
         self._client = client
+        self._locate = locate
         self._opening = pb.SubscribeRequest(
             topic=topic, group=group, invisible_time_s=invisible_time_s,
             max_outstanding=prefetch, tag_expression=tag_expression)
@@ -190,8 +198,9 @@ class Consumer:
                 stream = self._stream
             self.streams_opened += 1
             try:
-                for response in self._client.stub.Subscribe(
-                        self._requests(stream), metadata=self._client.metadata):
+                client = self._where()
+                for response in client.stub.Subscribe(
+                        self._requests(stream), metadata=client.metadata):
                     for m in response.messages:
                         self._inbox.put(m)
                     for e in response.errors:
@@ -202,6 +211,8 @@ class Consumer:
                 code, details = grpc.StatusCode.UNAVAILABLE, "the stream ended"
             except grpc.RpcError as exc:
                 code, details = exc.code(), exc.details() or ""
+            except RpcError as exc:  # the owner could not be found (yet)
+                code, details = exc.code, exc.details
             with self._cond:
                 self._stream += 1
                 self._cond.notify_all()
@@ -210,11 +221,14 @@ class Consumer:
             self._drop_inbox()
             if self._closing:
                 return
-            if code not in RETRYABLE:
+            if code not in RETRYABLE and not (self._locate is not None and code in FOLLOW):
                 self._inbox.put(RpcError(code, details))
                 return
             time.sleep(backoff)
             backoff = min(2.0, backoff * 2)
+
+    def _where(self) -> ChronomqClient:
+        return self._locate() if self._locate is not None else self._client
 
     def _resolve(self, through: int, failed: dict[str, pb.Error]) -> None:
         done: list[_Settlement] = []

@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 
 import grpc
@@ -45,6 +45,14 @@ from chronomq.client.errors import ClientError
 from chronomq.v1 import broker_pb2 as pb
 
 MAX_BATCH_MESSAGES = 1000  # the broker's limit per SendRequest
+
+
+_FOLLOW = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+           grpc.StatusCode.UNAVAILABLE)
+
+
+class _Moved(RpcError):
+    """A batch refused whole by a broker that is no longer the topic's owner."""
 
 
 class BufferFull(ClientError):
@@ -72,13 +80,20 @@ class Producer:
     def __init__(self, client: ChronomqClient, *, linger_ms: float = 0.0,
                  batch_messages: int = 500, batch_bytes: int = 4 << 20, in_flight: int = 4,
                  max_pending: int = 20_000, block_s: float = 30.0, idempotent: bool = False,
-                 retries: int = 5, delivery_timeout_s: float = 120.0) -> None:
+                 retries: int = 5, delivery_timeout_s: float = 120.0,
+                 locate: Callable[[], ChronomqClient] | None = None) -> None:
+        """``locate``: where to open each stream (``RoutedClient.producer``: the
+        topic's owner, looked up again after a stream broke), so an idempotent producer
+        follows its topic to another broker after a failover: a batch the broker refused
+        whole as not its own (UNAVAILABLE, NOT_FOUND, FAILED_PRECONDITION) is sent again
+        there like an unanswered one."""
         if not 1 <= batch_messages <= MAX_BATCH_MESSAGES:
             raise ValueError(f"batch_messages must be 1..{MAX_BATCH_MESSAGES}")
         if in_flight < 1 or max_pending < 1 or batch_bytes < 1 or linger_ms < 0:
             raise ValueError("in_flight, max_pending and batch_bytes must be positive, "
                              "linger_ms not negative")
         self._client = client
+        self._locate = locate
         self.linger_s = linger_ms / 1000
         self.batch_messages, self.batch_bytes = batch_messages, batch_bytes
         self.in_flight, self.max_pending, self.block_s = in_flight, max_pending, block_s
@@ -222,14 +237,19 @@ class Producer:
             self.streams_opened += 1
             call = None
             try:
-                call = self._client.stub.SendStream(self._requests(stream),
-                                                    metadata=self._client.metadata)
+                client = self._locate() if self._locate is not None else self._client
+                call = client.stub.SendStream(self._requests(stream),
+                                              metadata=client.metadata)
                 for response in call:
                     self._answer(response)
                     backoff = 0.05
                 error = (grpc.StatusCode.UNAVAILABLE, "the stream ended before an answer")
             except grpc.RpcError as exc:
                 error = (exc.code(), exc.details() or "")
+            except (RpcError, _Moved) as exc:  # no owner found yet, or the owner moved
+                if call is not None:
+                    call.cancel()
+                error = (exc.code, exc.details)
             except Exception as exc:  # a broken answer or a closed channel: fail its batches
                 if call is not None:
                     call.cancel()
@@ -247,6 +267,11 @@ class Producer:
         results = response.results
         if len(results) != len(batch.futures):
             raise RuntimeError(f"{len(results)} answers for {len(batch.futures)} messages")
+        codes = {r.error.code if r.WhichOneof("outcome") == "error" else 0 for r in results}
+        if self._locate is not None and self.idempotent and len(codes) == 1 and \
+                codes <= {c.value[0] for c in _FOLLOW}:
+            r = results[0]  # refused whole where it was sent: resend at the owner
+            raise _Moved(status_by_number(r.error.code), r.error.message)
         with self._cond:
             self._flying.popleft()
         for r, f in zip(results, batch.futures, strict=True):

@@ -23,19 +23,30 @@ outcomes given back in the order of the messages.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from chronomq.client.client import ChronomqClient, RpcError, SendOutcome, Subscription
+from chronomq.client.client import (
+    ChronomqClient,
+    RpcError,
+    SendOutcome,
+    Subscription,
+    status_by_number,
+)
+from chronomq.client.consumer import Consumer
+from chronomq.client.producer import Producer
 from chronomq.v1 import broker_pb2 as pb
 
 if TYPE_CHECKING:  # a bucket is looked up only when one is given: imported then
     from tiered.provider import Provider
 
 T = TypeVar("T")
-NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # a per-message error code in SendResult
+NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # per-message error codes in SendResult
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 
 
 class BrokerDirectory:
@@ -109,11 +120,23 @@ class BrokerDirectory:
             c.close()
 
 
-class RoutedClient:
-    """The typed client's topic calls, each at the topic's owner (see the module)."""
+FOLLOW = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE,
+          grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.DEADLINE_EXCEEDED)
 
-    def __init__(self, directory: BrokerDirectory) -> None:
+
+class RoutedClient:
+    """The typed client's topic calls, each at the topic's owner (see the module).
+
+    ``follow_s``: how long a call keeps looking for a topic's owner when the broker it
+    tried is down (UNAVAILABLE), does not answer in time (DEADLINE_EXCEEDED: paused or
+    cut off), no longer has the topic (NOT_FOUND) or was taken over
+    (FAILED_PRECONDITION), with back-off from 0.1 s to 2 s, while a failover moves the
+    topic (``tier.failover``); 0: look once more, as before.  A FAILED_PRECONDITION is
+    followed only when the owner found again is another broker."""
+
+    def __init__(self, directory: BrokerDirectory, follow_s: float = 30.0) -> None:
         self.directory = directory
+        self.follow_s = follow_s
 
     def __enter__(self) -> RoutedClient:
         return self
@@ -122,16 +145,34 @@ class RoutedClient:
         self.directory.close()
 
     def _at_owner(self, topic: str, call: Callable[[ChronomqClient], T]) -> T:
-        for attempt in (1, 2):
+        deadline = time.monotonic() + self.follow_s
+        backoff, attempt = 0.1, 0
+        while True:
+            attempt += 1
+            address = ""
             try:
-                return call(self.directory.for_topic(topic))
+                address = self.directory.locate(topic)
+                return call(self.directory.client(address))
             except RpcError as exc:
-                if exc.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
-                    self.directory.forget(topic)
-                    if exc.code == grpc.StatusCode.NOT_FOUND and attempt == 1:
+                if exc.code not in FOLLOW:
+                    raise
+                self.directory.forget(topic)
+                if exc.code == grpc.StatusCode.FAILED_PRECONDITION and \
+                        self._owner_now(topic) in ("", address):
+                    raise  # not a move: the broker refused for its own reason
+                if time.monotonic() >= deadline:
+                    if attempt == 1 and exc.code == grpc.StatusCode.NOT_FOUND:
                         continue  # moved: look for the owner again, once
-                raise
-        raise AssertionError("unreachable")
+                    raise
+                if attempt > 1 or exc.code != grpc.StatusCode.NOT_FOUND:
+                    time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                    backoff = min(2.0, backoff * 2)
+
+    def _owner_now(self, topic: str) -> str:
+        try:
+            return self.directory.locate(topic)
+        except RpcError:
+            return ""
 
     def send(self, messages: Iterable[pb.OutgoingMessage]) -> list[SendOutcome]:
         """One outcome per message, in order; each topic's messages go to its owner."""
@@ -148,11 +189,21 @@ class RoutedClient:
 
     def _send_at_owner(self, topic: str, batch: list[pb.OutgoingMessage]
                        ) -> list[SendOutcome]:
-        out = self._at_owner(topic, lambda c: c.send(batch))
-        if out and all(o.error_code == NOT_FOUND for o in out):  # the topic moved
-            self.directory.forget(topic)
-            out = self._at_owner(topic, lambda c: c.send(batch))
-        return out
+        def send(c: ChronomqClient) -> list[SendOutcome]:
+            out = c.send(batch)
+            codes = {o.error_code for o in out}
+            if out and len(codes) == 1 and (
+                    codes <= {NOT_FOUND, UNAVAILABLE} or
+                    (codes == {FAILED_PRECONDITION} and self._moved(topic, c))):
+                # the whole batch refused for where it was sent: follow the topic
+                raise RpcError(status_by_number(out[0].error_code), out[0].error)
+            return out
+        return self._at_owner(topic, send)
+
+    def _moved(self, topic: str, was: ChronomqClient) -> bool:
+        self.directory.forget(topic)
+        now = self._owner_now(topic)
+        return bool(now) and self.directory.client(now) is not was
 
     def pop(self, topic: str, group: str, max_messages: int = 32, invisible_time_s: int = 30,
             wait_ms: int = 0, tag_expression: str = "") -> list[pb.ReceivedMessage]:
@@ -183,6 +234,31 @@ class RoutedClient:
         """A Subscribe stream at the owner (acks on it go to the same broker)."""
         return self.directory.for_topic(topic).subscribe(
             topic, group, invisible_time_s, max_outstanding, tag_expression)
+
+    def producer(self, topic: str, **settings: Any) -> Producer:
+        """An idempotent ``Producer`` whose stream goes to ``topic``'s owner and follows
+        it to another broker after a failover (unanswered or refused batches are sent
+        again there, until ``delivery_timeout_s``).  Send ``topic``'s messages on it
+        (another topic's go to the same broker)."""
+        settings.setdefault("idempotent", True)
+        settings.setdefault("retries", 1_000_000)  # bounded by delivery_timeout_s
+        return Producer(self.directory.for_topic(topic), locate=self._locator(topic),
+                        **settings)
+
+    def consumer(self, topic: str, group: str, **settings: Any) -> Consumer:
+        """A ``Consumer`` of ``topic`` at its owner that follows it after a failover."""
+        return Consumer(self.directory.for_topic(topic), topic, group,
+                        locate=self._locator(topic), **settings)
+
+    def _locator(self, topic: str) -> Callable[[], ChronomqClient]:
+        first = [True]
+
+        def locate() -> ChronomqClient:
+            if not first[0]:  # a stream broke: the owner may have moved
+                self.directory.forget(topic)
+            first[0] = False
+            return self.directory.for_topic(topic)
+        return locate
 
     def query(self, topic: str, key: str = "", message_id: str = "",
               max_messages: int = 32) -> list[pb.ReceivedMessage]:

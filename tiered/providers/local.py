@@ -4,6 +4,8 @@ Thread-safe."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import threading
 from collections.abc import Iterator
@@ -73,6 +75,32 @@ class LocalProvider:
             finally:
                 os.unlink(tmp)
         return True
+
+    def read_versioned(self, path: str) -> tuple[bytes, str]:
+        data = self.read(path)
+        return data, hashlib.sha256(data).hexdigest()
+
+    def swap(self, path: str, data: bytes, version: str) -> str | None:
+        """Compare and replace under an exclusive ``flock`` of a lock file beside the
+        object (processes on this machine share the directory), then an atomic
+        rename."""
+        full = self._full(path)
+        with _wrapped(path):
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            fd = os.open(f"{full}.tmp.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    with open(full, "rb") as f:
+                        now = hashlib.sha256(f.read()).hexdigest()
+                except FileNotFoundError:
+                    now = ""
+                if now != version:
+                    return None
+                os.replace(_durable_temp(full, data), full)
+                return hashlib.sha256(data).hexdigest()
+            finally:
+                os.close(fd)
 
     def delete(self, path: str) -> None:
         with _wrapped(path), suppress(FileNotFoundError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 from tiered.errors import TierNotFound, check_path
@@ -49,3 +50,18 @@ class MemoryProvider:
     def list(self, prefix: str = "") -> list[str]:
         with self._lock:
             return sorted(p for p in self._objects if p.startswith(prefix))
+
+    def read_versioned(self, path: str) -> tuple[bytes, str]:
+        with self._lock:
+            data = self._get(path)
+        return data, hashlib.sha256(data).hexdigest()
+
+    def swap(self, path: str, data: bytes, version: str) -> str | None:
+        with self._lock:
+            key = check_path(path)
+            current = self._objects.get(key)
+            now = hashlib.sha256(current).hexdigest() if current is not None else ""
+            if now != version:
+                return None
+            self._objects[key] = bytes(data)
+            return hashlib.sha256(data).hexdigest()

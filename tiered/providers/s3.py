@@ -143,6 +143,31 @@ class S3Provider:
             raise
         return True
 
+    def read_versioned(self, path: str) -> tuple[bytes, str]:
+        with _wrapped(path):
+            obj = self._s3.get_object(Bucket=self._bucket, Key=self._key(path))
+            return bytes(obj["Body"].read()), str(obj["ETag"])
+
+    def swap(self, path: str, data: bytes, version: str) -> str | None:
+        """A conditional PutObject: ``If-Match: <etag>`` (``If-None-Match: *`` for no
+        version); S3 answers 412 (or 404, 409) when the object is not at that version."""
+        try:
+            with _wrapped(path):
+                if version:
+                    put = self._s3.put_object(Bucket=self._bucket, Key=self._key(path),
+                                              Body=data, IfMatch=version)
+                else:
+                    put = self._s3.put_object(Bucket=self._bucket, Key=self._key(path),
+                                              Body=data, IfNoneMatch="*")
+        except TierError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ClientError) and str(cause.response.get("Error", {}).get(
+                    "Code", "")) in ("PreconditionFailed", "412", "ConditionalRequestConflict",
+                                     "NoSuchKey", "404", "409"):
+                return None
+            raise
+        return str(put["ETag"])
+
     def delete(self, path: str) -> None:
         with _wrapped(path):
             self._s3.delete_object(Bucket=self._bucket, Key=self._key(path))

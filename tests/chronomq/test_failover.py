@@ -1,0 +1,213 @@
+"""Automatic failover, from outside: three broker processes on moto's S3 with
+``tier.failover`` and ``tier.durable_ack``, a producer and a consumer through the client
+library (``RoutedClient`` over the bucket), a ledger of every OK.
+
+- kill -9 the owner: a survivor takes it over by itself; sends are accepted again
+  within ``tier.lease_s`` + 5 s; nothing answered OK is lost, nothing acked comes again;
+- pause the owner (SIGSTOP) past its lease while the clients go on, resume it (SIGCONT):
+  another broker took over; every OK the paused broker gave is at the new owner, and the
+  resumed broker refuses its former topics (FAILED_PRECONDITION naming the new owner);
+- cut the owner off from S3 (a fault proxy in front of moto): it fences itself
+  (UNAVAILABLE, no OK), a peer takes over, the clients follow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from chronomq.broker import make_provider
+from chronomq.client import ChronomqClient, RpcError, message
+from chronomq.client.routing import BrokerDirectory, RoutedClient
+from chronomq.config import load_config
+from chronomq.v1 import broker_pb2 as pb
+from tests.chronomq.process import ServerProcess
+from tests.conftest import create_bucket, wait_until
+from tests.tiered.proxy import FaultProxy
+from tests.tiered.test_mount import _tier
+
+LEASE_S = 3
+
+
+def _settings(endpoint: str, bucket: str, name: str) -> list[str]:
+    return [*_tier(endpoint, bucket, name), "tier.upload=true", "tier.claim_topics=true",
+            "tier.durable_ack=true", "tier.failover=true", f"tier.lease_s={LEASE_S}"]
+
+
+class Clients:
+    """A producer sending one message at a time through ``RoutedClient`` (each OK
+    recorded with when it came) and the check at the end: drain and compare."""
+
+    def __init__(self, rc: RoutedClient, topic: str) -> None:
+        self.rc, self.topic = rc, topic
+        self.ok: dict[str, float] = {}  # id -> monotonic time of its OK
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._send, daemon=True)
+
+    def start(self) -> Clients:
+        self._thread.start()
+        return self
+
+    def _send(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            i += 1
+            try:
+                (out,) = self.rc.send([_msg(self.topic, i)])
+            except RpcError as exc:
+                self.errors.append(f"{exc.code.name}: {exc.details}")
+                continue
+            if out.ok:
+                self.ok[out.message_id] = time.monotonic()
+            else:
+                self.errors.append(out.error)
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def gap_after(self, t: float) -> float:
+        """Seconds from ``t`` to the first OK after it."""
+        later = [at for at in self.ok.values() if at > t]
+        return (min(later) - t) if later else float("inf")
+
+
+def _msg(topic: str, i: int) -> pb.OutgoingMessage:
+    return message(topic, f"m{i}".encode(), message_id=f"ID{i:08d}")
+
+
+def _drain(rc: RoutedClient, topic: str, group: str) -> set[str]:
+    seen: set[str] = set()
+    quiet = 0
+    while quiet < 3:
+        batch = rc.pop(topic, group, 32, 30, 500)
+        quiet = quiet + 1 if not batch else 0
+        seen |= {m.message_id for m in batch}
+        if batch:
+            assert rc.ack(topic, group, [m.receipt_handle for m in batch]) == [""] * len(batch)
+    return seen
+
+
+def _three(tmp_path: Path, endpoint: str, bucket: str, a_endpoint: str = ""
+           ) -> list[ServerProcess]:
+    create_bucket(endpoint, bucket)
+    a_settings = _settings(a_endpoint or endpoint, bucket, "broker-a")
+    a = ServerProcess(tmp_path / "a", *a_settings)
+    with ChronomqClient(a.target) as c:
+        c.create_topic("orders", queue_count=2)
+    return [a, *(ServerProcess(tmp_path / n, *_settings(endpoint, bucket, f"broker-{n}"))
+                 for n in ("b", "c"))]
+
+
+def _routed(endpoint: str, bucket: str) -> RoutedClient:
+    tier = make_provider(load_config(None, _settings(endpoint, bucket, "client")))
+    return RoutedClient(BrokerDirectory(tier=tier, timeout_s=5), follow_s=60)
+
+
+@pytest.mark.slow
+def test_the_owner_killed_a_survivor_takes_over(tmp_path: Path, s3_endpoint: str) -> None:
+    brokers = _three(tmp_path, s3_endpoint, "failover-kill")
+    a = brokers[0]
+    try:
+        with _routed(s3_endpoint, "failover-kill") as rc:
+            acked = _drain(rc, "orders", "g")  # nothing yet: registers the group
+            clients = Clients(rc, "orders").start()
+            wait_until(lambda: len(clients.ok) >= 30, 30, "30 sends answered OK")
+            got = rc.pop("orders", "g", 10, 30, 0)
+            assert rc.ack("orders", "g", [m.receipt_handle for m in got]) == [""] * len(got)
+            acked |= {m.message_id for m in got}
+            killed = time.monotonic()
+            a.kill9()
+            wait_until(lambda: clients.gap_after(killed) < float("inf"), 60,
+                       "a send accepted after the kill")
+            gap = clients.gap_after(killed)
+            wait_until(lambda: len([t for t in clients.ok.values() if t > killed]) >= 20, 60,
+                       "20 sends accepted after the failover")
+            clients.stop()
+            assert gap <= LEASE_S + 5, f"sends accepted again after {gap:.1f} s"
+            seen = _drain(rc, "orders", "g")
+            assert set(clients.ok) - acked <= seen, "an OK send was lost"
+            assert not acked & seen, "an acked message came again"
+            assert rc.directory.locate("orders") in {brokers[1].target, brokers[2].target}
+    finally:
+        for p in brokers:
+            if p.proc.poll() is None:
+                p.kill9()
+
+
+@pytest.mark.slow
+def test_a_paused_owner_is_fenced_and_refuses_after(tmp_path: Path, s3_endpoint: str) -> None:
+    brokers = _three(tmp_path, s3_endpoint, "failover-pause")
+    a = brokers[0]
+    try:
+        with _routed(s3_endpoint, "failover-pause") as rc:
+            clients = Clients(rc, "orders").start()
+            wait_until(lambda: len(clients.ok) >= 30, 30, "30 sends answered OK")
+            os.kill(a.proc.pid, signal.SIGSTOP)
+            paused = time.monotonic()
+            try:
+                wait_until(lambda: time.monotonic() - paused >= 3 * LEASE_S and
+                           clients.gap_after(paused) < float("inf"), 60,
+                           "another broker took over while A is paused")
+            finally:
+                os.kill(a.proc.pid, signal.SIGCONT)
+            wait_until(lambda: len([t for t in clients.ok.values()
+                                    if t > time.monotonic() - 1]) >= 5, 30,
+                       "sends accepted after A came back")
+            clients.stop()
+            with ChronomqClient(a.target) as ca:  # the resumed broker refuses its topic
+                def refused() -> bool:
+                    try:
+                        ca.send_one("orders", b"late")
+                    except RpcError as exc:
+                        return exc.code == grpc.StatusCode.FAILED_PRECONDITION and \
+                            "taken over by broker-" in exc.details
+                    return False
+                wait_until(refused, 2 * LEASE_S + 5, "A refusing its former topic")
+            seen = _drain(rc, "orders", "g")
+            assert set(clients.ok) <= seen, f"lost: {sorted(set(clients.ok) - seen)[:5]}"
+    finally:
+        for p in brokers:
+            if p.proc.poll() is None:
+                os.kill(p.proc.pid, signal.SIGCONT)
+                p.kill9()
+
+
+@pytest.mark.slow
+def test_an_owner_cut_off_from_s3_fences_itself(tmp_path: Path, s3_endpoint: str) -> None:
+    with FaultProxy(s3_endpoint) as proxy:
+        brokers = _three(tmp_path, s3_endpoint, "failover-cut", a_endpoint=proxy.endpoint)
+        a = brokers[0]
+        try:
+            with _routed(s3_endpoint, "failover-cut") as rc:
+                clients = Clients(rc, "orders").start()
+                wait_until(lambda: len(clients.ok) >= 30, 30, "30 sends answered OK")
+                proxy.set_mode("stall")
+                cut = time.monotonic()
+                with ChronomqClient(a.target, timeout_s=60) as ca:
+                    def fenced() -> bool:
+                        try:
+                            ca.stats()
+                            return ca.stats().get("lease.valid_for_s", 1) == 0
+                        except RpcError:
+                            return False
+                    wait_until(fenced, 3 * LEASE_S, "A fencing itself")
+                wait_until(lambda: clients.gap_after(cut) < float("inf"), 60,
+                           "sends accepted at a peer")
+                clients.stop()
+                seen = _drain(rc, "orders", "g")
+                assert set(clients.ok) <= seen, f"lost: {sorted(set(clients.ok) - seen)[:5]}"
+                assert rc.directory.locate("orders") != a.target
+        finally:
+            proxy.set_mode("pass")
+            for p in brokers:
+                if p.proc.poll() is None:
+                    p.kill9()
