@@ -211,3 +211,35 @@ def test_an_owner_cut_off_from_s3_fences_itself(tmp_path: Path, s3_endpoint: str
             for p in brokers:
                 if p.proc.poll() is None:
                     p.kill9()
+
+
+@pytest.mark.slow
+def test_producer_and_consumer_follow_their_topic(tmp_path: Path, s3_endpoint: str) -> None:
+    """An idempotent ``Producer`` and a ``Consumer`` made by ``RoutedClient`` keep going
+    across a failover: every future that resolved OK is consumed, acks included."""
+    brokers = _three(tmp_path, s3_endpoint, "failover-stream")
+    try:
+        with _routed(s3_endpoint, "failover-stream") as rc, \
+                rc.producer("orders", delivery_timeout_s=60) as producer, \
+                rc.consumer("orders", "stream") as consumer:
+            futures = [producer.send("orders", f"p{i}".encode()) for i in range(200)]
+            seen: set[str] = set()
+
+            def consume() -> None:
+                while (m := consumer.receive(timeout_s=20)) is not None:
+                    seen.add(m.message_id)
+                    consumer.ack(m)
+            reader = threading.Thread(target=consume, daemon=True)
+            reader.start()
+            wait_until(lambda: all(f.done() for f in futures), 30, "the first sends answered")
+            brokers[0].kill9()
+            futures += [producer.send("orders", f"q{i}".encode()) for i in range(200)]
+            producer.flush(90)
+            ok = {f.result().message_id for f in futures if not f.exception()}
+            assert len(ok) == 400, f"{400 - len(ok)} sends failed"
+            wait_until(lambda: ok <= seen, 60, "every OK send consumed",
+                       show=lambda: len(ok - seen))
+    finally:
+        for p in brokers:
+            if p.proc.poll() is None:
+                p.kill9()
