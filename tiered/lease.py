@@ -2,7 +2,8 @@
 fencing that keeps a broker that lost its lease from answering OK.
 
 Each broker with ``tier.failover`` holds ``brokers/<broker_name>.json`` (JSON: broker,
-address, RocketMQ address, epoch, renewal count, load, lease length, ``taken_by``) and
+address, RocketMQ address, epoch, renewal count, wall time of the last renewal (for
+people: never used to judge expiry), load, lease length, ``taken_by``) and
 renews it every ``tier.lease_s`` / 3 with a conditional put on the version it last wrote
 (``Provider.swap``: S3's ``If-Match``).  The bucket is the coordination point: every
 change has one winner, no other service is needed.
@@ -38,6 +39,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -98,13 +100,16 @@ class BrokerLease:
         self._valid_until = 0.0
         self.taken_by = ""
         self.load: Callable[[], int] = lambda: 0
+        # for people reading the object (the console, an operator); never for expiry
+        self.wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
 
     def _content(self, taken_by: str = "") -> bytes:
         return json.dumps({
             "broker": self.broker, "address": self.address,
             "rocketmq_address": self.rocketmq_address, "epoch": self._epoch,
-            "renewals": self._renewals, "load": self.load(), "lease_s": self.lease_s,
-            "nonce": self._nonce, "taken_by": taken_by}, sort_keys=True).encode()
+            "renewals": self._renewals, "renewed_ms": self.wall_ms(), "load": self.load(),
+            "lease_s": self.lease_s, "nonce": self._nonce, "taken_by": taken_by},
+            sort_keys=True).encode()
 
     def acquire(self) -> None:
         """Hold the lease at start: create it, or take our own earlier one (a new
