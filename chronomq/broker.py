@@ -6,6 +6,7 @@ Thread-safe.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -213,6 +214,7 @@ class Broker:
             self.add_dispatch_listener(self.tiered.offer)
             for stream in SYSTEM_STREAMS:  # the timer's pending set and the journal
                 self.store.create_topic(Topic(stream, 1), system=True)
+            self.publish_topics()
         self.journal = StateJournal(self.store, self.tiered, self.config.tier.durable_ack)
         self.timer.set_journal(self.journal)
 
@@ -289,7 +291,22 @@ class Broker:
                 where = f"broker {owner.broker} at {owner.address}" if owner else "another broker"
                 raise FailedPrecondition(f"topic {topic.name!r} is owned by {where} (recorded "
                                          "in the shared tier): send and consume there")
-        return self.store.create_topic(topic)
+        created = self.store.create_topic(topic)
+        self.publish_topics()
+        return created
+
+    def publish_topics(self) -> None:
+        """With ``tier.upload``: the topic catalogue's copy in the tier,
+        ``<broker>/topics.json`` (names and settings; a broker taking this one over
+        creates them alike: ``chronomq.takeover``), written with the next upload."""
+        if self.tiered is None:
+            return
+        topics = [{"name": t.name, "queue_count": t.queue_count,
+                   "retention_ms": t.retention_ms, "retention_bytes": t.retention_bytes,
+                   "tier_retention_ms": t.tier_retention_ms}
+                  for t in self.store.topics.list() if not is_system_stream(t.name)]
+        self.tiered.publish(f"{self.config.tier.broker_name}/topics.json", json.dumps(
+            {"version": 1, "topics": topics}, sort_keys=True).encode())
 
     def topics(self) -> list[Topic]:
         """This broker's own topics (mounted ones: ``mount_reader``; its system streams
@@ -313,6 +330,7 @@ class Broker:
 
     def delete_topic(self, name: str) -> None:
         self.store.delete_topic(name)
+        self.publish_topics()
         self.pop.forget_topic(name)
         if self.owners is not None:
             self.owners.release(name)

@@ -35,9 +35,10 @@ What is lost: with ``tier.durable_ack`` nothing acknowledged; without it, what t
 departed broker had not uploaded yet (its Stats' ``tier.upload_lag_*``).  A chain is followed: the
 departed broker's own takeovers (``<broker>/takeovers/``, written by step 4) name the
 brokers whose tiers hold the older offsets of the topics it had taken.  Not carried:
-topic settings (the taken topics get the defaults), a topic that never held a message
-nor a pending delayed one, far-future TimerFlatFiles (the delayed stream holds the same
-records, which are parked here again).
+far-future TimerFlatFiles (the delayed stream holds the same records, which are parked
+here again).  Topics and their settings come from the departed broker's catalogue copy
+(``<broker>/topics.json``), so empty topics are carried too; without one, from its
+queues in the tier (a queue that never held a message counts only if a later one did).
 """
 
 from __future__ import annotations
@@ -141,8 +142,10 @@ class Takeover:
         started = time.monotonic()
         mounted = self._mount(departed)
         state = self._load(departed)
+        catalogue = self._catalogue(departed)
         if not state:
-            clash = sorted(t for t in mounted.topics() if b.store.topics.get(t) is not None)
+            clash = sorted(t for t in {*mounted.topics(), *catalogue}
+                           if b.store.topics.get(t) is not None)
             if clash:
                 raise FailedPrecondition(
                     f"cannot take over {departed}: topic(s) {', '.join(clash[:10])} exist on "
@@ -154,25 +157,40 @@ class Takeover:
         if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
             b.unmount(departed)
         journal = self._journal(mounted)
-        taken = {t: n for t, n in mounted.topics().items()}
+        taken = {t: catalogue[t].queue_count if t in catalogue else n
+                 for t, n in mounted.topics().items()}
+        taken.update({t: c.queue_count for t, c in catalogue.items()})
         # positions before topics: no Pop here may start a taken queue from its low mark
         groups = b.pop.adopt({k: v for k, v in journal.pop.items()
                               if _topic_of(k) in taken})
         crashpoint("takeover.after_positions")
-        ends: dict[str, dict[int, int]] = _ends(state) or {
-            t: {q: (mounted.bounds(t, q) or (0, 0))[1] for q in range(n)}
-            for t, n in taken.items()}
-        state["ends"] = ends
         if "chain" not in state:  # what the departed broker had itself taken over
             state["chain"] = self._chain_of(departed)
+        # each queue continues after the departed broker's end in the tier, or after
+        # its predecessor's when it never uploaded that queue (nothing sent to it there)
+        before = [_ends(link) for link in state["chain"]]
+        for e in before:  # a queue only the predecessor had counts too
+            for t, qs in e.items():
+                if t in taken:
+                    taken[t] = max([taken[t], *(q + 1 for q in qs)])
+        ends: dict[str, dict[int, int]] = _ends(state) or {
+            t: {q: max([(mounted.bounds(t, q) or (0, 0))[1],
+                        *(e.get(t, {}).get(q, 0) for e in before)]) for q in range(n)}
+            for t, n in taken.items()}
+        state["ends"] = ends
         self._save(departed, state)  # the ends first: a restart serves them
         self._publish(departed, state)  # and a broker taking this one over finds them
         if b.pop.tier is None:
             b.pop.tier = b.mount_reader
         self._adopt(departed, mounted, state)
         for topic, count in sorted(taken.items()):
-            b.store.create_topic_at(Topic(topic, count), ends.get(topic, {}),
-                                    system=split_broker_made(topic) is not None)
+            settings = catalogue.get(topic, Topic(topic, count))
+            count = max([count, *(q + 1 for q in ends.get(topic, {}))])
+            b.store.create_topic_at(
+                Topic(topic, count, settings.retention_ms, settings.retention_bytes,
+                      tier_retention_ms=settings.tier_retention_ms),
+                ends.get(topic, {}), system=split_broker_made(topic) is not None)
+        b.publish_topics()
         crashpoint("takeover.after_topics")
         if b.owners is not None:
             for topic in taken:
@@ -210,6 +228,24 @@ class Takeover:
                 log.error("takeover of %s: cannot serve the backlog it had taken over from "
                           "%s: %s", departed, link.get("broker"), exc)
         self._b.mount_reader.adopt(mounted, _ends(state))
+
+    def _catalogue(self, departed: str) -> dict[str, Topic]:
+        """The departed broker's topics and their settings, from its catalogue's copy
+        (``<broker>/topics.json``: ``Broker.publish_topics``); {} when it has none."""
+        try:
+            raw = json.loads(self._b.tier.read(f"{departed}/topics.json"))
+            return {str(t["name"]): Topic(str(t["name"]), int(t["queue_count"]),
+                                          int(t.get("retention_ms", 0)),
+                                          int(t.get("retention_bytes", 0)),
+                                          tier_retention_ms=int(t.get("tier_retention_ms", 0)))
+                    for t in raw.get("topics", [])
+                    if is_name(str(t["name"])) or split_broker_made(str(t["name"]))}
+        except TierNotFound:
+            return {}
+        except (TierError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.error("takeover of %s: its topic catalogue in the tier is unreadable (%s); "
+                      "topics are taken from its queues", departed, exc)
+            return {}
 
     def _chain_of(self, departed: str) -> list[dict[str, Any]]:
         """The brokers the departed broker had taken over, with their queues' ends

@@ -371,6 +371,11 @@ class TieredDispatcher:
         write_atomic(os.path.join(tdir, f"{q.queue_id}.json"), meta)
         self._mirror.put(self._meta_copy(q.topic, q.queue_id), meta, floor)
 
+    def publish(self, path: str, data: bytes) -> None:
+        """Keep a small object in the tier up to date (the latest content, written with
+        the next commit; ``tiered.uploads.Mirror``): the topic catalogue's copy."""
+        self._mirror.put(path, data)
+
     def _meta_copy(self, topic: str, qid: int) -> str:
         """Where the tier keeps the copy of a queue's metadata (what a mount reads)."""
         return f"{self._broker}/meta/{topic}/{qid}.json"

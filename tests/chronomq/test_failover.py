@@ -3,10 +3,12 @@
 library (``RoutedClient`` over the bucket), a ledger of every OK.
 
 - kill -9 the owner: a survivor takes it over by itself; sends are accepted again
-  within ``tier.lease_s`` + 5 s; nothing answered OK is lost, nothing acked comes again;
-- pause the owner (SIGSTOP) past its lease while the clients go on, resume it (SIGCONT):
-  another broker took over; every OK the paused broker gave is at the new owner, and the
-  resumed broker refuses its former topics (FAILED_PRECONDITION naming the new owner);
+  within ``tier.lease_s`` + 5 s; nothing answered OK is lost, nothing acked comes again,
+  pending delayed messages come at their times, not before;
+- after a first failover, pause the new owner (SIGSTOP) past its lease while the clients
+  go on, resume it (SIGCONT): the third broker took over (a chain); every OK the paused
+  broker gave is at the final owner, and the resumed broker refuses its former topics
+  (FAILED_PRECONDITION naming the new owner);
 - cut the owner off from S3 (a fault proxy in front of moto): it fences itself
   (UNAVAILABLE, no OK), a peer takes over, the clients follow.
 """
@@ -119,6 +121,11 @@ def test_the_owner_killed_a_survivor_takes_over(tmp_path: Path, s3_endpoint: str
     try:
         with _routed(s3_endpoint, "failover-kill") as rc:
             acked = _drain(rc, "orders", "g")  # nothing yet: registers the group
+            due = int(time.time() * 1000) + 8_000
+            delayed = {o.message_id: o.deliver_at_ms for o in rc.send(
+                [message("orders", f"later-{i}".encode(), deliver_at_ms=due + i * 100)
+                 for i in range(20)])}
+            assert len(delayed) == 20
             clients = Clients(rc, "orders").start()
             wait_until(lambda: len(clients.ok) >= 30, 30, "30 sends answered OK")
             got = rc.pop("orders", "g", 10, 30, 0)
@@ -133,9 +140,21 @@ def test_the_owner_killed_a_survivor_takes_over(tmp_path: Path, s3_endpoint: str
                        "20 sends accepted after the failover")
             clients.stop()
             assert gap <= LEASE_S + 5, f"sends accepted again after {gap:.1f} s"
-            seen = _drain(rc, "orders", "g")
+            wait_until(lambda: time.time() * 1000 > max(delayed.values()) + 500, 30,
+                       "the delayed messages due")
+            seen_at: dict[str, float] = {}
+            quiet = 0
+            while quiet < 3:
+                batch = rc.pop("orders", "g", 32, 30, 500)
+                quiet = quiet + 1 if not batch else 0
+                seen_at.update({m.message_id: time.time() * 1000 for m in batch})
+                if batch:
+                    rc.ack("orders", "g", [m.receipt_handle for m in batch])
+            seen = set(seen_at)
             assert set(clients.ok) - acked <= seen, "an OK send was lost"
             assert not acked & seen, "an acked message came again"
+            assert set(delayed) <= seen, "a pending delayed message was lost"
+            assert all(seen_at[m] >= at for m, at in delayed.items()), "delivered early"
             assert rc.directory.locate("orders") in {brokers[1].target, brokers[2].target}
     finally:
         for p in brokers:
@@ -146,11 +165,16 @@ def test_the_owner_killed_a_survivor_takes_over(tmp_path: Path, s3_endpoint: str
 @pytest.mark.slow
 def test_a_paused_owner_is_fenced_and_refuses_after(tmp_path: Path, s3_endpoint: str) -> None:
     brokers = _three(tmp_path, s3_endpoint, "failover-pause")
-    a = brokers[0]
     try:
         with _routed(s3_endpoint, "failover-pause") as rc:
             clients = Clients(rc, "orders").start()
             wait_until(lambda: len(clients.ok) >= 30, 30, "30 sends answered OK")
+            killed = time.monotonic()
+            brokers[0].kill9()  # a first failover: a survivor owns the topic now
+            wait_until(lambda: clients.gap_after(killed) < float("inf"), 60,
+                       "sends accepted after the first failover")
+            owner = rc.directory.locate("orders")
+            (a,) = [p for p in brokers[1:] if p.target == owner]  # the new owner: pause it
             os.kill(a.proc.pid, signal.SIGSTOP)
             paused = time.monotonic()
             try:
