@@ -32,20 +32,30 @@ from tests.chronomq.test_crashpoints import (
 SETTINGS = (*CRASHPOINT_SETTINGS, "tier.durable_ack=true")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("label", sorted(la for la in LABELS if la.startswith("takeover.")))
-def test_a_takeover_crashed_at_each_step_completes_when_run_again(tmp_path: Path,
-                                                                  label: str) -> None:
-    ledgers = tmp_path / "ledger"
-    a = ServerProcess(tmp_path / "a", *SETTINGS, "tier.broker_name=a", "store.node_id=1")
-    ledger = Ledger(ledgers / "workload.jsonl")
+@pytest.fixture(scope="module")
+def departed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """Broker A's tier and the ledger of its workload, once for every label (each test
+    takes a copy): A ran the scripted workload and was killed, its data directory gone."""
+    root = tmp_path_factory.mktemp("departed")
+    a = ServerProcess(root / "a", *SETTINGS, "tier.broker_name=a", "store.node_id=1")
+    ledger = Ledger(root / "ledger" / "workload.jsonl")
     with ChronomqClient(a.target, timeout_s=30) as client:
         lc = LedgeredClient(client, ledger, "w", pad_bytes=1024)
         scripted_workload(lc)
     ledger.close()
     a.kill9()
-    shutil.rmtree(tmp_path / "a")  # the machine is gone
+    shutil.rmtree(root / "a")  # the machine is gone
+    return root, lc.horizon_ms
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", sorted(la for la in LABELS if la.startswith("takeover.")))
+def test_a_takeover_crashed_at_each_step_completes_when_run_again(
+        tmp_path: Path, departed: tuple[Path, int], label: str) -> None:
+    root, horizon_ms = departed
+    shutil.copytree(root / "chronomq-tier", tmp_path / "chronomq-tier")  # the shared tier
+    shutil.copytree(root / "ledger", tmp_path / "ledger")
+    ledgers = tmp_path / "ledger"
     b_settings = (*SETTINGS, "tier.broker_name=b", "store.node_id=2")
     b = ServerProcess(tmp_path / "b", *b_settings, f"server.crash_at={label}:1")
     with ChronomqClient(b.target, timeout_s=120) as client, pytest.raises(RpcError):
@@ -59,7 +69,7 @@ def test_a_takeover_crashed_at_each_step_completes_when_run_again(tmp_path: Path
         with ChronomqClient(b.target, timeout_s=120) as client:
             result = client.takeover("a", force=True)
             assert TOPIC in result.topics
-        drain(b.target, ledgers, TOPIC, GROUP, max(lc.horizon_ms, now_ms()) + REVIVE_SLACK_MS,
+        drain(b.target, ledgers, TOPIC, GROUP, max(horizon_ms, now_ms()) + REVIVE_SLACK_MS,
               grace_s=8)
     finally:
         code = b.terminate()
