@@ -145,12 +145,15 @@ class Broker:
 
     def take_over_at_start(self) -> None:
         """``tier.takeover``: take that broker over now (after ``start``: the takeover
-        appends to the CommitLog), unless done before.  The setting is the operator's
-        decision: no recency check."""
+        appends to the CommitLog), unless done before; and finish every takeover a crash
+        cut short.  The setting is the operator's decision: no recency check."""
         name = self.config.tier.takeover
         done = self.takeovers.results.get(name)
         if name and (done is None or not done.done):
             self.takeover(name, force=True)
+        for other, result in list(self.takeovers.results.items()):
+            if not result.done:  # cut short by a crash (an automatic one too): finish it
+                self.takeover(other, force=True)
 
     def start_failover(self, address: str, rocketmq_address: str) -> LeaseWatch:
         """``tier.failover``: hold this broker's lease in the bucket (from now on no OK

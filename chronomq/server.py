@@ -134,7 +134,9 @@ class BrokerServer:
             self._claim_topics()
         if self.config.tier.failover:
             self._start_failover()
-        if self.config.tier.takeover:  # serving meanwhile: sends are accepted early on
+        if self.config.tier.takeover or any(not r.done for r in
+                                            self.broker.takeovers.results.values()):
+            # serving meanwhile: sends are accepted early on
             threading.Thread(target=self._take_over, name="takeover", daemon=True).start()
         self._scheduler = BackgroundScheduler()
         self._scheduler.add_job(self._retention, "interval", id="retention",
@@ -154,7 +156,7 @@ class BrokerServer:
                                     seconds=self._lease_every_s, max_instances=1,
                                     coalesce=True)
             self._scheduler.add_job(self._watch_leases, "interval", id="lease-watch",
-                                    seconds=self._lease_every_s, max_instances=1,
+                                    seconds=self.config.tier.lease_s / 10, max_instances=1,
                                     coalesce=True)
         if self.rocketmq is not None and self.background:
             self._scheduler.add_job(self.rocketmq.renew_leases, "interval",

@@ -9,10 +9,10 @@ renews it every ``tier.lease_s`` / 3 with a conditional put on the version it la
 change has one winner, no other service is needed.
 
 **Expiry is judged by the watcher's own clock, never by a time written in the object**:
-a watcher (``LeaseWatch``) remembers, per lease, the version it saw and when it first saw
-it (monotonic).  A lease whose version has not changed for ``lease_s`` + ``margin`` of the
-watcher's time is expired.  So wall clocks may disagree; only clock *rates* are assumed
-close (within ``margin`` over one lease).
+a watcher (``LeaseWatch``, every ``lease_s`` / 10) remembers, per lease, the version it
+saw and when it first saw it (monotonic).  A lease whose version has not changed for
+``lease_s`` of the watcher's time is expired.  So wall clocks may disagree; only clock
+*rates* are assumed close (within ``margin`` over one lease).
 
 **One winner.**  A watcher that finds an expired lease writes ``taken_by: <itself>`` into
 it with a conditional put on the version it saw: of several survivors exactly one wins
@@ -24,9 +24,10 @@ takes the expired leases over.
 
 **Fencing** (``BrokerLease.check``): a renewal that succeeds extends validity to its
 *start* (monotonic) + ``lease_s`` - ``margin``.  A watcher can declare the lease expired
-only ``lease_s`` + ``margin`` after it first saw that version, which is after the renewal
-started, so the holder stops answering OK (UNAVAILABLE) strictly before anyone can take
-it over.  Callers check after the change is durable (with durable-ack: after the upload
+only ``lease_s`` after it first saw that version, which is after the renewal started, so
+the holder stops answering OK (UNAVAILABLE) ``margin`` before anyone can take it over
+(the margin covers clock rates and a GC or scheduling pause between a check and its
+answer).  Callers check after the change is durable (with durable-ack: after the upload
 completed), just before they answer.  A holder whose renewal finds ``taken_by`` set stops
 for good: every state change is refused with FAILED_PRECONDITION naming the new owner.
 
@@ -207,8 +208,7 @@ class LeaseWatch:
             if seen is None or seen[0] != version:
                 self._seen[name] = (version, now)
                 continue
-            if name != self._me.broker and not view.taken_by and \
-                    now - seen[1] >= lease_s + margin_s(lease_s):
+            if name != self._me.broker and not view.taken_by and now - seen[1] >= lease_s:
                 expired.append(name)
         if not expired or not self._me.valid_for_s():
             return []
@@ -218,7 +218,7 @@ class LeaseWatch:
         won = []
         for name in expired:
             _, since = self._seen[name]
-            if now - since < lease_s + margin_s(lease_s) + rank * lease_s / 3:
+            if now - since < lease_s + rank * lease_s / 3:
                 continue  # a less loaded survivor tries first
             _, version, raw = views[name]
             content = json.dumps({**json.loads(raw), "taken_by": self._me.broker},

@@ -130,7 +130,7 @@ class RoutedClient:
     ``follow_s``: how long a call keeps looking for a topic's owner when the broker it
     tried is down (UNAVAILABLE), does not answer in time (DEADLINE_EXCEEDED: paused or
     cut off), no longer has the topic (NOT_FOUND) or was taken over
-    (FAILED_PRECONDITION), with back-off from 0.1 s to 2 s, while a failover moves the
+    (FAILED_PRECONDITION), with back-off from 0.1 s to 1 s, while a failover moves the
     topic (``tier.failover``); 0: look once more, as before.  A FAILED_PRECONDITION is
     followed only when the owner found again is another broker."""
 
@@ -166,7 +166,7 @@ class RoutedClient:
                     raise
                 if attempt > 1 or exc.code != grpc.StatusCode.NOT_FOUND:
                     time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-                    backoff = min(2.0, backoff * 2)
+                    backoff = min(1.0, backoff * 2)
 
     def _owner_now(self, topic: str) -> str:
         try:
