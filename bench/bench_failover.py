@@ -4,7 +4,9 @@ owner) and records every OK; CYCLES times the topic's current owner is killed wi
 and, once a survivor took it over and sends are accepted again, a fresh broker (new data
 directory, new name) joins, so three are alive again.
 
-Prints, per failover, the unavailability (from the kill to the first OK after it), then
+Prints, per failover, the unavailability (from the kill to the first OK of a send begun
+after it), and checks before each kill that exactly the broker the owner record names
+serves the topic (no two owners), then
 p50/p99/max against the goal (p99 <= tier.lease_s + 5 s), and the end check: every OK
 send is consumed from the final owner (lost = 0) and none twice after its ack.
 
@@ -70,7 +72,8 @@ def main() -> None:
         c.create_topic("orders", queue_count=4)
     tier = make_provider(load_config(None, _settings(endpoint, "client", args.lease_s)))
     rc = RoutedClient(BrokerDirectory(tier=tier, timeout_s=5), follow_s=120)
-    ok: dict[str, float] = {}
+    ok: dict[str, float] = {}  # id -> when its OK came
+    begun: dict[str, float] = {}  # id -> when its send began
     errors: list[str] = []
     stop = threading.Event()
 
@@ -78,10 +81,12 @@ def main() -> None:
         i = 0
         while not stop.is_set():
             i += 1
+            started = time.monotonic()
             try:
                 (out,) = rc.send([message("orders", b"x" * 100, message_id=f"M{i:09d}")])
                 if out.ok:
                     ok[out.message_id] = time.monotonic()
+                    begun[out.message_id] = started
                 else:
                     errors.append(out.error)
             except RpcError as exc:
@@ -93,15 +98,32 @@ def main() -> None:
     try:
         for cycle in range(args.cycles):
             time.sleep(2)
+            serving = []  # the brokers that hold the topic and answer: exactly one
+            for k, proc in brokers.items():
+                with ChronomqClient(proc.target, timeout_s=5) as bc:
+                    try:
+                        if "orders" in {t.name for t in bc.list_topics()} and \
+                                not bc.stats().get("lease.taken_over"):
+                            serving.append(k)
+                    except RpcError:
+                        pass
+            rc.directory.forget("orders")
             owner = rc.directory.locate("orders")
-            name = next(k for k, s in brokers.items() if s.target == owner)
+            holder = [k for k, s in brokers.items() if s.target == owner]
+            if serving != holder:
+                raise SystemExit(f"cycle {cycle + 1}: the owner record names {holder or owner},"
+                                 f" the topic is served by {serving}")
+            name = holder[0]
             killed = time.monotonic()
             brokers.pop(name).kill9()
-            while not any(t > killed for t in list(ok.values())):
+
+            def after(since: float = killed) -> list[float]:  # OKs of sends begun after
+                return [ok[m] for m, t in list(begun.items()) if t > since]
+            while not after():
                 if time.monotonic() - killed > 300:
                     raise SystemExit(f"cycle {cycle}: no send accepted 300 s after the kill")
                 time.sleep(0.02)
-            gap = min(t for t in list(ok.values()) if t > killed) - killed
+            gap = min(after()) - killed
             gaps.append(gap)
             print(f"cycle {cycle + 1:2d}: killed {name}, sends accepted again after "
                   f"{gap:5.2f} s ({len(ok)} OK so far)", flush=True)
