@@ -71,3 +71,39 @@ def test_s3_unreachable_is_unavailable() -> None:
                                  **CREDS))
     with pytest.raises(TierUnavailable):
         dead.write("a", b"1")
+
+
+def test_swap_replaces_only_the_version_it_read(provider: Provider) -> None:
+    """The conditional replace broker leases are made of (``tiered.lease``)."""
+    assert provider.swap("brokers/a.json", b"v1", "") is not None  # create if absent
+    assert provider.swap("brokers/a.json", b"other", "") is None  # it exists now
+    data, version = provider.read_versioned("brokers/a.json")
+    assert data == b"v1"
+    new = provider.swap("brokers/a.json", b"v2", version)
+    assert new is not None and new != version
+    assert provider.swap("brokers/a.json", b"v3", version) is None  # a stale version
+    assert provider.read_versioned("brokers/a.json") == (b"v2", new)
+    assert provider.list("brokers/") == ["brokers/a.json"]  # no lock files listed
+    with pytest.raises(TierNotFound):
+        provider.read_versioned("brokers/none.json")
+
+
+def test_of_racing_swaps_from_one_version_one_wins(provider: Provider) -> None:
+    import threading
+    provider.write("brokers/b.json", b"base")
+    _, version = provider.read_versioned("brokers/b.json")
+    won: list[bytes] = []
+    gate = threading.Barrier(8)
+
+    def race(n: int) -> None:
+        gate.wait()
+        if provider.swap("brokers/b.json", b"by %d" % n, version) is not None:
+            won.append(b"by %d" % n)
+    threads = [threading.Thread(target=race, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if provider.name != "s3":  # moto checks and writes in two steps; S3 itself does not
+        assert len(won) == 1
+    assert len(won) >= 1 and provider.read("brokers/b.json") in won
