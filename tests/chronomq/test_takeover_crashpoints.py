@@ -58,10 +58,12 @@ def test_a_takeover_crashed_at_each_step_completes_when_run_again(
     ledgers = tmp_path / "ledger"
     b_settings = (*SETTINGS, "tier.broker_name=b", "store.node_id=2")
     b = ServerProcess(tmp_path / "b", *b_settings, f"server.crash_at={label}:1")
-    with ChronomqClient(b.target, timeout_s=120) as client, pytest.raises(RpcError):
-        client.takeover("a", force=True)
-    code = b.proc.wait(10)
-    b.kill9()  # gone already: closes its pipe
+    try:
+        with ChronomqClient(b.target, timeout_s=120) as client, pytest.raises(RpcError):
+            client.takeover("a", force=True)
+        code = b.proc.wait(10)
+    finally:
+        b.kill9()  # gone already (closes its pipe), or never to be left running
     assert code == CRASH_EXIT_CODE, f"{label} not reached:\n" + "\n".join(_tail(b.output))
 
     b = ServerProcess(tmp_path / "b", *b_settings)
