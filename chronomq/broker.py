@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import NamedTuple
 
 from chronomq.config import BrokerConfig
+from chronomq.failover import start_failover
 from chronomq.takeover import Takeover, TakeoverResult
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.service import PopService
@@ -156,25 +157,8 @@ class Broker:
                 self.takeover(other, force=True)
 
     def start_failover(self, address: str, rocketmq_address: str) -> LeaseWatch:
-        """``tier.failover``: hold this broker's lease in the bucket (from now on no OK
-        is answered while it is not valid: fencing) and return the watch of the others'
-        leases, which takes over a broker whose lease expired (``tiered.lease``)."""
-        t = self.config.tier
-        lease = BrokerLease(self.tier, t.broker_name, address, rocketmq_address, t.lease_s,
-                            lambda: self.clock.monotonic_ms() / 1000)
-        lease.load = lambda: len(self.topics())
-        self.journal.fence = lease.check
-        lease.acquire()
-        self.lease = lease
-        return LeaseWatch(self.tier, lease, self._take_over_lost)
-
-    def _take_over_lost(self, broker: str) -> None:
-        def run() -> None:
-            try:
-                self.takeover(broker, force=True)
-            except Exception:  # logged; the takeover can be run again by hand
-                log.exception("automatic takeover of %s failed", broker)
-        threading.Thread(target=run, name=f"takeover-{broker}", daemon=True).start()
+        """``tier.failover``: hold this broker's lease (``chronomq.failover``)."""
+        return start_failover(self, address, rocketmq_address)
 
     def takeover(self, broker: str, force: bool = False) -> TakeoverResult:
         """Become the owner of a departed broker's topics, positions and pending

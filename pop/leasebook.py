@@ -29,8 +29,7 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Container
-from concurrent.futures import Future
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from pop.checkpoint import (
     PopCheckpoint,
@@ -44,6 +43,7 @@ from pop.checkpoint import (
     pop_offset_key,
 )
 from pop.handle import HandleCodec, ReceiptHandle
+from pop.leasejournal import LeaseJournal
 from pop.model import (
     REQUEUED_MEMORY,
     AlreadyDone,
@@ -65,12 +65,11 @@ from store.clock import Clock
 from store.errors import ChronomqError, InvalidArgument
 from store.kv import KV, GroupCommit
 from store.store import MessageStore
-from tiered.journal import POP, POP_RESET, SNAPSHOT_CHUNK, StateJournal, encode_ops
+from tiered.journal import StateJournal
 
 log = logging.getLogger(__name__)
 
 Ops = dict[bytes, bytes | None]  # key -> value, None: delete
-JOURNALED_MEMORY = 65_536  # journal records of writes not waited for yet (durable-ack)
 
 
 class Recorded(NamedTuple):
@@ -97,6 +96,7 @@ class LeaseBook:
         self._store = store
         self._kv = kv
         self._commit = GroupCommit(kv)  # leases, acks and deadlines: durable before OK
+        self._log = LeaseJournal(kv, self._commit)  # the same writes in the journal
         self._handles = HandleCodec(secret)
         self._clock = clock
         self._source = source
@@ -111,8 +111,6 @@ class LeaseBook:
         # entries recently put back for redelivery, so a late settle of one gets a clear
         # error instead of a silent "done" (bounded; forgotten on restart)
         self._requeued: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
-        self._journal: StateJournal | None = None  # set_journal
-        self._journaled: OrderedDict[int, Future[Any]] = OrderedDict()  # ticket -> record
         self._load()
 
     # ---------------------------------------------------------------- state and locks
@@ -209,66 +207,35 @@ class LeaseBook:
     # ---------------------------------------------------------------- durability
 
     def set_journal(self, journal: StateJournal) -> None:
-        """Journal every write from now on (``tiered.journal``), starting with a
-        snapshot of the whole book (``pop-reset``).  Once, after the store opened."""
-        self._journal = journal
-        if not journal.enabled or (journal.empty() and not any(
-                True for p in (b"o", b"p", b"c") for _ in self._kv.scan(p))):
-            return  # a new broker: nothing to say yet
-        with journal.ordered:
-            chunk: list[tuple[bytes, bytes]] = []
-            size, tag = 0, POP_RESET
-            for prefix in (b"o", b"p", b"c"):
-                for k, v in self._kv.scan(prefix):
-                    chunk.append((k, v))
-                    size += len(k) + len(v) + 7
-                    if size >= SNAPSHOT_CHUNK:
-                        journal.append(tag, encode_ops(chunk))
-                        chunk, size, tag = [], 0, POP
-            if chunk or tag == POP_RESET:  # not waited for: a crash repeats it at start
-                journal.append(tag, encode_ops(chunk) or encode_ops([], [b"!"]))
+        """Journal every write from now on (``pop.leasejournal``).  Once, after the
+        store opened."""
+        self._log.attach(journal)
 
     def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes] | None = None
               ) -> int:
         """Apply writes without a sync; the ticket to ``wait`` for (0: nothing written).
         With a journal, the same writes go to it in the same order."""
-        if not puts and not deletes:
-            return 0
-        journal = self._journal
-        if journal is None or not journal.enabled:
-            return self._commit.write(puts, deletes or [])
-        body = encode_ops(puts, deletes or [])
-        with journal.ordered:
-            ticket = self._commit.write(puts, deletes or [])
-            future = journal.append(POP, body)
-        if journal.durable_ack and future is not None:
-            with self._lock:
-                self._journaled[ticket] = future
-                while len(self._journaled) > JOURNALED_MEMORY:  # never waited for: a
-                    self._journaled.popitem(last=False)  # later wait covers them
-        return ticket
+        return self._log.write(puts, deletes or [])
 
     def wait(self, ticket: int) -> None:
         """Return once the write of ``ticket`` is durable (with durable-ack: in the tier
-        too)."""
-        self._commit.wait(ticket)
-        if self._journal is not None and not self._journal.durable_ack:
-            self._journal.check()  # fencing (tiered.lease)
-        if self._journal is not None and self._journal.durable_ack:
-            with self._lock:
-                future = self._journaled.pop(ticket, None)
-                while self._journaled and next(iter(self._journaled)) < ticket:
-                    self._journaled.popitem(last=False)  # covered: the tier's position
-            self._journal.settle(future)  # is a prefix of the CommitLog
-            self._journal.check()  # fencing, also when nothing was journaled
+        too), then the fencing check."""
+        self._log.wait(ticket)
+
+    @property
+    def last_ticket(self) -> int:
+        return self._log.last_ticket
+
+    @property
+    def durable_ack(self) -> bool:
+        return self._log.durable_ack
 
     def check_fence(self) -> None:
         """Raise while this broker may answer no OK (``tiered.lease``)."""
-        if self._journal is not None:
-            self._journal.check()
+        self._log.check()
 
     def may_change(self) -> bool:
-        return self._journal is None or self._journal.may_change()
+        return self._log.may_change()
 
     def _write_ops(self, ops: Ops) -> int:
         return self.write([(k, v) for k, v in ops.items() if v is not None],

@@ -145,14 +145,21 @@ class PopService:
                      ) -> list[ChronomqError | None]:
         """Nack (``pop.requeue.Requeuer.release_many``)."""
         out = self._requeuer.release_many(group, items)
-        self._book.check_fence()  # fencing (tiered.lease): no OK while it holds
+        self._settled()
         return out
+
+    def _settled(self) -> None:
+        """Before a Nack or DeadLetter answers: with durable-ack, its copies and marks
+        in the tier (the latest write's record covers them); the fencing check."""
+        if self._book.durable_ack:
+            self._book.wait(self._book.last_ticket)
+        self._book.check_fence()
 
     def dead_letter_many(self, group: str, items: list[tuple[str, str]]
                          ) -> list[ChronomqError | None]:
         """To the dead-letter topic now (``pop.requeue.Requeuer.dead_letter_many``)."""
         out = self._requeuer.dead_letter_many(group, items)
-        self._book.check_fence()
+        self._settled()
         return out
 
     def revive_due(self, now_ms: int | None = None) -> int:
