@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pop.checkpoint import parse_key
+from pop.model import origin_of
 from store.crashpoint import crashpoint
 from store.errors import FailedPrecondition, InvalidArgument
 from store.files import write_atomic
@@ -161,8 +162,8 @@ class Takeover:
                  for t, n in mounted.topics().items()}
         taken.update({t: c.queue_count for t, c in catalogue.items()})
         # positions before topics: no Pop here may start a taken queue from its low mark
-        groups = b.pop.adopt({k: v for k, v in journal.pop.items()
-                              if _topic_of(k) in taken})
+        groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
+                              if origin_of(_topic_of(k)) in taken})
         crashpoint("takeover.after_positions")
         if "chain" not in state:  # what the departed broker had itself taken over
             state["chain"] = self._chain_of(departed)
@@ -358,8 +359,9 @@ class Takeover:
             if due is None:
                 continue
             if b.store.topics.get(info.topic) is None:  # it had only delayed messages
-                b.store.create_topic(Topic(info.topic, b.config.store.default_queue_count),
-                                     system=split_broker_made(info.topic) is not None)
+                made = split_broker_made(info.topic) is not None  # a retry topic: 1 queue
+                b.store.create_topic(Topic(info.topic, 1 if made else
+                                           b.config.store.default_queue_count), system=made)
                 if b.owners is not None and is_name(info.topic):
                     b.owners.take_over(info.topic, departed, b.clock.now_ms())
                 result = self.results[departed]
