@@ -17,7 +17,6 @@ send is consumed from the final owner (lost = 0) and none twice after its ack.
 from __future__ import annotations
 
 import argparse
-import logging
 import statistics
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.s3 import start_moto
 from chronomq.broker import make_provider
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.routing import BrokerDirectory, RoutedClient
@@ -47,16 +47,7 @@ def main() -> None:
     p.add_argument("--cycles", type=int, default=20)
     p.add_argument("--lease-s", type=float, default=10.0)
     args = p.parse_args()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    import boto3
-    from moto.server import ThreadedMotoServer
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                 aws_access_key_id="testing",
-                 aws_secret_access_key="testing").create_bucket(Bucket="failover-bench")
+    endpoint = start_moto("failover-bench")
     root = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     n = 0
 

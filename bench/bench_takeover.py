@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.s3 import start_moto
 from chronomq.client import ChronomqClient, RpcError, message
 from tests.chronomq.process import ServerProcess, wait_tier_caught_up
 
@@ -66,15 +67,7 @@ def main() -> None:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     endpoint = ""
     if args.tier == "s3":
-        import boto3
-        from moto.server import ThreadedMotoServer
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                     aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket="takeover-bench")
+        endpoint = start_moto("takeover-bench")
     root = Path(tempfile.mkdtemp(prefix="bench-takeover-"))
     common = ["tier.upload=true", "tier.claim_topics=true", "store.default_queue_count=4"]
     try:

@@ -15,14 +15,11 @@ library (``RoutedClient`` over the bucket), a ledger of every OK.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -41,22 +38,7 @@ LEASE_S = 3
 
 
 
-@pytest.fixture(autouse=True)
-def _no_process_left(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every broker process a test started is gone after it, even when it failed early."""
-    started: list[ServerProcess] = []
-    init = ServerProcess.__init__
-
-    def track(self: ServerProcess, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        started.append(self)
-    monkeypatch.setattr(ServerProcess, "__init__", track)
-    yield
-    for p in started:
-        if p.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                os.kill(p.proc.pid, signal.SIGCONT)
-            p.kill9()
+pytestmark = pytest.mark.usefixtures("no_process_left")
 
 def _settings(endpoint: str, bucket: str, name: str) -> list[str]:
     return [*_tier(endpoint, bucket, name), "tier.upload=true", "tier.claim_topics=true",

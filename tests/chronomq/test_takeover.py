@@ -13,14 +13,9 @@ ledger must hold exactly; without it the loss is at most the upload lag A report
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -34,22 +29,7 @@ LEASE_S = 8
 
 
 
-@pytest.fixture(autouse=True)
-def _no_process_left(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every broker process a test started is gone after it, even when it failed early."""
-    started: list[ServerProcess] = []
-    init = ServerProcess.__init__
-
-    def track(self: ServerProcess, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        started.append(self)
-    monkeypatch.setattr(ServerProcess, "__init__", track)
-    yield
-    for p in started:
-        if p.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                os.kill(p.proc.pid, signal.SIGCONT)
-            p.kill9()
+pytestmark = pytest.mark.usefixtures("no_process_left")
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
