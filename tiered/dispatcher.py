@@ -440,6 +440,7 @@ class TieredDispatcher:
         floor = self._mirror.floor()
         with self._lock:
             queues, checkpoint = list(self._queues.values()), self._checkpoint
+            buffering = min(self._since.values(), default=None)  # the oldest batch's start
             stats = TierStats(checkpoint, self._uploaded_records, self._uploaded_bytes,
                               self._batches, self._failed, len(queues), len(self.index.files),
                               self._expired, self._reused, last_upload_ms=self._last_upload_ms,
@@ -452,6 +453,9 @@ class TieredDispatcher:
                             / 1000)
             except (StoreError, OSError):  # passed meanwhile (a rewind, a roll): unknown
                 pass
+        if buffering is not None:  # a batch not up yet: at least its age (its first record
+            # may be unreadable here: a roll, or local retention after a copy was made)
+            lag_s = max(lag_s, (self._clock.monotonic_ms() - buffering) / 1000)
         if floor is not None:  # (local retention may have taken the record at the floor)
             position = min(position, floor[0])
             lag_s = max(lag_s, (self._clock.monotonic_ms() - floor[1]) / 1000)
