@@ -387,10 +387,16 @@ def _tier_failing(target: str) -> bool:
 
 
 def _pop_all(c: ChronomqClient, topic: str, group: str) -> set[str]:
+    """Every message the group can pop: until three Pops in a row bring nothing (one
+    empty Pop is not the end: a Pop looks at each queue once)."""
     got: set[str] = set()
-    while batch := c.pop(topic, group, 32, 60, wait_ms=100):
+    empty = 0
+    while empty < 3:
+        batch = c.pop(topic, group, 32, 60, wait_ms=300)
+        empty = 0 if batch else empty + 1
         got.update(m.message_id for m in batch)
-        c.ack(group, [m.receipt_handle for m in batch])
+        if batch:
+            c.ack(group, [m.receipt_handle for m in batch])
     return got
 
 
