@@ -79,6 +79,23 @@ def _parse(raw: bytes) -> LeaseView:
                      int(d.get("load", 0)), str(d.get("taken_by", "")))
 
 
+def successor(provider: Provider, broker: str, hops: int = 8) -> LeaseView | None:
+    """The lease of the broker that serves ``broker``'s topics now: follows ``taken_by``
+    from ``broker``'s lease (a chain of takeovers) to a lease not taken over; None when
+    ``broker`` was not taken over, or a lease on the way is missing or unreadable."""
+    view = None
+    name = broker
+    for _ in range(hops):
+        try:
+            view = _parse(provider.read_versioned(lease_path(name))[0])
+        except (TierError, ValueError, KeyError, TypeError):
+            return None
+        if not view.taken_by:
+            return view if name != broker else None
+        name = view.taken_by
+    return None
+
+
 class TakenOver(FailedPrecondition):
     """Raised when this broker's lease was taken over by another broker."""
 

@@ -81,6 +81,7 @@ from store.message import (
     validate_message_id,
 )
 from store.topics import Topic
+from tiered.lease import LeaseView, successor
 from tiered.ownership import Owner
 from timer.service import TimerOutcome
 
@@ -177,6 +178,9 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def QueryRoute(self, request: Any, context: Context) -> Any:
         self._heard_from(context)
         try:
+            moved = self._successor()
+            if moved is not None:  # taken over: its topics are served there now
+                return self._moved(request, moved, context)
             topic = self._topic(request.topic.name)
             name, queue_count = topic.name, topic.queue_count
             broker = rd.Broker(name=self._broker.config.tier.broker_name, id=0,
@@ -188,6 +192,10 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             name, queue_count = request.topic.name, self._broker.config.store.default_queue_count
             broker = rd.Broker(name=owner.broker, id=0,
                                endpoints=endpoints_pb(owner.rocketmq_address))
+        return self._route(request, name, queue_count, broker, context)
+
+    def _route(self, request: Any, name: str, queue_count: int, broker: Any,
+               context: Context) -> Any:
         queues = [rd.MessageQueue(topic=request.topic, id=qid, permission=rd.READ_WRITE,
                                   broker=broker, accept_message_types=[rd.NORMAL, rd.DELAY])
                   for qid in range(queue_count)]
@@ -195,6 +203,29 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if client:  # counted once the answer has left (see chronomq.rocketmq.startup)
             context.add_callback(lambda: self.routes.fetched(client, name))
         return rs.QueryRouteResponse(status=ok_status(), message_queues=queues)
+
+    def _moved(self, request: Any, to: LeaseView, context: Context) -> Any:
+        """QueryRoute at a broker taken over: the route to the broker serving its
+        topics now (the queue count as known here, else the default)."""
+        name = request.topic.name
+        if not name:
+            raise Refused(Code.ILLEGAL_TOPIC, "the request names no topic")
+        if not to.rocketmq_address:
+            raise Refused(Code.BAD_REQUEST, f"this broker was taken over by {to.broker}, "
+                          "which runs no RocketMQ front")
+        topic = self._broker.topic(name)
+        queue_count = (topic.queue_count if topic is not None
+                       else self._broker.config.store.default_queue_count)
+        return self._route(request, name, queue_count, rd.Broker(
+            name=to.broker, id=0, endpoints=endpoints_pb(to.rocketmq_address)), context)
+
+    def _successor(self) -> LeaseView | None:
+        """The broker that took this one over (``tier.failover``), through a chain of
+        takeovers; None while this broker holds its topics."""
+        lease = self._broker.lease
+        if lease is None or not lease.taken_by:
+            return None
+        return successor(self._broker.tier, lease.broker)
 
     def _owner_elsewhere(self, topic: str, refused: Refused) -> Owner | None:
         """The other broker that owns a topic missing here (``tier.claim_topics``), when

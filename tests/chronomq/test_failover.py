@@ -28,6 +28,9 @@ from chronomq.broker import make_provider
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.routing import BrokerDirectory, RoutedClient
 from chronomq.config import load_config
+from chronomq.rocketmq.pb import definition as rd
+from chronomq.rocketmq.pb import service as rs
+from chronomq.rocketmq.pb import service_grpc
 from chronomq.v1 import broker_pb2 as pb
 from tests.chronomq.process import ServerProcess
 from tests.conftest import create_bucket, wait_until
@@ -36,13 +39,24 @@ from tests.tiered.test_mount import _tier
 
 LEASE_S = 3
 
-
-
 pytestmark = pytest.mark.usefixtures("no_process_left")
+
 
 def _settings(endpoint: str, bucket: str, name: str) -> list[str]:
     return [*_tier(endpoint, bucket, name), "tier.upload=true", "tier.claim_topics=true",
-            "tier.durable_ack=true", "tier.failover=true", f"tier.lease_s={LEASE_S}"]
+            "tier.durable_ack=true", "tier.failover=true", f"tier.lease_s={LEASE_S}",
+            "rocketmq.enabled=true", "rocketmq.port=0"]
+
+
+def _route(front: str, topic: str) -> tuple[str, str]:
+    """The broker name and front address the RocketMQ front at ``front`` routes
+    ``topic`` to (QueryRoute, as the official clients ask it)."""
+    with grpc.insecure_channel(front) as channel:
+        route = service_grpc.MessagingServiceStub(channel).QueryRoute(
+            rs.QueryRouteRequest(topic=rd.Resource(name=topic)), timeout=10)
+    assert route.status.code == rd.Code.OK, route.status.message
+    (address,) = route.message_queues[0].broker.endpoints.addresses
+    return route.message_queues[0].broker.name, f"{address.host}:{address.port}"
 
 
 class Clients:
@@ -199,6 +213,12 @@ def test_a_paused_owner_is_fenced_and_refuses_after(tmp_path: Path, s3_endpoint:
                             "taken over by broker-" in exc.details
                     return False
                 wait_until(refused, 2 * LEASE_S + 5, "A refusing its former topic")
+            # the RocketMQ fronts route the official clients to the final owner: the
+            # resumed broker's (taken over) and the final owner's own
+            final = next(p for p in brokers if p.target == rc.directory.locate("orders"))
+            assert final is not a
+            for front in (a.rocketmq_target, final.rocketmq_target):
+                assert _route(front, "orders")[1] == final.rocketmq_target, front
             seen = _drain(rc, "orders", "g")
             assert set(clients.ok) <= seen, f"lost: {sorted(set(clients.ok) - seen)[:5]}"
     finally:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from store.errors import Unavailable
-from tiered.lease import BrokerLease, LeaseWatch, TakenOver, lease_path, margin_s
+from tiered.lease import BrokerLease, LeaseWatch, TakenOver, lease_path, margin_s, successor
 from tiered.providers.local import LocalProvider
 
 LEASE_S = 10.0
@@ -91,3 +91,27 @@ def test_a_lease_renewed_in_time_is_never_taken(tmp_path: Path) -> None:
         watch.step()
         a.check()
     assert won == []
+
+
+def test_the_successor_of_a_broker_follows_a_chain_of_takeovers(tmp_path: Path) -> None:
+    """Where a taken-over broker's topics are served now (the RocketMQ front's QueryRoute
+    at a broker taken over answers with it): a takes over nothing, b took a over, c took
+    b over; a lease missing on the way gives no answer rather than a wrong one."""
+    tier = LocalProvider(str(tmp_path))
+    clock = Clock()
+    a, b, c = (BrokerLease(tier, n, f"{n}:1", f"{n}:2", LEASE_S, clock) for n in "abc")
+    for lease in (a, b, c):
+        lease.acquire()
+    assert successor(tier, "a") is None  # holds its own topics
+    for watcher, departed in ((b, a), (c, b)):  # the departed stops renewing
+        watch = LeaseWatch(tier, watcher, lambda _: None)
+        watch.step()
+        clock.t += LEASE_S + 0.5
+        assert watcher.renew() and c.renew()
+        assert watch.step() == [departed.broker]
+    found = successor(tier, "a")
+    assert found is not None and (found.broker, found.rocketmq_address) == ("c", "c:2")
+    assert successor(tier, "b") == found
+    assert successor(tier, "c") is None
+    tier.delete(lease_path("c"))
+    assert successor(tier, "a") is None

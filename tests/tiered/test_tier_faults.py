@@ -400,6 +400,19 @@ def _pop_all(c: ChronomqClient, topic: str, group: str) -> set[str]:
     return got
 
 
+def _where(c: ChronomqClient, missing: set[str]) -> str:
+    """Where the messages a group did not get are: queue and offset, and what the
+    broker's Stats say of retention and the tier."""
+    found = []
+    for mid in sorted(missing)[:20]:
+        got = c.query("live", message_id=mid, max_messages=1)
+        found.append(f"{mid}: " + (f"queue {got[0].queue_id} offset {got[0].queue_offset}"
+                                   if got else "not found by id"))
+    stats = {k: v for k, v in c.stats().items()
+             if k.startswith(("tier.", "commitlog.")) or "retention" in k}
+    return f"{len(missing)} not read back: {found}; stats {stats}"
+
+
 def _broker(tmp_path: Path, s3_endpoint: str, proxy: FaultProxy) -> ServerProcess:
     return ServerProcess(
         tmp_path / "data", "tier.upload=true", "tier.provider=s3",
@@ -473,7 +486,8 @@ def test_a_failing_tier_never_slows_the_local_path(mode: str, tmp_path: Path,
             # ... local retention drops what the tier holds, and a new group reads it back
             wait_until(lambda: c.stats()["commitlog.min_offset"] > 0, 10,
                        "local retention to run (Stats commitlog.min_offset > 0)", poll_s=0.2)
-            assert set(traffic.sent) <= _pop_all(c, "live", "late")
+            missing = set(traffic.sent) - _pop_all(c, "live", "late")
+            assert not missing, _where(c, missing)
             assert c.stats()["tier.cache_fetches"] > 0  # read from the tier
     finally:
         assert srv.terminate() == 0, "".join(srv.output)
