@@ -65,7 +65,7 @@ from pop.policy import RetryPolicy
 from pop.requeue import Requeuer
 from pop.schedule import ReviveSchedule
 from pop.settle import PROP_LEASE
-from pop.source import GoneLocally, QueueSource
+from pop.source import GoneLocally, Loader, QueueSource
 from store.clock import Clock
 from store.crashpoint import crashpoint
 from store.errors import ChronomqError, InvalidArgument
@@ -269,9 +269,23 @@ class PopService:
     def _lease_queue(self, group: str, ltopic: str, origin: str, qid: int, want: int,
                      now: int, expire: int, tf: TagFilter) -> Leased:
         """Lease up to ``want`` messages of one queue (caller holds the group lock)."""
-        bounds = self._source.bounds(ltopic, qid)
-        offset = self._book.pop_offset(group, ltopic, qid, bounds)
-        rows, load = self._source.read_rows(ltopic, qid, offset, want, bounds.local_low)
+        for again in (False, True):
+            bounds = self._source.bounds(ltopic, qid)
+            offset = self._book.pop_offset(group, ltopic, qid, bounds)
+            rows, load = self._source.read_rows(ltopic, qid, offset, want, bounds.local_low)
+            try:
+                return self._lease_rows(group, ltopic, origin, qid, rows, load, now, expire,
+                                        tf)
+            except GoneLocally:  # nothing changed yet: read again, from where they are now
+                log.log(logging.WARNING if again else logging.DEBUG,
+                        "%s/%d: local retention deleted records this Pop was reading%s",
+                        ltopic, qid, "; leasing nothing from the queue this time"
+                        if again else "; reading again")
+        return _NOTHING
+
+    def _lease_rows(self, group: str, ltopic: str, origin: str, qid: int,
+                    rows: list[tuple[int, int]], load: Loader, now: int, expire: int,
+                    tf: TagFilter) -> Leased:
         if not rows:
             return _NOTHING
         count = len(rows)
@@ -282,12 +296,7 @@ class PopService:
                 wanted.append(i)
             else:
                 ck.mark(i)  # filtered out: done for this group
-        try:
-            loaded = load(wanted)
-        except GoneLocally:  # nothing changed yet: the next Pop reads where they are now
-            log.info("%s/%d: local retention deleted records this Pop was reading; "
-                     "leasing nothing from the queue this time", ltopic, qid)
-            return _NOTHING
+        loaded = load(wanted)  # GoneLocally: nothing changed yet
         out: list[PoppedMessage] = []
         for i, msg in zip(wanted, loaded, strict=True):
             if msg is None or not tf.accepts(msg.tag):  # no message there, or a tag-hash

@@ -174,3 +174,35 @@ def test_tier_retention_deletes_expired_segments_per_topic(
         assert broker.tier.list("broker-0/data/keep/")
     finally:
         broker.stop()
+
+
+def test_a_pop_that_meets_retention_mid_read_reads_the_tier_at_once(
+        tmp_path: Path, manual_clock: ManualClock, request: pytest.FixtureRequest) -> None:
+    """Local retention may delete the records a Pop is reading from local disk between
+    the read of their ConsumeQueue entries and of the records.  Seen from outside: a
+    Pop then answered nothing though the messages were in the tier, and a consumer
+    draining the queue until an empty Pop stopped short.  The Pop reads them from the
+    tier at once instead."""
+    broker, sent = _filled(tmp_path, manual_clock, _tier("local", tmp_path, request),
+                           retention_bytes=1)
+    source = broker.pop._source
+    read_rows = source.read_rows
+    raced: list[int] = []
+
+    def retention_between(*args: Any, **kw: Any) -> Any:
+        rows, load = read_rows(*args, **kw)
+
+        def load_after_retention(picked: list[int]) -> Any:
+            if not raced:  # once: the local records go after the entries were read
+                raced.append(broker.store.run_retention())
+            return load(picked)
+        return rows, load_after_retention
+    try:
+        source.read_rows = retention_between  # type: ignore[method-assign]
+        first = broker.pop.pop("t", "g", 32, 60)
+        assert raced and raced[0] > 0 and broker.store.commitlog.min_offset > 0
+        assert [p.message.message_id for p in first] == sent[:32]
+        broker.pop.ack_many("g", [p.receipt_handle for p in first])
+        assert sent[:32] + _pop_all(broker, "g") == sent
+    finally:
+        broker.stop()
