@@ -10,10 +10,14 @@ For each mode:
 1. unary Send latency: SENDS sequential ``send_one`` of 100 B bodies, p50/p99/max;
 2. SendStream throughput: MESSAGES messages of 100 B in batches of 100 over one stream
    (requests pipelined, outcomes read as they come), msgs/s;
-3. Subscribe pop+ack throughput: a BACKLOG of 100 B messages sent beforehand, drained by
+3. Producer throughput: MESSAGES messages of 100 B through the client library's batching
+   ``Producer`` (one ``send`` per message, every future kept and resolved; its default
+   settings but ``in_flight``, ``--producer-in-flight``, default 4 as the Producer's),
+   msgs/s;
+4. Subscribe pop+ack throughput: a BACKLOG of 100 B messages sent beforehand, drained by
    one consumer over Subscribe (credit 1024, one ack request per response), msgs/s.
 
-The tier is left to catch up (Stats ``tier.lag_bytes`` 0) before phases 1 and 3, so a
+The tier is left to catch up (Stats ``tier.lag_bytes`` 0) before phases 1, 3 and 4, so a
 local-mode upload of earlier data does not run under the measurement.  moto runs in its
 own process, so the consumer in this process does not share a GIL with it.
 
@@ -37,6 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chronomq.client import ChronomqClient, message
+from chronomq.client.producer import Producer
 from tests.chronomq.process import ServerProcess
 
 BODY = b"x" * 100
@@ -86,6 +91,9 @@ class Result:
     stream_msgs: int = 0
     stream_errors: int = 0
     stream_s: float = float("nan")
+    producer_msgs: int = 0
+    producer_errors: int = 0
+    producer_s: float = float("nan")
     sub_msgs: int = 0
     sub_s: float = float("nan")
     errors: list[str] = field(default_factory=list)  # first few error texts
@@ -93,6 +101,10 @@ class Result:
     @property
     def stream_rate(self) -> float:
         return self.stream_msgs / self.stream_s if self.stream_s > 0 else float("nan")
+
+    @property
+    def producer_rate(self) -> float:
+        return self.producer_msgs / self.producer_s if self.producer_s > 0 else float("nan")
 
     @property
     def sub_rate(self) -> float:
@@ -132,6 +144,29 @@ def _stream(c: ChronomqClient, topic: str, n: int, seconds: float, res: Result |
                 failed += 1
                 if res is not None:
                     res.note(f"SendStream: {o.error}")
+    return ok, failed, time.monotonic() - t0
+
+
+def _producer(c: ChronomqClient, topic: str, n: int, seconds: float, res: Result,
+              in_flight: int) -> tuple[int, int, float]:
+    """Send ``n`` messages one ``Producer.send`` at a time (stop after ``seconds``); every
+    future is resolved before the clock stops.  Returns (ok, failed, elapsed)."""
+    end = time.monotonic() + seconds
+    ok = failed = 0
+    t0 = time.monotonic()
+    with Producer(c, in_flight=in_flight) as p:
+        futures = []
+        for _ in range(n):
+            if time.monotonic() > end:
+                break
+            futures.append(p.send(topic, BODY))
+        for f in futures:
+            try:
+                f.result()
+                ok += 1
+            except Exception as exc:  # reported; the bench goes on
+                failed += 1
+                res.note(f"Producer: {type(exc).__name__}: {exc}")
     return ok, failed, time.monotonic() - t0
 
 
@@ -203,6 +238,13 @@ def run_mode(mode: str, data: Path, endpoint: str, args: argparse.Namespace) -> 
                   f"in {res.stream_s:.2f} s: {res.stream_rate:,.0f} msgs/s", flush=True)
 
             settled = _settle(c, args.settle)
+            res.producer_msgs, res.producer_errors, res.producer_s = _producer(
+                c, "bench", args.messages, args.seconds, res, args.producer_in_flight)
+            print(f"[{mode}] Producer (tier caught up {settled:.1f} s first): "
+                  f"{res.producer_msgs:,} ok, {res.producer_errors} failed in "
+                  f"{res.producer_s:.2f} s: {res.producer_rate:,.0f} msgs/s", flush=True)
+
+            settled = _settle(c, args.settle)
             res.sub_msgs, res.sub_s = _subscribe(c, "backlog", args.backlog, args.seconds)
             print(f"[{mode}] Subscribe (tier caught up {settled:.1f} s first): "
                   f"{res.sub_msgs:,} popped+acked in {res.sub_s:.2f} s: "
@@ -233,6 +275,9 @@ def _table(local: Result, durable: Result, args: argparse.Namespace) -> None:
         (f"SendStream (msgs/s, batches of {BATCH})", f"{local.stream_rate:,.0f}",
          f"{durable.stream_rate:,.0f}", ratio(durable.stream_rate, local.stream_rate)),
         ("SendStream failures", str(local.stream_errors), str(durable.stream_errors), ""),
+        (f"Producer (msgs/s, in_flight {args.producer_in_flight})", f"{local.producer_rate:,.0f}",
+         f"{durable.producer_rate:,.0f}", ratio(durable.producer_rate, local.producer_rate)),
+        ("Producer failures", str(local.producer_errors), str(durable.producer_errors), ""),
         (f"Subscribe pop+ack (msgs/s, credit {CREDIT})", f"{local.sub_rate:,.0f}",
          f"{durable.sub_rate:,.0f}", ratio(durable.sub_rate, local.sub_rate)),
     ]
@@ -262,6 +307,8 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=30.0,
                     help="longest wait for the tier to catch up between phases")
     ap.add_argument("--durable-ack-ms", type=int, default=50)
+    ap.add_argument("--producer-in-flight", type=int, default=4,
+                    help="the Producer's batches in flight (its default: 4)")
     ap.add_argument("--mode", choices=["local", "durable"], action="append",
                     help="run only this mode (repeatable; default both)")
     ap.add_argument("--quick", action="store_true",
