@@ -9,6 +9,8 @@ taking broker, and a check that the pending count matches.
 
     .venv/bin/python bench/bench_takeover.py --topics 1000 --groups 100 --pending 1000000
     .venv/bin/python bench/bench_takeover.py --quick        # 100 topics, 10k pending
+    .venv/bin/python bench/bench_takeover.py --quick --history 100000  # a longer journal
+    .venv/bin/python bench/bench_takeover.py --quick --history 100000 --snapshot-records 0
 
 ``--tier local`` (default) shares a local directory; ``--tier s3`` runs moto's S3 server.
 """
@@ -44,6 +46,33 @@ def _peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
+def _history(c: ChronomqClient, target: str, n: int) -> None:
+    """A consumer history: ``n`` messages sent, then popped and acked one at a time by
+    four consumers (two journal records each: the Pop's lease, the Ack)."""
+    c.create_topic("history", queue_count=4)
+    for i in range(0, n, 500):
+        assert all(o.ok for o in c.send([message("history", b"h" * 100)] * min(500, n - i)))
+    t0 = time.monotonic()
+    done = [0]
+
+    def consume() -> None:
+        with ChronomqClient(target) as cc:
+            empty = 0
+            while empty < 3:
+                got = cc.pop("history", "history", 1, 60, wait_ms=100)
+                empty = 0 if got else empty + 1
+                for m in got:
+                    cc.ack("history", [m.receipt_handle])
+                    done[0] += 1
+    threads = [threading.Thread(target=consume) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(f"A: history of {done[0]:,} pops and acks one at a time in "
+          f"{time.monotonic() - t0:.1f} s", flush=True)
+
+
 def _tier_settings(kind: str, root: Path, name: str, endpoint: str) -> list[str]:
     if kind == "s3":
         return ["tier.provider=s3", "tier.s3_bucket=takeover-bench",
@@ -58,6 +87,12 @@ def main() -> None:
     p.add_argument("--groups", type=int, default=100)
     p.add_argument("--pending", type=int, default=1_000_000)
     p.add_argument("--tier", choices=("local", "s3"), default="local")
+    p.add_argument("--history", type=int, default=0,
+                   help="messages popped and acked one at a time before the kill (a "
+                   "journal of about twice as many records)")
+    p.add_argument("--snapshot-records", type=int, default=None,
+                   help="A's tier.journal_snapshot_records (0: no snapshot but at start, "
+                   "so a takeover replays A's whole journal); default: the broker's")
     p.add_argument("--quick", action="store_true", help="100 topics, 10 groups, 10k pending")
     p.add_argument("--profile", default="", help="py-spy the taking broker into this file "
                    "(collapsed stacks)")
@@ -71,7 +106,10 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-takeover-"))
     common = ["tier.upload=true", "tier.claim_topics=true", "store.default_queue_count=4"]
     try:
-        a = ServerProcess(root / "a", *common, *_tier_settings(args.tier, root, "a", endpoint))
+        snapshots = ([] if args.snapshot_records is None else
+                     [f"tier.journal_snapshot_records={args.snapshot_records}"])
+        a = ServerProcess(root / "a", *common, *snapshots,
+                          *_tier_settings(args.tier, root, "a", endpoint))
         topics = [f"t{i:04d}" for i in range(args.topics)]
         t0 = time.monotonic()
         with ChronomqClient(a.target, timeout_s=600) as c:
@@ -95,10 +133,14 @@ def main() -> None:
                     c.send_one(t, b"now")
                     for m in c.pop(t, f"g{g:03d}", 4, 60):
                         c.ack(f"g{g:03d}", [m.receipt_handle])
+            if args.history:
+                _history(c, a.target, args.history)
             fill_s = time.monotonic() - t0
             caught = wait_tier_caught_up(c, timeout_s=1800)
+            journal = c.stats().get("journal.records", 0)
         print(f"A: {sent} pending delayed messages in {args.topics} topics, {args.groups} "
-              f"groups; filled in {fill_s:.1f} s, tier caught up {caught:.1f} s later")
+              f"groups, {journal:,.0f} journal records; filled in {fill_s:.1f} s, tier "
+              f"caught up {caught:.1f} s later")
         a.kill9()
         shutil.rmtree(root / "a")
         b = ServerProcess(root / "b", *common, *_tier_settings(args.tier, root, "b", endpoint))
@@ -139,6 +181,9 @@ def main() -> None:
               f"{first_ok[0] if first_ok else float('nan'):.2f} s   goal <= 5 s")
         print(f"  every pending scheduled {r.seconds:8.2f} s (call: {wall:.2f} s)   goal <= 30 s")
         print(f"  peak RSS of the taking broker {rss:.0f} MB")
+        print(f"  journal: {stats.get('takeover.a.journal_records', 0):,.0f} records replayed "
+              f"in {stats.get('takeover.a.journal_seconds', 0):.2f} s (before sends are "
+              "accepted)")
         print(f"  pending check: sent {sent}, scheduled {r.pending}; on B's timer: "
               f"{stats.get('timer.pending_rocksdb', 0):.0f} in RocksDB (estimate), "
               f"{stats.get('timer.flat_objects', 0):.0f} TimerFlatFile objects")

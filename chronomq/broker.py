@@ -20,6 +20,7 @@ from chronomq.config import BrokerConfig
 from chronomq.failover import start_failover
 from chronomq.takeover import Takeover, TakeoverResult
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
+from pop.leasejournal import Snapshots
 from pop.service import PopService
 from store.clock import Clock
 from store.disk import DiskGuard, unless_full
@@ -122,6 +123,7 @@ class Broker:
         self._opened: list[tuple[str, Callable[[], None]]] = []  # what to close, in order
         self.takeovers = Takeover(self)
         self.lease: BrokerLease | None = None  # tier.failover (start_failover)
+        self.snapshots: Snapshots | None = None  # tier.upload: the journal's snapshots
 
     def open(self) -> None:
         """Open every part, recover and catch up; mount ``tier.mounts``.  A failure closes
@@ -225,7 +227,13 @@ class Broker:
         """Start the store's threads and (unless driven by hand, as tests with a manual
         clock do) the timer's and the revive thread."""
         self.store.start()
-        self.pop.set_journal(self.journal)  # its snapshot goes through the CommitLog
+        started = self.pop.set_journal(self.journal)  # its snapshot goes through the log
+        if self.tiered is not None:
+            self.snapshots = self.pop.journal_snapshots(
+                self.journal, self.config.tier.journal_snapshot_records,
+                self.tiered.durable_position, self.tiered.publish,
+                self.config.tier.broker_name)
+            self.snapshots.started(started)
         if self.tiered is not None and timer_thread:
             self.tiered.start()
         if timer_thread:

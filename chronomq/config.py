@@ -181,6 +181,9 @@ class BrokerConfig:
             raise InvalidArgument("tier.failover needs tier.upload and tier.claim_topics: "
                                   "a broker taking over reads the tier, clients follow the "
                                   "owner records")
+        if self.tier.journal_snapshot_records < 0:
+            raise InvalidArgument("tier.journal_snapshot_records must be 0 (only at start) "
+                                  "or more")
         if self.tier.lease_s < 1:
             raise InvalidArgument("tier.lease_s must be at least 1 (second)")
         if self.tier.claim_topics and self.store.auto_create_topics:

@@ -151,6 +151,10 @@ class BrokerServer:
                                 max_instances=1, coalesce=True)
         self._scheduler.add_job(self.broker.watch_disk, "interval", id="disk", seconds=1,
                                 max_instances=1, coalesce=True)
+        if self.broker.snapshots is not None:  # tier.upload: the journal's snapshots
+            self._scheduler.add_job(self.broker.snapshots.step, "interval",
+                                    id="journal-snapshots", seconds=1, max_instances=1,
+                                    coalesce=True)
         if self.broker.lease is not None:  # tier.failover
             self._scheduler.add_job(self.broker.lease.renew, "interval", id="lease-renew",
                                     seconds=self._lease_every_s, max_instances=1,

@@ -12,7 +12,9 @@ runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
    journal or delayed stream was written within ``RECENT_MS`` may still be alive: refused
    unless ``force``.
 2. **The journal** is read from the departed broker's tier and replayed
-   (``JournalState``): its POP RocksDB contents and the delayed records done or moved.
+   (``JournalState``): its POP RocksDB contents (the state stream from the latest
+   snapshot the tier's ``<broker>/state/snapshot.json`` points at) and the delayed
+   records done or moved (the timer stream, whole).
 3. **Positions**: its groups' ack and pop offsets and open leases of the taken topics
    are written into this broker's lease book (``PopService.adopt``); leases come back
    after their invisible time.
@@ -67,10 +69,21 @@ from store.message import (
     decode_record,
     draft_of_record,
 )
-from store.names import DELAYED_STREAM, STATE_STREAM, is_name, split_broker_made
+from store.names import (
+    DELAYED_STREAM,
+    STATE_STREAM,
+    TIMER_STREAM,
+    is_name,
+    split_broker_made,
+)
 from store.topics import Topic
 from tiered.errors import TierError, TierNotFound
-from tiered.journal import JournalState
+from tiered.journal import (
+    POP_RESET,
+    SNAPSHOT_POINTER,
+    JournalState,
+    read_snapshot_pointer,
+)
 from tiered.mount import MountedBroker
 from tiered.queue import TieredEntry
 
@@ -94,6 +107,8 @@ class TakeoverResult:
     seconds: float = 0.0
     accepting_after_s: float = 0.0
     done: bool = False
+    journal_records: int = 0  # the departed broker's state records replayed
+    journal_seconds: float = 0.0  # reading and replaying them (sends wait for it)
 
 
 def _marker(departed: str) -> str:
@@ -199,7 +214,9 @@ class Takeover:
                     b.owners.take_over(topic, departed, b.clock.now_ms())
         accepting = time.monotonic() - started
         crashpoint("takeover.after_owners")
-        result = TakeoverResult(departed, sorted(taken), 0, len(groups), 0.0, accepting)
+        result = TakeoverResult(departed, sorted(taken), 0, len(groups), 0.0, accepting,
+                                journal_records=journal.records,
+                                journal_seconds=journal.seconds)
         self.results[departed] = result
         result.pending = self._timers(departed, mounted, journal, state)
         crashpoint("takeover.after_timers")
@@ -281,7 +298,8 @@ class Takeover:
     def _claim(self, departed: str, mounted: MountedBroker, force: bool) -> None:
         """Become the one broker taking ``departed`` over (or refuse)."""
         b, me = self._b, self._b.config.tier.broker_name
-        last = max((_last_store_ms(mounted, s) for s in (STATE_STREAM, DELAYED_STREAM)),
+        last = max((_last_store_ms(mounted, s) for s in (STATE_STREAM, TIMER_STREAM,
+                                                         DELAYED_STREAM)),
                    default=0)
         age = b.clock.now_ms() - last
         if not force and age < RECENT_MS:
@@ -300,15 +318,52 @@ class Takeover:
             raise FailedPrecondition(f"broker {departed} is taken over by {who} already "
                                      f"(tier object {_marker(departed)})")
 
-    def _journal(self, mounted: MountedBroker) -> JournalState:
-        """Replay the departed broker's state stream."""
+    def _snapshot_at(self, mounted: MountedBroker) -> int:
+        """The state stream's queue offset of the departed broker's latest snapshot in
+        the tier (0: none, read the whole stream)."""
+        try:
+            raw = self._b.tier.read(f"{mounted.broker}/{SNAPSHOT_POINTER}")
+        except TierNotFound:
+            return 0
+        except TierError as exc:
+            log.warning("takeover of %s: cannot read its journal snapshot pointer (%s); "
+                        "replaying the whole journal", mounted.broker, exc)
+            return 0
+        at = read_snapshot_pointer(raw)
+        bounds = mounted.bounds(STATE_STREAM, 0)
+        if at is None or bounds is None or not bounds[0] <= at < bounds[1]:
+            log.error("takeover of %s: its journal snapshot pointer %r names no record of "
+                      "its state stream %s; replaying the whole journal", mounted.broker,
+                      raw[:100], bounds)
+            return 0
+        return at
+
+    def _journal(self, mounted: MountedBroker, whole: bool = False) -> JournalState:
+        """Replay the departed broker's journal: its timer stream whole, its state stream
+        from the latest snapshot the tier holds (``tiered.journal``)."""
         state = JournalState()
-        for entry in _stream(mounted, STATE_STREAM):
+        start = time.monotonic()
+        for entry in _stream(mounted, TIMER_STREAM):
             m = decode_record(entry.record)
             state.apply(m.tag, m.body)
+        first = 0 if whole else self._snapshot_at(mounted)
+        for entry in _stream(mounted, STATE_STREAM, first):
+            m = decode_record(entry.record)
+            if entry.queue_offset == first and first > 0 and m.tag != POP_RESET:
+                log.error("takeover of %s: the snapshot pointer names state record %d, "
+                          "which starts no snapshot; replaying the whole journal",
+                          mounted.broker, first)
+                return self._journal(mounted, whole=True)
+            state.apply(m.tag, m.body)
+            if state.records % 1_000_000 == 0:
+                log.info("takeover of %s: %d journal records replayed", mounted.broker,
+                         state.records)
         if state.bad:
             log.error("takeover of %s: %d journal records could not be read", mounted.broker,
                       state.bad)
+        state.seconds = time.monotonic() - start
+        log.info("takeover of %s: %d journal records replayed in %.1f s", mounted.broker,
+                 state.records, state.seconds)
         return state
 
     def _timers(self, departed: str, mounted: MountedBroker, journal: JournalState,

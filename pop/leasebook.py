@@ -29,7 +29,8 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Container
-from typing import Literal, NamedTuple
+from concurrent.futures import Future
+from typing import Any, Literal, NamedTuple
 
 from pop.checkpoint import (
     PopCheckpoint,
@@ -206,10 +207,15 @@ class LeaseBook:
 
     # ---------------------------------------------------------------- durability
 
-    def set_journal(self, journal: StateJournal) -> None:
+    def set_journal(self, journal: StateJournal) -> list[Future[Any]]:
         """Journal every write from now on (``pop.leasejournal``).  Once, after the
-        store opened."""
-        self._log.attach(journal)
+        store opened.  Returns the futures of the snapshot written first."""
+        return self._log.attach(journal)
+
+    @property
+    def journal_log(self) -> LeaseJournal:
+        """The book's writes in the journal, and its snapshots there."""
+        return self._log
 
     def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes] | None = None
               ) -> int:

@@ -8,6 +8,16 @@ journal's ``ordered`` lock, so the journal holds the writes of a key in the orde
 RocksDB got them.  ``attach`` first writes a snapshot of the whole book (``pop-reset``,
 then ``pop`` chunks), so that a write a crash kept out of the journal is in it again.
 
+``Snapshots`` writes such a snapshot again after every ``tier.journal_snapshot_records``
+records (or as many records as the last snapshot had entries, if more: a snapshot costs
+at most what it saves) and, once the tier holds it, points ``<broker>/state/snapshot.json``
+at its first record: a takeover replays the state stream from there
+(``tiered.journal``), so its time follows the book's size, not the broker's history.
+The snapshot is written under the journal's ``ordered`` lock, so it is a consistent cut:
+replaying it and every record after it gives the book (Pops and Acks wait meanwhile:
+one RocksDB scan of the book).  The pointer only ever names a snapshot the tier holds
+whole (a crash before it moves leaves the older one, still right).
+
 ``wait`` returns once a write is durable: its RocksDB WAL synced, and with durable-ack
 its journal record (or a later one: the tier's position is a prefix of the CommitLog) in
 the tier; then the fencing check (``tiered.lease``).  Thread-safe.
@@ -15,13 +25,26 @@ the tier; then the fencing check (``tiered.lease``).  Thread-safe.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from store.kv import KV, GroupCommit
-from tiered.journal import POP, POP_RESET, SNAPSHOT_CHUNK, StateJournal, encode_ops
+from store.message import DispatchInfo
+from tiered.journal import (
+    POP,
+    POP_RESET,
+    SNAPSHOT_CHUNK,
+    SNAPSHOT_POINTER,
+    StateJournal,
+    encode_ops,
+    snapshot_pointer,
+)
+
+log = logging.getLogger(__name__)
 
 JOURNALED_MEMORY = 65_536  # journal records of writes not waited for yet (durable-ack)
 _KINDS = (b"o", b"p", b"c")  # the book's keys (pop.checkpoint)
@@ -37,26 +60,42 @@ class LeaseJournal:
         self._lock = threading.Lock()
         self._journaled: OrderedDict[int, Future[Any]] = OrderedDict()  # ticket -> record
         self.last_ticket = 0  # the latest write's (a Nack waits for it with durable-ack)
+        self.snapshot_entries = 0  # the book's entries in the latest snapshot
 
-    def attach(self, journal: StateJournal) -> None:
+    def attach(self, journal: StateJournal) -> list[Future[Any]]:
         """Journal every write from now on, starting with a snapshot of the book (none
-        for a new broker: nothing to say yet)."""
+        for a new broker: nothing to say yet); returns the snapshot's (``snapshot``)."""
         self._journal = journal
         if not journal.enabled or (journal.empty() and not any(
                 True for p in _KINDS for _ in self._kv.scan(p))):
-            return
-        with journal.ordered:
+            return []
+        return self.snapshot()
+
+    def snapshot(self) -> list[Future[Any]]:
+        """Write a snapshot of the whole book into the journal (a ``pop-reset`` record,
+        then ``pop`` chunks); returns the futures of its records (each to its
+        ``DispatchInfo``; not waited for here: a crash repeats the snapshot at start)."""
+        journal = self._journal
+        if journal is None or not journal.enabled:
+            return []
+        futures: list[Future[Any] | None] = []
+        entries = 0
+        with journal.ordered:  # a consistent cut: no write of the book meanwhile
             chunk: list[tuple[bytes, bytes]] = []
             size, tag = 0, POP_RESET
             for prefix in _KINDS:
                 for k, v in self._kv.scan(prefix):
+                    entries += 1
                     chunk.append((k, v))
                     size += len(k) + len(v) + 7
                     if size >= SNAPSHOT_CHUNK:
-                        journal.append(tag, encode_ops(chunk))
+                        futures.append(journal.append(tag, encode_ops(chunk)))
                         chunk, size, tag = [], 0, POP
-            if chunk or tag == POP_RESET:  # not waited for: a crash repeats it at start
-                journal.append(tag, encode_ops(chunk) or encode_ops([], [b"!"]))
+            if chunk or tag == POP_RESET:
+                futures.append(journal.append(tag, encode_ops(chunk)
+                                              or encode_ops([], [b"!"])))
+        self.snapshot_entries = entries
+        return [f for f in futures if f is not None]
 
     def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> int:
         """Apply writes without a sync; the ticket to ``wait`` for (0: nothing)."""
@@ -103,3 +142,49 @@ class LeaseJournal:
 
     def may_change(self) -> bool:
         return self._journal is None or self._journal.may_change()
+
+
+class Snapshots:
+    """Snapshots of the lease book in the journal and the tier's pointer to the latest
+    one the tier holds (see the module docstring).  ``step`` runs now and then (the
+    server's scheduler, every second); one thread."""
+
+    def __init__(self, log_: LeaseJournal, journal: StateJournal, every: int,
+                 tier_position: Callable[[], int], publish: Callable[[str, bytes], None],
+                 broker: str) -> None:
+        self._log = log_
+        self._journal = journal
+        self.every = every
+        self._position = tier_position
+        self._publish = publish
+        self._path = f"{broker}/{SNAPSHOT_POINTER}"
+        self._pending: list[Future[Any]] = []  # a snapshot's records, being stored
+        self._last = -1  # the state stream's queue offset of the latest snapshot stored
+        self._end = 0  # ... and the CommitLog offset where its records end
+        self.pointed = -1  # the queue offset the tier's pointer names
+
+    def started(self, snapshot: list[Future[Any]]) -> None:
+        """The snapshot written at start (``LeaseJournal.attach``), to point at."""
+        self._pending = snapshot
+
+    def step(self) -> None:
+        if self._pending:
+            if not all(f.done() for f in self._pending):
+                return
+            pending, self._pending = self._pending, []
+            try:
+                infos: list[DispatchInfo] = [i for f in pending for i in f.result()]
+            except Exception:  # not stored: the next step writes another
+                log.exception("a snapshot of the consumer groups' state was not stored")
+                return
+            self._last = infos[0].queue_offset
+            self._end = max(i.commit_offset + i.record_size for i in infos)
+        if self._last > self.pointed:
+            if self._position() < self._end:
+                return  # not in the tier whole yet
+            self._publish(self._path, snapshot_pointer(self._last))
+            self.pointed = self._last
+            log.info("journal snapshot at state record %d is in the tier", self._last)
+        since = self._journal.records() - max(self._last, 0)
+        if self.every and since >= max(self.every, self._log.snapshot_entries):
+            self._pending = self._log.snapshot()

@@ -30,12 +30,14 @@ writes (its retry topic shares the lock); different groups and topics work in pa
 from __future__ import annotations
 
 import logging
-from collections.abc import Container
-from typing import NamedTuple
+from collections.abc import Callable, Container
+from concurrent.futures import Future
+from typing import Any, NamedTuple
 
 from pop.checkpoint import PopCheckpoint
 from pop.handle import ReceiptHandle
 from pop.leasebook import LeaseBook
+from pop.leasejournal import Snapshots
 from pop.model import (
     DLQ_PREFIX,
     MAX_GROUP_BYTES,
@@ -119,9 +121,17 @@ class PopService:
 
     # ---------------------------------------------------------------- delegated
 
-    def set_journal(self, journal: StateJournal) -> None:
-        """Journal every change of the lease book (``tiered.journal``)."""
-        self._book.set_journal(journal)
+    def set_journal(self, journal: StateJournal) -> list[Future[Any]]:
+        """Journal every change of the lease book (``tiered.journal``); returns the
+        futures of the snapshot written first (``pop.leasejournal``)."""
+        return self._book.set_journal(journal)
+
+    def journal_snapshots(self, journal: StateJournal, every: int,
+                          tier_position: Callable[[], int],
+                          publish: Callable[[str, bytes], None], broker: str) -> Snapshots:
+        """Snapshots of the lease book in the journal, pointed at in the tier."""
+        return Snapshots(self._book.journal_log, journal, every, tier_position, publish,
+                         broker)
 
     def adopt(self, items: dict[bytes, bytes]) -> set[str]:
         """Take a departed broker's positions and leases (``LeaseBook.adopt``) and

@@ -23,12 +23,14 @@ from store.errors import InvalidArgument
 MAX_NAME = 127
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
-# The broker's two system streams, kept only when it uploads to the tier: every delayed
-# record (in its own queue offsets, so the tier holds the timer's pending set) and the
-# journal of state changes (``tiered.journal``).  Never read or written by a client.
+# The broker's system streams, kept only when it uploads to the tier: every delayed
+# record (in its own queue offsets, so the tier holds the timer's pending set), the
+# journal of the consumer groups' state and the journal of the timer's changes
+# (``tiered.journal``).  Never read or written by a client.
 DELAYED_STREAM = "%SYS%delayed"
 STATE_STREAM = "%SYS%state"
-SYSTEM_STREAMS = (DELAYED_STREAM, STATE_STREAM)
+TIMER_STREAM = "%SYS%timer"
+SYSTEM_STREAMS = (DELAYED_STREAM, STATE_STREAM, TIMER_STREAM)
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,127}")
 
 

@@ -56,3 +56,6 @@ class TierConfig:
     #                         brokers whose lease expired, fence this one when its own
     #                         cannot be renewed (tiered/lease.py)
     lease_s: float = 10.0  # a lease's length; renewed every lease_s / 3
+    journal_snapshot_records: int = 100_000  # a snapshot of the groups' state in the
+    #                                          journal after this many records (0: only
+    #                                          at start): what a takeover replays

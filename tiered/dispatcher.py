@@ -149,6 +149,12 @@ class TieredDispatcher:
                         "the tier is slow or failing")
                 self._durable.wait(left)
 
+    def durable_position(self) -> int:
+        """The CommitLog offset below which everything is readable from the tier (what
+        ``wait_durable`` waits for)."""
+        with self._durable:
+            return self._durable_position
+
     def _publish_durable(self) -> None:
         """After a commit: wake the ``wait_durable`` callers it satisfied."""
         floor = self._mirror.floor()

@@ -4,26 +4,35 @@ reach the tier with the messages and another broker can take over from them.
 What a broker promises besides its messages (where each consumer group stands, the
 leases in flight, the delayed messages cancelled, rescheduled or delivered) lives in
 local RocksDB views (``pop.leasebook``, ``timer.store``).  Each change to them is also
-appended to the CommitLog as a record of the state stream (``store.names.STATE_STREAM``,
-one queue, flagged ``FLAG_STATE``); the tiered dispatcher uploads that queue like any
-other, in CommitLog order with the messages, so the tier has every change within the
-upload lag.  The pending delayed records themselves go up in the delayed stream
+appended to the CommitLog as a record of a journal stream (one queue, flagged
+``FLAG_STATE``): the groups' changes to the state stream (``store.names.STATE_STREAM``),
+the timer's to the timer stream (``TIMER_STREAM``).  The tiered dispatcher uploads them
+like any queue, in CommitLog order with the messages, so the tier has every change
+within the upload lag.  The pending delayed records themselves go up in the delayed stream
 (``store.names.DELAYED_STREAM``; ``tiered.dispatcher``).  With ``tier.durable_ack`` the
 caller waits (``wait_tier``) until the tier has the change before it answers OK.
 
 Records (the record's tag names the kind; the body):
 
-==============  ============================================================================
-tag             body
-==============  ============================================================================
-``pop``         writes of the POP RocksDB, repeated: ``b"P"``, u16 key length, key, u32
-                value length, value; or ``b"D"``, u16 key length, key (a delete)
-``pop-reset``   the same, applied after clearing the book: the first chunk of the snapshot
-                of the whole book written at every start (``pop.leasebook``), so a change
-                a crash kept from the journal is in it again
-``timer-done``  u64 delayed-stream queue offsets: delivered or cancelled
-``timer-move``  (u64 delayed-stream queue offset, u64 new due time in ms) pairs
-==============  ============================================================================
+==============  ==========  ================================================================
+tag             stream      body
+==============  ==========  ================================================================
+``pop``         state       writes of the POP RocksDB, repeated: ``b"P"``, u16 key length,
+                            key, u32 value length, value; or ``b"D"``, u16 key length, key
+``pop-reset``   state       the same, applied after clearing the book: the first chunk of a
+                            snapshot of the whole book (``pop.leasejournal``)
+``timer-done``  timer       u64 delayed-stream queue offsets: delivered or cancelled
+``timer-move``  timer       (u64 delayed-stream queue offset, u64 new due time in ms) pairs
+==============  ==========  ================================================================
+
+**Snapshots bound a takeover's replay.**  The state stream gets a record per Pop and per
+Ack: it grows with the broker's history.  A snapshot of the whole book is written into
+it at every start (so a change a crash kept from the journal is in it again) and after
+every ``tier.journal_snapshot_records`` records; once the tier holds a snapshot, the
+tier's ``<broker>/state/snapshot.json`` points at its first record, and a takeover
+replays the state stream from there: its time follows the book's size, not the
+history.  The timer stream is read whole: one record per delivery batch, Cancel or
+Reschedule, as the delayed stream it refers to is.
 
 Order: a view's write and its journal record are made under one lock (``ordered``), so
 the journal holds the writes of a key in the order the view got them, and replaying it
@@ -35,6 +44,7 @@ a removal: at worst a message delivered once more after a takeover).
 
 from __future__ import annotations
 
+import json
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -43,10 +53,11 @@ from typing import Any, Protocol
 
 from store.errors import ChronomqError
 from store.message import FLAG_DELAYED, FLAG_STATE, DispatchInfo, Draft
-from store.names import DELAYED_STREAM, STATE_STREAM
+from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM
 from store.store import MessageStore
 
 POP, POP_RESET, TIMER_DONE, TIMER_MOVE = "pop", "pop-reset", "timer-done", "timer-move"
+SNAPSHOT_POINTER = "state/snapshot.json"  # under the broker's prefix in the tier
 SNAPSHOT_CHUNK = 1 << 20  # bytes of one pop-reset/pop record of the start snapshot
 _KEY_LEN, _VALUE_LEN, _U64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">Q")
 _PAIR = struct.Struct(">QQ")
@@ -55,6 +66,22 @@ _QUEUE_OFFSET = struct.Struct(">Q")  # a record's queue offset, bytes 16-24
 
 class DurableTier(Protocol):
     def wait_durable(self, end_offset: int, timeout_s: float | None = None) -> None: ...
+
+
+def snapshot_pointer(queue_offset: int) -> bytes:
+    """The content of ``<broker>/state/snapshot.json``: the state stream's queue offset of
+    the first record of a snapshot the tier holds."""
+    return json.dumps({"version": 1, "queue_offset": queue_offset}).encode()
+
+
+def read_snapshot_pointer(raw: bytes) -> int | None:
+    """The queue offset in a snapshot pointer; None when it is not one."""
+    try:
+        d = json.loads(raw)
+        offset = d["queue_offset"] if isinstance(d, dict) else None
+    except (ValueError, KeyError):
+        return None
+    return offset if isinstance(offset, int) and offset >= 0 else None
 
 
 def encode_ops(puts: Iterable[tuple[bytes, bytes]], deletes: Iterable[bytes] = ()) -> bytes:
@@ -100,19 +127,26 @@ class StateJournal:
 
     @property
     def enabled(self) -> bool:
-        return self._store.topics.get(STATE_STREAM) is not None
+        return self._store.topics.get(STATE_STREAM) is not None and \
+            self._store.topics.get(TIMER_STREAM) is not None
 
     def empty(self) -> bool:
         """Whether the state stream holds no record yet."""
         return self._store.queue_bounds(STATE_STREAM, 0)[1] == 0
 
-    def append(self, tag: str, body: bytes) -> Future[Any] | None:
-        """Queue a state record; the future resolves once it is in the CommitLog."""
+    def append(self, tag: str, body: bytes, stream: str = STATE_STREAM
+               ) -> Future[Any] | None:
+        """Queue a journal record; the future resolves once it is in the CommitLog (to
+        the records' ``DispatchInfo``)."""
         if not body or not self.enabled:
             return None
         now = self._store.clock.now_ms()
-        return self._store.put_drafts([Draft("", STATE_STREAM, "", tag, body, b"", now, now,
+        return self._store.put_drafts([Draft("", stream, "", tag, body, b"", now, now,
                                              FLAG_STATE)])
+
+    def records(self) -> int:
+        """The state stream's length in records (its next queue offset)."""
+        return self._store.queue_bounds(STATE_STREAM, 0)[1] if self.enabled else 0
 
     def settle(self, future: Future[Any] | None) -> None:
         """Wait for a record of ``append``: in the CommitLog, and with durable-ack in the
@@ -159,14 +193,15 @@ class StateJournal:
         if not offsets or not self.enabled:
             return None
         now = self._store.clock.now_ms()
-        return Draft("", STATE_STREAM, "", TIMER_DONE, b"".join(_U64.pack(o) for o in offsets),
+        return Draft("", TIMER_STREAM, "", TIMER_DONE, b"".join(_U64.pack(o) for o in offsets),
                      b"", now, now, FLAG_STATE)
 
     def timer_done(self, offsets: list[int]) -> Future[Any] | None:
-        return self.append(TIMER_DONE, b"".join(_U64.pack(o) for o in offsets))
+        return self.append(TIMER_DONE, b"".join(_U64.pack(o) for o in offsets), TIMER_STREAM)
 
     def timer_moved(self, moves: list[tuple[int, int]]) -> Future[Any] | None:
-        return self.append(TIMER_MOVE, b"".join(_PAIR.pack(o, d) for o, d in moves))
+        return self.append(TIMER_MOVE, b"".join(_PAIR.pack(o, d) for o, d in moves),
+                           TIMER_STREAM)
 
 
 class JournalState:
@@ -178,6 +213,7 @@ class JournalState:
         self.done: set[int] = set()
         self.moved: dict[int, int] = {}
         self.records = self.bad = 0
+        self.seconds = 0.0  # set by the reader: how long reading and replaying took
 
     def apply(self, tag: str, body: bytes) -> None:
         self.records += 1

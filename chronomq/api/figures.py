@@ -15,6 +15,7 @@ from dataclasses import asdict
 
 from chronomq.api.budget import CallBudget
 from chronomq.broker import Broker
+from store.names import DELAYED_STREAM, STATE_STREAM
 
 
 def broker_figures(broker: Broker, budget: CallBudget, sent: int, popped: int,
@@ -68,6 +69,10 @@ def broker_figures(broker: Broker, budget: CallBudget, sent: int, popped: int,
     for name, mounted in broker.mount_reader.mounts().items():
         out[f"mount.{name}.topics"] = len(mounted.topics())
         out[f"mount.{name}.messages"] = mounted.messages()
+    for name, stream in (("journal.records", STATE_STREAM),
+                         ("journal.delayed_records", DELAYED_STREAM)):
+        if broker.store.topics.get(stream) is not None:  # what a takeover reads (tier.upload)
+            out[name] = broker.store.queue_bounds(stream, 0)[1]
     if broker.lease is not None:
         out["lease.valid_for_s"] = broker.lease.valid_for_s()
         out["lease.taken_over"] = float(bool(broker.lease.taken_by))
@@ -76,6 +81,8 @@ def broker_figures(broker: Broker, budget: CallBudget, sent: int, popped: int,
         out[f"takeover.{name}.pending"] = r.pending
         out[f"takeover.{name}.groups"] = r.groups
         out[f"takeover.{name}.seconds"] = r.seconds
+        out[f"takeover.{name}.journal_records"] = r.journal_records
+        out[f"takeover.{name}.journal_seconds"] = r.journal_seconds
         out[f"takeover.{name}.done"] = float(r.done)
     for source in more:
         out.update(source())

@@ -16,7 +16,7 @@ import pytest
 
 from store.clock import ManualClock
 from store.message import FLAG_DELAYED, Message, decode_record
-from store.names import DELAYED_STREAM, STATE_STREAM
+from store.names import DELAYED_STREAM, SYSTEM_STREAMS
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
 from tests.tiered.faults import FaultyProvider
@@ -44,7 +44,7 @@ def _open(root: Path, clock: ManualClock, provider: object | None = None,
                             TierConfig(upload=True, durable_ack=durable, upload_timeout_s=1.0),
                             clock)
     tier.open()
-    for stream in (DELAYED_STREAM, STATE_STREAM):
+    for stream in SYSTEM_STREAMS:
         store.create_topic(Topic(stream, 1), system=True)
     store.create_topic(Topic("t", 2))
     return store, tier
