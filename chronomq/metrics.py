@@ -3,6 +3,8 @@ conventions.
 
 * one family per quantity, with what varies as labels: ``group.<g>.<t>.lag`` becomes
   ``chronomq_group_lag_messages{group="g",topic="t"}``, not a family per group;
+  ``takeover.<b>.pending`` becomes ``chronomq_takeover_pending{broker="b"}`` (and
+  ``mount.<b>.*`` likewise);
 * counters (figures that only grow while the broker runs) end in ``_total``;
 * base units: times in seconds (``_seconds``), sizes in bytes (``_bytes``);
 * the timer's lateness buckets (``timer.lateness_le_<N>ms``, each counting its own range)
@@ -50,6 +52,7 @@ GROUP_FIGURES = {  # group.<group>.<topic>.<figure>
     "dead_lettered": ("chronomq_group_dead_lettered", "counter",
                       "moved to the dead-letter topic"),
 }
+BROKER_FIGURES = ("takeover.", "mount.")  # <kind>.<broker>.<figure>: broker as a label
 MS_TIMESTAMPS = frozenset({"timer.last_delivery_ms", "timer.next_due_ms",
                            "tier.last_upload_ms"})
 _LATENESS = re.compile(r"timer\.lateness_(le_(\d+)ms|over_\d+ms)$")
@@ -72,6 +75,9 @@ def family(name: str) -> tuple[str, str, dict[str, str], float]:
         if figure in GROUP_FIGURES:
             fam, kind, _ = GROUP_FIGURES[figure]
             return fam, kind, {"group": group, "topic": topic}, 1.0
+    if name.startswith(BROKER_FIGURES):  # broker names hold no dot
+        kind, broker, figure = name.split(".", 2)
+        return _plain(f"{kind}.{figure}"), "gauge", {"broker": broker}, 1.0
     if name in MS_TIMESTAMPS:
         return _plain(name[:-len("_ms")]) + "_timestamp_seconds", "gauge", {}, 0.001
     if name.endswith("_s"):

@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from chronomq.client import ChronomqClient, RpcError, message
+from chronomq.metrics import families
 from chronomq.v1 import broker_pb2 as pb
 from tests.conftest import RunningServer, broker_config, wait_until
 
@@ -273,6 +274,22 @@ def test_prometheus_metrics_endpoint(tmp_path: Path) -> None:
         assert not any(name.endswith("_ms") for name in samples)
     finally:
         srv.stop()
+
+
+def test_takeover_and_mount_figures_are_families_with_the_broker_as_a_label() -> None:
+    """Seen on /metrics: a family per departed or mounted broker
+    (``chronomq_takeover_broker_a_pending``), which no dashboard can sum or alert on
+    across brokers."""
+    figures = {"takeover.broker-a.pending": 5, "takeover.broker-b.pending": 7,
+               "takeover.broker-a.journal_seconds": 1.5, "takeover.broker-a.seconds": 3,
+               "mount.old.topics": 2}
+    by_name = {m.name: m for m in families(figures)}
+    assert set(by_name) == {"chronomq_takeover_pending", "chronomq_takeover_journal_seconds",
+                            "chronomq_takeover_seconds", "chronomq_mount_topics"}
+    pending = by_name["chronomq_takeover_pending"]
+    assert sorted((s.labels["broker"], s.value) for s in pending.samples) == [
+        ("broker-a", 5), ("broker-b", 7)]
+    assert by_name["chronomq_mount_topics"].samples[0].labels == {"broker": "old"}
 
 
 def test_a_client_chosen_id_sent_again_within_the_window_is_dropped(
