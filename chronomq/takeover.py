@@ -347,17 +347,23 @@ class Takeover:
             m = decode_record(entry.record)
             state.apply(m.tag, m.body)
         first = 0 if whole else self._snapshot_at(mounted)
+        checked = first == 0  # a snapshot to start from: its first record is read first
         for entry in _stream(mounted, STATE_STREAM, first):
             m = decode_record(entry.record)
-            if entry.queue_offset == first and first > 0 and m.tag != POP_RESET:
+            if not checked and (entry.queue_offset != first or m.tag != POP_RESET):
                 log.error("takeover of %s: the snapshot pointer names state record %d, "
-                          "which starts no snapshot; replaying the whole journal",
+                          "which starts no readable snapshot; replaying the whole journal",
                           mounted.broker, first)
                 return self._journal(mounted, whole=True)
+            checked = True
             state.apply(m.tag, m.body)
             if state.records % 1_000_000 == 0:
                 log.info("takeover of %s: %d journal records replayed", mounted.broker,
                          state.records)
+        if not checked:  # nothing readable from the snapshot on
+            log.error("takeover of %s: its snapshot at state record %d cannot be read; "
+                      "replaying the whole journal", mounted.broker, first)
+            return self._journal(mounted, whole=True)
         if state.bad:
             log.error("takeover of %s: %d journal records could not be read", mounted.broker,
                       state.bad)
