@@ -8,7 +8,8 @@ library (``RoutedClient`` over the bucket), a ledger of every OK.
 - after a first failover, pause the new owner (SIGSTOP) past its lease while the clients
   go on, resume it (SIGCONT): the third broker took over (a chain); every OK the paused
   broker gave is at the final owner, and the resumed broker refuses its former topics
-  (FAILED_PRECONDITION naming the new owner);
+  within one lease (FAILED_PRECONDITION naming the new owner; never an OK), its RocketMQ
+  front routing to the final owner;
 - cut the owner off from S3 (a fault proxy in front of moto): it fences itself
   (UNAVAILABLE, no OK), a peer takes over, the clients follow.
 """
@@ -200,19 +201,22 @@ def test_a_paused_owner_is_fenced_and_refuses_after(tmp_path: Path, s3_endpoint:
                            "another broker took over while A is paused")
             finally:
                 os.kill(a.proc.pid, signal.SIGCONT)
-            wait_until(lambda: len([t for t in clients.ok.values()
-                                    if t > time.monotonic() - 1]) >= 5, 30,
-                       "sends accepted after A came back")
-            clients.stop()
+            resumed = time.monotonic()
             with ChronomqClient(a.target) as ca:  # the resumed broker refuses its topic
-                def refused() -> bool:
+                def refused() -> bool:  # (UNAVAILABLE first while fenced; never OK)
                     try:
                         ca.send_one("orders", b"late")
                     except RpcError as exc:
                         return exc.code == grpc.StatusCode.FAILED_PRECONDITION and \
                             "taken over by broker-" in exc.details
-                    return False
-                wait_until(refused, 2 * LEASE_S + 5, "A refusing its former topic")
+                    raise AssertionError("the resumed broker answered OK to a send to a "
+                                         "topic another broker owns now")
+                wait_until(refused, LEASE_S, "A refusing its former topic within a lease")
+            assert time.monotonic() - resumed <= LEASE_S
+            wait_until(lambda: len([t for t in clients.ok.values()
+                                    if t > time.monotonic() - 1]) >= 5, 30,
+                       "sends accepted after A came back")
+            clients.stop()
             # the RocketMQ fronts route the official clients to the final owner: the
             # resumed broker's (taken over) and the final owner's own
             final = next(p for p in brokers if p.target == rc.directory.locate("orders"))
