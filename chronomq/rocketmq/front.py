@@ -6,7 +6,9 @@ How the protocol maps onto the core:
 
 - QueryRoute answers one queue per chronomq queue of the topic, all on this broker
   (broker id 0, READ_WRITE, NORMAL and DELAY messages), at ``rocketmq.advertise_address``
-  or else the address the client dialled.
+  or else the address the client dialled; a topic another broker owns
+  (``tier.claim_topics``), or any topic once this broker was taken over
+  (``tier.failover``), routes to that broker's front.
 - SendMessage stores each message under the client's own message id (a retried send is
   recognised by that id and stored once) and answers one entry per message.  A
   ``delivery_timestamp`` makes it a delayed message; ``recall_handle`` is its id.
