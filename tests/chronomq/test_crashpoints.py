@@ -44,6 +44,7 @@ CRASHPOINT_SETTINGS = (
     "timer.rocks_horizon_ms=600", f"timer.bucket_ms={BUCKET_MS}", "timer.preload_ahead_ms=300",
     "timer.wheel_window_ms=300", "timer.preload_interval_ms=50", "timer.flat_batch_ms=50",
     "timer.load_interval_ms=50", "store.queue_flush_interval_ms=100",
+    "tier.journal_snapshot_records=20",  # snapshots of the groups' state in the journal, often
 )
 REVIVE_SLACK_MS = 1000
 SINGLE_SENDS = 780  # with the workload's other batches, past 3 x 256 CommitLog batches

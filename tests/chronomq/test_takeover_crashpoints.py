@@ -1,7 +1,8 @@
 """A takeover interrupted by a crash at each of its named crash points, then run again.
 
-Broker A (durable-ack, uploading to a local-directory tier) runs the crash-point test's
-scripted, ledgered workload and is killed with kill -9, its data directory deleted.
+Broker A (durable-ack, uploading to a local-directory tier, a journal snapshot every 20
+records) runs the crash-point test's scripted, ledgered workload and is killed with
+kill -9, its data directory deleted: B replays A's journal from its latest snapshot.
 Broker B, armed with ``server.crash_at=takeover.<step>:1``, runs the takeover and dies at
 that step; restarted without it, it runs the takeover again, and the group drained from
 B must satisfy the ledger checker: nothing acknowledged lost, nothing redelivered after
@@ -28,6 +29,8 @@ from tests.chronomq.test_crashpoints import (
     _tail,
     scripted_workload,
 )
+from tests.conftest import wait_until
+from tiered.journal import SNAPSHOT_POINTER
 
 SETTINGS = (*CRASHPOINT_SETTINGS, "tier.durable_ack=true")
 
@@ -43,6 +46,9 @@ def departed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
         lc = LedgeredClient(client, ledger, "w", pad_bytes=1024)
         scripted_workload(lc)
     ledger.close()
+    # A's journal snapshots (tier.journal_snapshot_records=20): B replays from the latest
+    wait_until(lambda: (root / "chronomq-tier" / "a" / SNAPSHOT_POINTER).exists(), 10,
+               "A's journal snapshot pointer in the tier")
     a.kill9()
     shutil.rmtree(root / "a")  # the machine is gone
     return root, lc.horizon_ms
