@@ -338,32 +338,23 @@ class Takeover:
             return 0
         return at
 
-    def _journal(self, mounted: MountedBroker, whole: bool = False) -> JournalState:
-        """Replay the departed broker's journal: its timer stream whole, its state stream
-        from the latest snapshot the tier holds (``tiered.journal``)."""
-        state = JournalState()
+    def _journal(self, mounted: MountedBroker) -> JournalState:
+        """Replay the departed broker's journal: its state stream from the latest
+        snapshot the tier holds (whole, when that snapshot cannot be read), its timer
+        stream whole (``tiered.journal``)."""
         start = time.monotonic()
-        for entry in _stream(mounted, TIMER_STREAM):
-            m = decode_record(entry.record)
-            state.apply(m.tag, m.body)
-        first = 0 if whole else self._snapshot_at(mounted)
-        checked = first == 0  # a snapshot to start from: its first record is read first
-        for entry in _stream(mounted, STATE_STREAM, first):
-            m = decode_record(entry.record)
-            if not checked and (entry.queue_offset != first or m.tag != POP_RESET):
+        first = self._snapshot_at(mounted)
+        state = self._replay_state(mounted, first) if first else None
+        if state is None:
+            if first:
                 log.error("takeover of %s: the snapshot pointer names state record %d, "
                           "which starts no readable snapshot; replaying the whole journal",
                           mounted.broker, first)
-                return self._journal(mounted, whole=True)
-            checked = True
+            state = self._replay_state(mounted, 0)
+            assert state is not None  # from 0 nothing is checked
+        for entry in _stream(mounted, TIMER_STREAM):
+            m = decode_record(entry.record)
             state.apply(m.tag, m.body)
-            if state.records % 1_000_000 == 0:
-                log.info("takeover of %s: %d journal records replayed", mounted.broker,
-                         state.records)
-        if not checked:  # nothing readable from the snapshot on
-            log.error("takeover of %s: its snapshot at state record %d cannot be read; "
-                      "replaying the whole journal", mounted.broker, first)
-            return self._journal(mounted, whole=True)
         if state.bad:
             log.error("takeover of %s: %d journal records could not be read", mounted.broker,
                       state.bad)
@@ -371,6 +362,21 @@ class Takeover:
         log.info("takeover of %s: %d journal records replayed in %.1f s", mounted.broker,
                  state.records, state.seconds)
         return state
+
+    def _replay_state(self, mounted: MountedBroker, first: int) -> JournalState | None:
+        """The state stream replayed from queue offset ``first``; None when ``first``
+        (not 0) is not where a readable snapshot starts."""
+        state = JournalState()
+        for entry in _stream(mounted, STATE_STREAM, first):
+            m = decode_record(entry.record)
+            if first and not state.records and (entry.queue_offset != first
+                                                or m.tag != POP_RESET):
+                return None
+            state.apply(m.tag, m.body)
+            if state.records % 1_000_000 == 0:
+                log.info("takeover of %s: %d journal records replayed", mounted.broker,
+                         state.records)
+        return state if state.records or not first else None
 
     def _timers(self, departed: str, mounted: MountedBroker, journal: JournalState,
                 state: dict[str, Any]) -> int:

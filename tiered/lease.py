@@ -83,7 +83,6 @@ def successor(provider: Provider, broker: str, hops: int = 8) -> LeaseView | Non
     """The lease of the broker that serves ``broker``'s topics now: follows ``taken_by``
     from ``broker``'s lease (a chain of takeovers) to a lease not taken over; None when
     ``broker`` was not taken over, or a lease on the way is missing or unreadable."""
-    view = None
     name = broker
     for _ in range(hops):
         try:

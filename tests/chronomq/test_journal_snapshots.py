@@ -24,6 +24,7 @@ from store.names import STATE_STREAM
 from store.store import StoreConfig
 from store.topics import Topic
 from tests.conftest import wait_until
+from tests.tiered.test_tiered_pop import _pop_all
 from tiered.errors import TierNotFound
 from tiered.journal import SNAPSHOT_POINTER, read_snapshot_pointer, snapshot_pointer
 
@@ -74,14 +75,6 @@ def _run_a(root: Path, clock: ManualClock) -> tuple[Broker, list[str], set[str],
     return a, sent, acked, leased
 
 
-def _drain(b: Broker, group: str) -> list[str]:
-    got: list[str] = []
-    while batch := b.pop.pop("t", group, 32, 60):
-        got += [p.message.message_id for p in batch]
-        b.pop.ack_many(group, [p.receipt_handle for p in batch])
-    return got
-
-
 @pytest.mark.parametrize("pointer", ["snapshot", "damaged"])
 def test_a_takeover_replays_the_journal_from_the_latest_snapshot(
         pointer: str, tmp_path: Path, manual_clock: ManualClock) -> None:
@@ -104,12 +97,12 @@ def test_a_takeover_replays_the_journal_from_the_latest_snapshot(
         else:
             assert replayed_state >= records  # the whole state stream
         # B's group stands where A's stood: the acked never come, the leased after 60 s
-        got = _drain(b, "g")
+        got = _pop_all(b, "g")
         assert not set(got) & acked
         assert sorted(got) == sorted(set(sent) - acked - leased)
         manual_clock.advance(61_000)
         b.pop.revive_due()
-        again = _drain(b, "g")
+        again = _pop_all(b, "g")
         assert sorted(again) == sorted(leased)
         assert b.store.queue_bounds(STATE_STREAM, 0)[1] > 0  # B journals its own
     finally:
