@@ -167,8 +167,8 @@ def test_consumer_acks_resolve_once_durable_and_survive_kill9(tmp_path: Path) ->
     with ChronomqClient(srv.target) as c:
         c.create_topic("s", queue_count=2)
         with Producer(c) as producer:
-            for f in [producer.send("s", f"m{i}".encode()) for i in range(600)]:
-                f.result(30)
+            sent = {f.result(30).message_id
+                    for f in [producer.send("s", f"m{i}".encode()) for i in range(600)]}
         acked: list[tuple[str, Future[None]]] = []
         consumer = Consumer(c, "s", "G", invisible_time_s=2, prefetch=64)
         for m in consumer:
@@ -180,6 +180,8 @@ def test_consumer_acks_resolve_once_durable_and_survive_kill9(tmp_path: Path) ->
         wait([f for _, f in acked], 30)
         assert all(f.done() for _, f in acked)
         durable = {mid for mid, f in acked if f.exception() is None}
+        unknown = {mid for mid, _ in acked} - durable  # the kill took the answer: the ack
+        # may or may not have been applied (seen in CI: 7 of 23 such did not come back)
         assert len(durable) >= 300
         consumer.close(timeout_s=1)
     srv = ServerProcess(tmp_path / "data", f"server.port={port}")
@@ -187,13 +189,14 @@ def test_consumer_acks_resolve_once_durable_and_survive_kill9(tmp_path: Path) ->
         with ChronomqClient(srv.target) as c:
             seen: set[str] = set()
             deadline = time.monotonic() + 30  # leases of the killed stream run 2 s
-            while len(seen) < 600 - len(durable) and time.monotonic() < deadline:
+            while not sent - durable <= seen and time.monotonic() < deadline:
                 for m in c.pop("s", "G", max_messages=32, wait_ms=500, invisible_time_s=60):
                     seen.add(m.message_id)
     finally:
         srv.terminate()
     assert not seen & durable  # nothing redelivered after an OK ack
-    assert len(seen) == 600 - len(durable)  # and the rest come back
+    assert seen <= sent - durable
+    assert sent - durable - unknown <= seen  # and every message never acked comes back
 
 
 def test_consumer_loop_nack_close_and_refusals(client: ChronomqClient,
