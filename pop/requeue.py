@@ -11,6 +11,11 @@ replaces and ``pop.settle.CopySettler`` (``copies``) settles the two across a cr
 entry is never revived twice, so a group never gets a message again after acking its
 copy.
 
+A lease whose queue this broker does not serve (``QueueSource.serves``) waits: a
+takeover adopts the departed broker's leases before it serves their queues, and a lease
+that came due in between must revive once they are served, not be given up as gone.
+Only a message of a queue served here that cannot be read is dropped (logged).
+
 Deadlines wait on the revive schedule (``pop.schedule``); one named thread
 (``pop-revive``) fires them; tests call ``revive_due`` with a manual clock instead.
 Every lease this class closes has its deadlines taken off the schedule.
@@ -53,13 +58,15 @@ from pop.settle import PROP_LEASE, CopyKey, CopySettler, LeaseEntry, encode_leas
 from pop.source import QueueSource
 from store.clock import Clock
 from store.crashpoint import crashpoint
-from store.errors import ChronomqError, FailedPrecondition, InvalidArgument
+from store.errors import ChronomqError, FailedPrecondition, InvalidArgument, Unavailable
 from store.kv import KV
 from store.message import FLAG_DELAYED, FLAG_RETRY, Draft, encode_properties
 from store.store import MessageStore
 from store.topics import Topic
 
 log = logging.getLogger(__name__)
+
+RETRY_DELAY_MS = 1_000  # a revive that failed, or waits for its queue, fires again after
 
 
 class Requeuer:
@@ -119,7 +126,11 @@ class Requeuer:
                     except ChronomqError as exc:
                         results[n] = exc
                         continue
-                    if ck is not None:
+                    if ck is not None and not self._source.serves(h.topic, h.queue_id):
+                        results[n] = Unavailable(
+                            "the message's queue is not served here yet (a takeover under "
+                            "way?); its lease runs out and it comes back then")
+                    elif ck is not None:
                         _, delay, reason = items[n]
                         todo.append((n, Requeue(group, h.topic, h.queue_id, ck.ck_start, i,
                                                  placeholder(), delay, reason)))
@@ -169,6 +180,13 @@ class Requeuer:
                     for i in entries)
         revived = 0
         for (group, origin), reqs in due.items():
+            here = [self._source.serves(r.topic, r.queue_id) for r in reqs]
+            if not all(here):  # not gone: not here yet (docstring)
+                self._retry_later(keys[(group, origin)],
+                                  [r for r, h in zip(reqs, here, strict=True) if not h], now)
+                reqs = [r for r, h in zip(reqs, here, strict=True) if h]
+                if not reqs:
+                    continue
             # handles of these entries are expired: nothing else touches them meanwhile
             try:
                 lost = self._source.fill(reqs)
@@ -178,15 +196,25 @@ class Requeuer:
                     reqs = [r for r in reqs if r not in lost]
                 copies = self._append_copies(origin, reqs, now) if reqs else []
             except ChronomqError as exc:
-                log.warning("revive of %d messages of %s/%s failed, retrying in 1 s: %s",
-                            len(reqs), group, origin, exc)
-                self._schedule.add(keys[(group, origin)], at_ms=now + 1000)
+                log.warning("revive of %d messages of %s/%s failed, retrying in %d ms: %s",
+                            len(reqs), group, origin, RETRY_DELAY_MS, exc)
+                self._schedule.add(keys[(group, origin)], at_ms=now + RETRY_DELAY_MS)
                 continue
             with self._book.lock(group, origin):
                 self._mark_done(reqs, "revived")
             self.copies.settled(copies)
             revived += len(reqs)
         return revived
+
+    def _retry_later(self, fired: list[Deadline], waiting: list[Requeue], now: int) -> None:
+        """Fire again later the deadlines of leases whose queue this broker does not
+        serve yet; their entries stay open."""
+        leases = {(r.topic, r.queue_id, r.ck_start) for r in waiting}
+        self._schedule.add([d for d in fired if d[1:4] in leases], at_ms=now + RETRY_DELAY_MS)
+        r = waiting[0]
+        log.warning("%d leased messages of %s/%s wait for their queue, not served here yet "
+                    "(a takeover under way?); retrying in %d ms", len(waiting), r.group,
+                    r.topic, RETRY_DELAY_MS)
 
     def start(self) -> None:
         self._schedule.open()

@@ -5,7 +5,8 @@ once local retention deleted them (or the tier's read strategy sends a read ther
 all of them in another broker's tier mounted read-only.  ``bounds`` says which queue
 offsets exist where; ``read_rows`` serves a Pop (entries first, then the messages of
 the entries the tag filter kept); ``fill`` loads the message of each entry that goes
-back for redelivery (``pop.requeue``).
+back for redelivery (``pop.requeue``), once ``serves`` says the queue is here at all (a
+takeover adopts leases before it serves their queues: those wait, they are not lost).
 
 A message that cannot be read (a hole in the ConsumeQueue, a damaged record, an entry
 that points at another queue's record) is logged and skipped: it never blocks a queue.
@@ -63,6 +64,15 @@ class QueueSource:
                 low = tier_low
         return QueueBounds(low, local_low, high)
 
+    def serves(self, topic: str, qid: int) -> bool:
+        """Whether this broker has the queue: a topic of its own (taken over ones too) or
+        a mounted one.  A lease of a queue it does not have (yet) is not lost: a takeover
+        adopts the departed broker's leases before it serves their queues
+        (``chronomq.takeover``), a mount may come back; only a queue served here can say
+        a message is gone."""
+        t = self._store.topics.get(topic) or self._store.topics.mounted(topic)
+        return t is not None and 0 <= qid < t.queue_count
+
     def read_rows(self, topic: str, qid: int, offset: int, want: int, local_low: int
                   ) -> tuple[list[tuple[int, int]], Loader]:
         """Up to ``want`` queue entries from ``offset`` as (queue offset, tag hash) rows,
@@ -116,7 +126,8 @@ class QueueSource:
     def fill(self, reqs: list[Requeue]) -> list[Requeue]:
         """Fill each request's message from its queue entry; returns the requests whose
         message is gone (a hole, a damaged record, or removed by retention), logged and
-        left without one: they cannot be copied."""
+        left without one: they cannot be copied.  Only for queues this broker ``serves``:
+        elsewhere nothing can be said gone."""
         local: list[Requeue] = []
         locations = []
         lost: list[Requeue] = []
