@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from typing import NamedTuple
 
 from chronomq.config import BrokerConfig
-from chronomq.failover import start_failover
+from chronomq.failover import hold_lease, start_failover
 from chronomq.takeover import Takeover, TakeoverResult
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.leasejournal import Snapshots
@@ -32,7 +32,7 @@ from store.store import MessageStore
 from store.topics import Topic
 from tiered.dispatcher import TieredDispatcher
 from tiered.journal import StateJournal
-from tiered.lease import BrokerLease, LeaseWatch
+from tiered.lease import BrokerLease, LeaseWatch, TakenOver
 from tiered.mount import MountedBroker, MountReader
 from tiered.ownership import Owner, TopicOwners
 from tiered.provider import Provider
@@ -122,7 +122,7 @@ class Broker:
         self._recent_ids: OrderedDict[tuple[str, str], int] = OrderedDict()  # -> accepted at
         self._opened: list[tuple[str, Callable[[], None]]] = []  # what to close, in order
         self.takeovers = Takeover(self)
-        self.lease: BrokerLease | None = None  # tier.failover (start_failover)
+        self.lease: BrokerLease | None = None  # tier.upload: held from ``open`` on
         self.snapshots: Snapshots | None = None  # tier.upload: the journal's snapshots
 
     def open(self) -> None:
@@ -175,6 +175,8 @@ class Broker:
                               sc.disk_reserve_bytes)
         self.disk.release_if_short()  # before RocksDB and the CommitLog open
         self.tier = make_provider(config)
+        if config.tier.upload:  # before anything is opened, written or served
+            self._hold_lease()
         self.flat_files = TimerFlatFiles(self.tier, config.timer.bucket_ms,
                                          prefix=f"{config.tier.broker_name}/timer")
         self.store = MessageStore(sc, clock)
@@ -205,7 +207,23 @@ class Broker:
                 self.store.create_topic(Topic(stream, 1), system=True)
             self.publish_topics()
         self.journal = StateJournal(self.store, self.tiered, self.config.tier.durable_ack)
+        if self.lease is not None:
+            self.lease.load = lambda: len(self.topics())
+            self.journal.fence = self.lease.check
         self.timer.set_journal(self.journal)
+
+    def _hold_lease(self) -> None:
+        """This broker's lease, before the store opens (``chronomq.failover``)."""
+        self.lease = hold_lease(self.config, self.tier, self.clock)
+        self._opened.append(("the lease", self.lease.stop))
+
+    def advertise(self, address: str, rocketmq_address: str) -> None:
+        """Record the addresses clients reach this broker at in its lease (after the
+        ports are bound; ``tiered.lease.successor`` sends clients of a broker taken over
+        to them)."""
+        if self.lease is not None:
+            self.lease.address, self.lease.rocketmq_address = address, rocketmq_address
+            self.lease.renew()
 
     def _open_tier_upload(self) -> None:
         t = self.config.tier
@@ -213,6 +231,13 @@ class Broker:
             self.store, self.tier, t.broker_name,
             os.path.join(self.config.store.data_dir, "tiered"), t,
             self.clock)
+        if self.lease is not None:
+            durable = self.tiered
+            if t.durable_ack:  # the bucket's fence on every tier commit
+                durable.durable.gate = self.lease.commit
+            self.lease.on_taken_over = lambda by: durable.durable.fence(TakenOver(
+                f"broker {t.broker_name} was taken over by {by}: its topics are served "
+                "there now"))
         self.tiered.open()
         cache = None
         if t.read_ahead_bytes > 0:
@@ -252,6 +277,8 @@ class Broker:
         unless_full(self.timer.flush, "the timer's dispatch position")
         self._timer_store.close()
         self._pop_kv.close()
+        if self.lease is not None:
+            self.lease.stop()
 
     def add_dispatch_listener(self, listener: Callable[[list[DispatchInfo]], None]) -> None:
         """Call ``listener`` with every batch of records the store's dispatcher has made

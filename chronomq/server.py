@@ -134,6 +134,8 @@ class BrokerServer:
             self._claim_topics()
         if self.config.tier.failover:
             self._start_failover()
+        elif self.broker.lease is not None:  # tier.upload: the addresses in the lease
+            self.broker.advertise(*self._addresses())
         if self.config.tier.takeover or any(not r.done for r in
                                             self.broker.takeovers.results.values()):
             # serving meanwhile: sends are accepted early on
@@ -155,10 +157,7 @@ class BrokerServer:
             self._scheduler.add_job(self.broker.snapshots.step, "interval",
                                     id="journal-snapshots", seconds=1, max_instances=1,
                                     coalesce=True)
-        if self.broker.lease is not None:  # tier.failover
-            self._scheduler.add_job(self.broker.lease.renew, "interval", id="lease-renew",
-                                    seconds=self._lease_every_s, max_instances=1,
-                                    coalesce=True)
+        if self.config.tier.failover:  # (the lease renews itself: tiered.lease)
             self._scheduler.add_job(self._watch_leases, "interval", id="lease-watch",
                                     seconds=self.config.tier.lease_s / 10, max_instances=1,
                                     coalesce=True)
@@ -182,14 +181,18 @@ class BrokerServer:
                  self.config.store.data_dir)
         return self.port
 
-    def _start_failover(self) -> None:
-        """Hold the lease (renewed every tier.lease_s / 3) and watch the others'."""
+    def _addresses(self) -> tuple[str, str]:
+        """The addresses clients reach this broker's API and RocketMQ front at."""
         cfg, rmq = self.config.server, self.config.rocketmq
         api = cfg.advertise_address or f"{cfg.host}:{self.port}"
         front = (rmq.advertise_address or f"{rmq.host or cfg.host}:{self.rocketmq_port}"
                  if self.rocketmq_port else "")
-        self._lease_watch = self.broker.start_failover(api, front)
-        self._lease_every_s = self.config.tier.lease_s / 3
+        return api, front
+
+    def _start_failover(self) -> None:
+        """Publish the addresses in the lease (held since ``open``) and watch the
+        others'."""
+        self._lease_watch = self.broker.start_failover(*self._addresses())
 
     def _watch_leases(self) -> None:
         try:
@@ -250,9 +253,7 @@ class BrokerServer:
         """Record this broker as its topics' owner at the addresses other brokers' clients
         are sent to; warn when those addresses cannot reach it from another machine."""
         cfg, rmq = self.config.server, self.config.rocketmq
-        api = cfg.advertise_address or f"{cfg.host}:{self.port}"
-        front = (rmq.advertise_address or f"{rmq.host or cfg.host}:{self.rocketmq_port}"
-                 if self.rocketmq_port else "")
+        api, front = self._addresses()
         self.broker.claim_topics(api, front)
         others = ""
         for setting, address, given in (("server", api, cfg.advertise_address),

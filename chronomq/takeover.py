@@ -6,11 +6,14 @@ and timers (the journal, ``tiered.journal``).  When its machine is lost another 
 runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
 ``tier.takeover`` at start) and becomes the owner of its topics:
 
-1. **One winner.**  ``takeovers/<departed>.json`` is created in the tier with a
-   conditional put (``Provider.create``); a broker that finds another's name there is
-   refused, its own name resumes an interrupted takeover.  A departed broker whose
-   journal or delayed stream was written within ``RECENT_MS`` may still be alive: refused
-   unless ``force``.
+1. **One winner.**  ``taken_by: <this broker>`` is written into the departed broker's
+   lease, ``brokers/<departed>.json``, by a conditional put (``tiered.lease.claim``); a
+   broker that finds another's name there is refused, its own name resumes an
+   interrupted takeover.  From then on the departed broker's commits fail (with
+   ``tier.durable_ack`` every OK it gives needs one), so what it confirmed is in the tier
+   before the claim, and everything below is read after it.  ``takeovers/<departed>.json``
+   records the takeover for people.  A departed broker whose journal or delayed stream
+   was written within ``RECENT_MS`` may still be alive: refused unless ``force``.
 2. **The journal** is read from the departed broker's tier and replayed
    (``JournalState``): its POP RocksDB contents (the state stream from the latest
    snapshot the tier's ``<broker>/state/snapshot.json`` points at) and the delayed
@@ -84,6 +87,7 @@ from tiered.journal import (
     JournalState,
     read_snapshot_pointer,
 )
+from tiered.lease import claim, lease_path
 from tiered.mount import MountedBroker
 from tiered.queue import TieredEntry
 
@@ -155,12 +159,12 @@ class Takeover:
             raise InvalidArgument("a broker cannot take itself over")
         if b.tiered is None:
             raise FailedPrecondition("takeover needs tier.upload on this broker")
+        b.journal.check()  # a broker taken over itself takes nothing over
         started = time.monotonic()
-        mounted = self._mount(departed)
         state = self._load(departed)
-        catalogue = self._catalogue(departed)
         if not state:
-            clash = sorted(t for t in {*mounted.topics(), *catalogue}
+            mounted = self._mount(departed)
+            clash = sorted(t for t in {*mounted.topics(), *self._catalogue(departed)}
                            if b.store.topics.get(t) is not None)
             if clash:
                 raise FailedPrecondition(
@@ -170,6 +174,10 @@ class Takeover:
             state = {"by": me, "ends": {}, "timers_through": 0}
             self._save(departed, state)
         crashpoint("takeover.after_claim")
+        # read only now, after the claim: everything the departed broker confirmed
+        # (``tiered.lease``: its commits' lease writes) is in the tier before the claim
+        mounted = self._mount(departed)
+        catalogue = self._catalogue(departed)
         if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
             b.unmount(departed)
         journal = self._journal(mounted)
@@ -306,17 +314,15 @@ class Takeover:
             raise FailedPrecondition(
                 f"broker {departed} wrote to the tier {age / 1000:.0f} s ago: it may still be "
                 "running; take it over only once it is gone (--force to insist)")
-        record = json.dumps({"by": me, "at_ms": b.clock.now_ms()}).encode()
-        if b.tier.create(_marker(departed), record):
-            return
-        try:
-            holder = json.loads(b.tier.read(_marker(departed))).get("by")
-        except (TierError, ValueError, AttributeError):
-            holder = None
+        holder = claim(b.tier, departed, me, b.clock.now_ms())
         if holder != me:
-            who = holder or "another broker"
-            raise FailedPrecondition(f"broker {departed} is taken over by {who} already "
-                                     f"(tier object {_marker(departed)})")
+            raise FailedPrecondition(f"broker {departed} is taken over by {holder} already "
+                                     f"(its lease {lease_path(departed)} says so)")
+        try:  # a record for people; the decision is the lease's ``taken_by``
+            b.tier.write(_marker(departed), json.dumps(
+                {"by": me, "at_ms": b.clock.now_ms()}).encode())
+        except TierError as exc:
+            log.warning("could not record the takeover of %s: %s", departed, exc)
 
     def _snapshot_at(self, mounted: MountedBroker) -> int:
         """The state stream's queue offset of the departed broker's latest snapshot in

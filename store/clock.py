@@ -28,7 +28,17 @@ class SystemClock:
         return time.time_ns() // 1_000_000
 
     def monotonic_ms(self) -> float:
-        return time.monotonic() * 1000.0
+        return _boottime() * 1000.0
+
+
+def _boottime() -> float:
+    """Seconds of a clock that never goes back and, unlike ``time.monotonic`` on Linux,
+    goes on while the machine is suspended (CLOCK_BOOTTIME): a lease judged on it never
+    counts a suspended machine's time as not passed."""
+    return time.clock_gettime(_BOOTTIME)
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
 class ManualClock:

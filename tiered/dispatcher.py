@@ -55,7 +55,8 @@ from store.message import FLAG_DELAYED, DispatchInfo
 from store.names import DELAYED_STREAM, is_system_stream
 from store.store import MessageStore
 from tiered.config import TierConfig
-from tiered.errors import TierError, TierUnavailable
+from tiered.durable import DurablePosition
+from tiered.errors import TierError
 from tiered.index import IndexFile, TieredIndex
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
@@ -117,8 +118,8 @@ class TieredDispatcher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._recent = RecentRecords()  # what the store's dispatcher decoded (``offer``)
-        self._durable = threading.Condition()  # ``wait_durable``: notified per commit
-        self._durable_position = 0  # what a mount can read: checkpoint and copies in
+        # what a mount can read (checkpoint and copies in), behind the lease's gate
+        self.durable = DurablePosition(0, config.upload_timeout_s)
 
     def open(self) -> None:
         """Load the queues' metadata and the checkpoint from local disk (every queue's
@@ -127,45 +128,30 @@ class TieredDispatcher:
         os.makedirs(os.path.join(self._meta_dir, "queues"), exist_ok=True)
         self.index.open()
         self._checkpoint = self._read_position = self._load()
-        self._durable_position = self._checkpoint
+        self.durable.start_at(self._checkpoint)
         self._store.add_log_reader(self)
 
     # ------------------------------------------------------------------ durable ack
 
     def wait_durable(self, end_offset: int, timeout_s: float | None = None) -> None:
         """Return once everything below CommitLog offset ``end_offset`` is readable from
-        the tier (uploaded, committed, its metadata copies in: what a broker taking over
-        reads).  Raises ``TierUnavailable`` after ``timeout_s`` (default
-        ``tier.upload_timeout_s``): the change is durable locally, not in the tier."""
-        limit = time.monotonic() + (timeout_s if timeout_s is not None
-                                    else self.config.upload_timeout_s)
-        with self._durable:
-            while self._durable_position < end_offset:
-                left = limit - time.monotonic()
-                if left <= 0:
-                    raise TierUnavailable(
-                        "the change is stored on this broker but did not reach the tier "
-                        f"within {self.config.upload_timeout_s:g} s (tier.durable_ack): "
-                        "the tier is slow or failing")
-                self._durable.wait(left)
+        the tier (uploaded, committed, its metadata copies in, the lease's gate passed:
+        what a broker taking over reads; ``tiered.durable``)."""
+        self.durable.wait(end_offset, timeout_s)
 
     def durable_position(self) -> int:
         """The CommitLog offset below which everything is readable from the tier (what
         ``wait_durable`` waits for)."""
-        with self._durable:
-            return self._durable_position
+        return self.durable.position()
 
     def _publish_durable(self) -> None:
-        """After a commit: wake the ``wait_durable`` callers it satisfied."""
+        """After a commit: move the durable position to what the tier holds now."""
         floor = self._mirror.floor()
         with self._lock:
             position = self._checkpoint
         if floor is not None:
             position = min(position, floor[0])
-        with self._durable:
-            if position > self._durable_position:
-                self._durable_position = position
-                self._durable.notify_all()
+        self.durable.publish(position)
 
     # ------------------------------------------------------------------ state
 
@@ -302,8 +288,11 @@ class TieredDispatcher:
         old, or all when the buffers together exceed ``tier.upload_buffer_bytes``) and a
         due key-index file, all at once;
         persist their metadata, then the checkpoint.  Returns the queues committed."""
+        if self.durable.fenced is not None:
+            return 0  # taken over: nothing more goes to the tier (the successor's now)
         due = self._due(force)
         if due is None:
+            self._publish_durable()  # a gate that failed is tried again
             return 0
         timeout_s = self.config.upload_timeout_s
         deadline_s = time.monotonic() + timeout_s  # real time: it bounds real I/O
@@ -397,12 +386,14 @@ class TieredDispatcher:
         """Delete what is past each topic's tier retention; returns the objects deleted.
         Never waits for an upload (see the module docstring); 0 at once when another pass
         is running."""
-        if not self._retention_lock.acquire(blocking=False):
+        if self.durable.fenced is not None or not self._retention_lock.acquire(blocking=False):
             return 0
         try:
             doomed = self._expire(self._clock.now_ms())
         finally:
             self._retention_lock.release()
+        if doomed and not self.durable.confirm():
+            return 0  # taken over (or not sure): the successor may read them, keep them
         for path in doomed:  # after the metadata is persisted: a crash leaves orphans only
             try:
                 self._provider.delete(path)

@@ -1,35 +1,41 @@
 """Broker leases in the shared tier: who is alive, who takes a lost broker over, and the
-fencing that keeps a broker that lost its lease from answering OK.
+fence that keeps a broker taken over from answering OK.
 
-Each broker with ``tier.failover`` holds ``brokers/<broker_name>.json`` (JSON: broker,
-address, RocketMQ address, epoch, renewal count, wall time of the last renewal (for
-people: never used to judge expiry), load, lease length, ``taken_by``) and
-renews it every ``tier.lease_s`` / 3 with a conditional put on the version it last wrote
-(``Provider.swap``: S3's ``If-Match``).  The bucket is the coordination point: every
-change has one winner, no other service is needed.
+Every broker that uploads (``tier.upload``) holds ``brokers/<broker_name>.json`` (JSON:
+broker, address, RocketMQ address, epoch, renewal count, a random nonce per process,
+wall time of the last write (for people: never used to judge expiry), load, lease length
+(0: not watched, the broker runs without ``tier.failover``), ``taken_by``).  Every write
+to it is a conditional put on the version this broker last wrote (``Provider.swap``:
+S3's ``If-Match``), so the object is one chain of versions and every change of owner has
+one winner: the bucket is the coordination point, no other service is needed.
 
-**Expiry is judged by the watcher's own clock, never by a time written in the object**:
-a watcher (``LeaseWatch``, every ``lease_s`` / 10) remembers, per lease, the version it
-saw and when it first saw it (monotonic).  A lease whose version has not changed for
-``lease_s`` of the watcher's time is expired.  So wall clocks may disagree; only clock
-*rates* are assumed close (within ``margin`` over one lease).
+**The decision is ``taken_by`` in this object, and nothing else.**  A takeover (automatic
+or ``chronomq takeover``) first writes ``taken_by: <successor>`` into the departed
+broker's lease by a conditional put (``claim``); only then does it read anything of the
+departed broker's (``chronomq.takeover``).
 
-**One winner.**  A watcher that finds an expired lease writes ``taken_by: <itself>`` into
-it with a conditional put on the version it saw: of several survivors exactly one wins
-and runs the takeover (``chronomq.takeover``); the others see the change and do nothing.
-The least loaded survivor tries first: survivors rank themselves by the load in their
-own leases (topics owned, then name) and the n-th waits n x ``lease_s`` / 3 more.  With
-no survivor left nothing happens until a broker with failover starts: its first watch
-takes the expired leases over.
+**The bucket fences a stale broker** (``BrokerLease.commit``): with ``tier.durable_ack``,
+the tier commit that makes a change durable ends with a conditional write of this lease
+(``tiered.dispatcher``: after the commit's objects are in, before the durable position
+moves and any OK is given).  Once a successor wrote ``taken_by``, that write fails
+whatever the clocks say, so a broker paused, partitioned or restarted for any time
+answers no OK after its successor read its state; and every OK it gave before was for a
+change in the tier before the successor's claim, which the successor reads after it.
+The argument in full: docs/DESIGN.md, "Failover".
 
-**Fencing** (``BrokerLease.check``): a renewal that succeeds extends validity to its
-*start* (monotonic) + ``lease_s`` - ``margin``.  A watcher can declare the lease expired
-only ``lease_s`` after it first saw that version, which is after the renewal started, so
-the holder stops answering OK (UNAVAILABLE) ``margin`` before anyone can take it over
-(the margin covers clock rates and a GC or scheduling pause between a check and its
-answer).  Callers check after the change is durable (with durable-ack: after the upload
-completed), just before they answer.  A holder whose renewal finds ``taken_by`` set stops
-for good: every state change is refused with FAILED_PRECONDITION naming the new owner.
+**Clocks decide only when to take over.**  A watcher (``LeaseWatch``, every ``lease_s``
+/ 10) remembers, per watched lease, the version it saw and when it first saw it (its own
+monotonic clock, read *after* the read: never earlier than the version's write).  A lease
+whose version has not changed for ``lease_s`` of the watcher's time is expired; the least
+loaded survivor claims it first (the n-th waits n x ``lease_s`` / 3 more).  Without
+durable-ack a broker is also fenced by time alone (``check``): a renewal extends validity
+to its *start* + ``lease_s`` - ``margin``, so the holder stops answering OK ``margin``
+before any watcher can judge it expired (only clock rates are assumed close).
+
+**Ambiguous writes.**  A conditional put whose answer was lost (S3 retried it and then
+said 412, or the connection broke) is resolved by reading the object back: the nonce and
+renewal count say whether the write was ours.  Only a ``taken_by``, or another process's
+nonce, fences this broker; a failed or unknown write is retried at the next renewal.
 
 Thread-safe.
 """
@@ -40,17 +46,18 @@ import json
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from store.clock import Clock
 from store.errors import FailedPrecondition, Unavailable
-from tiered.errors import TierError, TierNotFound
+from tiered.errors import TierError, TierNotFound, TierUnavailable
 from tiered.provider import Provider
 
 log = logging.getLogger(__name__)
 
 PREFIX = "brokers/"
+CLAIM_ATTEMPTS = 50  # a claim races the departed broker's own writes this many times
 
 
 def lease_path(broker: str) -> str:
@@ -70,13 +77,31 @@ class LeaseView:
     epoch: int
     load: int
     taken_by: str
+    lease_s: float = 0.0  # 0: not watched (a broker without tier.failover)
+    nonce: str = ""
+    renewals: int = 0
 
 
 def _parse(raw: bytes) -> LeaseView:
     d = json.loads(raw)
     return LeaseView(str(d["broker"]), str(d.get("address", "")),
                      str(d.get("rocketmq_address", "")), int(d.get("epoch", 0)),
-                     int(d.get("load", 0)), str(d.get("taken_by", "")))
+                     int(d.get("load", 0)), str(d.get("taken_by", "")),
+                     float(d.get("lease_s", 0.0)), str(d.get("nonce", "")),
+                     int(d.get("renewals", 0)))
+
+
+def read_lease(provider: Provider, broker: str) -> tuple[LeaseView | None, str]:
+    """``broker``'s lease and its version; (None, "") when it has none.  Raises
+    ``TierError`` when it cannot be read or parsed."""
+    try:
+        raw, version = provider.read_versioned(lease_path(broker))
+    except TierNotFound:
+        return None, ""
+    try:
+        return _parse(raw), version
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TierError(f"the lease {lease_path(broker)} is damaged: {exc}") from exc
 
 
 def successor(provider: Provider, broker: str, hops: int = 8) -> LeaseView | None:
@@ -86,8 +111,10 @@ def successor(provider: Provider, broker: str, hops: int = 8) -> LeaseView | Non
     name = broker
     for _ in range(hops):
         try:
-            view = _parse(provider.read_versioned(lease_path(name))[0])
-        except (TierError, ValueError, KeyError, TypeError):
+            view, _ = read_lease(provider, name)
+        except TierError:
+            return None
+        if view is None:
             return None
         if not view.taken_by:
             return view if name != broker else None
@@ -95,108 +122,227 @@ def successor(provider: Provider, broker: str, hops: int = 8) -> LeaseView | Non
     return None
 
 
+def claim(provider: Provider, departed: str, me: str, wall_ms: int) -> str:
+    """Write ``taken_by: me`` into ``departed``'s lease (created when it has none) by a
+    conditional put; returns the broker that holds the claim now (``me``, or whoever
+    claimed it first).  Raced by the departed broker's own renewals and commits, it
+    reads and tries again; ``TierError`` when the tier cannot be reached."""
+    path = lease_path(departed)
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            raw, version = provider.read_versioned(path)
+        except TierNotFound:
+            raw, version = b"", ""
+        try:
+            old = json.loads(raw) if raw else {}
+        except ValueError:  # damaged: the claim replaces it
+            old = {}
+        if not isinstance(old, dict):
+            old = {}
+        old.setdefault("broker", departed)
+        if old.get("taken_by"):
+            return str(old["taken_by"])
+        content = json.dumps({**old, "taken_by": me, "claimed_ms": wall_ms},
+                             sort_keys=True).encode()
+        try:
+            if provider.swap(path, content, version) is not None:
+                return me
+        except TierUnavailable:  # the outcome may be ours: read it back
+            pass
+    raise TierUnavailable(f"could not claim {path}: it changed {CLAIM_ATTEMPTS} times "
+                          f"while {me} tried (is {departed} running?)")
+
+
 class TakenOver(FailedPrecondition):
     """Raised when this broker's lease was taken over by another broker."""
 
 
 class BrokerLease:
-    """This broker's lease: acquire, renew, and the fencing check."""
+    """This broker's lease: acquire, renew, the bucket-fenced ``commit``, the timing
+    ``check``.  ``watched`` (``tier.failover``): renewed every ``lease_s`` / 3 by its own
+    thread (``start``), watched by the other brokers, fenced by time too."""
 
     def __init__(self, provider: Provider, broker: str, address: str, rocketmq_address: str,
-                 lease_s: float, monotonic: Callable[[], float]) -> None:
+                 lease_s: float, clock: Clock, watched: bool = True) -> None:
         self._provider = provider
         self.broker = broker
         self.address, self.rocketmq_address = address, rocketmq_address
         self.lease_s = lease_s
-        self.monotonic = monotonic
-        self._lock = threading.Lock()
+        self.watched = watched
+        self._clock = clock
+        self._lock = threading.Lock()  # one write at a time: versions form one chain
         self._version = ""
         self._epoch = 0
         self._renewals = 0
-        self._nonce = secrets.token_hex(8)  # every content differs: versions never repeat
+        self._nonce = secrets.token_hex(8)  # this process's: versions never repeat
         self._valid_until = 0.0
         self.taken_by = ""
         self.load: Callable[[], int] = lambda: 0
-        # for people reading the object (the console, an operator); never for expiry
-        self.wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+        self.on_taken_over: Callable[[str], None] = lambda _: None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def _content(self, taken_by: str = "") -> bytes:
+    def monotonic(self) -> float:
+        """The project clock's monotonic time, in seconds."""
+        return self._clock.monotonic_ms() / 1000
+
+    def wall_ms(self) -> int:
+        """The project clock's wall time (written for people, never judged)."""
+        return self._clock.now_ms()
+
+    def _content(self) -> bytes:
         return json.dumps({
             "broker": self.broker, "address": self.address,
             "rocketmq_address": self.rocketmq_address, "epoch": self._epoch,
-            "renewals": self._renewals, "renewed_ms": self.wall_ms(), "load": self.load(),
-            "lease_s": self.lease_s, "nonce": self._nonce, "taken_by": taken_by},
-            sort_keys=True).encode()
+            "renewals": self._renewals, "renewed_ms": self._clock.now_ms(),
+            "load": self.load(), "lease_s": self.lease_s if self.watched else 0,
+            "nonce": self._nonce, "taken_by": ""}, sort_keys=True).encode()
 
     def acquire(self) -> None:
         """Hold the lease at start: create it, or take our own earlier one (a new
         epoch).  ``TakenOver`` when another broker took this one over."""
-        path = lease_path(self.broker)
-        start = self.monotonic()
-        try:
-            raw, version = self._provider.read_versioned(path)
-        except TierNotFound:
-            raw, version = b"", ""
-        if raw:
-            old = _parse(raw)
-            if old.taken_by:
-                raise TakenOver(
-                    f"broker {self.broker} was taken over by {old.taken_by} (its lease "
-                    f"{path} in the tier says so): its topics live there now; start this "
-                    "broker with an empty data directory under a new tier.broker_name")
-            self._epoch = old.epoch + 1
-        new = self._provider.swap(path, self._content(), version)
-        if new is None:
-            raise FailedPrecondition(f"the lease {path} changed while this broker "
-                                     "started: is another process running as "
-                                     f"{self.broker}?")
         with self._lock:
-            self._version = new
-            self._valid_until = start + self.lease_s - margin_s(self.lease_s)
+            start = self.monotonic()
+            view, version = read_lease(self._provider, self.broker)
+            if view is not None:
+                if view.taken_by:
+                    raise TakenOver(
+                        f"broker {self.broker} was taken over by {view.taken_by} (its lease "
+                        f"{lease_path(self.broker)} in the tier says so): its topics live "
+                        "there now; start this broker with an empty data directory under a "
+                        "new tier.broker_name")
+                self._epoch = view.epoch + 1
+            self._version = version
+            if self._write(start) != "ok":
+                if self.taken_by:
+                    raise TakenOver(f"broker {self.broker} was taken over by "
+                                    f"{self.taken_by} while it started")
+                raise Unavailable(f"could not write the lease {lease_path(self.broker)}: "
+                                  "the tier failed or another process runs as "
+                                  f"{self.broker}")
+
+    def _write(self, start: float) -> str:
+        """One conditional write of the lease (the caller holds ``_lock``): "ok",
+        "fenced" (``taken_by`` is set) or "failed" (retry later)."""
+        self._renewals += 1
+        content = self._content()
+        path = lease_path(self.broker)
+        try:
+            new = self._provider.swap(path, content, self._version)
+        except TierError as exc:
+            new = None
+            log.warning("writing the lease %s failed (%s): reading it back", path, exc)
+        if new is None:
+            outcome, new = self._resolve(content)
+            if outcome != "ok":
+                return outcome
+        assert new is not None
+        self._version = new
+        self._valid_until = start + self.lease_s - margin_s(self.lease_s)
+        return "ok"
+
+    def _resolve(self, content: bytes) -> tuple[str, str | None]:
+        """After a conditional write that failed or whose answer was lost: read the lease
+        back and tell whose it is."""
+        try:
+            raw, version = self._provider.read_versioned(lease_path(self.broker))
+            current = _parse(raw)
+        except (TierError, ValueError, KeyError, TypeError) as exc:
+            log.warning("cannot read the lease %s back: %s", lease_path(self.broker), exc)
+            return "failed", None
+        if current.taken_by:
+            return self._fence(current.taken_by), None
+        if current.nonce != self._nonce:
+            return self._fence(f"another process running as {self.broker}"), None
+        if raw == content:  # ours went in: the answer was lost
+            return "ok", version
+        return "failed", None  # ours did not go in (the version is still our last one)
+
+    def _fence(self, by: str) -> str:
+        first = not self.taken_by
+        self.taken_by = by
+        if first:
+            log.error("broker %s was taken over by %s: refusing every change from now on",
+                      self.broker, by)
+            self.on_taken_over(by)
+        return "fenced"
 
     def renew(self) -> bool:
         """One renewal (every ``lease_s`` / 3); True when it succeeded.  Finding the
         lease taken over fences this broker for good."""
         if self.taken_by:
             return False
-        start = self.monotonic()
-        self._renewals += 1
-        path = lease_path(self.broker)
-        try:
-            new = self._provider.swap(path, self._content(), self._version)
-            if new is None:
-                current = _parse(self._provider.read_versioned(path)[0])
-                self.taken_by = current.taken_by or "another broker"
-                log.error("broker %s was taken over by %s: refusing every change from now on",
-                          self.broker, self.taken_by)
-                return False
-        except (TierError, ValueError, KeyError, TypeError) as exc:
-            log.warning("could not renew the lease %s: %s (valid for %.1f s more)", path, exc,
-                        max(0.0, self._valid_until - self.monotonic()))
-            return False
         with self._lock:
-            self._version = new
-            self._valid_until = start + self.lease_s - margin_s(self.lease_s)
-        return True
+            start = self.monotonic()
+            outcome = self._write(start)
+        if outcome == "failed":
+            log.warning("could not renew the lease %s (valid for %.1f s more)",
+                        lease_path(self.broker), self.valid_for_s())
+        return outcome == "ok"
+
+    def commit(self) -> None:
+        """The bucket's fence on a tier commit (``tier.durable_ack``): one conditional
+        write of the lease, after the commit's objects are in the tier and before any OK
+        that depends on them.  Raises ``TakenOver`` once a successor claimed this
+        broker's lease, ``TierUnavailable`` when the write could not be made now."""
+        self.check_taken()
+        with self._lock:
+            outcome = self._write(self.monotonic())
+        if outcome == "fenced":
+            self.check_taken()
+        if outcome != "ok":
+            raise TierUnavailable(f"the lease {lease_path(self.broker)} could not be "
+                                  "written: the commit is not confirmed")
 
     def valid_for_s(self) -> float:
-        return 0.0 if self.taken_by else max(0.0, self._valid_until - self.monotonic())
+        if self.taken_by:
+            return 0.0
+        if not self.watched:
+            return float("inf")
+        return max(0.0, self._valid_until - self.monotonic())
 
-    def check(self) -> None:
-        """Raise unless this broker may answer OK to a change now: ``TakenOver``
-        (FAILED_PRECONDITION) naming the new owner, or ``Unavailable`` while the lease
-        cannot be renewed."""
+    def check_taken(self) -> None:
         if self.taken_by:
             raise TakenOver(f"broker {self.broker} was taken over by {self.taken_by}: its "
                             f"topics are served there now")
-        if self.monotonic() >= self._valid_until:
+
+    def check(self) -> None:
+        """Raise unless this broker may answer OK to a change now: ``TakenOver``
+        (FAILED_PRECONDITION) naming the new owner, or, when watched, ``Unavailable``
+        while the lease cannot be renewed (the timing fence)."""
+        self.check_taken()
+        if self.watched and self.monotonic() >= self._valid_until:
             raise Unavailable(f"broker {self.broker} could not renew its lease in the tier "
                               "in time: it answers no OK until it does (fencing); retry, "
                               "or at another broker")
 
+    # ------------------------------------------------------------------ thread
+
+    def start(self) -> None:
+        """Renew every ``lease_s`` / 3 on a thread of its own (watched leases only), from
+        right after ``acquire``: a long recovery at start does not let the lease lapse."""
+        if not self.watched or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="lease-renew", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(self.lease_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease_s / 3) and not self.taken_by:
+            try:
+                self.renew()
+            except Exception:  # the next renewal tries again
+                log.exception("renewing the lease %s failed", lease_path(self.broker))
+
 
 class LeaseWatch:
-    """Watches the other brokers' leases; takes over one that expired (see the module
+    """Watches the other brokers' leases; claims one that expired (see the module
     docstring).  ``take_over(broker)`` is called at most once per lease won."""
 
     def __init__(self, provider: Provider, me: BrokerLease,
@@ -205,47 +351,67 @@ class LeaseWatch:
         self._me = me
         self._take_over = take_over
         self._seen: dict[str, tuple[str, float]] = {}  # broker -> (version, first seen)
+        self._resumed: set[str] = set()  # leases claimed by this broker, handed on
 
-    def step(self) -> list[str]:
-        """One look at every lease; returns the brokers this broker won now."""
-        now = self._me.monotonic()
-        lease_s = self._me.lease_s
-        views: dict[str, tuple[LeaseView, str, bytes]] = {}
+    def _read_all(self) -> dict[str, tuple[LeaseView, str, bytes, float]]:
+        """Every lease with its version, its content and when it was read (the clock is
+        read after each read: a slow read never makes "first seen" too early)."""
+        views: dict[str, tuple[LeaseView, str, bytes, float]] = {}
         for path in self._provider.list(PREFIX):
             name = path[len(PREFIX):].removesuffix(".json")
             try:
                 raw, version = self._provider.read_versioned(path)
-                views[name] = (_parse(raw), version, raw)
+                views[name] = (_parse(raw), version, raw, self._me.monotonic())
             except (TierError, ValueError, KeyError, TypeError) as exc:
                 log.warning("skipping lease %s: %s", path, exc)
+        return views
+
+    def step(self) -> list[str]:
+        """One look at every lease; returns the brokers this broker won now."""
+        views = self._read_all()
+        now = self._me.monotonic()
+        for name, (view, _, _, _) in views.items():  # claimed by us before (a lost
+            if view.taken_by == self._me.broker and name not in self._resumed:  # answer,
+                self._resumed.add(name)  # a restart): the takeover finishes or is done
+                self._take_over(name)
+        lease_s = self._me.lease_s
         expired: list[str] = []
-        for name, (view, version, _) in views.items():
+        for name, (view, version, _, read_at) in views.items():
             seen = self._seen.get(name)
             if seen is None or seen[0] != version:
-                self._seen[name] = (version, now)
+                self._seen[name] = (version, read_at)
                 continue
-            if name != self._me.broker and not view.taken_by and now - seen[1] >= lease_s:
+            if (name != self._me.broker and view.lease_s > 0 and not view.taken_by
+                    and now - seen[1] >= lease_s):
                 expired.append(name)
         if not expired or not self._me.valid_for_s():
             return []
-        live = sorted((v.load, n) for n, (v, _, _) in views.items()
-                      if not v.taken_by and n not in expired)
+        live = sorted((v.load, n) for n, (v, _, _, _) in views.items()
+                      if not v.taken_by and v.lease_s > 0 and n not in expired)
         rank = next((i for i, (_, n) in enumerate(live) if n == self._me.broker), 0)
         won = []
         for name in expired:
             _, since = self._seen[name]
             if now - since < lease_s + rank * lease_s / 3:
                 continue  # a less loaded survivor tries first
-            _, version, raw = views[name]
-            content = json.dumps({**json.loads(raw), "taken_by": self._me.broker},
-                                 sort_keys=True).encode()
-            try:
-                if self._provider.swap(lease_path(name), content, version) is None:
-                    continue  # another survivor won
-            except TierError as exc:
-                log.warning("could not take the lease of %s: %s", name, exc)
-                continue
-            log.warning("broker %s's lease expired: %s takes it over", name, self._me.broker)
-            won.append(name)
-            self._take_over(name)
+            if self._claim(name, views[name][1], views[name][2]):
+                log.warning("broker %s's lease expired: %s takes it over", name,
+                            self._me.broker)
+                won.append(name)
+                self._resumed.add(name)
+                self._take_over(name)
         return won
+
+    def _claim(self, name: str, version: str, raw: bytes) -> bool:
+        """``taken_by: me`` on the version seen expiring; an unknown outcome is read back."""
+        content = json.dumps({**json.loads(raw), "taken_by": self._me.broker,
+                              "claimed_ms": self._me.wall_ms()}, sort_keys=True).encode()
+        try:
+            return self._provider.swap(lease_path(name), content, version) is not None
+        except TierError as exc:
+            log.warning("claiming the lease of %s: %s; reading it back", name, exc)
+        try:
+            view, _ = read_lease(self._provider, name)
+        except TierError:
+            return False  # unknown: a later look sees who holds it
+        return view is not None and view.taken_by == self._me.broker

@@ -73,8 +73,9 @@ def broker_figures(broker: Broker, budget: CallBudget, sent: int, popped: int,
                          ("journal.delayed_records", DELAYED_STREAM)):
         if broker.store.topics.get(stream) is not None:  # what a takeover reads (tier.upload)
             out[name] = broker.store.queue_bounds(stream, 0)[1]
-    if broker.lease is not None:
-        out["lease.valid_for_s"] = broker.lease.valid_for_s()
+    if broker.lease is not None:  # tier.upload
+        if broker.lease.watched:  # tier.failover: the timing fence
+            out["lease.valid_for_s"] = broker.lease.valid_for_s()
         out["lease.taken_over"] = float(bool(broker.lease.taken_by))
     for name, r in broker.takeovers.results.items():
         out[f"takeover.{name}.topics"] = len(r.topics)

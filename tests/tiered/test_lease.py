@@ -17,11 +17,16 @@ LEASE_S = 10.0
 
 
 class Clock:
+    """The project's Clock protocol, moved by hand (``t``: seconds)."""
+
     def __init__(self) -> None:
         self.t = 100.0
 
-    def __call__(self) -> float:
-        return self.t
+    def monotonic_ms(self) -> float:
+        return self.t * 1000
+
+    def now_ms(self) -> int:
+        return int(self.t * 1000)
 
 
 def _lease(tier: LocalProvider, name: str, clock: Clock, load: int = 0) -> BrokerLease:
