@@ -93,6 +93,23 @@ def make_provider(config: BrokerConfig) -> Provider:
     return LocalProvider(config.tier_local_dir())
 
 
+def make_lease_provider(config: BrokerConfig, tier: Provider) -> Provider:
+    """The tier as the lease uses it (``tiered.lease``): on S3 a client of its own whose
+    every request is bounded by the lease (each wait ``tier.lease_s`` / 10, two attempts),
+    so a renewal or a commit's lease write never outlasts the lease, whatever the
+    ``tier.s3_*`` time-outs of the uploads; the same provider otherwise."""
+    t = config.tier
+    if t.provider != "s3":
+        return tier
+    from tiered.providers.s3 import S3Provider, S3Settings
+    bound_s = max(0.1, t.lease_s / 10)
+    return S3Provider(S3Settings(
+        bucket=t.s3_bucket, prefix=t.s3_prefix, endpoint_url=t.s3_endpoint_url,
+        region=t.s3_region, access_key_id=t.s3_access_key_id,
+        secret_access_key=t.s3_secret_access_key, connect_timeout_s=bound_s,
+        read_timeout_s=bound_s, max_attempts=2, max_pool_connections=4))
+
+
 class Broker:
     """The composition root of one broker: builds the store, the timer, POP and the tier
     from the configuration (no I/O), opens them in ``open`` (the one place a start touches
@@ -214,7 +231,8 @@ class Broker:
 
     def _hold_lease(self) -> None:
         """This broker's lease, before the store opens (``chronomq.failover``)."""
-        self.lease = hold_lease(self.config, self.tier, self.clock)
+        self.lease = hold_lease(self.config, make_lease_provider(self.config, self.tier),
+                                self.clock)
         self._opened.append(("the lease", self.lease.stop))
 
     def advertise(self, address: str, rocketmq_address: str) -> None:

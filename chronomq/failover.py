@@ -80,4 +80,4 @@ def start_failover(broker: Broker, address: str, rocketmq_address: str) -> Lease
             except Exception:  # logged; the takeover can be run again by hand
                 log.exception("automatic takeover of %s failed", departed)
         threading.Thread(target=run, name=f"takeover-{departed}", daemon=True).start()
-    return LeaseWatch(broker.tier, lease, take_over)
+    return LeaseWatch(lease.provider, lease, take_over)  # its bounded requests

@@ -182,6 +182,11 @@ class BrokerLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def provider(self) -> Provider:
+        """The tier as this lease reads and writes it."""
+        return self._provider
+
     def monotonic(self) -> float:
         """The project clock's monotonic time, in seconds."""
         return self._clock.monotonic_ms() / 1000

@@ -5,12 +5,22 @@ refused for good."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from store.errors import Unavailable
-from tiered.lease import BrokerLease, LeaseWatch, TakenOver, lease_path, margin_s, successor
+from tiered.errors import TierUnavailable
+from tiered.lease import (
+    BrokerLease,
+    LeaseWatch,
+    TakenOver,
+    claim,
+    lease_path,
+    margin_s,
+    successor,
+)
 from tiered.providers.local import LocalProvider
 
 LEASE_S = 10.0
@@ -120,3 +130,110 @@ def test_the_successor_of_a_broker_follows_a_chain_of_takeovers(tmp_path: Path) 
     assert successor(tier, "c") is None
     tier.delete(lease_path("c"))
     assert successor(tier, "a") is None
+
+
+class _SlowReads:
+    """A real provider whose ``read_versioned`` of one path takes ``read_s`` of the
+    manual clock, during which ``during`` runs (another broker's write landing while the
+    read is in flight)."""
+
+    def __init__(self, inner: LocalProvider, clock: Clock, path: str, read_s: float) -> None:
+        self.inner, self.clock, self.path, self.read_s = inner, clock, path, read_s
+        self.name = "slow"
+        self.during: Callable[[], object] = lambda: None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def read_versioned(self, path: str) -> tuple[bytes, str]:
+        if path == self.path:
+            self.clock.t += self.read_s / 2
+            self.during()
+            self.clock.t += self.read_s / 2
+        return self.inner.read_versioned(path)
+
+
+def test_a_slow_read_never_makes_first_sight_earlier_than_the_write(tmp_path: Path) -> None:
+    """The watcher reads its clock after each read: a renewal that lands while the read is
+    in flight is first seen when the read returns, so the watcher claims the lease only
+    after the holder fenced itself (was: the clock read before listing, first sight
+    earlier than the write by up to the read's time, which ate the margin)."""
+    inner = LocalProvider(str(tmp_path))
+    clock = Clock()
+    a, b = _lease(inner, "a", clock), _lease(inner, "b", clock)
+    a.acquire()
+    b.acquire()
+    slow = _SlowReads(inner, clock, lease_path("a"), read_s=6.0)
+    won: list[str] = []
+    watch = LeaseWatch(slow, b, won.append)  # type: ignore[arg-type]
+    watch.step()
+    slow.during = a.renew  # a's last renewal lands in the middle of the next read
+    watch.step()
+    slow.during = lambda: None
+    while not won:
+        clock.t += 0.25
+        b.renew()
+        watch.step()
+        if not won:
+            continue
+        with pytest.raises(Unavailable):  # a fenced itself before b could claim it
+            a.check()
+
+
+class _LostAnswers:
+    """A real provider whose next ``swap`` goes in, but whose answer is lost: it raises
+    (a broken connection) or says the version changed (S3 retried the PUT and answered
+    412 to the retry)."""
+
+    def __init__(self, inner: LocalProvider) -> None:
+        self.inner, self.name = inner, "lost-answers"
+        self.lose: str = ""  # "raise" | "conflict" | "" (answers as it should)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def swap(self, path: str, data: bytes, version: str) -> str | None:
+        new = self.inner.swap(path, data, version)
+        lose, self.lose = self.lose, ""
+        if lose == "raise":
+            raise TierUnavailable("connection reset (injected: the write went in)")
+        return None if lose == "conflict" else new
+
+
+@pytest.mark.parametrize("lose", ["raise", "conflict"])
+def test_a_lease_write_whose_answer_was_lost_is_read_back_not_taken_for_a_takeover(
+        lose: str, tmp_path: Path) -> None:
+    tier = _LostAnswers(LocalProvider(str(tmp_path)))
+    clock = Clock()
+    a = BrokerLease(tier, "a", "a:1", "", LEASE_S, clock)  # type: ignore[arg-type]
+    a.acquire()
+    tier.lose = lose
+    clock.t += 1
+    assert a.renew(), "a renewal that went in is a renewal"
+    assert not a.taken_by
+    clock.t += 1
+    a.commit()  # and the chain of versions goes on from it
+    assert a.renew()
+    a.check()
+    tier.lose = lose  # a claim whose answer is lost: read back, it is the claimer's
+    b = BrokerLease(tier, "b", "b:1", "", LEASE_S, clock)  # type: ignore[arg-type]
+    b.acquire()
+    assert claim(tier, "a", "b", clock.now_ms()) == "b"  # type: ignore[arg-type]
+    with pytest.raises(TakenOver, match="taken over by b"):
+        a.commit()
+    assert not a.renew()
+
+
+def test_a_claim_has_one_winner_and_fences_every_later_commit(tmp_path: Path) -> None:
+    tier = LocalProvider(str(tmp_path))
+    clock = Clock()
+    a = _lease(tier, "a", clock)
+    a.acquire()
+    a.commit()
+    assert claim(tier, "a", "b", clock.now_ms()) == "b"
+    assert claim(tier, "a", "c", clock.now_ms()) == "b"  # one decision, one record
+    with pytest.raises(TakenOver):
+        a.commit()
+    assert claim(tier, "gone", "c", clock.now_ms()) == "c"  # a broker with no lease
+    with pytest.raises(TakenOver):
+        BrokerLease(tier, "gone", "", "", LEASE_S, clock).acquire()
