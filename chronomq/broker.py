@@ -55,6 +55,8 @@ class Submission(NamedTuple):
     duplicate: list[bool]  # per draft: a repeat of a recent client-chosen id, not stored
     future: Future[list[DispatchInfo]] | None  # the others, in order; None if none
     claimed: list[tuple[str, str]]  # (topic, client-chosen id) of the others
+    end: Future[int] | None  # where the others end in the CommitLog, for their repeats
+    originals: list[Future[int]]  # where the messages the duplicates repeat end (``stored``)
 
 
 def load_or_create_secret(path: str) -> bytes:
@@ -136,7 +138,8 @@ class Broker:
         self.mount_reader = MountReader(None)
         self._recent_lock = threading.Lock()
         self._takeover_lock = threading.Lock()
-        self._recent_ids: OrderedDict[tuple[str, str], int] = OrderedDict()  # -> accepted at
+        # (topic, client-chosen id) -> (accepted at, the end of the send that carried it)
+        self._recent_ids: OrderedDict[tuple[str, str], tuple[int, Future[int]]] = OrderedDict()
         self._opened: list[tuple[str, Callable[[], None]]] = []  # what to close, in order
         self.takeovers = Takeover(self)
         self.lease: BrokerLease | None = None  # tier.upload: held from ``open`` on
@@ -449,37 +452,61 @@ class Broker:
     def check(self, m: Draft) -> None:
         self.store.check(m)
 
-    def seen_recently(self, messages: list[tuple[str, str]], now_ms: int) -> list[bool]:
+    def seen_recently(self, messages: list[tuple[str, str]], now_ms: int,
+                      end: Future[int]) -> list[Future[int] | None]:
         """For each (topic, client-chosen id), whether the topic accepted a message with
         that id within the dedupe window (``store.dedupe_window_ms``; a repeat within
-        ``messages`` counts too): a replay sent twice delivers once.  Ids accepted a
-        moment ago are remembered in memory until the index has them; the rest are one
-        multi-get."""
+        ``messages`` counts too): a replay sent twice delivers once.  None: it did not,
+        and the id is taken now, by the send ending at ``end``; else where the message
+        accepted before ends in the CommitLog, once stored (it may be on its way still;
+        it fails if that send fails).  Ids accepted a moment ago are remembered in memory
+        until the index has them; the rest are one multi-get."""
         window = self.config.store.dedupe_window_ms
         if window <= 0:
-            return [False] * len(messages)
+            return [None] * len(messages)
         horizon = now_ms - window
         stored = self.store.stored_at(messages)
-        out = []
+        indexed: Future[int] | None = None
+        out: list[Future[int] | None] = []
         with self._recent_lock:
             recent = self._recent_ids
             for m, at in zip(messages, stored, strict=True):
                 seen = recent.get(m)
-                if (seen is not None and seen >= horizon) or (at is not None
-                                                               and at >= horizon):
-                    out.append(True)
-                    continue
-                recent[m] = now_ms
-                out.append(False)
+                if seen is not None and seen[0] >= horizon:
+                    out.append(seen[1])
+                elif at is not None and at >= horizon:
+                    if indexed is None:  # the index has only what the CommitLog confirmed
+                        # (not where: waiting for all of that covers the original)
+                        indexed = Future()
+                        indexed.set_result(self.store.commitlog.confirmed_offset)
+                    out.append(indexed)
+                else:
+                    recent[m] = (now_ms, end)
+                    out.append(None)
             while len(recent) > RECENT_IDS:
                 recent.popitem(last=False)
         return out
 
-    def forget_recent(self, messages: list[tuple[str, str]]) -> None:
-        """(topic, id) pairs whose send failed: a retry must not count as a duplicate."""
+    def forget_recent(self, messages: list[tuple[str, str]], end: Future[int]) -> None:
+        """(topic, id) pairs whose send (the one ending at ``end``) failed: a retry must
+        not count as a duplicate.  An id taken by another send since stays."""
         with self._recent_lock:
             for m in messages:
-                self._recent_ids.pop(m, None)
+                seen = self._recent_ids.get(m)
+                if seen is not None and seen[1] is end:
+                    del self._recent_ids[m]
+
+    def _ended(self, end: Future[int], claimed: list[tuple[str, str]],
+               stored: Future[list[DispatchInfo]]) -> None:
+        """A send with client-chosen ids is stored: tell its repeats where it ends; or it
+        failed: forget its ids (a retry is no repeat) and fail its repeats alike."""
+        try:
+            infos = stored.result()
+        except BaseException as exc:
+            self.forget_recent(claimed, end)
+            end.set_exception(exc)
+            return
+        end.set_result(max(i.commit_offset + i.record_size for i in infos))
 
     def send(self, drafts: list[Draft]) -> Future[list[DispatchInfo]]:
         """Append checked drafts; resolves once they are durable."""
@@ -491,30 +518,44 @@ class Broker:
         self.disk.check_send(sum(len(d.body) for d in drafts))
         chosen = [(d.topic, d.message_id) for d in drafts if d.message_id]
         duplicate = [False] * len(drafts)
+        end: Future[int] | None = None
+        originals: list[Future[int]] = []
         if chosen:
-            repeats = iter(self.seen_recently(chosen, now_ms))
-            duplicate = [bool(d.message_id) and next(repeats) for d in drafts]
-            if any(duplicate):
+            end = Future()
+            seen = iter(self.seen_recently(chosen, now_ms, end))
+            repeats = [next(seen) if d.message_id else None for d in drafts]
+            duplicate = [r is not None for r in repeats]
+            originals = list(dict.fromkeys(r for r in repeats if r is not None))
+            if originals:
                 drafts = [d for d, dup in zip(drafts, duplicate, strict=True) if not dup]
         claimed = [(d.topic, d.message_id) for d in drafts if d.message_id]
         try:
             future = self.send(drafts) if drafts else None
-        except BaseException:
-            self.forget_recent(claimed)
+        except BaseException as exc:
+            if end is not None:
+                self.forget_recent(claimed, end)
+                end.set_exception(exc)
             raise
-        return Submission(duplicate, future, claimed)
+        if end is not None and future is not None:
+            future.add_done_callback(lambda f: self._ended(end, claimed, f))
+        return Submission(duplicate, future, claimed, end, originals)
 
     def stored(self, submission: Submission) -> list[DispatchInfo]:
         """Wait until a submission is durable: one ``DispatchInfo`` per stored draft.  If
-        it fails, its ids are forgotten, so that a retry is not taken for a duplicate."""
-        if submission.future is None:
-            return []
+        it fails, its ids are forgotten, so that a retry is not taken for a duplicate.  A
+        duplicate's OK stands for its original: it waits until that is durable too (and
+        fails if that failed), and passes the fence like any OK."""
         try:
-            infos = submission.future.result()
+            infos = submission.future.result() if submission.future is not None else []
         except BaseException:
-            self.forget_recent(submission.claimed)
+            if submission.end is not None:  # now, not only once ``_ended`` runs
+                self.forget_recent(submission.claimed, submission.end)
             raise
-        self.journal.wait_tier(infos)  # tier.durable_ack: in the tier before the OK
+        ends = [f.result() for f in submission.originals]  # raises as a failed original did
+        if ends and self.journal.durable_ack and self.tiered is not None:
+            self.tiered.wait_durable(max(ends))  # the originals in the tier too
+        if infos or ends:
+            self.journal.wait_tier(infos)  # tier.durable_ack: in the tier before the OK
         return infos
 
     # ------------------------------------------------------------------ queries
