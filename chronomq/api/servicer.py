@@ -81,6 +81,12 @@ def _topic_pb(t: Topic) -> pb.Topic:
                     retention_bytes=t.retention_bytes, tier_retention_ms=t.tier_retention_ms)
 
 
+def _taken_by(broker: Broker) -> str:
+    """The broker that took ``broker`` over (``tier.failover``), or "" while it serves."""
+    lease = broker.lease
+    return lease.taken_by if lease is not None and lease.taken_by else ""
+
+
 class BrokerServicer(pb_grpc.BrokerServicer):
     """Thread-safe: every method may run on many gRPC worker threads at once."""
 
@@ -108,6 +114,17 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         return pb.CreateTopicResponse(topic=_topic_pb(created_topic), created=created)
 
     def ListTopics(self, request: pb.ListTopicsRequest, context: Context) -> pb.ListTopicsResponse:
+        """This broker's own topics (``taken_over_from``: adopted in a takeover), then the
+        mounted ones (``mounted_from``).
+
+        A broker that was taken over (its lease names the broker that took it, the Stats
+        figure ``lease.taken_over``) lists nothing: it refuses every change, and its
+        topics are served by that broker, which lists them.  Left out rather than marked
+        (a new field, which clients already deployed would not read): a client that looks
+        for the broker listing a topic (``BrokerDirectory``, any version) is sent to the
+        owner, and ``chronomq topic list`` shows that this broker serves no topic."""
+        if _taken_by(self._broker):
+            return pb.ListTopicsResponse()
         mounts = self._broker.mount_reader
         mounted = [pb.Topic(name=name, queue_count=count, mounted_from=m.broker)
                    for m in mounts.mounts().values() for name, count in m.topics().items()]

@@ -4,15 +4,20 @@ A topic lives on one broker; with ``tier.claim_topics`` the owner is recorded in
 shared tier (``tiered.ownership``).  ``BrokerDirectory`` finds a topic's owner
 
 * from the shared tier, when given a ``Provider`` of it (the bucket): one read of
-  ``owners/<topic>.json``, which names the owner's address; or
+  ``owners/<topic>.json``, which names the owner; when that broker's lease says it was
+  taken over (``tier.failover``), the broker that took it (``tiered.lease.successor``,
+  a chain followed): its lease is written before the owner records are; or
 * from the broker addresses it was given: ``ListTopics`` on each in turn, the first that
-  has the topic (a broker that does not answer is skipped);
+  has the topic as its own (a broker that does not answer is skipped; one that mounts
+  it, or that refused as taken over, is taken only when no other has it);
 
 then keeps one ``ChronomqClient`` per broker and the owner per topic.  A call that the
 owner answers with ``NOT_FOUND`` (the topic moved or was deleted; for a send, every
-message's result) forgets the topic and is tried once more at the owner found again;
-``UNAVAILABLE`` forgets it too, and is raised (a send may have been stored: the caller
-decides; with client-chosen ids a resend is dropped as a duplicate).
+message's result) or with FAILED_PRECONDITION "broker X was taken over by Y"
+(``tiered.lease.TakenOver``: X was paused or cut off, Y took over, X came back) forgets
+the topic and is tried again at the owner found again; ``UNAVAILABLE`` forgets it too,
+and is raised (a send may have been stored: the caller decides; with client-chosen ids a
+resend is dropped as a duplicate).
 
 ``RoutedClient`` has the typed client's calls that name a topic.  Settling calls (ack,
 nack, dead letter, ChangeInvisibleTime) take the topic too: a receipt handle is valid
@@ -22,6 +27,7 @@ outcomes given back in the order of the messages.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -47,6 +53,13 @@ T = TypeVar("T")
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # per-message error codes in SendResult
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+# a taken-over broker's refusal (``tiered.lease.TakenOver``): "broker X was taken over by Y"
+TAKEN_OVER = re.compile(r"\bbroker \S+ was taken over by ")
+
+
+def taken_over(details: str) -> bool:
+    """Whether a FAILED_PRECONDITION says the broker was taken over: its topics moved."""
+    return TAKEN_OVER.search(details) is not None
 
 
 class BrokerDirectory:
@@ -62,6 +75,7 @@ class BrokerDirectory:
         self._lock = threading.Lock()
         self._clients: dict[str, ChronomqClient] = {}
         self._owners: dict[str, str] = {}  # topic -> address
+        self._taken_over: set[str] = set()  # addresses that refused as taken over
 
     def client(self, address: str) -> ChronomqClient:
         with self._lock:
@@ -78,7 +92,9 @@ class BrokerDirectory:
             known = self._owners.get(topic)
         if known is not None:
             return known
-        address = self._from_tier(topic) or self._from_brokers(topic)
+        address = self._from_tier(topic)
+        if address is None or self._refused(address):
+            address = self._from_brokers(topic) or address
         if address is None:
             raise RpcError(grpc.StatusCode.NOT_FOUND,
                            f"no broker has topic {topic!r} (asked: "
@@ -90,25 +106,48 @@ class BrokerDirectory:
     def _from_tier(self, topic: str) -> str | None:
         if self._tier is None:
             return None
-        from tiered.ownership import owner_of  # the tier's reader, only with a bucket
+        from tiered.lease import successor  # the tier's readers, only with a bucket
+        from tiered.ownership import owner_of
         owner = owner_of(self._tier, topic)
-        return owner.address if owner is not None else None
+        if owner is None:
+            return None
+        now = successor(self._tier, owner.broker)  # None: not taken over
+        return now.address if now is not None and now.address else owner.address
 
     def _from_brokers(self, topic: str) -> str | None:
+        """The first broker listing ``topic`` as its own, not known to be taken over;
+        else the first of the others that lists it."""
+        fallback: tuple[tuple[bool, bool], str] | None = None
         for address in self.targets:
             try:
-                names = {t.name for t in self.client(address).list_topics()}
+                listed = [t for t in self.client(address).list_topics() if t.name == topic]
             except RpcError as exc:
                 if exc.code == grpc.StatusCode.UNAVAILABLE:
                     continue  # that broker is down: the topic may be on another
                 raise
-            if topic in names:
+            if not listed:
+                continue
+            rank = (self._refused(address), bool(listed[0].mounted_from))
+            if rank == (False, False):
                 return address
-        return None
+            if fallback is None or rank < fallback[0]:
+                fallback = (rank, address)
+        return fallback[1] if fallback is not None else None
+
+    def _refused(self, address: str) -> bool:
+        with self._lock:
+            return address in self._taken_over
 
     def forget(self, topic: str) -> None:
         with self._lock:
             self._owners.pop(topic, None)
+
+    def refused_as_taken_over(self, address: str) -> None:
+        """``address`` said it was taken over: from now on other brokers listing a topic
+        are preferred to it (an older broker still lists its former topics; a broker
+        taken over never takes them back)."""
+        with self._lock:
+            self._taken_over.add(address)
 
     def for_topic(self, topic: str) -> ChronomqClient:
         return self.client(self.locate(topic))
@@ -132,7 +171,8 @@ class RoutedClient:
     cut off), no longer has the topic (NOT_FOUND) or was taken over
     (FAILED_PRECONDITION), with back-off from 0.1 s to 1 s, while a failover moves the
     topic (``tier.failover``); 0: look once more, as before.  A FAILED_PRECONDITION is
-    followed only when the owner found again is another broker."""
+    followed when it says the broker was taken over, else only when the owner found
+    again is another broker."""
 
     def __init__(self, directory: BrokerDirectory, follow_s: float = 30.0) -> None:
         self.directory = directory
@@ -157,14 +197,18 @@ class RoutedClient:
                 if exc.code not in FOLLOW:
                     raise
                 self.directory.forget(topic)
-                if exc.code == grpc.StatusCode.FAILED_PRECONDITION and \
-                        self._owner_now(topic) in ("", address):
-                    raise  # not a move: the broker refused for its own reason
+                moved = exc.code == grpc.StatusCode.NOT_FOUND
+                if exc.code == grpc.StatusCode.FAILED_PRECONDITION:
+                    if taken_over(exc.details):  # moved: its successor lists the topic
+                        self.directory.refused_as_taken_over(address)
+                        moved = True
+                    elif self._owner_now(topic) in ("", address):
+                        raise  # not a move: the broker refused for its own reason
                 if time.monotonic() >= deadline:
-                    if attempt == 1 and exc.code == grpc.StatusCode.NOT_FOUND:
-                        continue  # moved: look for the owner again, once
+                    if attempt == 1 and moved:
+                        continue  # look for the owner again, once
                     raise
-                if attempt > 1 or exc.code != grpc.StatusCode.NOT_FOUND:
+                if attempt > 1 or not moved:
                     time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                     backoff = min(1.0, backoff * 2)
 
@@ -194,7 +238,8 @@ class RoutedClient:
             codes = {o.error_code for o in out}
             if out and len(codes) == 1 and (
                     codes <= {NOT_FOUND, UNAVAILABLE} or
-                    (codes == {FAILED_PRECONDITION} and self._moved(topic, c))):
+                    (codes == {FAILED_PRECONDITION} and
+                     (taken_over(out[0].error) or self._moved(topic, c)))):
                 # the whole batch refused for where it was sent: follow the topic
                 raise RpcError(status_by_number(out[0].error_code), out[0].error)
             return out
