@@ -162,6 +162,8 @@ class Takeover:
         b.journal.check()  # a broker taken over itself takes nothing over
         started = time.monotonic()
         state = self._load(departed)
+        if not state and not b.tier.list(f"{departed}/meta/"):
+            return self._nothing(departed)
         if not state:
             mounted = self._mount(departed)
             clash = sorted(t for t in {*mounted.topics(), *self._catalogue(departed)}
@@ -184,10 +186,6 @@ class Takeover:
         taken = {t: catalogue[t].queue_count if t in catalogue else n
                  for t, n in mounted.topics().items()}
         taken.update({t: c.queue_count for t, c in catalogue.items()})
-        # positions before topics: no Pop here may start a taken queue from its low mark
-        groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
-                              if origin_of(_topic_of(k)) in taken})
-        crashpoint("takeover.after_positions")
         if "chain" not in state:  # what the departed broker had itself taken over
             state["chain"] = self._chain_of(departed)
         # each queue continues after the departed broker's end in the tier, or after
@@ -206,7 +204,11 @@ class Takeover:
         self._publish(departed, state)  # and a broker taking this one over finds them
         if b.pop.tier is None:
             b.pop.tier = b.mount_reader
-        self._adopt(departed, mounted, state)
+        self._adopt(departed, mounted, state)  # the taken queues readable, then:
+        # positions before topics: no Pop here may start a taken queue from its low mark
+        groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
+                              if origin_of(_topic_of(k)) in taken})
+        crashpoint("takeover.after_positions")
         for topic, count in sorted(taken.items()):
             settings = catalogue.get(topic, Topic(topic, count))
             count = max([count, *(q + 1 for q in ends.get(topic, {}))])
@@ -242,6 +244,18 @@ class Takeover:
         log.info("took over %s: %d topics, %d groups, %d pending delayed messages in %.1f s "
                  "(sends accepted after %.1f s)", departed, len(taken), result.groups,
                  result.pending, result.seconds, accepting)
+        return result
+
+    def _nothing(self, departed: str) -> TakeoverResult:
+        """A departed broker that never uploaded a queue (it died at its first start):
+        its lease claimed, nothing to carry."""
+        me = self._b.config.tier.broker_name
+        holder = claim(self._b.tier, departed, me, self._b.clock.now_ms())
+        if holder != me:
+            raise FailedPrecondition(f"broker {departed} is taken over by {holder} already "
+                                     f"(its lease {lease_path(departed)} says so)")
+        log.info("took over %s: it had nothing in the tier", departed)
+        result = self.results[departed] = TakeoverResult(departed, done=True)
         return result
 
     def _adopt(self, departed: str, mounted: MountedBroker, state: dict[str, Any]) -> None:

@@ -129,3 +129,23 @@ def test_a_broker_reborn_with_an_empty_data_directory_refuses_and_leaves_its_lea
     assert a.tier.read_versioned(lease_path("a")) == lease_before  # survivors may take it
     again = _broker(tmp_path, "a", manual_clock)  # with its data directory: it starts
     again.stop()
+
+
+def test_a_broker_that_never_uploaded_is_taken_over_with_nothing_to_carry(
+        tmp_path: Path, manual_clock: ManualClock, caplog: pytest.LogCaptureFixture) -> None:
+    """Its lease is claimed, so it cannot come back under its name, and the takeover is
+    done (was: an ERROR traceback, "has no queues in the tier", at every attempt)."""
+    tier = TierConfig(provider="local", local_dir=str(tmp_path / "tier"), broker_name="a",
+                      upload=True, durable_ack=True)
+    a = Broker(BrokerConfig(store=StoreConfig(str(tmp_path / "a")), tier=tier), manual_clock)
+    a.open()  # it died before its dispatcher ever ran: nothing but its lease in the tier
+    assert not a.tier.list("a/meta/")
+    b = _broker(tmp_path, "b", manual_clock)
+    try:
+        result = b.takeover("a", force=True)
+        assert result.done and result.topics == []
+        assert b'"taken_by": "b"' in b.tier.read(lease_path("a"))
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    finally:
+        b.stop()
+        a.stop()
