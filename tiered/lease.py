@@ -21,7 +21,8 @@ moves and any OK is given).  Once a successor wrote ``taken_by``, that write fai
 whatever the clocks say, so a broker paused, partitioned or restarted for any time
 answers no OK after its successor read its state; and every OK it gave before was for a
 change in the tier before the successor's claim, which the successor reads after it.
-The argument in full: docs/DESIGN.md, "Failover".
+The argument in full: docs/DESIGN.md,
+"Failover by construction: the bucket fences, clocks only time".
 
 **Clocks decide only when to take over.**  A watcher (``LeaseWatch``, every ``lease_s``
 / 10) remembers, per watched lease, the version it saw and when it first saw it (its own
