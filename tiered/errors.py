@@ -17,6 +17,14 @@ class TierUnavailable(TierError, Unavailable):
     """Raised when the tier cannot be reached or refuses service; retry later."""
 
 
+class TierOutcomeUnknown(TierUnavailable):
+    """Raised when a conditional write (``Provider.swap``, ``Provider.create``) got no
+    answer that can be trusted: an attempt may have reached the tier and been applied
+    (its response was lost, and the retry was refused because the object had changed,
+    by that very write perhaps).  Read the object back and compare it with what was
+    written; retrying the write blindly is not safe."""
+
+
 class TierBadPath(TierError, InvalidArgument):
     """Raised for a path that is empty, absolute or climbs out of the tier's root."""
 

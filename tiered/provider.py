@@ -3,7 +3,9 @@
 Objects are immutable once written (S3 has no append): a writer that grows a file writes
 it as a sequence of objects (see ``tiered.segment`` when it lands).  Reads are ranged.
 Every method raises ``TierNotFound``/``TierUnavailable``/``TierError``, never a foreign
-exception.  Implementations are thread-safe.
+exception; the conditional writes (``create``, ``swap``) also ``TierOutcomeUnknown`` (a
+``TierUnavailable``) when the write may have been applied unseen.  Implementations are
+thread-safe.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ class Provider(Protocol):
     def create(self, path: str, data: bytes) -> bool:
         """Write the object only if none exists at ``path`` (atomically: of two writers
         racing, exactly one gets True); False if one exists.  What coordinates brokers
-        sharing a tier (``tiered.ownership``)."""
+        sharing a tier (``tiered.ownership``).  ``TierOutcomeUnknown`` when this write
+        may have been applied without an answer saying so (S3: a lost response, and the
+        retry found the object, perhaps this very one): read it back and compare."""
         ...
 
     def delete(self, path: str) -> None:
@@ -55,5 +59,8 @@ class Provider(Protocol):
         is none), atomically: of two writers racing from one version, exactly one
         succeeds.  The new version, or None when the object changed (or appeared, or
         went) meanwhile.  S3's conditional PutObject (``If-Match`` / ``If-None-Match``):
-        what broker leases are made of (``tiered.lease``)."""
+        what broker leases are made of (``tiered.lease``).  ``TierOutcomeUnknown``
+        when this write may have been applied without an answer saying so (S3: a lost
+        response, and the retry found the object changed, perhaps by this very write):
+        read it back and compare; None is only ever a write that was not applied."""
         ...

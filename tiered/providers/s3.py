@@ -13,10 +13,19 @@ time-outs, throttling and 5xx are retried with jittered exponential back-off).  
 call against a stalled S3 gives up after about ``max_attempts`` x ``read_timeout_s`` (a
 PUT's attempt also waits up to 1 s for S3's "100 Continue" before it sends the body:
 botocore); the tiered dispatcher bounds its own wait further (``upload_timeout_s``).
+
+Conditional writes (``swap``, ``create``: ``If-Match`` / ``If-None-Match``) have three
+outcomes besides success, told apart in ``_put_if`` only: the object is not at that
+version (None / False); the outcome is unknown (``TierOutcomeUnknown``: an attempt may
+have been applied, its answer lost, so botocore's retry met the object changed by it);
+an error.  409 ConditionalRequestConflict (two conditional writes at once) is retried
+there, not taken for a conflict.
 """
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,13 +33,26 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from tiered.errors import TierError, TierNotFound, TierUnavailable, check_path
+from tiered.errors import (
+    TierError,
+    TierNotFound,
+    TierOutcomeUnknown,
+    TierUnavailable,
+    check_path,
+)
 
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _RETRYABLE = {"SlowDown", "Throttling", "RequestTimeout", "ServiceUnavailable",
               "InternalError", "503", "500"}
+# a conditional write's refusals: the object is not at that version (AWS: 404 for
+# If-Match on a missing key; SeaweedFS: 412) / a concurrent conditional write (retry)
+_CONFLICT = {"PreconditionFailed", "412", "NoSuchKey", "404"}
+_BUSY = {"ConditionalRequestConflict", "409"}
+_BUSY_ATTEMPTS = 4  # in all, for 409 ConditionalRequestConflict
+_BUSY_BACKOFF_S = 0.05  # x 2**attempt, jittered to 50-100 %
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,19 +70,45 @@ class S3Settings:
     timeout_s: float = 0.0  # when set: both time-outs (the older single setting)
 
 
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _mapped(exc: ClientError | BotoCoreError, path: str) -> TierError:
+    """The tier's error for a botocore one (the one place they are translated)."""
+    if isinstance(exc, BotoCoreError):
+        return TierUnavailable(f"S3 cannot be reached for {path}: {exc}")
+    code = _code(exc)
+    if code in _MISSING:
+        return TierNotFound(f"{path} does not exist in the tier")
+    if code in _RETRYABLE:
+        return TierUnavailable(f"S3 is unavailable ({code}) for {path}")
+    return TierError(f"S3 refused {path}: {code} {exc}")
+
+
 @contextmanager
 def _wrapped(path: str) -> Iterator[None]:
     try:
         yield
-    except ClientError as exc:
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        if code in _MISSING:
-            raise TierNotFound(f"{path} does not exist in the tier") from exc
-        if code in _RETRYABLE:
-            raise TierUnavailable(f"S3 is unavailable ({code}) for {path}") from exc
-        raise TierError(f"S3 refused {path}: {code} {exc}") from exc
-    except BotoCoreError as exc:
-        raise TierUnavailable(f"S3 cannot be reached for {path}: {exc}") from exc
+    except (ClientError, BotoCoreError) as exc:
+        raise _mapped(exc, path) from exc
+
+
+def _refused(exc: ClientError, path: str, maybe_applied: bool, attempts: int) -> None:
+    """Return when S3's refusal of a conditional write means "not at that version";
+    raise otherwise (see ``S3Provider._put_if``)."""
+    code = _code(exc)
+    if maybe_applied:
+        raise TierOutcomeUnknown(
+            f"the conditional write of {path} may have been applied: S3 answered {code} "
+            "after botocore retried an attempt whose answer it did not get; read it back "
+            "and compare") from exc
+    if code in _CONFLICT:
+        return
+    if code in _BUSY:
+        raise TierUnavailable(f"S3 kept refusing the conditional write of {path} ({code}, "
+                              f"{attempts} attempts): retry later") from exc
+    raise _mapped(exc, path) from exc
 
 
 def client_config(settings: S3Settings) -> Config:
@@ -130,18 +178,7 @@ class S3Provider:
     def create(self, path: str, data: bytes) -> bool:
         """A conditional PutObject (``If-None-Match: *``): S3 answers 412 when the key
         exists, and of two concurrent creators exactly one succeeds."""
-        try:
-            with _wrapped(path):
-                self._s3.put_object(Bucket=self._bucket, Key=self._key(path), Body=data,
-                                    IfNoneMatch="*")
-        except TierError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, ClientError) and str(cause.response.get("Error", {}).get(
-                    "Code", "")) in ("PreconditionFailed", "412",
-                                     "ConditionalRequestConflict"):
-                return False
-            raise
-        return True
+        return self._put_if(path, data, "") is not None
 
     def read_versioned(self, path: str) -> tuple[bytes, str]:
         with _wrapped(path):
@@ -150,23 +187,53 @@ class S3Provider:
 
     def swap(self, path: str, data: bytes, version: str) -> str | None:
         """A conditional PutObject: ``If-Match: <etag>`` (``If-None-Match: *`` for no
-        version); S3 answers 412 (or 404, 409) when the object is not at that version."""
-        try:
-            with _wrapped(path):
-                if version:
-                    put = self._s3.put_object(Bucket=self._bucket, Key=self._key(path),
-                                              Body=data, IfMatch=version)
-                else:
-                    put = self._s3.put_object(Bucket=self._bucket, Key=self._key(path),
-                                              Body=data, IfNoneMatch="*")
-        except TierError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, ClientError) and str(cause.response.get("Error", {}).get(
-                    "Code", "")) in ("PreconditionFailed", "412", "ConditionalRequestConflict",
-                                     "NoSuchKey", "404", "409"):
-                return None
-            raise
+        version)."""
+        return self._put_if(path, data, version)
+
+    def _put_if(self, path: str, data: bytes, version: str) -> str | None:
+        """The one conditional PutObject (``If-Match: <version>``; ``If-None-Match: *``
+        for ``""``), its outcomes mapped here once: the new ETag; None when the object
+        is not at that version (412 PreconditionFailed; 404
+        NoSuchKey for ``If-Match`` on a missing key at AWS); 409
+        ConditionalRequestConflict (a concurrent conditional write) is retried after a
+        short jittered back-off, as AWS says to.  Once an attempt may have been applied
+        without our seeing the answer (botocore retried it: a lost response, a time-out,
+        a 5xx; or no answer came at all), no refusal is trusted: ``TierOutcomeUnknown``.
+        Else ``TierUnavailable`` / ``TierError`` as for every request."""
+        attempt, maybe_applied = 1, False
+        while True:
+            try:
+                return self._put_once(path, data, version)
+            except ClientError as exc:
+                maybe_applied |= exc.response.get("ResponseMetadata", {}).get(
+                    "RetryAttempts", 0) > 0
+                if _code(exc) not in _BUSY or attempt == _BUSY_ATTEMPTS:
+                    _refused(exc, path, maybe_applied, attempt)
+                    return None
+            except BotoCoreError as exc:
+                raise self._unanswered(exc, path) from exc
+            time.sleep(random.uniform(0.5, 1.0) * _BUSY_BACKOFF_S * 2 ** attempt)
+            attempt += 1
+
+    def _put_once(self, path: str, data: bytes, version: str) -> str:
+        if version:
+            put = self._s3.put_object(Bucket=self._bucket, Key=self._key(path), Body=data,
+                                      IfMatch=version)
+        else:
+            put = self._s3.put_object(Bucket=self._bucket, Key=self._key(path), Body=data,
+                                      IfNoneMatch="*")
         return str(put["ETag"])
+
+    def _unanswered(self, exc: BotoCoreError, path: str) -> TierError:
+        """A conditional write that got no answer: applied perhaps when a request went out
+        (read time-out, connection closed), or when the last attempt could not connect
+        but an earlier one may have gone out."""
+        if isinstance(exc, HTTPClientError) or (isinstance(exc, BotoConnectionError)
+                                                and self.settings.max_attempts > 1):
+            return TierOutcomeUnknown(f"the conditional write of {path} got no answer from "
+                                      f"S3 ({exc}): it may have been applied; read it back "
+                                      "and compare")
+        return _mapped(exc, path)
 
     def delete(self, path: str) -> None:
         with _wrapped(path):
