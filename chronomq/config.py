@@ -58,7 +58,7 @@ from store.errors import InvalidArgument
 from store.names import check_name, is_name
 from store.store import StoreConfig
 from tiered.config import TierConfig
-from timer.service import TimerConfig
+from timer.model import TimerConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from tiered.timerflatfile import TimerFlatFiles
 from timer.store import TimerStore, parked_key, timer_key
 
 if TYPE_CHECKING:
-    from timer.service import TimerConfig
+    from timer.model import TimerConfig
 
 log = logging.getLogger(__name__)
 

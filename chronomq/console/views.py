@@ -27,7 +27,7 @@ from pop.model import PROP_DLQ_ATTEMPTS, PROP_DLQ_REASON, PROP_ORIGIN_TOPIC, dlq
 from store.errors import InvalidArgument
 from store.message import Message, validate_message_id
 from store.names import check_name
-from timer.service import LATENESS_BOUNDS_MS
+from timer.model import LATENESS_BOUNDS_MS
 
 PAGE = 50
 MAX_PAGE = 1_000_000

@@ -85,7 +85,7 @@ from store.message import (
 from store.topics import Topic
 from tiered.lease import LeaseView, successor
 from tiered.ownership import Owner
-from timer.service import TimerOutcome
+from timer.model import TimerOutcome
 
 Context: TypeAlias = grpc.ServicerContext
 Code = rd.Code

@@ -25,7 +25,7 @@ from tiered.providers.memory import MemoryProvider
 from tiered.queue import TieredEntry, TieredQueue
 from tiered.readahead import ReadAheadCache
 from tiered.timerflatfile import TimerFlatFiles
-from timer.service import TimerConfig
+from timer.model import TimerConfig
 
 SEC = 1000
 BUCKET_MS = 5 * SEC

@@ -16,7 +16,7 @@ from store.store import StoreConfig
 from store.topics import Topic
 from tests.conftest import tier_config
 from tests.tiered.faults import FaultyProvider
-from timer.service import TimerConfig, TimerOutcome
+from timer.model import TimerConfig, TimerOutcome
 
 SEC = 1000
 # small horizons, as the settings allow: wheel 5 s, RocksDB 10 s, buckets of 5 s

@@ -15,8 +15,8 @@ from store.clock import ManualClock
 from store.message import Draft
 from store.store import StoreConfig
 from store.topics import Topic
+from timer.model import TimerConfig
 from timer.schedule import DAY_MS, HOUR_MS, MINUTE_MS, due_schedule
-from timer.service import TimerConfig
 
 START = 1_700_000_000_000 - 1_700_000_000_000 % DAY_MS + 10 * HOUR_MS + 15_000  # 10:00:15
 

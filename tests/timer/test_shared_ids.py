@@ -21,7 +21,7 @@ from store.kv import KV
 from store.message import Draft
 from store.store import StoreConfig
 from store.topics import Topic
-from timer.service import TimerConfig, TimerOutcome
+from timer.model import TimerConfig, TimerOutcome
 from timer.store import (
     TimerStore,
     id_key,

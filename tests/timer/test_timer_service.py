@@ -14,7 +14,7 @@ from store.errors import FailedPrecondition, InvalidArgument
 from store.message import FLAG_DELAYED, FLAG_TIMER_DELIVERY, Draft
 from store.store import StoreConfig
 from store.topics import Topic
-from timer.service import TimerConfig, TimerOutcome
+from timer.model import TimerConfig, TimerOutcome
 
 HOUR = 3_600_000
 WINDOW = 60_000
