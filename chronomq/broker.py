@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from chronomq.config import BrokerConfig
 from chronomq.failover import hold_lease, start_failover
+from chronomq.handover import publish_secret
 from chronomq.takeover import Takeover, TakeoverResult
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.leasejournal import Snapshots
@@ -47,6 +48,8 @@ from timer.store import TimerStore
 log = logging.getLogger(__name__)
 
 RECENT_IDS = 1 << 17  # client-chosen ids remembered in memory for the dedupe check
+_IN_TIER: Future[int] = Future()  # where a taken-over broker's message ends here: nowhere
+_IN_TIER.set_result(0)
 
 
 class Submission(NamedTuple):
@@ -206,7 +209,10 @@ class Broker:
                           write_buffer_bytes=POP_WRITE_BUFFER_BYTES)
         self._opened.append(("the POP database", self._pop_kv.close))
         secret_path = config.pop.secret_file or os.path.join(sc.data_dir, "pop-secret")
-        self.pop = PopService(self.store, self._pop_kv, load_or_create_secret(secret_path),
+        secret = load_or_create_secret(secret_path)
+        if config.tier.upload:  # before any handle is given: a successor accepts them
+            publish_secret(self.tier, config.tier.broker_name, secret)
+        self.pop = PopService(self.store, self._pop_kv, secret,
                               clock, config.pop.max_messages_cap, config.retry_policy(),
                               config.groups)
         self._timer_store = TimerStore(os.path.join(sc.data_dir, "timer"))
@@ -460,12 +466,17 @@ class Broker:
         and the id is taken now, by the send ending at ``end``; else where the message
         accepted before ends in the CommitLog, once stored (it may be on its way still;
         it fails if that send fails).  Ids accepted a moment ago are remembered in memory
-        until the index has them; the rest are one multi-get."""
+        until the index has them; the rest are one multi-get.  For a topic taken over,
+        ids the broker it came from accepted count too (``chronomq.handover``: in its
+        tier already, they end at 0 here)."""
         window = self.config.store.dedupe_window_ms
         if window <= 0:
             return [None] * len(messages)
         horizon = now_ms - window
         stored = self.store.stored_at(messages)
+        earlier = self.takeovers.ids.stored_earlier(
+            [m for m, at in zip(messages, stored, strict=True)
+             if (at is None or at < horizon) and not self._remembered(m, horizon)], horizon)
         indexed: Future[int] | None = None
         out: list[Future[int] | None] = []
         with self._recent_lock:
@@ -480,12 +491,19 @@ class Broker:
                         indexed = Future()
                         indexed.set_result(self.store.commitlog.confirmed_offset)
                     out.append(indexed)
+                elif m in earlier:  # remembered: a resend again is not looked up again
+                    recent[m] = (earlier[m], _IN_TIER)
+                    out.append(_IN_TIER)
                 else:
                     recent[m] = (now_ms, end)
                     out.append(None)
             while len(recent) > RECENT_IDS:
                 recent.popitem(last=False)
         return out
+
+    def _remembered(self, message: tuple[str, str], horizon: int) -> bool:
+        seen = self._recent_ids.get(message)  # a hint: ``seen_recently`` decides locked
+        return seen is not None and seen[0] >= horizon
 
     def forget_recent(self, messages: list[tuple[str, str]], end: Future[int]) -> None:
         """(topic, id) pairs whose send (the one ending at ``end``) failed: a retry must

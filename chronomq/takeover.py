@@ -19,8 +19,11 @@ runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
    snapshot the tier's ``<broker>/state/snapshot.json`` points at) and the delayed
    records done or moved (the timer stream, whole).
 3. **Positions**: its groups' ack and pop offsets and open leases of the taken topics
-   are written into this broker's lease book (``PopService.adopt``); leases come back
-   after their invisible time.
+   are written into this broker's lease book (``PopService.adopt``) under the same keys;
+   leases come back after their invisible time.  Its receipt-handle secret, which it
+   put in the tier at start (``chronomq.handover``), is adopted
+   too (``PopService.adopt_secret``), so the handles its consumers hold settle their
+   leases here: Ack, Nack, ChangeInvisibleTime, DeadLetter.
 4. **Topics**: each topic it had in the tier (retry and dead-letter topics too) is
    created here with every queue continuing at the departed broker's end in the tier
    (``MessageStore.create_topic_at``); offsets below are read from its tier
@@ -35,6 +38,12 @@ runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
    after each batch; a run that resumes skips, in the first batch (the one a crash may
    have cut off), the ids this broker already stored: nothing is appended twice.
 7. **Done**: the tier's ``takeovers/<departed>.json`` says so, with the figures.
+
+**Sends after the takeover** with a client-chosen id the departed broker accepted for
+that topic within ``store.dedupe_window_ms`` are duplicates here, as they were there
+(``chronomq.handover.InheritedIds``, asked by ``Broker.seen_recently`` for ids this
+broker has not seen): looked up in the departed broker's key index in the tier (and
+the older tiers of the chain).
 
 What is lost: with ``tier.durable_ack`` nothing acknowledged; without it, what the
 departed broker had not uploaded yet (its Stats' ``tier.upload_lag_*``).  A chain is followed: the
@@ -59,6 +68,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chronomq.handover import CLOCK_SLACK_MS, InheritedIds, read_secret
 from pop.checkpoint import parse_key
 from pop.model import origin_of
 from store.crashpoint import crashpoint
@@ -119,6 +129,7 @@ def _marker(departed: str) -> str:
     return f"takeovers/{departed}.json"
 
 
+
 class Takeover:
     """Runs takeovers for one broker (see the module docstring).  One at a time."""
 
@@ -126,6 +137,7 @@ class Takeover:
         self._b = broker
         self._dir = os.path.join(broker.config.store.data_dir, "takeovers")
         self.results: dict[str, TakeoverResult] = {}
+        self.ids = InheritedIds()  # the dedupe windows of the brokers taken over
 
     # ------------------------------------------------------------------ restart
 
@@ -173,7 +185,7 @@ class Takeover:
                     f"cannot take over {departed}: topic(s) {', '.join(clash[:10])} exist on "
                     "this broker already (their offsets would mix); take it over elsewhere")
             self._claim(departed, mounted, force)
-            state = {"by": me, "ends": {}, "timers_through": 0}
+            state = {"by": me, "ends": {}, "timers_through": 0, "at_ms": b.clock.now_ms()}
             self._save(departed, state)
         crashpoint("takeover.after_claim")
         # read only now, after the claim: everything the departed broker confirmed
@@ -260,14 +272,34 @@ class Takeover:
 
     def _adopt(self, departed: str, mounted: MountedBroker, state: dict[str, Any]) -> None:
         """Serve the older offsets of the taken topics: from the departed broker's tier,
-        and the oldest from the tiers of the brokers it had taken them from."""
+        and the oldest from the tiers of the brokers it had taken them from.  Accept
+        the receipt handles those brokers signed, and count the ids they stored in the
+        dedupe window."""
+        at = state.get("at_ms")
+        until = int(at) + CLOCK_SLACK_MS if isinstance(at, int) else None
         for link in state.get("chain", []):
             try:
-                self._b.mount_reader.adopt(self._mount(str(link["broker"])), _ends(link))
+                link_mount = self._mount(str(link["broker"]))
+                self._b.mount_reader.adopt(link_mount, _ends(link))
+                self._origin(link_mount, _ends(link), until)
             except (FailedPrecondition, TierError, KeyError, TypeError, ValueError) as exc:
                 log.error("takeover of %s: cannot serve the backlog it had taken over from "
                           "%s: %s", departed, link.get("broker"), exc)
         self._b.mount_reader.adopt(mounted, _ends(state))
+        self._origin(mounted, _ends(state), until)
+
+    def _origin(self, mounted: MountedBroker, ends: dict[str, dict[int, int]],
+                until_ms: int | None) -> None:
+        """Adopt ``mounted``'s receipt-handle secret; look its ids up for ``ends``'
+        topics (``InheritedIds``)."""
+        secret = read_secret(self._b.tier, mounted.broker)
+        if secret is not None:
+            try:
+                self._b.pop.adopt_secret(secret)
+            except ValueError as exc:  # too short: not one a broker made
+                log.error("the receipt-handle secret of %s in the tier is unusable: %s",
+                          mounted.broker, exc)
+        self.ids.add(mounted, frozenset(ends), until_ms)
 
     def _catalogue(self, departed: str) -> dict[str, Topic]:
         """The departed broker's topics and their settings, from its catalogue's copy

@@ -13,7 +13,13 @@ Payload (big-endian), then a 16-byte MAC, all base64url without padding::
     30+n 16 mac              HMAC-SHA256(secret, group + b"\\0" + payload)[:16]
 
 The group is bound into the MAC but not stored, so a handle issued to one group fails
-verification in any other.  Thread-safe (no state beyond the secret).
+verification in any other.
+
+A broker that takes another over (``chronomq.takeover``) adopts its leases under the
+same keys (group, topic, queue, checkpoint start) and its secret (``adopt``): a handle
+the departed broker signed verifies here too and, naming the same lease with the same
+deadline, settles it; the handles this codec issues are always signed with its own
+secret.  Thread-safe (the adopted secrets are replaced whole).
 """
 
 from __future__ import annotations
@@ -44,14 +50,29 @@ class InvalidReceiptHandle(InvalidArgument):
     """Raised when a receipt handle is malformed, altered, forged or from another group."""
 
 
+def _check_secret(secret: bytes) -> bytes:
+    if len(secret) < 16:
+        raise ValueError("the receipt-handle secret needs at least 16 bytes")
+    return secret
+
+
 class HandleCodec:
     def __init__(self, secret: bytes) -> None:
-        if len(secret) < 16:
-            raise ValueError("the receipt-handle secret needs at least 16 bytes")
-        self._secret = secret
+        self._secret = _check_secret(secret)
+        self._adopted: tuple[bytes, ...] = ()  # departed brokers' secrets (``adopt``)
 
-    def _mac(self, group: str, payload: bytes) -> bytes:
-        return hmac.digest(self._secret, group.encode() + b"\0" + payload, "sha256")[:_MAC_BYTES]
+    def adopt(self, secret: bytes) -> None:
+        """Accept handles signed with ``secret`` too: a broker taken over signed them."""
+        if secret != self._secret and secret not in self._adopted:
+            self._adopted = (*self._adopted, _check_secret(secret))
+
+    def _mac(self, group: str, payload: bytes, secret: bytes | None = None) -> bytes:
+        return hmac.digest(secret or self._secret, group.encode() + b"\0" + payload,
+                           "sha256")[:_MAC_BYTES]
+
+    def _verified(self, group: str, payload: bytes, mac: bytes) -> bool:
+        return any(hmac.compare_digest(mac, self._mac(group, payload, secret))
+                   for secret in (self._secret, *self._adopted))
 
     def encode(self, group: str, h: ReceiptHandle) -> str:
         tb = h.topic.encode()
@@ -72,7 +93,7 @@ class HandleCodec:
         if len(raw) < _FIXED.size + _MAC_BYTES:
             raise InvalidReceiptHandle("receipt handle is malformed (too short)")
         payload, mac = raw[:-_MAC_BYTES], raw[-_MAC_BYTES:]
-        if verify and not hmac.compare_digest(mac, self._mac(group, payload)):
+        if verify and not self._verified(group, payload, mac):
             raise InvalidReceiptHandle(
                 f"receipt handle is not valid for group {group!r}: it was altered, forged, "
                 "or issued to another group"

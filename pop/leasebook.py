@@ -7,7 +7,8 @@ layouts) and loaded from it when the book is built.  Writes go through a
 ``GroupCommit``: callers that answer a client wait for their ticket (``wait``), so an
 OK answer is durable, and one WAL fsync covers every consumer waiting at that moment.
 
-The book also issues and checks receipt handles (``pop.handle``) against its leases,
+The book also issues and checks receipt handles (``pop.handle``) against its leases
+(those of a broker taken over too: ``adopt`` and ``adopt_secret``),
 remembers entries recently put back for redelivery (a late settle of one gets a clear
 error), and keeps the figures of every group (``statistics``, ``group_statistics``).
 
@@ -251,6 +252,11 @@ class LeaseBook:
 
     def encode(self, group: str, h: ReceiptHandle) -> str:
         return self._handles.encode(group, h)
+
+    def adopt_secret(self, secret: bytes) -> None:
+        """Accept receipt handles a departed broker signed with ``secret``: those of the
+        leases ``adopt`` took from it name them by the same keys (``pop.handle``)."""
+        self._handles.adopt(secret)
 
     def decode(self, group: str, text: str, now: int, verify: bool = True) -> ReceiptHandle:
         """A receipt handle of ``group``, checked (MAC unless ``verify`` is False, and

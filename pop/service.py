@@ -140,6 +140,12 @@ class PopService:
         self._schedule.add(deadlines)
         return groups
 
+    def adopt_secret(self, secret: bytes) -> None:
+        """Accept the receipt handles a departed broker signed with ``secret`` for the
+        leases ``adopt`` took from it: Ack, Nack, ChangeInvisibleTime and DeadLetter of
+        them work here (``LeaseBook.adopt_secret``)."""
+        self._book.adopt_secret(secret)
+
     def start(self) -> None:
         """Start the revive thread (``pop-revive``)."""
         self._requeuer.start()

@@ -22,7 +22,9 @@ it (the catalogue keeps that queue offset) are read from the tier once, and thei
 kept packed in memory, 36 bytes per id or key (``tiered.index.scan``), for at most
 ``_TAIL_MAX_RECORDS`` records (more only when the catalogue is lost: logged).  A catalogue
 written before it kept those offsets: the tail starts at the first segment holding data
-stored after that file ends (less a minute of clock slack).
+stored after that file ends (less a minute of clock slack).  ``stored_since`` is the
+same lookup for a broker that took the topics over (its send dedupe), limited to the
+files of a time window that list the topic.
 
 ``MountReader`` is the POP service's tier reader with the mounts in front: a mounted
 queue is read from the tier entirely; any other queue goes to the broker's own tiered
@@ -41,8 +43,8 @@ from typing import NamedTuple, Protocol
 from store.clock import SystemClock
 from store.consumequeue import ENTRY
 from store.errors import FailedPrecondition, InvalidArgument
-from store.message import HEADER, Message, decode_record
-from store.names import is_name, is_system_stream, split_broker_made
+from store.message import FLAG_FOREIGN_ID, HEADER, Message, decode_record
+from store.names import DELAYED_STREAM, is_name, is_system_stream, split_broker_made
 from tiered.errors import TierError, TierNotFound
 from tiered.index import (
     OPEN_ENTRY,
@@ -84,6 +86,7 @@ class _MountIndex(NamedTuple):
     files: list[IndexFile]
     tail: list[tuple[int, bytes]]  # (queue ref, packed OPEN_ENTRYs) of what they miss
     names: list[tuple[str, int, int]]  # queue ref -> (topic, queue, generation)
+    topics: list[frozenset[str]]  # per sealed file: the topics of its queues
 
 
 class OwnTierReader(Protocol):
@@ -161,7 +164,9 @@ class MountedBroker:
                 reader = TieredIndex(self._provider, self.broker,
                                      os.path.join(self._work_dir, "index"),
                                      SystemClock()).open()
-                self._mount_index = _MountIndex(reader, files, *self._index_tail(files))
+                self._mount_index = _MountIndex(reader, files, *self._index_tail(files),
+                                                [frozenset(q[0] for q in f.queues)
+                                                 for f in files])
             return self._mount_index
 
     def _catalogue(self) -> list[IndexFile]:
@@ -228,6 +233,21 @@ class MountedBroker:
                 for ref, qo, stored, _ in scan(index.tail, d)]
         return hits + (index.reader.lookup(d, index.files) if index.files else [])
 
+    def _lookup_since(self, d: int, topic: str, since_ms: int) -> list[IndexHit]:
+        """``_lookup`` of records stored at or after ``since_ms`` in ``topic``'s queues
+        or the delayed stream: only the sealed files that reach ``since_ms`` and list
+        one of them are read (one ranged read each, a file expired meanwhile skipped)."""
+        index = self._index()
+        hits = [IndexHit(*index.names[ref], qo, stored)
+                for ref, qo, stored, _ in scan(index.tail, d)]
+        for f, topics in zip(index.files, index.topics, strict=True):
+            if f.end_ms >= since_ms and (topic in topics or DELAYED_STREAM in topics):
+                try:
+                    hits += index.reader.lookup(d, [f])
+                except TierNotFound:
+                    continue
+        return [h for h in hits if h.store_at_ms >= since_ms]
+
     def _found(self, hits: list[IndexHit]) -> list[Message]:
         out = []
         seen: set[tuple[str, int, int]] = set()  # a tail that overlaps a sealed file
@@ -254,6 +274,17 @@ class MountedBroker:
     def query_by_message_id(self, message_id: str) -> list[Message]:
         return [m for m in self._found(self._lookup(id_digest(message_id)))
                 if m.message_id == message_id][:1]
+
+    def stored_since(self, topic: str, message_id: str, since_ms: int) -> int | None:
+        """When this broker last stored a message of ``topic`` with the client-chosen id
+        ``message_id`` (a delayed one too, wherever it was since) at or after
+        ``since_ms``; None: the tier holds none.  What a broker that took ``topic`` over
+        asks to drop a resend (``chronomq.takeover``).  Raises ``TierError``."""
+        found = [m.store_at_ms for m in self._found(self._lookup_since(
+                     id_digest(message_id), topic, since_ms))
+                 if m.topic == topic and m.message_id == message_id
+                 and m.flags & FLAG_FOREIGN_ID and m.store_at_ms >= since_ms]
+        return max(found, default=None)
 
     def messages(self) -> int:
         """Messages the mount can serve (from each queue's oldest to its end)."""

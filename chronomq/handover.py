@@ -1,0 +1,119 @@
+"""Handover: what a broker's successor takes from the tier besides its data, so that
+what the departed broker promised its clients holds at the successor too.
+
+- **Receipt handles.**  A broker with ``tier.upload`` puts its receipt-handle secret in
+  the tier at start, before it gives any handle (``publish_secret``)::
+
+      <broker>/pop-secret    JSON {"version": 1, "secret": "<hex>"}
+
+  A broker taking it over reads it (``read_secret``) and accepts the handles it signed
+  (``PopService.adopt_secret``): they name the leases it adopted under the same keys,
+  so Ack, Nack, ChangeInvisibleTime and DeadLetter with them settle those leases.  The
+  bucket is the trust boundary, as for the journal: whoever can read it can sign.
+- **The dedupe window.**  A client-chosen id the departed broker accepted for a topic
+  within ``store.dedupe_window_ms`` is a duplicate at the successor
+  (``InheritedIds.stored_earlier``, which ``Broker.seen_recently`` asks about ids it has
+  not seen itself): looked up in the departed broker's key index in the tier (and in
+  the older brokers' of a chain), for the taken topics only, only while the takeover
+  is younger than the window, in the index files of the window only
+  (``tiered.mount.MountedBroker.stored_since``): about one ranged read per such file
+  that lists the topic (one is sealed every ``tier.index_ms`` or
+  ``tier.index_entries``), and the departed broker's unsealed tail indexed in memory
+  once, at the first lookup.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+
+from tiered.errors import TierError, TierNotFound, TierUnavailable
+from tiered.mount import MountedBroker
+from tiered.provider import Provider
+
+log = logging.getLogger(__name__)
+
+SECRET_OBJECT = "pop-secret"  # under a broker's prefix: its receipt-handle secret
+CLOCK_SLACK_MS = 60_000  # a departed broker's clock may run ahead of this one's
+
+
+def publish_secret(tier: Provider, broker: str, secret: bytes) -> None:
+    """Put ``broker``'s receipt-handle secret in the tier, unless it is there already.
+    Raises ``TierError``."""
+    path = f"{broker}/{SECRET_OBJECT}"
+    body = json.dumps({"version": 1, "secret": secret.hex()}).encode()
+    try:
+        if tier.read(path) == body:
+            return
+    except TierNotFound:
+        pass
+    tier.write(path, body)
+
+
+def read_secret(tier: Provider, broker: str) -> bytes | None:
+    """``broker``'s receipt-handle secret from the tier; None when it has none (it ran
+    a release that did not publish it) or it is unreadable (logged): its handles are
+    refused, and their messages come back after their invisible time."""
+    try:
+        raw = json.loads(tier.read(f"{broker}/{SECRET_OBJECT}"))
+        if raw.get("version") != 1:
+            raise ValueError(f"unknown version {raw.get('version')!r}")
+        return bytes.fromhex(str(raw["secret"]))
+    except TierNotFound:
+        log.info("broker %s left no receipt-handle secret in the tier: the handles its "
+                 "consumers hold are refused here (their messages come back)", broker)
+    except (TierError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.error("cannot read the receipt-handle secret of %s (%s): the handles its "
+                  "consumers hold are refused here (their messages come back)", broker, exc)
+    return None
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """A tier whose client-chosen ids count here for the topics taken from it."""
+
+    mounted: MountedBroker
+    topics: frozenset[str]
+    until_ms: int | None  # it stored nothing at or after this (None: unknown)
+
+
+class InheritedIds:
+    """The dedupe windows of the brokers this one took over (see the module docstring).
+    Thread-safe: ``add`` from a takeover, ``stored_earlier`` from the sends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._origins: dict[str, _Origin] = {}  # broker -> its tier
+
+    def add(self, mounted: MountedBroker, topics: frozenset[str], until_ms: int | None
+            ) -> None:
+        """Count the ids ``mounted`` stored for ``topics`` (before ``until_ms``)."""
+        with self._lock:
+            self._origins[mounted.broker] = _Origin(mounted, topics, until_ms)
+
+    def stored_earlier(self, messages: list[tuple[str, str]], since_ms: int
+                       ) -> dict[tuple[str, str], int]:
+        """Of ``messages`` ((topic, client-chosen id) pairs), those a broker this one
+        took the topic over from stored at or after ``since_ms``, with the store time.
+        Raises ``TierUnavailable`` when a tier cannot answer (the send may be retried:
+        nothing was taken)."""
+        with self._lock:
+            origins = [o for o in self._origins.values()
+                       if o.until_ms is None or o.until_ms >= since_ms]  # else all older
+        out: dict[tuple[str, str], int] = {}
+        for origin in origins:
+            for m in messages:
+                if m[0] not in origin.topics or m in out:
+                    continue
+                try:
+                    at = origin.mounted.stored_since(m[0], m[1], since_ms)
+                except TierError as exc:
+                    raise TierUnavailable(
+                        f"cannot tell whether message id {m[1][:128]!r} was sent to topic "
+                        f"{m[0]} before it was taken over from {origin.mounted.broker} "
+                        f"(its tier: {exc}); send it again") from exc
+                if at is not None:
+                    out[m] = at
+        return out
