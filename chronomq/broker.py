@@ -476,7 +476,8 @@ class Broker:
         stored = self.store.stored_at(messages)
         earlier = self.takeovers.ids.stored_earlier(
             [m for m, at in zip(messages, stored, strict=True)
-             if (at is None or at < horizon) and not self._remembered(m, horizon)], horizon)
+             if (at is None or at < horizon) and not self._remembered(m, horizon)], horizon,
+            now_ms)
         indexed: Future[int] | None = None
         out: list[Future[int] | None] = []
         with self._recent_lock:

@@ -10,16 +10,19 @@ what the departed broker promised its clients holds at the successor too.
   (``PopService.adopt_secret``): they name the leases it adopted under the same keys,
   so Ack, Nack, ChangeInvisibleTime and DeadLetter with them settle those leases.  The
   bucket is the trust boundary, as for the journal: whoever can read it can sign.
-- **The dedupe window.**  A client-chosen id the departed broker accepted for a topic
-  within ``store.dedupe_window_ms`` is a duplicate at the successor
-  (``InheritedIds.stored_earlier``, which ``Broker.seen_recently`` asks about ids it has
-  not seen itself): looked up in the departed broker's key index in the tier (and in
-  the older brokers' of a chain), for the taken topics only, only while the takeover
-  is younger than the window, in the index files of the window only
-  (``tiered.mount.MountedBroker.stored_since``): about one ranged read per such file
-  that lists the topic (one is sealed every ``tier.index_ms`` or
-  ``tier.index_entries``), and the departed broker's unsealed tail indexed in memory
-  once, at the first lookup.
+- **The resend horizon.**  A client whose answer was lost in a failover sends again
+  within seconds (the library's clients follow for ``follow_s``, 30 s by default).  So a
+  client-chosen id the departed broker accepted for a topic in the last
+  ``RESEND_HORIZON_MS`` (10 minutes) before its takeover, and within the dedupe window,
+  is a duplicate at the successor if it comes again within ``RESEND_HORIZON_MS`` after
+  the takeover (``InheritedIds.stored_earlier``, which ``Broker.seen_recently`` asks about
+  ids it has not seen itself): looked up in the departed broker's key index in the tier
+  (and in the older brokers' of a chain), for the taken topics only, in the index files
+  of those last minutes only (``tiered.mount.MountedBroker.stored_since``: one ranged
+  read per such file that lists the topic, one sealed every ``tier.index_ms``, 5
+  minutes by default), and the departed broker's unsealed tail indexed in memory once,
+  at the first lookup.  The horizon bounds what a send to a taken topic costs: a few
+  reads, for ten minutes; an older id, or one sent again later, is stored again.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 
 SECRET_OBJECT = "pop-secret"  # under a broker's prefix: its receipt-handle secret
 CLOCK_SLACK_MS = 60_000  # a departed broker's clock may run ahead of this one's
+RESEND_HORIZON_MS = 600_000  # ids stored this long before a takeover, resent this long after
 
 
 def publish_secret(tier: Provider, broker: str, secret: bytes) -> None:
@@ -93,22 +97,28 @@ class InheritedIds:
         with self._lock:
             self._origins[mounted.broker] = _Origin(mounted, topics, until_ms)
 
-    def stored_earlier(self, messages: list[tuple[str, str]], since_ms: int
+    def stored_earlier(self, messages: list[tuple[str, str]], since_ms: int, now_ms: int
                        ) -> dict[tuple[str, str], int]:
         """Of ``messages`` ((topic, client-chosen id) pairs), those a broker this one
-        took the topic over from stored at or after ``since_ms``, with the store time.
-        Raises ``TierUnavailable`` when a tier cannot answer (the send may be retried:
-        nothing was taken)."""
+        took the topic over from stored at or after ``since_ms`` and within the resend
+        horizon, with the store time (``now_ms``: this broker's time).  Raises
+        ``TierUnavailable`` when a tier cannot answer (the send may be retried: nothing
+        was taken)."""
+        if not messages:
+            return {}
         with self._lock:
             origins = [o for o in self._origins.values()
-                       if o.until_ms is None or o.until_ms >= since_ms]  # else all older
+                       if o.until_ms is None or (o.until_ms >= since_ms  # else all older
+                                                 and now_ms <= o.until_ms + RESEND_HORIZON_MS)]
         out: dict[tuple[str, str], int] = {}
         for origin in origins:
+            first_ms = since_ms if origin.until_ms is None else \
+                max(since_ms, origin.until_ms - CLOCK_SLACK_MS - RESEND_HORIZON_MS)
             for m in messages:
                 if m[0] not in origin.topics or m in out:
                     continue
                 try:
-                    at = origin.mounted.stored_since(m[0], m[1], since_ms)
+                    at = origin.mounted.stored_since(m[0], m[1], first_ms)
                 except TierError as exc:
                     raise TierUnavailable(
                         f"cannot tell whether message id {m[1][:128]!r} was sent to topic "
