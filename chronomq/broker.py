@@ -11,12 +11,12 @@ import logging
 import os
 import secrets
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import NamedTuple
 
 from chronomq.config import BrokerConfig
+from chronomq.dedupe import SendDedupe
 from chronomq.failover import hold_lease, start_failover
 from chronomq.handover import publish_secret
 from chronomq.takeover import Takeover, TakeoverResult
@@ -46,10 +46,6 @@ from timer.service import TimerService
 from timer.store import TimerStore
 
 log = logging.getLogger(__name__)
-
-RECENT_IDS = 1 << 17  # client-chosen ids remembered in memory for the dedupe check
-_IN_TIER: Future[int] = Future()  # where a taken-over broker's message ends here: nowhere
-_IN_TIER.set_result(0)
 
 
 class Submission(NamedTuple):
@@ -129,6 +125,7 @@ class Broker:
     timer: TimerService
     disk: DiskGuard
     journal: StateJournal
+    dedupe: SendDedupe
     _pop_kv: KV
     _timer_store: TimerStore
 
@@ -139,10 +136,7 @@ class Broker:
         self.tiered: TieredDispatcher | None = None
         self.tier_reader: TieredReader | None = None
         self.mount_reader = MountReader(None)
-        self._recent_lock = threading.Lock()
         self._takeover_lock = threading.Lock()
-        # (topic, client-chosen id) -> (accepted at, the end of the send that carried it)
-        self._recent_ids: OrderedDict[tuple[str, str], tuple[int, Future[int]]] = OrderedDict()
         self._opened: list[tuple[str, Callable[[], None]]] = []  # what to close, in order
         self.takeovers = Takeover(self)
         self.lease: BrokerLease | None = None  # tier.upload: held from ``open`` on
@@ -204,6 +198,7 @@ class Broker:
                                          prefix=f"{config.tier.broker_name}/timer")
         self.store = MessageStore(sc, clock)
         self.store.set_topic_creator(self.create_topic)  # auto-created topics are claimed
+        self.dedupe = SendDedupe(self.store, sc.dedupe_window_ms, self.takeovers.ids)
         self._opened.append(("the store", self.store.close))  # not opened: writes nothing
         self._pop_kv = KV(os.path.join(sc.data_dir, "pop"),
                           write_buffer_bytes=POP_WRITE_BUFFER_BYTES)
@@ -458,82 +453,13 @@ class Broker:
     def check(self, m: Draft) -> None:
         self.store.check(m)
 
-    def seen_recently(self, messages: list[tuple[str, str]], now_ms: int,
-                      end: Future[int]) -> list[Future[int] | None]:
-        """For each (topic, client-chosen id), whether the topic accepted a message with
-        that id within the dedupe window (``store.dedupe_window_ms``; a repeat within
-        ``messages`` counts too): a replay sent twice delivers once.  None: it did not,
-        and the id is taken now, by the send ending at ``end``; else where the message
-        accepted before ends in the CommitLog, once stored (it may be on its way still;
-        it fails if that send fails).  Ids accepted a moment ago are remembered in memory
-        until the index has them; the rest are one multi-get.  For a topic taken over,
-        ids the broker it came from accepted count too (``chronomq.handover``: in its
-        tier already, they end at 0 here)."""
-        window = self.config.store.dedupe_window_ms
-        if window <= 0:
-            return [None] * len(messages)
-        horizon = now_ms - window
-        stored = self.store.stored_at(messages)
-        earlier = self.takeovers.ids.stored_earlier(
-            [m for m, at in zip(messages, stored, strict=True)
-             if (at is None or at < horizon) and not self._remembered(m, horizon)], horizon,
-            now_ms)
-        indexed: Future[int] | None = None
-        out: list[Future[int] | None] = []
-        with self._recent_lock:
-            recent = self._recent_ids
-            for m, at in zip(messages, stored, strict=True):
-                seen = recent.get(m)
-                if seen is not None and seen[0] >= horizon:
-                    out.append(seen[1])
-                elif at is not None and at >= horizon:
-                    if indexed is None:  # the index has only what the CommitLog confirmed
-                        # (not where: waiting for all of that covers the original)
-                        indexed = Future()
-                        indexed.set_result(self.store.commitlog.confirmed_offset)
-                    out.append(indexed)
-                elif m in earlier:  # remembered: a resend again is not looked up again
-                    recent[m] = (earlier[m], _IN_TIER)
-                    out.append(_IN_TIER)
-                else:
-                    recent[m] = (now_ms, end)
-                    out.append(None)
-            while len(recent) > RECENT_IDS:
-                recent.popitem(last=False)
-        return out
-
-    def _remembered(self, message: tuple[str, str], horizon: int) -> bool:
-        seen = self._recent_ids.get(message)  # a hint: ``seen_recently`` decides locked
-        return seen is not None and seen[0] >= horizon
-
-    def forget_recent(self, messages: list[tuple[str, str]], end: Future[int]) -> None:
-        """(topic, id) pairs whose send (the one ending at ``end``) failed: a retry must
-        not count as a duplicate.  An id taken by another send since stays."""
-        with self._recent_lock:
-            for m in messages:
-                seen = self._recent_ids.get(m)
-                if seen is not None and seen[1] is end:
-                    del self._recent_ids[m]
-
-    def _ended(self, end: Future[int], claimed: list[tuple[str, str]],
-               stored: Future[list[DispatchInfo]]) -> None:
-        """A send with client-chosen ids is stored: tell its repeats where it ends; or it
-        failed: forget its ids (a retry is no repeat) and fail its repeats alike."""
-        try:
-            infos = stored.result()
-        except BaseException as exc:
-            self.forget_recent(claimed, end)
-            end.set_exception(exc)
-            return
-        end.set_result(max(i.commit_offset + i.record_size for i in infos))
-
     def send(self, drafts: list[Draft]) -> Future[list[DispatchInfo]]:
         """Append checked drafts; resolves once they are durable."""
         return self.store.put_drafts(drafts)
 
     def submit(self, drafts: list[Draft], now_ms: int) -> Submission:
         """Append checked drafts, except those whose client-chosen id their topic accepted
-        within the dedupe window (``seen_recently``).  Pass the result to ``stored``."""
+        within the dedupe window (``chronomq.dedupe``).  Pass the result to ``stored``."""
         self.disk.check_send(sum(len(d.body) for d in drafts))
         chosen = [(d.topic, d.message_id) for d in drafts if d.message_id]
         duplicate = [False] * len(drafts)
@@ -541,7 +467,7 @@ class Broker:
         originals: list[Future[int]] = []
         if chosen:
             end = Future()
-            seen = iter(self.seen_recently(chosen, now_ms, end))
+            seen = iter(self.dedupe.seen_recently(chosen, now_ms, end))
             repeats = [next(seen) if d.message_id else None for d in drafts]
             duplicate = [r is not None for r in repeats]
             originals = list(dict.fromkeys(r for r in repeats if r is not None))
@@ -552,11 +478,11 @@ class Broker:
             future = self.send(drafts) if drafts else None
         except BaseException as exc:
             if end is not None:
-                self.forget_recent(claimed, end)
+                self.dedupe.forget(claimed, end)
                 end.set_exception(exc)
             raise
         if end is not None and future is not None:
-            future.add_done_callback(lambda f: self._ended(end, claimed, f))
+            future.add_done_callback(lambda f: self.dedupe.ended(end, claimed, f))
         return Submission(duplicate, future, claimed, end, originals)
 
     def stored(self, submission: Submission) -> list[DispatchInfo]:
@@ -567,8 +493,8 @@ class Broker:
         try:
             infos = submission.future.result() if submission.future is not None else []
         except BaseException:
-            if submission.end is not None:  # now, not only once ``_ended`` runs
-                self.forget_recent(submission.claimed, submission.end)
+            if submission.end is not None:  # now, not only once ``ended`` runs
+                self.dedupe.forget(submission.claimed, submission.end)
             raise
         ends = [f.result() for f in submission.originals]  # raises as a failed original did
         if ends and self.journal.durable_ack and self.tiered is not None:

@@ -15,7 +15,7 @@ what the departed broker promised its clients holds at the successor too.
   client-chosen id the departed broker accepted for a topic in the last
   ``RESEND_HORIZON_MS`` (10 minutes) before its takeover, and within the dedupe window,
   is a duplicate at the successor if it comes again within ``RESEND_HORIZON_MS`` after
-  the takeover (``InheritedIds.stored_earlier``, which ``Broker.seen_recently`` asks about
+  the takeover (``InheritedIds.stored_earlier``, which ``SendDedupe.seen_recently`` asks about
   ids it has not seen itself): looked up in the departed broker's key index in the tier
   (and in the older brokers' of a chain), for the taken topics only, in the index files
   of those last minutes only (``tiered.mount.MountedBroker.stored_since``: one ranged

@@ -41,7 +41,7 @@ runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
 
 **Sends after the takeover** with a client-chosen id the departed broker accepted for
 that topic within ``store.dedupe_window_ms`` are duplicates here, as they were there
-(``chronomq.handover.InheritedIds``, asked by ``Broker.seen_recently`` for ids this
+(``chronomq.handover.InheritedIds``, asked by ``SendDedupe.seen_recently`` for ids this
 broker has not seen): looked up in the departed broker's key index in the tier (and
 the older tiers of the chain).
 

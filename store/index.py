@@ -14,7 +14,7 @@ Keys and values (``<data>/index`` RocksDB, raw bytes)::
                                                           commit_offset u64 | size u32
                                        (every record with a client-chosen id, delayed ones
                                         too: what the send-side de-duplication of
-                                        ``Broker.seen_recently`` looks up, per topic; the
+                                        ``SendDedupe.seen_recently`` looks up, per topic; the
                                         record's location lets ``MessageStore.stored_at``
                                         check it survived a torn tail.  An 8-byte value,
                                         store time only, is from before the location)
