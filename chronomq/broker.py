@@ -20,6 +20,9 @@ from chronomq.dedupe import SendDedupe
 from chronomq.failover import hold_lease, start_failover
 from chronomq.handover import publish_secret
 from chronomq.takeover import Takeover, TakeoverResult
+from cluster.layout import catalogue_path
+from cluster.lease import BrokerLease, LeaseWatch, TakenOver
+from cluster.ownership import Owner, TopicOwners
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.leasejournal import Snapshots
 from pop.service import PopService
@@ -33,9 +36,7 @@ from store.store import MessageStore
 from store.topics import Topic
 from tiered.dispatcher import TieredDispatcher
 from tiered.journal import StateJournal
-from tiered.lease import BrokerLease, LeaseWatch, TakenOver
 from tiered.mount import MountedBroker, MountReader
-from tiered.ownership import Owner, TopicOwners
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.memory import MemoryProvider
@@ -95,7 +96,7 @@ def make_provider(config: BrokerConfig) -> Provider:
 
 
 def make_lease_provider(config: BrokerConfig, tier: Provider) -> Provider:
-    """The tier as the lease uses it (``tiered.lease``): on S3 a client of its own whose
+    """The tier as the lease uses it (``cluster.lease``): on S3 a client of its own whose
     every request is bounded by the lease (each wait ``tier.lease_s`` / 6, two attempts),
     so a renewal or a commit's lease write never outlasts the lease, whatever the
     ``tier.s3_*`` time-outs of the uploads; the same provider otherwise."""
@@ -241,7 +242,7 @@ class Broker:
 
     def advertise(self, address: str, rocketmq_address: str) -> None:
         """Record the addresses clients reach this broker at in its lease (after the
-        ports are bound; ``tiered.lease.successor`` sends clients of a broker taken over
+        ports are bound; ``cluster.lease.successor`` sends clients of a broker taken over
         to them)."""
         if self.lease is not None:
             self.lease.address, self.lease.rocketmq_address = address, rocketmq_address
@@ -349,7 +350,7 @@ class Broker:
                    "retention_ms": t.retention_ms, "retention_bytes": t.retention_bytes,
                    "tier_retention_ms": t.tier_retention_ms}
                   for t in self.store.topics.list() if not is_system_stream(t.name)]
-        self.tiered.publish(f"{self.config.tier.broker_name}/topics.json", json.dumps(
+        self.tiered.publish(catalogue_path(self.config.tier.broker_name), json.dumps(
             {"version": 1, "topics": topics}, sort_keys=True).encode())
 
     def topics(self) -> list[Topic]:

@@ -1,5 +1,5 @@
 """Failover wiring: a broker's own lease and the watch of the other brokers' leases
-(``tiered.lease``), composed into a broker at start.
+(``cluster.lease``), composed into a broker at start.
 
 Every broker with ``tier.upload`` holds its lease from ``Broker.open`` on, before the
 store opens: no OK, no timer, no port before it (``hold_lease``).  A broker taken over
@@ -20,9 +20,10 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
+from cluster.layout import catalogue_path
+from cluster.lease import BrokerLease, LeaseWatch, read_lease
 from store.clock import Clock
 from store.errors import FailedPrecondition
-from tiered.lease import BrokerLease, LeaseWatch, read_lease
 from tiered.provider import Provider
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def check_not_reborn(config: BrokerConfig, tier: Provider) -> None:
     name, data_dir = config.tier.broker_name, config.store.data_dir
     if os.path.isdir(os.path.join(data_dir, "tiered", "queues")):
         return
-    catalogue = f"{name}/topics.json"
+    catalogue = catalogue_path(name)
     if tier.exists(catalogue):
         raise FailedPrecondition(
             f"broker {name} has data in the tier ({catalogue}) but its data directory "

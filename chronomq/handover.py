@@ -32,13 +32,13 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from cluster.layout import secret_path
 from tiered.errors import TierError, TierNotFound, TierUnavailable
 from tiered.mount import MountedBroker
 from tiered.provider import Provider
 
 log = logging.getLogger(__name__)
 
-SECRET_OBJECT = "pop-secret"  # under a broker's prefix: its receipt-handle secret
 CLOCK_SLACK_MS = 60_000  # a departed broker's clock may run ahead of this one's
 RESEND_HORIZON_MS = 600_000  # ids stored this long before a takeover, resent this long after
 
@@ -46,7 +46,7 @@ RESEND_HORIZON_MS = 600_000  # ids stored this long before a takeover, resent th
 def publish_secret(tier: Provider, broker: str, secret: bytes) -> None:
     """Put ``broker``'s receipt-handle secret in the tier, unless it is there already.
     Raises ``TierError``."""
-    path = f"{broker}/{SECRET_OBJECT}"
+    path = secret_path(broker)
     body = json.dumps({"version": 1, "secret": secret.hex()}).encode()
     try:
         if tier.read(path) == body:
@@ -61,7 +61,7 @@ def read_secret(tier: Provider, broker: str) -> bytes | None:
     a release that did not publish it) or it is unreadable (logged): its handles are
     refused, and their messages come back after their invisible time."""
     try:
-        raw = json.loads(tier.read(f"{broker}/{SECRET_OBJECT}"))
+        raw = json.loads(tier.read(secret_path(broker)))
         if raw.get("version") != 1:
             raise ValueError(f"unknown version {raw.get('version')!r}")
         return bytes.fromhex(str(raw["secret"]))

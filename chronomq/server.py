@@ -43,14 +43,14 @@ from chronomq.listeners import (
 )
 from chronomq.metrics import start_metrics
 from chronomq.v1 import broker_pb2
+from cluster.layout import OWNERS as OWNERS_PREFIX
+from cluster.ownership import owner_of
 from pop.service import origin_of
 from store import crashpoint
 from store.clock import Clock, SystemClock
 from store.message import DispatchInfo
 from store.names import is_name
 from tiered.errors import TierError
-from tiered.ownership import PREFIX as OWNERS_PREFIX
-from tiered.ownership import owner_of
 from tiered.provider import Provider
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ class BrokerServer:
             self._scheduler.add_job(self.broker.snapshots.step, "interval",
                                     id="journal-snapshots", seconds=1, max_instances=1,
                                     coalesce=True)
-        if self.config.tier.failover:  # (the lease renews itself: tiered.lease)
+        if self.config.tier.failover:  # (the lease renews itself: cluster.lease)
             self._scheduler.add_job(self._watch_leases, "interval", id="lease-watch",
                                     seconds=self.config.tier.lease_s / 10, max_instances=1,
                                     coalesce=True)

@@ -7,7 +7,7 @@ runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
 ``tier.takeover`` at start) and becomes the owner of its topics:
 
 1. **One winner.**  ``taken_by: <this broker>`` is written into the departed broker's
-   lease, ``brokers/<departed>.json``, by a conditional put (``tiered.lease.claim``); a
+   lease, ``brokers/<departed>.json``, by a conditional put (``cluster.lease.claim``); a
    broker that finds another's name there is refused, its own name resumes an
    interrupted takeover.  From then on the departed broker's commits fail (with
    ``tier.durable_ack`` every OK it gives needs one), so what it confirmed is in the tier
@@ -69,6 +69,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chronomq.handover import CLOCK_SLACK_MS, InheritedIds, read_secret
+from cluster.layout import catalogue_path, chain_path, chain_prefix, lease_path, takeover_record
+from cluster.lease import claim
 from pop.checkpoint import parse_key
 from pop.model import origin_of
 from store.crashpoint import crashpoint
@@ -97,7 +99,6 @@ from tiered.journal import (
     JournalState,
     read_snapshot_pointer,
 )
-from tiered.lease import claim, lease_path
 from tiered.mount import MountedBroker
 from tiered.queue import TieredEntry
 
@@ -123,10 +124,6 @@ class TakeoverResult:
     done: bool = False
     journal_records: int = 0  # the departed broker's state records replayed
     journal_seconds: float = 0.0  # reading and replaying them (sends wait for it)
-
-
-def _marker(departed: str) -> str:
-    return f"takeovers/{departed}.json"
 
 
 
@@ -189,7 +186,7 @@ class Takeover:
             self._save(departed, state)
         crashpoint("takeover.after_claim")
         # read only now, after the claim: everything the departed broker confirmed
-        # (``tiered.lease``: its commits' lease writes) is in the tier before the claim
+        # (``cluster.lease``: its commits' lease writes) is in the tier before the claim
         mounted = self._mount(departed)
         catalogue = self._catalogue(departed)
         if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
@@ -248,7 +245,7 @@ class Takeover:
                      accepting_after_s=accepting, done=True)
         self._save(departed, state)
         try:
-            b.tier.write(_marker(departed), json.dumps(
+            b.tier.write(takeover_record(departed), json.dumps(
                 {"by": me, "done": True, "topics": len(taken), "pending": result.pending,
                  "groups": result.groups, "at_ms": b.clock.now_ms()}).encode())
         except TierError as exc:  # the takeover holds; only the record of it is late
@@ -305,7 +302,7 @@ class Takeover:
         """The departed broker's topics and their settings, from its catalogue's copy
         (``<broker>/topics.json``: ``Broker.publish_topics``); {} when it has none."""
         try:
-            raw = json.loads(self._b.tier.read(f"{departed}/topics.json"))
+            raw = json.loads(self._b.tier.read(catalogue_path(departed)))
             return {str(t["name"]): Topic(str(t["name"]), int(t["queue_count"]),
                                           int(t.get("retention_ms", 0)),
                                           int(t.get("retention_bytes", 0)),
@@ -323,7 +320,7 @@ class Takeover:
         """The brokers the departed broker had taken over, with their queues' ends
         (its ``<broker>/takeovers/`` objects), flattened: a chain of any length."""
         out: list[dict[str, Any]] = []
-        prefix = f"{departed}/takeovers/"
+        prefix = chain_prefix(departed)
         for path in self._b.tier.list(prefix):
             try:
                 raw = json.loads(self._b.tier.read(path))
@@ -338,7 +335,7 @@ class Takeover:
         """``<me>/takeovers/<departed>.json``: what a later takeover of this broker
         needs to serve the backlog of the topics it took."""
         me = self._b.config.tier.broker_name
-        self._b.tier.write(f"{me}/takeovers/{departed}.json", json.dumps(
+        self._b.tier.write(chain_path(me, departed), json.dumps(
             {"from": departed, "ends": state["ends"], "chain": state.get("chain", [])}
         ).encode())
 
@@ -365,7 +362,7 @@ class Takeover:
             raise FailedPrecondition(f"broker {departed} is taken over by {holder} already "
                                      f"(its lease {lease_path(departed)} says so)")
         try:  # a record for people; the decision is the lease's ``taken_by``
-            b.tier.write(_marker(departed), json.dumps(
+            b.tier.write(takeover_record(departed), json.dumps(
                 {"by": me, "at_ms": b.clock.now_ms()}).encode())
         except TierError as exc:
             log.warning("could not record the takeover of %s: %s", departed, exc)

@@ -238,7 +238,7 @@ class LeaseBook:
         return self._log.durable_ack
 
     def check_fence(self) -> None:
-        """Raise while this broker may answer no OK (``tiered.lease``)."""
+        """Raise while this broker may answer no OK (``cluster.lease``)."""
         self._log.check()
 
     def may_change(self) -> bool:

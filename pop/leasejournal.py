@@ -20,7 +20,7 @@ whole (a crash before it moves leaves the older one, still right).
 
 ``wait`` returns once a write is durable: its RocksDB WAL synced, and with durable-ack
 its journal record (or a later one: the tier's position is a prefix of the CommitLog) in
-the tier; then the fencing check (``tiered.lease``).  Thread-safe.
+the tier; then the fencing check (``cluster.lease``).  Thread-safe.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class LeaseJournal:
         return self._journal is not None and self._journal.durable_ack
 
     def check(self) -> None:
-        """Raise while this broker may answer no OK (``tiered.lease``)."""
+        """Raise while this broker may answer no OK (``cluster.lease``)."""
         if self._journal is not None:
             self._journal.check()
 

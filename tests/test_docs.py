@@ -27,7 +27,7 @@ SELF = Path(__file__).resolve()
 # First folders of the repository that a backticked path may start with.
 REPO_DIRS = ("store", "timer", "pop", "tiered", "spark", "chronomq", "tests", "bench",
              "scripts", "docs")
-PACKAGES = ("store", "timer", "pop", "tiered", "spark", "chronomq", "tests")
+PACKAGES = ("store", "timer", "pop", "tiered", "cluster", "spark", "chronomq", "tests")
 FILE_SUFFIXES = (".py", ".md", ".toml", ".proto")
 NOT_A_PATH = set("<>{}*%: =")  # placeholders, globs and settings are not repository paths
 
@@ -35,10 +35,11 @@ NOT_A_PATH = set("<>{}*%: =")  # placeholders, globs and settings are not reposi
 ALLOWED_IMPORTS = {
     "store": set(),
     "tiered": {"store"},
+    "cluster": {"tiered", "store"},
     "timer": {"tiered", "store"},
     "pop": {"timer", "tiered", "store"},
     "spark": {"tiered", "store"},
-    "chronomq": {"pop", "timer", "tiered", "store", "spark"},
+    "chronomq": {"pop", "timer", "cluster", "tiered", "store", "spark"},
 }
 
 

@@ -45,7 +45,7 @@ class TierConfig:
     mounts: str = ""  # broker names (comma-separated) whose tiers this broker serves
     #                   read-only (tiered/mount.py), e.g. a departed broker's
     claim_topics: bool = False  # record each topic's owner in the shared tier
-    #                             (tiered/ownership.py): for several brokers on one bucket
+    #                             (cluster/ownership.py): for several brokers on one bucket
     durable_ack: bool = False  # answer OK only once the change is in the tier (needs
     #                            upload): what a broker acknowledged outlives its machine
     durable_ack_ms: int = 50  # durable-ack: the longest a change waits for its upload
@@ -54,7 +54,7 @@ class TierConfig:
     #                     (chronomq/takeover.py)
     failover: bool = False  # hold a lease in the bucket (brokers/<name>.json), take over
     #                         brokers whose lease expired, fence this one when its own
-    #                         cannot be renewed (tiered/lease.py)
+    #                         cannot be renewed (cluster/lease.py)
     lease_s: float = 10.0  # a lease's length; renewed every lease_s / 3
     journal_snapshot_records: int = 100_000  # a snapshot of the groups' state in the
     #                                          journal after this many records (0: only

@@ -4,7 +4,7 @@ waits of durable-ack on it (``tier.durable_ack``: an OK only once the tier has t
 The tiered dispatcher ``publish``-es a position after each commit, once the commit's
 objects and metadata copies are in the tier (what a broker taking this one over reads).
 Before the position moves, the ``gate`` runs: with durable-ack, the conditional write of
-this broker's lease (``tiered.lease.BrokerLease.commit``), which fails for good once a
+this broker's lease (``cluster.lease.BrokerLease.commit``), which fails for good once a
 successor claimed the lease.  So a position moves, and an OK depending on it is given,
 only for objects in the tier before the successor's claim: the successor reads after
 its claim and sees them, whatever the clocks did.  A gate that finds the lease taken

@@ -164,7 +164,7 @@ class StateJournal:
         self.check()
 
     def check(self) -> None:
-        """Raise unless this broker may answer OK to a change now (``tiered.lease``:
+        """Raise unless this broker may answer OK to a change now (``cluster.lease``:
         checked after the change is durable, just before the answer)."""
         if self.fence is not None:
             self.fence()

@@ -36,7 +36,7 @@ class Provider(Protocol):
     def create(self, path: str, data: bytes) -> bool:
         """Write the object only if none exists at ``path`` (atomically: of two writers
         racing, exactly one gets True); False if one exists.  What coordinates brokers
-        sharing a tier (``tiered.ownership``).  ``TierOutcomeUnknown`` when this write
+        sharing a tier (``cluster.ownership``).  ``TierOutcomeUnknown`` when this write
         may have been applied without an answer saying so (S3: a lost response, and the
         retry found the object, perhaps this very one): read it back and compare."""
         ...
@@ -59,7 +59,7 @@ class Provider(Protocol):
         is none), atomically: of two writers racing from one version, exactly one
         succeeds.  The new version, or None when the object changed (or appeared, or
         went) meanwhile.  S3's conditional PutObject (``If-Match`` / ``If-None-Match``):
-        what broker leases are made of (``tiered.lease``).  ``TierOutcomeUnknown``
+        what broker leases are made of (``cluster.lease``).  ``TierOutcomeUnknown``
         when this write may have been applied without an answer saying so (S3: a lost
         response, and the retry found the object changed, perhaps by this very write):
         read it back and compare; None is only ever a write that was not applied."""

@@ -434,7 +434,7 @@ class TimerService:
                     complete = self.load_due(now)
                     next_load = now + self.config.load_interval_ms if complete else now
                 if self._journal is not None and not self._journal.may_change():
-                    self._stop.wait(1.0)  # fenced (tiered.lease): a broker taking over
+                    self._stop.wait(1.0)  # fenced (cluster.lease): a broker taking over
                     continue  # delivers these
                 self.deliver_due(self._clock.now_ms())
                 with self._lock:

@@ -1,11 +1,11 @@
 """Several brokers, one client: every call goes to the broker that owns its topic.
 
 A topic lives on one broker; with ``tier.claim_topics`` the owner is recorded in the
-shared tier (``tiered.ownership``).  ``BrokerDirectory`` finds a topic's owner
+shared tier (``cluster.ownership``).  ``BrokerDirectory`` finds a topic's owner
 
 * from the shared tier, when given a ``Provider`` of it (the bucket): one read of
   ``owners/<topic>.json``, which names the owner; when that broker's lease says it was
-  taken over (``tier.failover``), the broker that took it (``tiered.lease.successor``,
+  taken over (``tier.failover``), the broker that took it (``cluster.lease.successor``,
   a chain followed): its lease is written before the owner records are; or
 * from the broker addresses it was given: ``ListTopics`` on each in turn, the first that
   has the topic as its own (a broker that does not answer is skipped; one that mounts
@@ -14,7 +14,7 @@ shared tier (``tiered.ownership``).  ``BrokerDirectory`` finds a topic's owner
 then keeps one ``ChronomqClient`` per broker and the owner per topic.  A call that the
 owner answers with ``NOT_FOUND`` (the topic moved or was deleted; for a send, every
 message's result) or with FAILED_PRECONDITION "broker X was taken over by Y"
-(``tiered.lease.TakenOver``: X was paused or cut off, Y took over, X came back) forgets
+(``cluster.lease.TakenOver``: X was paused or cut off, Y took over, X came back) forgets
 the topic and is tried again at the owner found again; ``UNAVAILABLE`` forgets it too,
 and is raised (a send may have been stored: the caller decides; with client-chosen ids a
 resend is dropped as a duplicate).
@@ -53,7 +53,7 @@ T = TypeVar("T")
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # per-message error codes in SendResult
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
-# a taken-over broker's refusal (``tiered.lease.TakenOver``): "broker X was taken over by Y"
+# a taken-over broker's refusal (``cluster.lease.TakenOver``): "broker X was taken over by Y"
 TAKEN_OVER = re.compile(r"\bbroker \S+ was taken over by ")
 
 
@@ -106,8 +106,8 @@ class BrokerDirectory:
     def _from_tier(self, topic: str) -> str | None:
         if self._tier is None:
             return None
-        from tiered.lease import successor  # the tier's readers, only with a bucket
-        from tiered.ownership import owner_of
+        from cluster.lease import successor  # the tier's readers, only with a bucket
+        from cluster.ownership import owner_of
         owner = owner_of(self._tier, topic)
         if owner is None:
             return None

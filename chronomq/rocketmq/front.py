@@ -67,6 +67,8 @@ from chronomq.rocketmq.pb import service_grpc as rs_grpc
 from chronomq.rocketmq.renewal import MAX_RENEW_MS as MAX_RENEW_MS  # re-exported
 from chronomq.rocketmq.renewal import LeaseRenewer
 from chronomq.rocketmq.startup import RouteWatch, settings_answer
+from cluster.lease import LeaseView, successor
+from cluster.ownership import Owner
 from pop.service import (
     MAX_INVISIBLE_TIME_S,
     PoppedMessage,
@@ -83,8 +85,6 @@ from store.message import (
     validate_message_id,
 )
 from store.topics import Topic
-from tiered.lease import LeaseView, successor
-from tiered.ownership import Owner
 from timer.model import TimerOutcome
 
 Context: TypeAlias = grpc.ServicerContext

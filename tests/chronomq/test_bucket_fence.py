@@ -1,4 +1,4 @@
-"""The bucket fences a stale broker (``tiered.lease``, ``tiered.durable``), on real brokers
+"""The bucket fences a stale broker (``cluster.lease``, ``tiered.durable``), on real brokers
 in one process, a real local-directory tier and RocksDB.
 
 Broker A runs with ``tier.durable_ack`` and no timing fence at all (no ``tier.failover``:
@@ -18,13 +18,14 @@ import pytest
 
 from chronomq.broker import Broker
 from chronomq.config import BrokerConfig, TierConfig
+from cluster.layout import lease_path
+from cluster.lease import claim
 from store.clock import ManualClock
 from store.errors import FailedPrecondition
 from store.message import Draft, Message, draft_of
 from store.store import StoreConfig
 from store.topics import Topic
 from tests.tiered.test_tiered_pop import _pop_all
-from tiered.lease import claim, lease_path
 
 
 def _broker(root: Path, name: str, clock: ManualClock, data: str = "") -> Broker:

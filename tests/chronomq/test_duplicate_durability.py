@@ -19,6 +19,7 @@ import chronomq.broker
 from chronomq.broker import Broker
 from chronomq.client import RpcError, message
 from chronomq.config import BrokerConfig
+from cluster.lease import claim
 from store.clock import ManualClock
 from store.errors import FailedPrecondition, Unavailable
 from store.message import Draft
@@ -29,7 +30,6 @@ from tests.tiered.faults import FaultyProvider
 from tiered.config import TierConfig
 from tiered.dispatcher import RETRY_MAX_MS
 from tiered.errors import TierUnavailable
-from tiered.lease import claim
 from tiered.providers.memory import MemoryProvider
 
 MID = "order-1"  # client-chosen

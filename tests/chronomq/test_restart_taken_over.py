@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from chronomq.client import ChronomqClient, RpcError, message
+from cluster.lease import successor
 from tests.chronomq.process import ServerProcess
 from tests.chronomq.test_failover import _settings
 from tests.conftest import create_bucket, wait_until
-from tiered.lease import successor
 from tiered.providers.s3 import S3Provider, S3Settings
 
 pytestmark = pytest.mark.usefixtures("no_process_left")

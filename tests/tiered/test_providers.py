@@ -118,7 +118,7 @@ def test_s3_unreachable_is_unavailable() -> None:
 
 
 def test_swap_replaces_only_the_version_it_read(provider: Provider) -> None:
-    """The conditional replace broker leases are made of (``tiered.lease``)."""
+    """The conditional replace broker leases are made of (``cluster.lease``)."""
     assert provider.swap("brokers/a.json", b"v1", "") is not None  # create if absent
     assert provider.swap("brokers/a.json", b"other", "") is None  # it exists now
     data, version = provider.read_versioned("brokers/a.json")
@@ -146,7 +146,7 @@ def test_of_racing_swaps_from_one_version_one_wins(provider: Provider,
 
 
 def test_of_racing_creates_one_wins(provider: Provider, request: pytest.FixtureRequest) -> None:
-    """What topic ownership is made of (``tiered.ownership``)."""
+    """What topic ownership is made of (``cluster.ownership``)."""
     for r in range(3):
 
         def create(n: int, r: int = r) -> bool:

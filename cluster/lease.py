@@ -50,6 +50,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cluster.layout import LEASES, lease_path
 from store.clock import Clock
 from store.errors import FailedPrecondition, Unavailable
 from tiered.errors import TierError, TierNotFound, TierUnavailable
@@ -57,12 +58,7 @@ from tiered.provider import Provider
 
 log = logging.getLogger(__name__)
 
-PREFIX = "brokers/"
 CLAIM_ATTEMPTS = 50  # a claim races the departed broker's own writes this many times
-
-
-def lease_path(broker: str) -> str:
-    return f"{PREFIX}{broker}.json"
 
 
 def margin_s(lease_s: float) -> float:
@@ -363,8 +359,8 @@ class LeaseWatch:
         """Every lease with its version, its content and when it was read (the clock is
         read after each read: a slow read never makes "first seen" too early)."""
         views: dict[str, tuple[LeaseView, str, bytes, float]] = {}
-        for path in self._provider.list(PREFIX):
-            name = path[len(PREFIX):].removesuffix(".json")
+        for path in self._provider.list(LEASES):
+            name = path[len(LEASES):].removesuffix(".json")
             try:
                 raw, version = self._provider.read_versioned(path)
                 views[name] = (_parse(raw), version, raw, self._me.monotonic())

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from store.errors import Unavailable
-from tiered.errors import TierUnavailable
-from tiered.lease import (
+from cluster.layout import lease_path
+from cluster.lease import (
     BrokerLease,
     LeaseWatch,
     TakenOver,
     claim,
-    lease_path,
     margin_s,
     successor,
 )
+from store.errors import Unavailable
+from tiered.errors import TierUnavailable
 from tiered.providers.local import LocalProvider
 
 LEASE_S = 10.0

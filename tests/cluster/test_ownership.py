@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
+from cluster.ownership import Owner, TopicOwners
 from tiered.errors import TierError
-from tiered.ownership import Owner, TopicOwners
 from tiered.provider import Provider
 
 

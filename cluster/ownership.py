@@ -25,11 +25,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from cluster.layout import OWNERS, owner_path
 from store.names import check_name
 from tiered.errors import TierError, TierNotFound
 from tiered.provider import Provider
-
-PREFIX = "owners/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +41,7 @@ class Owner:
 
 def _path(topic: str) -> str:
     check_name(topic)
-    return f"{PREFIX}{topic}.json"
+    return owner_path(topic)
 
 
 def owner_of(provider: Provider, topic: str) -> Owner | None:
@@ -113,8 +112,8 @@ class TopicOwners:
     def topics(self) -> dict[str, Owner]:
         """Every recorded owner, by topic."""
         out: dict[str, Owner] = {}
-        for path in self._provider.list(PREFIX):
-            name = path[len(PREFIX):]
+        for path in self._provider.list(OWNERS):
+            name = path[len(OWNERS):]
             if name.endswith(".json"):
                 owner = self.owner(name[:-len(".json")])
                 if owner is not None:

@@ -1,0 +1,60 @@
+"""Where brokers sharing one bucket keep the objects they coordinate by: one place for
+every such path, so the layout of the bucket reads here whole.
+
+=================================  ==============================  =========================
+object                             written by                      read by
+=================================  ==============================  =========================
+``brokers/<broker>.json``          its broker (conditional puts);  the lease watch, a
+                                   a successor's claim             takeover, clients
+                                   (``taken_by``)                  following a chain
+``owners/<topic>.json``            the topic's owner (created      clients and brokers
+                                   with ``If-None-Match``)         looking an owner up
+``takeovers/<departed>.json``      the broker taking it over       people (a record of the
+                                                                   takeover and its figures)
+``<broker>/topics.json``           its broker (topic catalogue)    a takeover; a start
+                                                                   (``check_not_reborn``)
+``<broker>/takeovers/<d>.json``    a broker that took ``d`` over   a takeover of it (the
+                                                                   chain of older tiers)
+``<broker>/pop-secret``            its broker at start             its successor (receipt
+                                                                   handles)
+=================================  ==============================  =========================
+
+The data a broker uploads lives under its prefix too (``<broker>/meta/``, ``/data/``,
+``/index/``, ``/timer/``, ``/state/snapshot.json``): the tier's own layout
+(``tiered.dispatcher``, ``tiered.journal``).  The JSON codecs of the lease and the owner
+records are next to their code (``cluster.lease``, ``cluster.ownership``).
+"""
+
+from __future__ import annotations
+
+LEASES = "brokers/"
+OWNERS = "owners/"
+TAKEOVERS = "takeovers/"
+
+
+def lease_path(broker: str) -> str:
+    return f"{LEASES}{broker}.json"
+
+
+def owner_path(topic: str) -> str:
+    return f"{OWNERS}{topic}.json"
+
+
+def takeover_record(departed: str) -> str:
+    return f"{TAKEOVERS}{departed}.json"
+
+
+def catalogue_path(broker: str) -> str:
+    return f"{broker}/topics.json"
+
+
+def chain_prefix(broker: str) -> str:
+    return f"{broker}/takeovers/"
+
+
+def chain_path(broker: str, departed: str) -> str:
+    return f"{chain_prefix(broker)}{departed}.json"
+
+
+def secret_path(broker: str) -> str:
+    return f"{broker}/pop-secret"

@@ -1,0 +1,1 @@
+"""Coordination tests: leases, ownership, the layout of the bucket."""
