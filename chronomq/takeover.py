@@ -63,7 +63,6 @@ import os
 import struct
 import time
 from collections import deque
-from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -71,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 from chronomq.handover import CLOCK_SLACK_MS, InheritedIds, read_secret
 from cluster.layout import catalogue_path, chain_path, chain_prefix, lease_path, takeover_record
 from cluster.lease import claim
+from cluster.replay import last_store_ms, replay, stream
 from pop.checkpoint import parse_key
 from pop.model import origin_of
 from store.crashpoint import crashpoint
@@ -81,7 +81,6 @@ from store.message import (
     FLAG_TIMER_DELIVERY,
     Draft,
     decode_dispatch_infos,
-    decode_record,
     draft_of_record,
 )
 from store.names import (
@@ -94,13 +93,9 @@ from store.names import (
 from store.topics import Topic
 from tiered.errors import TierError, TierNotFound
 from tiered.journal import (
-    POP_RESET,
-    SNAPSHOT_POINTER,
     JournalState,
-    read_snapshot_pointer,
 )
 from tiered.mount import MountedBroker
-from tiered.queue import TieredEntry
 
 if TYPE_CHECKING:
     from chronomq.broker import Broker
@@ -108,7 +103,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECENT_MS = 60_000  # a departed broker that wrote this recently may be alive: --force
-READ_BATCH = 5_000  # stream entries read from the tier at a time
 APPEND_BATCH = 5_000  # pending delayed messages appended here at a time
 IN_FLIGHT = 4  # appended batches not yet durable while the next ones are read
 
@@ -191,7 +185,7 @@ class Takeover:
         catalogue = self._catalogue(departed)
         if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
             b.unmount(departed)
-        journal = self._journal(mounted)
+        journal = replay(self._b.tier, mounted)
         taken = {t: catalogue[t].queue_count if t in catalogue else n
                  for t, n in mounted.topics().items()}
         taken.update({t: c.queue_count for t, c in catalogue.items()})
@@ -349,7 +343,7 @@ class Takeover:
     def _claim(self, departed: str, mounted: MountedBroker, force: bool) -> None:
         """Become the one broker taking ``departed`` over (or refuse)."""
         b, me = self._b, self._b.config.tier.broker_name
-        last = max((_last_store_ms(mounted, s) for s in (STATE_STREAM, TIMER_STREAM,
+        last = max((last_store_ms(mounted, s) for s in (STATE_STREAM, TIMER_STREAM,
                                                          DELAYED_STREAM)),
                    default=0)
         age = b.clock.now_ms() - last
@@ -366,66 +360,6 @@ class Takeover:
                 {"by": me, "at_ms": b.clock.now_ms()}).encode())
         except TierError as exc:
             log.warning("could not record the takeover of %s: %s", departed, exc)
-
-    def _snapshot_at(self, mounted: MountedBroker) -> int:
-        """The state stream's queue offset of the departed broker's latest snapshot in
-        the tier (0: none, read the whole stream)."""
-        try:
-            raw = self._b.tier.read(f"{mounted.broker}/{SNAPSHOT_POINTER}")
-        except TierNotFound:
-            return 0
-        except TierError as exc:
-            log.warning("takeover of %s: cannot read its journal snapshot pointer (%s); "
-                        "replaying the whole journal", mounted.broker, exc)
-            return 0
-        at = read_snapshot_pointer(raw)
-        bounds = mounted.bounds(STATE_STREAM, 0)
-        if at is None or bounds is None or not bounds[0] <= at < bounds[1]:
-            log.error("takeover of %s: its journal snapshot pointer %r names no record of "
-                      "its state stream %s; replaying the whole journal", mounted.broker,
-                      raw[:100], bounds)
-            return 0
-        return at
-
-    def _journal(self, mounted: MountedBroker) -> JournalState:
-        """Replay the departed broker's journal: its state stream from the latest
-        snapshot the tier holds (whole, when that snapshot cannot be read), its timer
-        stream whole (``tiered.journal``)."""
-        start = time.monotonic()
-        first = self._snapshot_at(mounted)
-        state = self._replay_state(mounted, first) if first else None
-        if state is None:
-            if first:
-                log.error("takeover of %s: the snapshot pointer names state record %d, "
-                          "which starts no readable snapshot; replaying the whole journal",
-                          mounted.broker, first)
-            state = self._replay_state(mounted, 0)
-            assert state is not None  # from 0 nothing is checked
-        for entry in _stream(mounted, TIMER_STREAM):
-            m = decode_record(entry.record)
-            state.apply(m.tag, m.body)
-        if state.bad:
-            log.error("takeover of %s: %d journal records could not be read", mounted.broker,
-                      state.bad)
-        state.seconds = time.monotonic() - start
-        log.info("takeover of %s: %d journal records replayed in %.1f s", mounted.broker,
-                 state.records, state.seconds)
-        return state
-
-    def _replay_state(self, mounted: MountedBroker, first: int) -> JournalState | None:
-        """The state stream replayed from queue offset ``first``; None when ``first``
-        (not 0) is not where a readable snapshot starts."""
-        state = JournalState()
-        for entry in _stream(mounted, STATE_STREAM, first):
-            m = decode_record(entry.record)
-            if first and not state.records and (entry.queue_offset != first
-                                                or m.tag != POP_RESET):
-                return None
-            state.apply(m.tag, m.body)
-            if state.records % 1_000_000 == 0:
-                log.info("takeover of %s: %d journal records replayed", mounted.broker,
-                         state.records)
-        return state if state.records or not first else None
 
     def _timers(self, departed: str, mounted: MountedBroker, journal: JournalState,
                 state: dict[str, Any]) -> int:
@@ -468,7 +402,7 @@ class Takeover:
             settle(IN_FLIGHT - 1)  # the writer works while the next batch is read
 
         now = b.clock.now_ms()
-        for entry in _stream(mounted, DELAYED_STREAM, through):
+        for entry in stream(mounted, DELAYED_STREAM, through):
             info = decode_dispatch_infos(entry.record, 0)[0][0]
             due = journal.pending_due(entry.queue_offset, info.flags, info.deliver_at_ms)
             last_qo = entry.queue_offset
@@ -518,25 +452,3 @@ def _topic_of(key: bytes) -> str:
 def _ends(state: dict[str, Any]) -> dict[str, dict[int, int]]:
     return {t: {int(q): int(e) for q, e in qs.items()}
             for t, qs in state.get("ends", {}).items()}
-
-
-def _stream(mounted: MountedBroker, stream: str, start: int = 0) -> Iterator[TieredEntry]:
-    """Every readable entry of one of the departed broker's streams, from ``start``."""
-    bounds = mounted.bounds(stream, 0)
-    if bounds is None:
-        return
-    offset = max(start, bounds[0])
-    while offset < bounds[1]:
-        entries = mounted.read(stream, 0, offset, min(READ_BATCH, bounds[1] - offset))
-        if not entries:
-            return
-        yield from entries
-        offset = entries[-1].queue_offset + 1
-
-
-def _last_store_ms(mounted: MountedBroker, stream: str) -> int:
-    bounds = mounted.bounds(stream, 0)
-    if bounds is None or bounds[1] <= bounds[0]:
-        return 0
-    entries = mounted.read(stream, 0, bounds[1] - 1, 1)
-    return entries[-1].store_at_ms if entries else 0

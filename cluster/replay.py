@@ -1,0 +1,110 @@
+"""The replay of a departed broker's journal from its tier: what a takeover keeps of its
+groups and its timer.
+
+``replay`` reads the state stream from the latest snapshot the tier's
+``<broker>/state/snapshot.json`` points at (the whole stream when the pointer names no
+readable snapshot: a snapshot must start with its ``pop-reset`` record) and the timer
+stream whole, and applies them in order to a ``JournalState`` (``tiered.journal`` has the
+records' format).  ``stream`` reads any of the departed broker's streams.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+from store.message import decode_record
+from store.names import STATE_STREAM, TIMER_STREAM
+from tiered.errors import TierError, TierNotFound
+from tiered.journal import POP_RESET, SNAPSHOT_POINTER, JournalState, read_snapshot_pointer
+from tiered.mount import MountedBroker
+from tiered.provider import Provider
+from tiered.queue import TieredEntry
+
+log = logging.getLogger(__name__)
+
+READ_BATCH = 5_000  # stream entries read from the tier at a time
+
+
+def _snapshot_at(tier: Provider, mounted: MountedBroker) -> int:
+    """The state stream's queue offset of the departed broker's latest snapshot in
+    the tier (0: none, read the whole stream)."""
+    try:
+        raw = tier.read(f"{mounted.broker}/{SNAPSHOT_POINTER}")
+    except TierNotFound:
+        return 0
+    except TierError as exc:
+        log.warning("takeover of %s: cannot read its journal snapshot pointer (%s); "
+                    "replaying the whole journal", mounted.broker, exc)
+        return 0
+    at = read_snapshot_pointer(raw)
+    bounds = mounted.bounds(STATE_STREAM, 0)
+    if at is None or bounds is None or not bounds[0] <= at < bounds[1]:
+        log.error("takeover of %s: its journal snapshot pointer %r names no record of "
+                  "its state stream %s; replaying the whole journal", mounted.broker,
+                  raw[:100], bounds)
+        return 0
+    return at
+
+def replay(tier: Provider, mounted: MountedBroker) -> JournalState:
+    """Replay a departed broker's journal (``mounted``: its tier, read after the claim):
+    its state stream from the latest snapshot the tier holds (whole, when that snapshot
+    cannot be read), its timer stream whole (``tiered.journal``)."""
+    start = time.monotonic()
+    first = _snapshot_at(tier, mounted)
+    state = _replay_state(mounted, first) if first else None
+    if state is None:
+        if first:
+            log.error("takeover of %s: the snapshot pointer names state record %d, "
+                      "which starts no readable snapshot; replaying the whole journal",
+                      mounted.broker, first)
+        state = _replay_state(mounted, 0)
+        assert state is not None  # from 0 nothing is checked
+    for entry in stream(mounted, TIMER_STREAM):
+        m = decode_record(entry.record)
+        state.apply(m.tag, m.body)
+    if state.bad:
+        log.error("takeover of %s: %d journal records could not be read", mounted.broker,
+                  state.bad)
+    state.seconds = time.monotonic() - start
+    log.info("takeover of %s: %d journal records replayed in %.1f s", mounted.broker,
+             state.records, state.seconds)
+    return state
+
+def _replay_state(mounted: MountedBroker, first: int) -> JournalState | None:
+    """The state stream replayed from queue offset ``first``; None when ``first``
+    (not 0) is not where a readable snapshot starts."""
+    state = JournalState()
+    for entry in stream(mounted, STATE_STREAM, first):
+        m = decode_record(entry.record)
+        if first and not state.records and (entry.queue_offset != first
+                                            or m.tag != POP_RESET):
+            return None
+        state.apply(m.tag, m.body)
+        if state.records % 1_000_000 == 0:
+            log.info("takeover of %s: %d journal records replayed", mounted.broker,
+                     state.records)
+    return state if state.records or not first else None
+
+
+def stream(mounted: MountedBroker, stream: str, start: int = 0) -> Iterator[TieredEntry]:
+    """Every readable entry of one of the departed broker's streams, from ``start``."""
+    bounds = mounted.bounds(stream, 0)
+    if bounds is None:
+        return
+    offset = max(start, bounds[0])
+    while offset < bounds[1]:
+        entries = mounted.read(stream, 0, offset, min(READ_BATCH, bounds[1] - offset))
+        if not entries:
+            return
+        yield from entries
+        offset = entries[-1].queue_offset + 1
+
+
+def last_store_ms(mounted: MountedBroker, stream: str) -> int:
+    bounds = mounted.bounds(stream, 0)
+    if bounds is None or bounds[1] <= bounds[0]:
+        return 0
+    entries = mounted.read(stream, 0, bounds[1] - 1, 1)
+    return entries[-1].store_at_ms if entries else 0
