@@ -19,6 +19,7 @@ from chronomq.config import BrokerConfig
 from chronomq.dedupe import SendDedupe
 from chronomq.failover import hold_lease, start_failover
 from chronomq.handover import publish_secret
+from chronomq.providers import make_lease_provider, make_provider
 from chronomq.takeover import Takeover, TakeoverResult
 from cluster.layout import catalogue_path
 from cluster.lease import BrokerLease, LeaseWatch, TakenOver
@@ -38,8 +39,6 @@ from tiered.dispatcher import TieredDispatcher
 from tiered.journal import StateJournal
 from tiered.mount import MountedBroker, MountReader
 from tiered.provider import Provider
-from tiered.providers.local import LocalProvider
-from tiered.providers.memory import MemoryProvider
 from tiered.readahead import ReadAheadCache
 from tiered.reader import TieredReader
 from tiered.timerflatfile import TimerFlatFiles
@@ -76,40 +75,6 @@ def load_or_create_secret(path: str) -> bytes:
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
     return secret
-
-
-def make_provider(config: BrokerConfig) -> Provider:
-    """The tier the configuration names."""
-    tier = config.tier
-    if tier.provider == "s3":
-        # imported here: boto3 costs ~0.2 s of every start, and most brokers never use it
-        from tiered.providers.s3 import S3Provider, S3Settings
-        return S3Provider(S3Settings(
-            bucket=tier.s3_bucket, prefix=tier.s3_prefix, endpoint_url=tier.s3_endpoint_url,
-            region=tier.s3_region, access_key_id=tier.s3_access_key_id,
-            secret_access_key=tier.s3_secret_access_key,
-            connect_timeout_s=tier.s3_connect_timeout_s, read_timeout_s=tier.s3_read_timeout_s,
-            max_attempts=tier.s3_max_attempts))
-    if tier.provider == "memory":
-        return MemoryProvider()
-    return LocalProvider(config.tier_local_dir())
-
-
-def make_lease_provider(config: BrokerConfig, tier: Provider) -> Provider:
-    """The tier as the lease uses it (``cluster.lease``): on S3 a client of its own whose
-    every request is bounded by the lease (each wait ``tier.lease_s`` / 6, two attempts),
-    so a renewal or a commit's lease write never outlasts the lease, whatever the
-    ``tier.s3_*`` time-outs of the uploads; the same provider otherwise."""
-    t = config.tier
-    if t.provider != "s3":
-        return tier
-    from tiered.providers.s3 import S3Provider, S3Settings
-    bound_s = t.lease_s / 6  # two attempts of two waits: at most 2/3 of a lease
-    return S3Provider(S3Settings(
-        bucket=t.s3_bucket, prefix=t.s3_prefix, endpoint_url=t.s3_endpoint_url,
-        region=t.s3_region, access_key_id=t.s3_access_key_id,
-        secret_access_key=t.s3_secret_access_key, connect_timeout_s=bound_s,
-        read_timeout_s=bound_s, max_attempts=2, max_pool_connections=4))
 
 
 class Broker:

@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from chronomq.broker import make_provider
 from chronomq.client import RpcError, message
 from chronomq.client.routing import BrokerDirectory, RoutedClient
 from chronomq.config import RocketMQConfig
+from chronomq.providers import make_provider
 from chronomq.rocketmq.pb import definition as rd
 from chronomq.rocketmq.pb import service as rs
 from chronomq.rocketmq.pb import service_grpc

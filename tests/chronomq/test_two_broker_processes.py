@@ -13,10 +13,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from chronomq.broker import make_provider
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.routing import BrokerDirectory, RoutedClient
 from chronomq.config import load_config
+from chronomq.providers import make_provider
 from tests.chronomq.process import ServerProcess, wait_tier_caught_up
 from tests.conftest import CREDS, create_bucket
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from chronomq.broker import make_provider
 from chronomq.client import ChronomqClient, RpcError, Subscription
 from chronomq.config import load_config
+from chronomq.providers import make_provider
 from store.clock import ManualClock
 from store.errors import InvalidArgument
 from store.message import Message, decode_record
