@@ -31,16 +31,18 @@ def make_provider(config: BrokerConfig) -> Provider:
 
 def make_lease_provider(config: BrokerConfig, tier: Provider) -> Provider:
     """The tier as the lease uses it (``cluster.lease``): on S3 a client of its own whose
-    every request is bounded by the lease (each wait ``tier.lease_s`` / 6, two attempts),
-    so a renewal or a commit's lease write never outlasts the lease, whatever the
-    ``tier.s3_*`` time-outs of the uploads; the same provider otherwise."""
+    every request is bounded by the lease (connecting and each wait ``tier.lease_s`` / 6,
+    one attempt: the lease reads an unanswered write back itself, and renews again a
+    third of a lease later), so a lease write and its read-back take at most 2/3 of a
+    lease, whatever the ``tier.s3_*`` time-outs of the uploads; the same provider
+    otherwise."""
     t = config.tier
     if t.provider != "s3":
         return tier
     from tiered.providers.s3 import S3Provider, S3Settings
-    bound_s = t.lease_s / 6  # two attempts of two waits: at most 2/3 of a lease
+    bound_s = t.lease_s / 6  # a write and its read-back, two waits each: 2/3 of a lease
     return S3Provider(S3Settings(
         bucket=t.s3_bucket, prefix=t.s3_prefix, endpoint_url=t.s3_endpoint_url,
         region=t.s3_region, access_key_id=t.s3_access_key_id,
         secret_access_key=t.s3_secret_access_key, connect_timeout_s=bound_s,
-        read_timeout_s=bound_s, max_attempts=2, max_pool_connections=4))
+        read_timeout_s=bound_s, max_attempts=1, max_pool_connections=4))

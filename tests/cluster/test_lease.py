@@ -5,11 +5,14 @@ refused for good."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from chronomq.config import load_config
+from chronomq.providers import make_lease_provider, make_provider
 from cluster.layout import lease_path
 from cluster.lease import (
     BrokerLease,
@@ -19,7 +22,11 @@ from cluster.lease import (
     margin_s,
     successor,
 )
+from store.clock import SystemClock
 from store.errors import Unavailable
+from tests.conftest import create_bucket
+from tests.tiered.proxy import FaultProxy
+from tests.tiered.test_mount import _tier
 from tiered.errors import TierUnavailable
 from tiered.providers.local import LocalProvider
 
@@ -237,3 +244,30 @@ def test_a_claim_has_one_winner_and_fences_every_later_commit(tmp_path: Path) ->
     assert claim(tier, "gone", "c", clock.now_ms()) == "c"  # a broker with no lease
     with pytest.raises(TakenOver):
         BrokerLease(tier, "gone", "", "", LEASE_S, clock).acquire()
+
+
+def test_a_lease_write_against_a_stalled_s3_gives_up_within_the_lease(
+        s3_endpoint: str) -> None:
+    """The lease's S3 client is bounded by the lease (``chronomq.providers``): against an
+    S3 that accepts connections and never answers, a renewal or a commit gives up after
+    at most 2/3 of a lease (with its read-back), whatever ``tier.s3_*`` allows the uploads (30 s by default:
+    was a renewal that could outlast the lease)."""
+    create_bucket(s3_endpoint, "lease-stall")
+    with FaultProxy(s3_endpoint) as proxy:
+        config = load_config(None, [*_tier(proxy.endpoint, "lease-stall", "a"),
+                                    "tier.upload=true", "tier.failover=true",
+                                    "tier.claim_topics=true", "tier.lease_s=3"])
+        assert config.tier.s3_read_timeout_s * config.tier.s3_max_attempts > 3
+        tier = make_lease_provider(config, make_provider(config))
+        lease = BrokerLease(tier, "a", "a:1", "", 3.0, SystemClock())
+        lease.acquire()
+        proxy.set_mode("stall")
+        started = time.monotonic()
+        assert not lease.renew()
+        with pytest.raises(TierUnavailable):
+            lease.commit()
+        took_s = time.monotonic() - started
+        assert took_s < 2 * (2 / 3 * 3.0) + 1.0, f"two lease writes took {took_s:.1f} s"
+        proxy.set_mode("pass")
+        assert lease.renew() or lease.renew()  # the answer of a stalled write may be lost
+        assert not lease.taken_by
