@@ -1,0 +1,179 @@
+"""The faults of the failover chaos (``bench/bench_failover.py``), one function per kind.
+
+Each takes the cluster (``bench.chaos_cluster``), the broker owning the topic the cycle
+aims at, a seeded ``random.Random`` and a ``Fault`` record to fill: ``at`` (monotonic
+time of the fault, from which the affected topics' unavailability is measured), notes of
+what happened, and violations of the restart rules:
+
+* ``kill9-restart-now``: kill -9, started again at once with its data directory (it
+  resumes its topics: its lease has not expired);
+* ``kill9-restart-late``: kill -9, started again with its data directory after 1-2
+  leases: it must refuse ("taken over by") once a survivor claimed its lease, else
+  resumes;
+* ``kill9-wipe``: kill -9, data directory deleted, started again under its old name: it
+  must refuse ("holds none of it", or "taken over by"); a survivor takes it over once
+  its lease expired; a new name joins (``heal``);
+* ``sigstop``: SIGSTOP for 1-3 leases, SIGCONT; taken over meanwhile, it must answer no
+  OK (the probers ask it for one lease more) and is then retired;
+* ``cut-s3``: its proxy stalls (or resets) every S3 request for 1.5-3 leases, then
+  passes again: it fences itself, a survivor takes over; then as ``sigstop``;
+* ``slow-s3-watcher``: a broker that owns no topic (else the one owning fewest, not the
+  owner) gets 2-5 s per S3 request for 2-3 leases, while the owner is killed with
+  kill -9 (not restarted): the survivors, slow one included, race to take it over.
+
+A restart that starts although the broker was taken over, or although its data
+directory is gone, is a violation (RESTARTED_TAKEN_OVER, REBORN_EMPTY_STARTED).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bench.chaos_cluster import Broker, Cluster
+
+KINDS = ("kill9-restart-now", "kill9-restart-late", "kill9-wipe", "sigstop", "cut-s3",
+         "slow-s3-watcher")
+
+
+@dataclass
+class Fault:
+    kind: str
+    victim: str
+    topics: list[str]  # whose unavailability this fault is measured on
+    at: float = 0.0  # monotonic
+    at_ms: int = 0  # wall, for the logs
+    notes: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+    def mark(self) -> None:
+        self.at, self.at_ms = time.monotonic(), time.time_ns() // 1_000_000
+
+
+def _restart(cluster: Cluster, b: Broker, f: Fault) -> None:
+    """Start ``b`` again with its data directory; refused only if it was taken over."""
+    try:
+        cluster.start(b)
+    except RuntimeError as exc:
+        by = cluster.taken_by(b.name)
+        if "taken over by" in str(exc) and by:
+            f.notes.append(f"restart refused (taken over by {by})")
+        else:
+            f.notes.append(f"restart refused: {_reason(str(exc))}")
+        cluster.retire(b)
+        return
+    by = cluster.taken_by(b.name)
+    if by:
+        f.violations.append(f"RESTARTED_TAKEN_OVER {b.name} started again although its lease "
+                            f"says taken_by {by}")
+    else:
+        f.notes.append("restarted, resumed")
+
+
+def _reason(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if "refus" in ln or "taken over" in ln
+             or "holds none" in ln or "rror" in ln]
+    return (lines[-1] if lines else text.splitlines()[-1] if text else "?")[:200]
+
+
+def kill9_restart_now(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
+    f.mark()
+    cluster.kill9(b)
+    _restart(cluster, b, f)
+
+
+def kill9_restart_late(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
+    f.mark()
+    cluster.kill9(b)
+    wait_s = rng.uniform(1, 2) * cluster.lease_s
+    f.notes.append(f"down {wait_s:.1f} s")
+    time.sleep(wait_s)
+    _restart(cluster, b, f)
+
+
+def kill9_wipe(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
+    f.mark()
+    cluster.kill9(b)
+    shutil.rmtree(b.data_dir)
+    try:
+        cluster.start(b)
+    except RuntimeError as exc:
+        why = "holds none of it" if "holds none" in str(exc) else _reason(str(exc))
+        f.notes.append(f"reborn empty: refused ({why})")
+    else:
+        f.violations.append(f"REBORN_EMPTY_STARTED {b.name} started with an empty data "
+                            "directory under its old name")
+    cluster.retire(b)
+
+
+def _after_resume(cluster: Cluster, b: Broker, f: Fault) -> None:
+    """One lease for the probers to ask the resumed broker for an OK; then retire it if
+    it was taken over."""
+    time.sleep(cluster.lease_s)
+    by = cluster.taken_by(b.name)
+    if by:
+        f.notes.append(f"taken over by {by}; retired")
+        cluster.retire(b)
+    else:
+        f.notes.append("kept its lease, resumed")
+
+
+def sigstop(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
+    pause_s = rng.uniform(1, 3) * cluster.lease_s
+    f.mark()
+    cluster.signal(b, signal.SIGSTOP)
+    try:
+        time.sleep(pause_s)
+    finally:
+        cluster.signal(b, signal.SIGCONT)
+    f.notes.append(f"paused {pause_s:.1f} s")
+    _after_resume(cluster, b, f)
+
+
+def cut_s3(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
+    mode = rng.choice(("stall", "reset"))
+    cut_s = rng.uniform(1.5, 3) * cluster.lease_s
+    f.mark()
+    b.proxy.set_mode(mode)
+    try:
+        time.sleep(cut_s)
+    finally:
+        b.proxy.set_mode("pass")
+    f.notes.append(f"S3 {mode} {cut_s:.1f} s")
+    _after_resume(cluster, b, f)
+
+
+def slow_s3_watcher(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
+    loads = {w.name: sum(cluster.owner(t) == w.name for t in cluster.topics)
+             for w in cluster.live() if w.alive and w is not b}
+    if not loads:
+        f.notes.append("no watcher to slow down")
+        return
+    watcher = cluster.brokers[min(loads, key=lambda n: (loads[n], n))]
+    delay_s = rng.uniform(1.0, 2.5)  # per chunk each way: 2-5 s per request
+    slow_s = rng.uniform(2, 3) * cluster.lease_s
+    f.mark()
+    watcher.proxy.set_mode("slow", delay_s=delay_s)
+    cluster.kill9(b)
+    f.notes.append(f"{watcher.name} ({loads[watcher.name]} topics) slow "
+                   f"{2 * delay_s:.1f} s/request for {slow_s:.1f} s; {b.name} killed")
+    try:
+        time.sleep(slow_s)
+    finally:
+        watcher.proxy.set_mode("pass")
+    cluster.retire(b)
+    by = cluster.taken_by(watcher.name)
+    if by:
+        time.sleep(cluster.lease_s)
+        f.notes.append(f"{watcher.name} taken over by {by}; retired")
+        cluster.retire(watcher)
+
+
+FAULTS: dict[str, Callable[[Cluster, Broker, random.Random, Fault], None]] = {
+    "kill9-restart-now": kill9_restart_now, "kill9-restart-late": kill9_restart_late,
+    "kill9-wipe": kill9_wipe, "sigstop": sigstop, "cut-s3": cut_s3,
+    "slow-s3-watcher": slow_s3_watcher}

@@ -1,0 +1,241 @@
+"""The failover chaos, start to end (``bench/bench_failover.py`` is its command line,
+``tests/chronomq/test_failover_chaos.py`` its short mode).
+
+Three brokers (``bench.chaos_cluster``) on one bucket, one topic created on each; the
+clients of ``bench.chaos_workload`` run all along.  Each cycle aims at one topic (in
+turn), takes the broker that serves it now and applies a fault (``bench.chaos_faults``,
+the kinds in turn, shuffled per round by the seed), then:
+
+* times the unavailability of the victim's topics: from the fault to the first OK of a
+  sender's send begun after it (STUCK if none within ``recover_s``);
+* heals: a broker taken over is retired, one that exited by itself is reported
+  (BROKER_EXITED) and retired; new names join until three are alive;
+* before the next fault, checks that each topic is served by exactly the broker the
+  bucket names (TWO_OWNERS when another still serves it ``settle_s`` later).
+
+At the end the workload stops, every topic is drained and the ledger is checked
+(``bench.chaos_check``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.chaos_check import Outcome, check_all, drain
+from bench.chaos_cluster import Cluster
+from bench.chaos_faults import FAULTS, KINDS, Fault
+from bench.chaos_workload import Workload
+from bench.s3 import start_moto, start_seaweed
+from chronomq.client import ChronomqClient
+from chronomq.client.routing import BrokerDirectory, RoutedClient
+from tiered.providers.s3 import S3Provider, S3Settings
+
+BUCKET = "failover-chaos"
+
+
+@dataclass(frozen=True)
+class Plan:
+    cycles: int
+    lease_s: float
+    kinds: tuple[str, ...] = KINDS
+    seed: int = 1
+    s3: str = "seaweed"  # or "moto"
+    brokers: int = 3
+    settle_s: float = 30.0  # a second server of a topic is a violation after this
+    drain_grace_s: float = 90.0
+    root: Path | None = None  # default: a new temporary directory
+
+    @property
+    def recover_s(self) -> float:
+        return 6 * self.lease_s + 60
+
+
+@dataclass
+class Result:
+    root: Path
+    faults: list[tuple[Fault, float | None]] = field(default_factory=list)  # , unavailable
+    outcome: Outcome | None = None
+    violations: list[str] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    send_s: list[float] = field(default_factory=list)  # the senders' OK sends, sorted
+
+    def gaps(self, kind: str) -> list[float]:
+        return sorted(g for f, g in self.faults if f.kind == kind and g is not None)
+
+
+def _schedule(plan: Plan, rng: random.Random) -> list[str]:
+    kinds: list[str] = []
+    while len(kinds) < plan.cycles:
+        round_ = list(plan.kinds)
+        rng.shuffle(round_)
+        kinds += round_
+    return kinds[: plan.cycles]
+
+
+def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
+    unknown = set(plan.kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}; use {', '.join(KINDS)}")
+    rng = random.Random(plan.seed)
+    root = plan.root or Path(tempfile.mkdtemp(prefix="bench-failover-"))
+    result = Result(root)
+    server = None
+    if plan.s3 == "seaweed":
+        server = start_seaweed(root / "seaweed", BUCKET)
+        endpoint = server.endpoint
+    else:
+        endpoint = start_moto(BUCKET)
+    topics = [f"t{i}" for i in range(plan.brokers)]
+    cluster = Cluster(root, endpoint, BUCKET, plan.lease_s, topics)
+    workload: Workload | None = None
+    try:
+        for topic in topics:
+            with ChronomqClient(cluster.spawn().address) as c:
+                c.create_topic(topic, queue_count=2)
+
+        def routed() -> RoutedClient:
+            tier = S3Provider(S3Settings(bucket=BUCKET, endpoint_url=endpoint,
+                                         access_key_id="testing", secret_access_key="testing",
+                                         connect_timeout_s=2, read_timeout_s=5))
+            return RoutedClient(BrokerDirectory(tier=tier, timeout_s=5), follow_s=120)
+        workload = Workload(routed, topics, cluster.addresses, plan.lease_s, plan.seed)
+        workload.start()
+        _warm_up(workload, topics)
+        say(f"{plan.brokers} brokers on {plan.s3} ({endpoint}), topics {', '.join(topics)}, "
+            f"tier.lease_s = {plan.lease_s:g}, seed {plan.seed}; data in {root}")
+        for n, kind in enumerate(_schedule(plan, rng), 1):
+            try:
+                fault, gap = _cycle(plan, cluster, workload, topics[(n - 1) % len(topics)],
+                                    kind, rng)
+            except RuntimeError as exc:  # nobody serves a topic: no more faults
+                result.violations.append(f"STUCK before cycle {n}: {exc}")
+                say(result.violations[-1])
+                break
+            result.faults.append((fault, gap))
+            result.violations += fault.violations
+            shown = f"{gap:6.2f} s" if gap is not None else "  none"
+            say(f"cycle {n:2d} {kind:18s} {fault.victim:10s} {','.join(fault.topics):8s} "
+                f"unavailable {shown}; {'; '.join(fault.notes)} "
+                f"({workload.ok_count()} OK so far)")
+            result.violations += _single_owners(plan, cluster, topics)
+        time.sleep(2)
+        t0 = time.monotonic()
+        workload.stop()
+        say(f"clients stopped ({time.monotonic() - t0:.1f} s); draining")
+        for stack in workload.stuck:
+            say(f"a client thread did not stop: {stack}")
+        result.errors = dict(workload.errors)
+        result.send_s = sorted(ok - start for t in topics for start, ok in workload.oks[t])
+        drain_s = drain(routed, topics, workload.ledger, plan.drain_grace_s)
+        claims = {}
+        for name in cluster.brokers:
+            lease = cluster.lease(name)
+            if lease.get("taken_by"):
+                claims[name] = (str(lease["taken_by"]), int(str(lease.get("claimed_ms", 0))))
+        result.outcome = check_all(workload.ledger, claims)
+        result.outcome.drain_s = drain_s
+        result.violations += result.outcome.violations
+    finally:
+        if workload is not None:
+            workload.stop()
+            workload.ledger.dump(root / "ledger.jsonl")
+        cluster.stop()
+        cluster.write_logs(root / "logs")
+        if server is not None:
+            server.stop()
+    return result
+
+
+def _warm_up(workload: Workload, topics: list[str]) -> None:
+    deadline = time.monotonic() + 120
+    while any(len(workload.oks[t]) < 10 for t in topics):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no sends accepted 120 s after the start: {workload.errors}")
+        time.sleep(0.2)
+
+
+def _cycle(plan: Plan, cluster: Cluster, workload: Workload, topic: str, kind: str,
+           rng: random.Random) -> tuple[Fault, float | None]:
+    owner = cluster.owner(topic)
+    if owner not in cluster.brokers or not cluster.brokers[owner].alive:
+        alive = [b.name for b in cluster.live() if b.alive]
+        raise RuntimeError(f"topic {topic}'s owner is {owner or 'unknown'}; alive: {alive}")
+    victim = cluster.brokers[owner]
+    fault = Fault(kind, victim.name, [t for t in cluster.topics
+                                      if cluster.owner(t) == victim.name])
+    FAULTS[kind](cluster, victim, rng, fault)
+    gap = _unavailable(plan, workload, fault)
+    if gap is None:
+        fault.violations.append(f"STUCK {fault.topics}: no send accepted {plan.recover_s:g} s "
+                                f"after {kind} of {victim.name}")
+    _heal(plan, cluster, fault)
+    fault.notes += _takeover_figures(cluster, victim.name)
+    return fault, gap
+
+
+def _takeover_figures(cluster: Cluster, departed: str) -> list[str]:
+    """What the broker that took ``departed`` over recorded (its local state file)."""
+    taker = cluster.taken_by(departed)
+    path = cluster.root / taker / "takeovers" / f"{departed}.json"
+    if not taker or not path.exists():
+        return []
+    with contextlib.suppress(ValueError, OSError):
+        state = json.loads(path.read_text())
+        return [f"{taker}'s takeover: sends accepted after "
+                f"{float(state.get('accepting_after_s', -1)):.1f} s, done after "
+                f"{float(state.get('seconds', -1)):.1f} s, {state.get('pending', '?')} pending"]
+    return []
+
+
+def _unavailable(plan: Plan, workload: Workload, fault: Fault) -> float | None:
+    """Seconds from the fault to the first OK of a send begun after it, the longest of
+    the fault's topics; None if one got none within ``recover_s``."""
+    deadline = fault.at + plan.recover_s
+    gaps = []
+    for topic in fault.topics:
+        while (ok := workload.first_ok_after(topic, fault.at)) is None:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+        gaps.append(ok - fault.at)
+    return max(gaps, default=0.0)
+
+
+def _heal(plan: Plan, cluster: Cluster, fault: Fault) -> None:
+    for b in cluster.live():
+        by = cluster.taken_by(b.name)
+        if by:
+            fault.notes.append(f"{b.name} taken over by {by}: retired")
+            cluster.retire(b)
+        elif not b.alive:
+            tail = "".join((b.logs or [[""]])[-1][-5:]).strip()
+            fault.violations.append(f"BROKER_EXITED {b.name} exited by itself: {tail}")
+            cluster.retire(b)
+    while len(cluster.live()) < plan.brokers:
+        fault.notes.append(f"{cluster.spawn().name} joined")
+
+
+def _single_owners(plan: Plan, cluster: Cluster, topics: list[str]) -> list[str]:
+    """Wait until every topic is served by exactly the broker the bucket names."""
+    deadline = time.monotonic() + plan.settle_s
+    while True:
+        wrong: dict[str, tuple[str, list[str]]] = {}
+        for t in topics:
+            owner, serving = cluster.owner(t), cluster.serving(t)
+            if serving != [owner]:
+                wrong[t] = (owner, serving)
+        if not wrong:
+            return []
+        if time.monotonic() > deadline:
+            return [f"TWO_OWNERS {t}: the bucket names {o or 'nobody'}, served by {s}"
+                    for t, (o, s) in wrong.items() if len(s) > 1] or \
+                   [f"STUCK {t}: the bucket names {o or 'nobody'}, served by {s or 'nobody'}"
+                    for t, (o, s) in wrong.items()]
+        time.sleep(0.5)

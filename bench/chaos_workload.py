@@ -1,0 +1,368 @@
+"""The clients of the failover chaos (``bench/bench_failover.py``), all through the client
+library, with a ledger of what each was told (``tests.chronomq.ledger``'s entries, held
+in memory here: this process is never killed; written out as JSON lines at the end).
+
+Per topic:
+
+* a **sender**: one unary ``RoutedClient.send`` at a time (client-chosen ids; 80 %
+  immediate, 10 % by ``delay_ms``, 10 % by ``deliver_at_ms``); its OKs also time the
+  unavailability of the topic after a fault (``first_ok_after``);
+* a **producer**: ``RoutedClient.producer`` (idempotent ``Producer``, one SendStream),
+  a message every ``PRODUCER_EVERY_S``, every tenth delayed; an OK when its future
+  resolves;
+* a **stream consumer**: ``RoutedClient.consumer`` (Subscribe) of group ``g``: acks 90 %
+  (an OK when the ack's future resolves), leaves 10 % unsettled ("skipped");
+* a **pop consumer**: ``RoutedClient.pop`` of group ``g`` with an invisible time: acks
+  85 %, nacks 5 % (1 s), skips 10 %.
+
+Per broker name, a **prober** sends one message per topic to that broker's address
+directly every ``PROBE_EVERY_S`` and keeps who answered OK, and when
+(``Probe``): any OK from a broker after its successor's claim is a violation
+(``bench.chaos_check``).  Probe messages that were answered OK are ledgered like any.
+
+Thread-safe: ``Ledger`` takes a lock; each client thread owns its client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import random
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from chronomq.client import ChronomqClient, RpcError, SendOutcome, message
+from chronomq.client.routing import RoutedClient
+from chronomq.v1 import broker_pb2 as pb
+from tests.chronomq.ledger import (
+    AckOk,
+    Delivery,
+    Entry,
+    Release,
+    SendAttempt,
+    SendOk,
+    make_body,
+    now_ms,
+    parse_body,
+)
+
+GROUP = "g"
+SENDER_PAUSE_S = 0.02
+PRODUCER_EVERY_S = 0.05
+PROBE_EVERY_S = 0.1
+PROBE_TIMEOUT_S = 2.0
+STREAM_INVISIBLE_S = 8  # the stream consumer's leases
+POP_INVISIBLE_S = 6  # the pop consumer's
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One prober message answered OK by ``broker``: its request's start, its answer."""
+
+    broker: str
+    message_id: str
+    start_ms: int
+    at_ms: int
+
+
+class Ledger:
+    """Every client's entries, in memory; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.entries: list[Entry] = []
+        self.probes: list[Probe] = []
+        self.skipped: set[str] = set()  # leases never settled on purpose: must come back
+        self.where: dict[str, str] = {}  # lease -> "queue_id/queue_offset" (evidence)
+
+    def add(self, *entries: Entry) -> None:
+        with self._lock:
+            self.entries.extend(entries)
+
+    def delivered(self, lease: str, m: pb.ReceivedMessage, start_ms: int,
+                  invisible_time_s: int) -> Delivery:
+        token, ok = parse_body(m.body)
+        d = Delivery(lease, m.message_id, GROUP, m.topic, token, ok, start_ms, now_ms(),
+                     invisible_time_s, m.delivery_attempt, "" if ok else repr(m.body[:60]))
+        with self._lock:
+            self.entries.append(d)
+            self.where[lease] = f"{m.queue_id}/{m.queue_offset}"
+        return d
+
+    def skip(self, lease: str) -> None:
+        with self._lock:
+            self.skipped.add(lease)
+
+    def probe(self, p: Probe) -> None:
+        with self._lock:
+            self.probes.append(p)
+
+    def snapshot(self) -> list[Entry]:
+        with self._lock:
+            return list(self.entries)
+
+    def dump(self, path: Path) -> None:
+        """JSON lines in ``tests.chronomq.ledger``'s format (``ledger.load`` reads them),
+        then the probes and skipped leases."""
+        kinds = {SendAttempt: "send", SendOk: "sent", Delivery: "deliver", AckOk: "ack",
+                 Release: "release"}
+        with self._lock, open(path, "w") as f:
+            for e in self.entries:
+                f.write(json.dumps({"k": kinds[type(e)], **dataclasses.asdict(e)}) + "\n")
+            for p in self.probes:
+                f.write(json.dumps({"k": "probe", **dataclasses.asdict(p)}) + "\n")
+            f.write(json.dumps({"k": "skipped", "leases": sorted(self.skipped)}) + "\n")
+
+
+def _draft(topic: str, token: str, rng: random.Random, lease_s: float,
+           delayed_share: float) -> tuple[pb.OutgoingMessage, int]:
+    """A message carrying ``token`` (id = token), and its deliver-at lower bound."""
+    start = now_ms()
+    r = rng.random()
+    body = make_body(token)
+    if r < delayed_share / 2:
+        delay = rng.randrange(500, int(2000 * lease_s))
+        return message(topic, body, delay_ms=delay, message_id=token), start + delay
+    if r < delayed_share:
+        at = start + rng.randrange(500, int(3000 * lease_s))
+        return message(topic, body, deliver_at_ms=at, message_id=token), at
+    return message(topic, body, message_id=token), start
+
+
+class Workload:
+    """The client threads (see the module); ``start``, then ``stop`` before the drain."""
+
+    def __init__(self, routed: Callable[[], RoutedClient], topics: list[str],
+                 addresses: Callable[[], dict[str, str]], lease_s: float, seed: int) -> None:
+        self.routed, self.topics, self.addresses = routed, topics, addresses
+        self.lease_s, self.seed = lease_s, seed
+        self.ledger = Ledger()
+        self.oks: dict[str, list[tuple[float, float]]] = {t: [] for t in topics}  # sender
+        self.errors: dict[str, int] = {}  # "<who> <code>" -> count (not OK, not counted)
+        self._stop = threading.Event()
+        self._stop_probes = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._probers: dict[str, threading.Thread] = {}
+        self._manager: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.stuck: list[str] = []  # stacks of client threads that did not stop
+
+    def _thread(self, target: Callable[..., None], name: str, *args: object) -> None:
+        t = threading.Thread(target=self._guard, args=(target, name, *args), name=name,
+                             daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _guard(self, target: Callable[..., None], name: str, *args: object) -> None:
+        """Run a client loop; an unexpected error is counted and the loop starts again."""
+        while not self._stop.is_set():
+            try:
+                target(*args)
+                return
+            except Exception as exc:
+                self._error(name, type(exc).__name__)
+                time.sleep(0.5)
+
+    def _error(self, who: str, what: str) -> None:
+        key = f"{who.split('-')[0]} {what}"
+        with self._lock:
+            self.errors[key] = self.errors.get(key, 0) + 1
+
+    def start(self) -> None:
+        for i, topic in enumerate(self.topics):
+            self._thread(self._send_loop, f"sender-{topic}", topic, i)
+            self._thread(self._produce_loop, f"producer-{topic}", topic, i)
+            self._thread(self._stream_loop, f"stream-{topic}", topic, i)
+            self._thread(self._pop_loop, f"pop-{topic}", topic, i)
+        self._manager = threading.Thread(target=self._probe_manager, name="probers",
+                                         daemon=True)
+        self._manager.start()
+
+    def stop(self) -> None:
+        """Stop sending and consuming (the producers flush, the consumers close)."""
+        self._stop.set()
+        for t in self._threads:
+            self._join(t, 120)
+        self._stop_probes.set()
+        if self._manager is not None:
+            self._manager.join(10)
+        for t in list(self._probers.values()):
+            self._join(t, 10)
+
+    def _join(self, t: threading.Thread, timeout_s: float) -> None:
+        """Join ``t``; one that takes over 10 s is reported (with its stack if it hangs)."""
+        started = time.monotonic()
+        t.join(10)
+        if t.is_alive():
+            frame = sys._current_frames().get(t.ident or 0)
+            stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+            t.join(timeout_s - 10)
+            self.stuck.append(f"{t.name} took {time.monotonic() - started:.1f} s to stop; "
+                              f"its stack after 10 s:\n{stack}")
+
+    def first_ok_after(self, topic: str, t: float) -> float | None:
+        """The monotonic time of the first OK of a sender's send begun after ``t``."""
+        later = [ok for start, ok in list(self.oks[topic]) if start > t]
+        return min(later) if later else None
+
+    def ok_count(self) -> int:
+        return sum(isinstance(e, SendOk) for e in self.ledger.snapshot())
+
+    # ------------------------------------------------------------------ senders
+
+    def _send_loop(self, topic: str, i: int) -> None:
+        rng = random.Random(self.seed * 1000 + i)
+        seq = itertools.count()
+        with self.routed() as rc:
+            while not self._stop.is_set():
+                token = f"u{i}-{next(seq)}"
+                m, lb = _draft(topic, token, rng, self.lease_s, 0.2)
+                self.ledger.add(SendAttempt(token, topic, lb))
+                started = time.monotonic()
+                try:
+                    (out,) = rc.send([m])
+                except RpcError as exc:
+                    self._error(f"sender-{topic}", exc.code.name)
+                    continue
+                if out.ok:
+                    self.ledger.add(SendOk(token, out.message_id))
+                    self.oks[topic].append((started, time.monotonic()))
+                else:
+                    self._error(f"sender-{topic}", str(out.error_code))
+                time.sleep(SENDER_PAUSE_S)
+
+    def _produce_loop(self, topic: str, i: int) -> None:
+        rng = random.Random(self.seed * 1000 + 100 + i)
+        seq = itertools.count()
+        with self.routed() as rc, rc.producer(topic, delivery_timeout_s=600,
+                                              block_s=600) as producer:
+            while not self._stop.is_set():
+                token = f"p{i}-{next(seq)}"
+                m, lb = _draft(topic, token, rng, self.lease_s, 0.1)
+                self.ledger.add(SendAttempt(token, topic, lb))
+                f = producer.send(topic, m.body, message_id=token,
+                                  delay_ms=m.delay_ms if m.HasField("delay_ms") else None,
+                                  deliver_at_ms=(m.deliver_at_ms
+                                                 if m.HasField("deliver_at_ms") else None))
+                f.add_done_callback(self._produced(token, topic))
+                time.sleep(PRODUCER_EVERY_S)
+            producer.flush(600)
+
+    def _produced(self, token: str, topic: str) -> Callable[[Future[SendOutcome]], None]:
+        def done(f: Future[SendOutcome]) -> None:
+            exc = f.exception()
+            if exc is None:
+                self.ledger.add(SendOk(token, f.result().message_id))
+            else:
+                self._error(f"producer-{topic}", getattr(getattr(exc, "code", None), "name",
+                                                         type(exc).__name__))
+        return done
+
+    # ------------------------------------------------------------------ consumers
+
+    def _stream_loop(self, topic: str, i: int) -> None:
+        rng = random.Random(self.seed * 1000 + 200 + i)
+        leases = itertools.count()
+        with self.routed() as rc, rc.consumer(topic, GROUP, prefetch=16,
+                                              invisible_time_s=STREAM_INVISIBLE_S) as c:
+            while not self._stop.is_set():
+                m = c.receive(timeout_s=0.5)
+                if m is None:
+                    continue
+                lease = f"s{i}:{next(leases)}"
+                # a stream's lease ends when the stream does (given back at once): no
+                # lease bound is claimed for it (invisible time 0 in the ledger)
+                self.ledger.delivered(lease, m, now_ms(), 0)
+                if rng.random() < 0.1:
+                    self.ledger.skip(lease)
+                    continue
+                c.ack(m).add_done_callback(self._acked(lease, m.message_id, topic))
+            c.flush(60)
+
+    def _acked(self, lease: str, message_id: str, topic: str) -> Callable[[Future[None]], None]:
+        def done(f: Future[None]) -> None:
+            if f.exception() is None:
+                self.ledger.add(AckOk(lease, message_id, GROUP, now_ms()))
+            else:
+                self._error(f"stream-{topic}", "ack failed")
+        return done
+
+    def _pop_loop(self, topic: str, i: int) -> None:
+        rng = random.Random(self.seed * 1000 + 300 + i)
+        leases = itertools.count()
+        with self.routed() as rc:
+            while not self._stop.is_set():
+                start = now_ms()
+                try:
+                    got = rc.pop(topic, GROUP, 8, POP_INVISIBLE_S, 500)
+                except RpcError as exc:
+                    self._error(f"pop-{topic}", exc.code.name)
+                    continue
+                acks, nacks = [], []
+                for m in got:
+                    lease = f"q{i}:{next(leases)}"
+                    self.ledger.delivered(lease, m, start, POP_INVISIBLE_S)
+                    r = rng.random()
+                    if r < 0.1:
+                        self.ledger.skip(lease)
+                    elif r < 0.15:
+                        nacks.append((lease, m))
+                    else:
+                        acks.append((lease, m))
+                self._settle(rc, topic, acks, nacks)
+
+    def _settle(self, rc: RoutedClient, topic: str, acks: list[tuple[str, pb.ReceivedMessage]],
+                nacks: list[tuple[str, pb.ReceivedMessage]]) -> None:
+        try:
+            if nacks:
+                start = now_ms()
+                self.ledger.add(*[Release(lease, m.message_id, GROUP, start, 1000)
+                                  for lease, m in nacks])
+                rc.nack(topic, GROUP, [m.receipt_handle for _, m in nacks], 1000)
+            if acks:
+                errors = rc.ack(topic, GROUP, [m.receipt_handle for _, m in acks])
+                at = now_ms()
+                self.ledger.add(*[AckOk(lease, m.message_id, GROUP, at)
+                                  for (lease, m), e in zip(acks, errors, strict=True) if not e])
+        except RpcError as exc:
+            self._error(f"pop-{topic}", f"settle {exc.code.name}")
+
+    # ------------------------------------------------------------------ probers
+
+    def _probe_manager(self) -> None:
+        """A prober thread per broker name, started as names join, ended as they retire."""
+        while not self._stop_probes.is_set():
+            for name, address in self.addresses().items():
+                if name not in self._probers:
+                    t = threading.Thread(target=self._probe_loop, args=(name, address),
+                                         name=f"probe-{name}", daemon=True)
+                    self._probers[name] = t
+                    t.start()
+            self._stop_probes.wait(0.2)
+
+    def _probe_loop(self, name: str, address: str) -> None:
+        seq = itertools.count()
+        with ChronomqClient(address, timeout_s=PROBE_TIMEOUT_S) as c:
+            while not self._stop_probes.is_set() and name in self.addresses():
+                n = next(seq)
+                batch = [(f"x-{name}-{n}-{t}", t) for t in self.topics]
+                start = now_ms()
+                self.ledger.add(*[SendAttempt(token, t, start) for token, t in batch])
+                try:
+                    out = c.send([message(t, make_body(token), message_id=token)
+                                  for token, t in batch])
+                except RpcError:
+                    out = []
+                at = now_ms()
+                for (token, _), o in zip(batch, out, strict=False):
+                    if o.ok:
+                        self.ledger.add(SendOk(token, o.message_id))
+                        self.ledger.probe(Probe(name, o.message_id, start, at))
+                self._stop_probes.wait(PROBE_EVERY_S)
