@@ -1,16 +1,18 @@
-"""Automatic failover, from outside: three broker processes on moto's S3 with
-``tier.failover`` and ``tier.durable_ack``, a producer and a consumer through the client
-library (``RoutedClient`` over the bucket), a ledger of every OK.
+"""Automatic failover, from outside: three broker processes on SeaweedFS's S3 (a real S3
+server, whose conditional PUTs have one winner) with ``tier.failover`` and
+``tier.durable_ack``, a producer and a consumer through the client library
+(``RoutedClient`` over the bucket), a ledger of every OK.
 
-- kill -9 the owner: a survivor takes it over by itself; sends are accepted again
-  within ``tier.lease_s`` + 5 s; nothing answered OK is lost, nothing acked comes again,
-  pending delayed messages come at their times, not before;
+- kill -9 the owner: one survivor (of the two that watch its lease) takes it over by
+  itself; sends are accepted again within ``tier.lease_s`` + 5 s; nothing answered OK is
+  lost, nothing acked comes again, pending delayed messages come at their times, not
+  before;
 - after a first failover, pause the new owner (SIGSTOP) past its lease while the clients
   go on, resume it (SIGCONT): the third broker took over (a chain); every OK the paused
   broker gave is at the final owner, and the resumed broker refuses its former topics
   within one lease (FAILED_PRECONDITION naming the new owner; never an OK), its RocketMQ
   front routing to the final owner;
-- cut the owner off from S3 (a fault proxy in front of moto): it fences itself
+- cut the owner off from S3 (a fault proxy in front of SeaweedFS): it fences itself
   (UNAVAILABLE, no OK), a peer takes over, the clients follow.
 """
 
@@ -25,22 +27,23 @@ from pathlib import Path
 import grpc
 import pytest
 
-from chronomq.broker import make_provider
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.routing import BrokerDirectory, RoutedClient
 from chronomq.config import load_config
+from chronomq.providers import make_provider
 from chronomq.rocketmq.pb import definition as rd
 from chronomq.rocketmq.pb import service as rs
 from chronomq.rocketmq.pb import service_grpc
 from chronomq.v1 import broker_pb2 as pb
 from tests.chronomq.process import ServerProcess
-from tests.conftest import create_bucket, wait_until
+from tests.conftest import wait_until
 from tests.tiered.proxy import FaultProxy
 from tests.tiered.test_mount import _tier
 
 LEASE_S = 3
 
-pytestmark = pytest.mark.usefixtures("no_process_left")
+# the bucket is set up first, so it is deleted after the broker processes are gone
+pytestmark = pytest.mark.usefixtures("seaweed_bucket", "no_process_left")
 
 
 def _settings(endpoint: str, bucket: str, name: str) -> list[str]:
@@ -118,7 +121,6 @@ def _drain(rc: RoutedClient, topic: str, group: str) -> set[str]:
 
 def _three(tmp_path: Path, endpoint: str, bucket: str, a_endpoint: str = ""
            ) -> list[ServerProcess]:
-    create_bucket(endpoint, bucket)
     a_settings = _settings(a_endpoint or endpoint, bucket, "broker-a")
     a = ServerProcess(tmp_path / "a", *a_settings)
     with ChronomqClient(a.target) as c:
@@ -127,17 +129,29 @@ def _three(tmp_path: Path, endpoint: str, bucket: str, a_endpoint: str = ""
                  for n in ("b", "c"))]
 
 
+def _taken_over_at(brokers: list[ServerProcess], departed: str) -> list[str]:
+    """The brokers that list ``orders`` as taken over from ``departed``."""
+    at = []
+    for p in brokers:
+        with ChronomqClient(p.target) as c:
+            if any(t.name == "orders" and t.taken_over_from == departed
+                   for t in c.list_topics()):
+                at.append(p.target)
+    return at
+
+
 def _routed(endpoint: str, bucket: str) -> RoutedClient:
     tier = make_provider(load_config(None, _settings(endpoint, bucket, "client")))
     return RoutedClient(BrokerDirectory(tier=tier, timeout_s=5), follow_s=60)
 
 
 @pytest.mark.slow
-def test_the_owner_killed_a_survivor_takes_over(tmp_path: Path, s3_endpoint: str) -> None:
-    brokers = _three(tmp_path, s3_endpoint, "failover-kill")
+def test_the_owner_killed_a_survivor_takes_over(tmp_path: Path, seaweed_endpoint: str,
+                                                seaweed_bucket: str) -> None:
+    brokers = _three(tmp_path, seaweed_endpoint, seaweed_bucket)
     a = brokers[0]
     try:
-        with _routed(s3_endpoint, "failover-kill") as rc:
+        with _routed(seaweed_endpoint, seaweed_bucket) as rc:
             acked = _drain(rc, "orders", "g")  # nothing yet: registers the group
             due = int(time.time() * 1000) + 8_000
             delayed = {o.message_id: o.deliver_at_ms for o in rc.send(
@@ -174,6 +188,8 @@ def test_the_owner_killed_a_survivor_takes_over(tmp_path: Path, s3_endpoint: str
             assert set(delayed) <= seen, "a pending delayed message was lost"
             assert all(seen_at[m] >= at for m, at in delayed.items()), "delivered early"
             assert rc.directory.locate("orders") in {brokers[1].target, brokers[2].target}
+            # both survivors watched A's lease expire; one claim won (on a real S3)
+            assert _taken_over_at(brokers[1:], "broker-a") == [rc.directory.locate("orders")]
     finally:
         for p in brokers:
             if p.proc.poll() is None:
@@ -181,10 +197,11 @@ def test_the_owner_killed_a_survivor_takes_over(tmp_path: Path, s3_endpoint: str
 
 
 @pytest.mark.slow
-def test_a_paused_owner_is_fenced_and_refuses_after(tmp_path: Path, s3_endpoint: str) -> None:
-    brokers = _three(tmp_path, s3_endpoint, "failover-pause")
+def test_a_paused_owner_is_fenced_and_refuses_after(tmp_path: Path, seaweed_endpoint: str,
+                                                    seaweed_bucket: str) -> None:
+    brokers = _three(tmp_path, seaweed_endpoint, seaweed_bucket)
     try:
-        with _routed(s3_endpoint, "failover-pause") as rc:
+        with _routed(seaweed_endpoint, seaweed_bucket) as rc:
             clients = Clients(rc, "orders").start()
             wait_until(lambda: len(clients.ok) >= 30, 30, "30 sends answered OK")
             killed = time.monotonic()
@@ -233,12 +250,14 @@ def test_a_paused_owner_is_fenced_and_refuses_after(tmp_path: Path, s3_endpoint:
 
 
 @pytest.mark.slow
-def test_an_owner_cut_off_from_s3_fences_itself(tmp_path: Path, s3_endpoint: str) -> None:
-    with FaultProxy(s3_endpoint) as proxy:
-        brokers = _three(tmp_path, s3_endpoint, "failover-cut", a_endpoint=proxy.endpoint)
+def test_an_owner_cut_off_from_s3_fences_itself(tmp_path: Path, seaweed_endpoint: str,
+                                                seaweed_bucket: str) -> None:
+    with FaultProxy(seaweed_endpoint) as proxy:
+        brokers = _three(tmp_path, seaweed_endpoint, seaweed_bucket,
+                         a_endpoint=proxy.endpoint)
         a = brokers[0]
         try:
-            with _routed(s3_endpoint, "failover-cut") as rc:
+            with _routed(seaweed_endpoint, seaweed_bucket) as rc:
                 clients = Clients(rc, "orders").start()
                 wait_until(lambda: len(clients.ok) >= 30, 30, "30 sends answered OK")
                 proxy.set_mode("stall")
@@ -256,7 +275,8 @@ def test_an_owner_cut_off_from_s3_fences_itself(tmp_path: Path, s3_endpoint: str
                 clients.stop()
                 seen = _drain(rc, "orders", "g")
                 assert set(clients.ok) <= seen, f"lost: {sorted(set(clients.ok) - seen)[:5]}"
-                assert rc.directory.locate("orders") != a.target
+                assert _taken_over_at(brokers[1:], "broker-a") == \
+                    [rc.directory.locate("orders")]
         finally:
             proxy.set_mode("pass")
             for p in brokers:
@@ -265,12 +285,13 @@ def test_an_owner_cut_off_from_s3_fences_itself(tmp_path: Path, s3_endpoint: str
 
 
 @pytest.mark.slow
-def test_producer_and_consumer_follow_their_topic(tmp_path: Path, s3_endpoint: str) -> None:
+def test_producer_and_consumer_follow_their_topic(tmp_path: Path, seaweed_endpoint: str,
+                                                  seaweed_bucket: str) -> None:
     """An idempotent ``Producer`` and a ``Consumer`` made by ``RoutedClient`` keep going
     across a failover: every future that resolved OK is consumed, acks included."""
-    brokers = _three(tmp_path, s3_endpoint, "failover-stream")
+    brokers = _three(tmp_path, seaweed_endpoint, seaweed_bucket)
     try:
-        with _routed(s3_endpoint, "failover-stream") as rc, \
+        with _routed(seaweed_endpoint, seaweed_bucket) as rc, \
                 rc.producer("orders", delivery_timeout_s=60) as producer, \
                 rc.consumer("orders", "stream") as consumer:
             futures = [producer.send("orders", f"p{i}".encode()) for i in range(200)]

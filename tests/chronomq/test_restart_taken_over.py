@@ -1,4 +1,4 @@
-"""No OK before the lease, from outside: broker processes on moto's S3 with
+"""No OK before the lease, from outside: broker processes on SeaweedFS's S3 with
 ``tier.failover`` and ``tier.durable_ack``.
 
 Broker A owns topic ``pay``; kill -9 A; B takes A over by itself; A is started again with
@@ -22,10 +22,11 @@ from chronomq.client import ChronomqClient, RpcError, message
 from cluster.lease import successor
 from tests.chronomq.process import ServerProcess
 from tests.chronomq.test_failover import _settings
-from tests.conftest import create_bucket, wait_until
+from tests.conftest import CREDS, wait_until
 from tiered.providers.s3 import S3Provider, S3Settings
 
-pytestmark = pytest.mark.usefixtures("no_process_left")
+# the bucket is set up first, so it is deleted after the broker processes are gone
+pytestmark = pytest.mark.usefixtures("seaweed_bucket", "no_process_left")
 
 
 def _free_port() -> int:
@@ -36,15 +37,13 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_a_broker_restarted_after_its_takeover_answers_nothing(
-        tmp_path: Path, s3_endpoint: str) -> None:
-    bucket = "restart-taken-over"
-    create_bucket(s3_endpoint, bucket)
+        tmp_path: Path, seaweed_endpoint: str, seaweed_bucket: str) -> None:
+    endpoint, bucket = seaweed_endpoint, seaweed_bucket
     port = _free_port()
-    a_settings = [*_settings(s3_endpoint, bucket, "broker-a"), f"server.port={port}"]
+    a_settings = [*_settings(endpoint, bucket, "broker-a"), f"server.port={port}"]
     a = ServerProcess(tmp_path / "a", *a_settings)
-    b = ServerProcess(tmp_path / "b", *_settings(s3_endpoint, bucket, "broker-b"))
-    tier = S3Provider(S3Settings(bucket=bucket, endpoint_url=s3_endpoint,
-                                 access_key_id="testing", secret_access_key="testing"))
+    b = ServerProcess(tmp_path / "b", *_settings(endpoint, bucket, "broker-b"))
+    tier = S3Provider(S3Settings(bucket=bucket, endpoint_url=endpoint, **CREDS))
     answered_ok: list[str] = []
     stop = threading.Event()
 

@@ -1,12 +1,12 @@
 """Clients follow a topic away from a broker that was taken over and came back (issue 37).
 
-Two broker processes on moto's S3 with ``tier.failover``.  Broker A owns ``orders``; it is
-paused (SIGSTOP) past its lease, B takes it over, then A is resumed (SIGCONT) and learns
-at its next renewal that it was taken over: it still has ``orders`` on its disk, and
-refuses every change with FAILED_PRECONDITION naming B.  A client given the addresses
-``[A, B]`` (A first) or the bucket must reach B for Send and Pop, and so must the
-``Producer`` and ``Consumer`` it makes: none stays pinned to A.  The brokers are started
-once for the module (each test changes only B).
+Two broker processes on SeaweedFS's S3 with ``tier.failover``.  Broker A owns ``orders``;
+it is paused (SIGSTOP) past its lease, B takes it over, then A is resumed (SIGCONT) and
+learns at its next renewal that it was taken over: it still has ``orders`` on its disk,
+and refuses every change with FAILED_PRECONDITION naming B.  A client given the
+addresses ``[A, B]`` (A first) or the bucket must reach B for Send and Pop, and so must
+the ``Producer`` and ``Consumer`` it makes: none stays pinned to A.  The brokers (and
+their bucket) are started once for the module (each test changes only B).
 
 Two quick tests without processes give ``BrokerDirectory`` brokers as a client sees them
 (what ListTopics lists, what a call answers): one that still lists its former topic after
@@ -20,28 +20,29 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import pytest
 
-from chronomq.broker import make_provider
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.routing import BrokerDirectory, RoutedClient
 from chronomq.config import load_config
+from chronomq.providers import make_provider
 from chronomq.v1 import broker_pb2 as pb
+from tests import seaweed
 from tests.chronomq.process import ServerProcess
-from tests.conftest import create_bucket, wait_until
+from tests.conftest import wait_until
 from tests.tiered.test_mount import _tier
 from tiered.provider import Provider
 
 LEASE_S = 2
-BUCKET = "routing-takeover"
 
 slow = pytest.mark.slow
 
 
-def _settings(endpoint: str, name: str) -> list[str]:
-    return [*_tier(endpoint, BUCKET, name), "tier.upload=true", "tier.claim_topics=true",
+def _settings(endpoint: str, bucket: str, name: str) -> list[str]:
+    return [*_tier(endpoint, bucket, name), "tier.upload=true", "tier.claim_topics=true",
             "tier.durable_ack=true", "tier.failover=true", f"tier.lease_s={LEASE_S}"]
 
 
@@ -54,21 +55,26 @@ class TakenOver:
 
 
 @pytest.fixture(scope="module")
-def taken_over(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str
+def taken_over(tmp_path_factory: pytest.TempPathFactory, seaweed_endpoint: str
                ) -> Iterator[TakenOver]:
     """A took ``orders`` and 5 messages, was paused until B took it over, and runs
     again knowing it was taken over (the module's tests share it: they change only B).
-    Both processes are killed after the module, also when the setup fails."""
+    Both processes are killed after the module, also when the setup fails, and before
+    their bucket is deleted."""
     tmp = tmp_path_factory.mktemp("routing-takeover")
-    create_bucket(s3_endpoint, BUCKET)
-    a = ServerProcess(tmp / "a", *_settings(s3_endpoint, "broker-a"))
+    with seaweed.bucket(seaweed_endpoint, __name__) as bucket:
+        yield from _taken_over(tmp, seaweed_endpoint, bucket)
+
+
+def _taken_over(tmp: Path, endpoint: str, bucket: str) -> Iterator[TakenOver]:
+    a = ServerProcess(tmp / "a", *_settings(endpoint, bucket, "broker-a"))
     b: ServerProcess | None = None
     try:
         with ChronomqClient(a.target) as ca:
             ca.create_topic("orders", queue_count=2)
             out = ca.send([message("orders", f"before-{i}".encode()) for i in range(5)])
             assert all(o.ok for o in out)
-        b = ServerProcess(tmp / "b", *_settings(s3_endpoint, "broker-b"))
+        b = ServerProcess(tmp / "b", *_settings(endpoint, bucket, "broker-b"))
         os.kill(a.proc.pid, signal.SIGSTOP)
         try:
             with ChronomqClient(b.target) as cb:
@@ -80,7 +86,7 @@ def taken_over(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str
         with ChronomqClient(a.target) as ca:
             wait_until(lambda: ca.stats().get("lease.taken_over") == 1, 5 * LEASE_S,
                        "A learning at its renewal that it was taken over")
-        tier = make_provider(load_config(None, _settings(s3_endpoint, "client")))
+        tier = make_provider(load_config(None, _settings(endpoint, bucket, "client")))
         yield TakenOver(a, b, tier, {o.message_id for o in out})
     finally:
         for p in (a, b):

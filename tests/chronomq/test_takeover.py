@@ -1,6 +1,6 @@
 """A broker's promises outlive its machine: takeover from the shared tier, from outside.
 
-Real processes on moto's S3 server.  Broker A (``tier.upload``, ``tier.claim_topics``)
+Real processes on SeaweedFS's S3 server.  Broker A (``tier.upload``, ``tier.claim_topics``)
 takes immediate and delayed messages (due in seconds, and hours ahead), a consumer group
 acks part and holds leases, some delayed messages are cancelled; A is killed with kill -9
 and its data directory deleted (the machine is gone).  Broker B runs ``takeover
@@ -21,15 +21,14 @@ import pytest
 
 from chronomq.client import ChronomqClient, RpcError, message
 from tests.chronomq.process import ServerProcess, wait_tier_caught_up
-from tests.conftest import create_bucket
 from tests.tiered.test_mount import _tier
 
 HOUR_MS = 3_600_000
 LEASE_S = 8
 
+# the bucket is set up first, so it is deleted after the broker processes are gone
+pytestmark = pytest.mark.usefixtures("seaweed_bucket", "no_process_left")
 
-
-pytestmark = pytest.mark.usefixtures("no_process_left")
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -42,11 +41,10 @@ def _common(endpoint: str, bucket: str, name: str, durable: bool) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("durable", [True, False], ids=["durable-ack", "local-ack"])
-def test_takeover_keeps_a_lost_brokers_promises(tmp_path: Path, s3_endpoint: str,
-                                                durable: bool) -> None:
-    bucket = f"takeover-{'d' if durable else 'l'}"
-    create_bucket(s3_endpoint, bucket)
-    a = ServerProcess(tmp_path / "a", *_common(s3_endpoint, bucket, "broker-a", durable),
+def test_takeover_keeps_a_lost_brokers_promises(tmp_path: Path, seaweed_endpoint: str,
+                                                seaweed_bucket: str, durable: bool) -> None:
+    endpoint, bucket = seaweed_endpoint, seaweed_bucket
+    a = ServerProcess(tmp_path / "a", *_common(endpoint, bucket, "broker-a", durable),
                       "store.node_id=1")
     near: dict[str, tuple[bytes, int]] = {}  # id -> (body, due)
     far: dict[str, tuple[bytes, int]] = {}
@@ -88,7 +86,7 @@ def test_takeover_keeps_a_lost_brokers_promises(tmp_path: Path, s3_endpoint: str
     a.kill9()
     shutil.rmtree(tmp_path / "a")  # the machine is gone
 
-    b = ServerProcess(tmp_path / "b", *_common(s3_endpoint, bucket, "broker-b", durable),
+    b = ServerProcess(tmp_path / "b", *_common(endpoint, bucket, "broker-b", durable),
                       "store.node_id=2")
     try:
         with ChronomqClient(b.target) as c:
@@ -151,17 +149,16 @@ def test_takeover_keeps_a_lost_brokers_promises(tmp_path: Path, s3_endpoint: str
 
 
 @pytest.mark.slow
-def test_a_second_takeover_is_refused_and_a_rerun_resumes(tmp_path: Path,
-                                                          s3_endpoint: str) -> None:
-    bucket = "takeover-twice"
-    create_bucket(s3_endpoint, bucket)
-    a = ServerProcess(tmp_path / "a", *_common(s3_endpoint, bucket, "broker-a", True))
+def test_a_second_takeover_is_refused_and_a_rerun_resumes(
+        tmp_path: Path, seaweed_endpoint: str, seaweed_bucket: str) -> None:
+    endpoint, bucket = seaweed_endpoint, seaweed_bucket
+    a = ServerProcess(tmp_path / "a", *_common(endpoint, bucket, "broker-a", True))
     with ChronomqClient(a.target) as c:
         c.create_topic("t1")
         c.send_one("t1", b"x", delay_ms=HOUR_MS)
     a.kill9()
-    b = ServerProcess(tmp_path / "b", *_common(s3_endpoint, bucket, "broker-b", True))
-    c2 = ServerProcess(tmp_path / "c", *_common(s3_endpoint, bucket, "broker-c", True))
+    b = ServerProcess(tmp_path / "b", *_common(endpoint, bucket, "broker-b", True))
+    c2 = ServerProcess(tmp_path / "c", *_common(endpoint, bucket, "broker-c", True))
     try:
         with ChronomqClient(b.target) as cb, ChronomqClient(c2.target) as cc:
             r = cb.takeover("broker-a", force=True)
@@ -178,15 +175,14 @@ def test_a_second_takeover_is_refused_and_a_rerun_resumes(tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_a_chain_of_takeovers_serves_every_brokers_backlog(tmp_path: Path,
-                                                           s3_endpoint: str) -> None:
+def test_a_chain_of_takeovers_serves_every_brokers_backlog(
+        tmp_path: Path, seaweed_endpoint: str, seaweed_bucket: str) -> None:
     """A is taken over by B, which takes sends and is lost in turn; C takes B over and
     serves A's backlog and B's, to a group that starts from the beginning and to one
     that acked part on A."""
-    bucket = "takeover-chain"
-    create_bucket(s3_endpoint, bucket)
+    endpoint, bucket = seaweed_endpoint, seaweed_bucket
     sent: set[str] = set()
-    a = ServerProcess(tmp_path / "a", *_common(s3_endpoint, bucket, "broker-a", True))
+    a = ServerProcess(tmp_path / "a", *_common(endpoint, bucket, "broker-a", True))
     with ChronomqClient(a.target) as c:
         c.create_topic("chain", queue_count=2)
         sent |= {c.send_one("chain", f"a{i}".encode()) for i in range(20)}
@@ -194,12 +190,12 @@ def test_a_chain_of_takeovers_serves_every_brokers_backlog(tmp_path: Path,
         assert c.ack("early", [m.receipt_handle for m in got]) == [""] * len(got)
         acked = {m.message_id for m in got}
     a.kill9()
-    b = ServerProcess(tmp_path / "b", *_common(s3_endpoint, bucket, "broker-b", True))
+    b = ServerProcess(tmp_path / "b", *_common(endpoint, bucket, "broker-b", True))
     with ChronomqClient(b.target) as c:
         c.takeover("broker-a", force=True)
         sent |= {c.send_one("chain", f"b{i}".encode()) for i in range(20)}
     b.kill9()
-    c3 = ServerProcess(tmp_path / "c", *_common(s3_endpoint, bucket, "broker-c", True))
+    c3 = ServerProcess(tmp_path / "c", *_common(endpoint, bucket, "broker-c", True))
     try:
         with ChronomqClient(c3.target) as c:
             r = c.takeover("broker-b", force=True)

@@ -1,9 +1,9 @@
-"""FaultProxy: a real TCP proxy on 127.0.0.1 in front of an HTTP server (moto's S3), with
-the faults a flaky object store shows.
+"""FaultProxy: a real TCP proxy on 127.0.0.1 in front of an HTTP server (moto's or
+SeaweedFS's S3), with the faults a flaky object store shows.
 
 Modes (``set_mode``), applied to every connection opened after the change; the change
-itself resets the connections already open, so a client's pooled keep-alive connections
-meet the new mode on their next request instead of going on as before:
+itself resets the connections already open, at once, so a client's pooled keep-alive
+connections meet the new mode on their next request instead of going on as before:
 
 ``pass``    bytes go both ways untouched;
 ``reset``   a new connection is accepted and reset at once (RST, not FIN);
@@ -41,6 +41,16 @@ def _hard_close(sock: socket.socket) -> None:
         sock.close()
 
 
+def _cut(sock: socket.socket) -> None:
+    """End a connection another thread may be reading, now.  A close alone sends nothing
+    while that read waits (the kernel keeps the socket until the read returns), so a
+    pooled keep-alive connection could carry one more request; the shutdown wakes the
+    read and sends a FIN, the close after it a reset."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    _hard_close(sock)
+
+
 class FaultProxy:
     def __init__(self, upstream: str) -> None:
         """``upstream``: ``http://host:port`` of the real server."""
@@ -71,7 +81,7 @@ class FaultProxy:
             self._mode, self.delay_s, self.status = mode, delay_s, status
             doomed, self._open = self._open, set()
         for sock in doomed:
-            _hard_close(sock)
+            _cut(sock)
 
     def close(self) -> None:
         self._closed.set()
