@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import NamedTuple
 
+from chronomq.compaction import attach_compaction
 from chronomq.config import BrokerConfig
 from chronomq.dedupe import SendDedupe
 from chronomq.failover import hold_lease, start_failover
@@ -24,6 +25,7 @@ from chronomq.takeover import Takeover, TakeoverResult
 from cluster.layout import catalogue_path
 from cluster.lease import BrokerLease, LeaseWatch, TakenOver
 from cluster.ownership import Owner, TopicOwners
+from cluster.timersnapshot import TimerCompactor
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.leasejournal import Snapshots
 from pop.service import PopService
@@ -107,6 +109,7 @@ class Broker:
         self.takeovers = Takeover(self)
         self.lease: BrokerLease | None = None  # tier.upload: held from ``open`` on
         self.snapshots: Snapshots | None = None  # tier.upload: the journal's snapshots
+        self.compactor: TimerCompactor | None = None  # tier.upload: the timer's snapshots
 
     def open(self) -> None:
         """Open every part, recover and catch up; mount ``tier.mounts``.  A failure closes
@@ -247,6 +250,7 @@ class Broker:
                 self.tiered.durable_position, self.tiered.publish,
                 self.config.tier.broker_name)
             self.snapshots.started(started)
+            self.compactor = attach_compaction(self)
         if self.tiered is not None and timer_thread:
             self.tiered.start()
         if timer_thread:

@@ -157,6 +157,10 @@ class BrokerServer:
             self._scheduler.add_job(self.broker.snapshots.step, "interval",
                                     id="journal-snapshots", seconds=1, max_instances=1,
                                     coalesce=True)
+        if self.broker.compactor is not None:  # tier.upload: the timer's snapshots
+            self._scheduler.add_job(self.broker.compactor.step, "interval",
+                                    id="timer-snapshots", seconds=1, max_instances=1,
+                                    coalesce=True)
         if self.config.tier.failover:  # (the lease renews itself: cluster.lease)
             self._scheduler.add_job(self._watch_leases, "interval", id="lease-watch",
                                     seconds=self.config.tier.lease_s / 10, max_instances=1,
@@ -197,6 +201,8 @@ class BrokerServer:
     def _watch_leases(self) -> None:
         try:
             self._lease_watch.step()
+        except TierError as exc:  # the tier is failing (this broker fences itself): one line
+            log.warning("watching the brokers' leases failed: %s", exc)
         except Exception:  # the next look tries again
             log.exception("watching the brokers' leases failed")
 

@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 from chronomq.handover import CLOCK_SLACK_MS, InheritedIds, read_secret
 from cluster.layout import catalogue_path, chain_path, chain_prefix, lease_path, takeover_record
 from cluster.lease import claim
-from cluster.replay import last_store_ms, replay, stream
+from cluster.replay import delayed_records, last_store_ms, replay
 from pop.checkpoint import parse_key
 from pop.model import origin_of
 from store.crashpoint import crashpoint
@@ -402,9 +402,11 @@ class Takeover:
             settle(IN_FLIGHT - 1)  # the writer works while the next batch is read
 
         now = b.clock.now_ms()
-        for entry in stream(mounted, DELAYED_STREAM, through):
+        for entry in delayed_records(b.tier, mounted, journal.timer_snapshot, through):
             info = decode_dispatch_infos(entry.record, 0)[0][0]
-            due = journal.pending_due(entry.queue_offset, info.flags, info.deliver_at_ms)
+            flags, sent_due = ((FLAG_DELAYED, entry.due_ms) if entry.due_ms >= 0
+                               else (info.flags, info.deliver_at_ms))  # a snapshot's: pending
+            due = journal.pending_due(entry.queue_offset, flags, sent_due)
             last_qo = entry.queue_offset
             if due is None:
                 continue

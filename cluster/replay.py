@@ -4,8 +4,10 @@ groups and its timer.
 ``replay`` reads the state stream from the latest snapshot the tier's
 ``<broker>/state/snapshot.json`` points at (the whole stream when the pointer names no
 readable snapshot: a snapshot must start with its ``pop-reset`` record) and the timer
-stream whole, and applies them in order to a ``JournalState`` (``tiered.journal`` has the
-records' format).  ``stream`` reads any of the departed broker's streams.
+stream from its latest timer snapshot (``cluster.timersnapshot``; whole without one), and
+applies them in order to a ``JournalState`` (``tiered.journal`` has the records' format).
+``delayed_records`` gives its delayed records: the snapshot's pending ones, then the
+delayed stream past it.  ``stream`` reads any of the departed broker's streams.
 """
 
 from __future__ import annotations
@@ -14,8 +16,15 @@ import logging
 import time
 from collections.abc import Iterator
 
+from cluster.timersnapshot import (
+    PendingRecord,
+    Pointer,
+    read_part,
+    read_pointer,
+    read_residual,
+)
 from store.message import decode_record
-from store.names import STATE_STREAM, TIMER_STREAM
+from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM
 from tiered.errors import TierError, TierNotFound
 from tiered.journal import POP_RESET, SNAPSHOT_POINTER, JournalState, read_snapshot_pointer
 from tiered.mount import MountedBroker
@@ -47,10 +56,32 @@ def _snapshot_at(tier: Provider, mounted: MountedBroker) -> int:
         return 0
     return at
 
+
+def timer_pointer(tier: Provider, mounted: MountedBroker) -> Pointer | None:
+    """The departed broker's latest timer snapshot, if the tier holds it whole (else
+    None: its streams are read whole).  A whole snapshot holds every pending record
+    below its ``C`` and every done or move it had read, so the streams' ends in the
+    departed broker's metadata copies need not reach it."""
+    pointer = read_pointer(tier, mounted.broker)
+    if pointer is None:
+        return None
+    try:
+        missing = [p for p in [*pointer.parts, pointer.residual] if not tier.exists(p)]
+    except TierError as exc:
+        missing = [str(exc)]
+    if missing:
+        log.error("takeover of %s: its timer snapshot %s is not whole in the tier (missing "
+                  "%s): its delayed and timer streams are read whole", mounted.broker,
+                  pointer, missing[:3])
+        return None
+    return pointer
+
+
 def replay(tier: Provider, mounted: MountedBroker) -> JournalState:
     """Replay a departed broker's journal (``mounted``: its tier, read after the claim):
     its state stream from the latest snapshot the tier holds (whole, when that snapshot
-    cannot be read), its timer stream whole (``tiered.journal``)."""
+    cannot be read), its timer stream from its latest timer snapshot (whole without one;
+    ``cluster.timersnapshot``)."""
     start = time.monotonic()
     first = _snapshot_at(tier, mounted)
     state = _replay_state(mounted, first) if first else None
@@ -61,7 +92,15 @@ def replay(tier: Provider, mounted: MountedBroker) -> JournalState:
                       mounted.broker, first)
         state = _replay_state(mounted, 0)
         assert state is not None  # from 0 nothing is checked
-    for entry in stream(mounted, TIMER_STREAM):
+    state.timer_snapshot = timer_pointer(tier, mounted)
+    timer_from = 0
+    if state.timer_snapshot is not None:
+        timer_from = state.timer_snapshot.timer_from
+        if state.timer_snapshot.residual:
+            done, moved = read_residual(tier, state.timer_snapshot.residual)
+            state.done |= done
+            state.moved.update(moved)
+    for entry in stream(mounted, TIMER_STREAM, timer_from):
         m = decode_record(entry.record)
         state.apply(m.tag, m.body)
     if state.bad:
@@ -71,6 +110,7 @@ def replay(tier: Provider, mounted: MountedBroker) -> JournalState:
     log.info("takeover of %s: %d journal records replayed in %.1f s", mounted.broker,
              state.records, state.seconds)
     return state
+
 
 def _replay_state(mounted: MountedBroker, first: int) -> JournalState | None:
     """The state stream replayed from queue offset ``first``; None when ``first``
@@ -88,14 +128,29 @@ def _replay_state(mounted: MountedBroker, first: int) -> JournalState | None:
     return state if state.records or not first else None
 
 
-def stream(mounted: MountedBroker, stream: str, start: int = 0) -> Iterator[TieredEntry]:
+def delayed_records(tier: Provider, mounted: MountedBroker, pointer: Pointer | None,
+                    start: int) -> Iterator[PendingRecord]:
+    """The departed broker's delayed records from delayed-stream offset ``start`` on, in
+    ascending offsets: those of its timer snapshot (their due times as of it), then its
+    delayed stream past the snapshot (their due times as sent)."""
+    if pointer is not None:
+        for path in pointer.parts:
+            for r in read_part(tier, path):
+                if r.queue_offset >= start:
+                    yield r
+        start = max(start, pointer.delayed_from)
+    for e in stream(mounted, DELAYED_STREAM, start):
+        yield PendingRecord(e.queue_offset, -1, e.record)
+
+
+def stream(mounted: MountedBroker, name: str, start: int = 0) -> Iterator[TieredEntry]:
     """Every readable entry of one of the departed broker's streams, from ``start``."""
-    bounds = mounted.bounds(stream, 0)
+    bounds = mounted.bounds(name, 0)
     if bounds is None:
         return
     offset = max(start, bounds[0])
     while offset < bounds[1]:
-        entries = mounted.read(stream, 0, offset, min(READ_BATCH, bounds[1] - offset))
+        entries = mounted.read(name, 0, offset, min(READ_BATCH, bounds[1] - offset))
         if not entries:
             return
         yield from entries

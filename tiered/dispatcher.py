@@ -44,6 +44,7 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -120,6 +121,9 @@ class TieredDispatcher:
         self._recent = RecentRecords()  # what the store's dispatcher decoded (``offer``)
         # what a mount can read (checkpoint and copies in), behind the lease's gate
         self.durable = DurablePosition(0, config.upload_timeout_s)
+        self.confirm_deletes: Callable[[], bool] = self.durable.confirm  # the lease held?
+        # per system stream, the queue offset below which no takeover reads it any more
+        self.system_floors: Callable[[], dict[str, int]] = dict
 
     def open(self) -> None:
         """Load the queues' metadata and the checkpoint from local disk (every queue's
@@ -392,7 +396,7 @@ class TieredDispatcher:
             doomed = self._expire(self._clock.now_ms())
         finally:
             self._retention_lock.release()
-        if doomed and not self.durable.confirm():
+        if doomed and not self.confirm_deletes():
             return 0  # taken over (or not sure): the successor may read them, keep them
         for path in doomed:  # after the metadata is persisted: a crash leaves orphans only
             try:
@@ -411,11 +415,15 @@ class TieredDispatcher:
         doomed: list[str] = []
         with self._lock:
             queues = list(self._queues.items())
+        floors = self.system_floors() if any(is_system_stream(q.topic) for _, q in queues) \
+            else {}
         for key, q in queues:
-            if is_system_stream(q.topic):
-                continue  # pending timers and the journal: never expired by time
-            ttl = self.tier_retention_ms(q.topic)
-            paths = q.expire_stored_before(now - ttl) if ttl > 0 else []
+            if is_system_stream(q.topic):  # never by time: below their snapshots only
+                floor = floors.get(q.topic, 0)
+                paths = q.expire_below(floor) if floor > 0 else []
+            else:
+                ttl = self.tier_retention_ms(q.topic)
+                paths = q.expire_stored_before(now - ttl) if ttl > 0 else []
             if paths:
                 with self._save_lock:
                     if self.queue(*key) is q:  # else re-created meanwhile: orphans

@@ -356,6 +356,17 @@ class FlatFile:
                 doomed += [self.object_path(seg.base, start) for start in seg.objects]
         return doomed
 
+    def segments_ending_by(self, position: int) -> int:
+        """The stream position that ends the leading run of segments wholly below
+        ``position`` (for retention by position; see ``expire_before``)."""
+        with self._lock:
+            end = self.meta.start
+            for seg in self.meta.segments:
+                if seg.end > position:
+                    break
+                end = seg.end
+            return end
+
     def segments_before(self, at_ms: int) -> int:
         """The stream position that ends the leading run of segments whose data is all
         older than ``at_ms`` (for retention by time; see ``expire_before``)."""

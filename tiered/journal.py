@@ -214,6 +214,7 @@ class JournalState:
         self.moved: dict[int, int] = {}
         self.records = self.bad = 0
         self.seconds = 0.0  # set by the reader: how long reading and replaying took
+        self.timer_snapshot: Any = None  # the timer snapshot it started from (the reader's)
 
     def apply(self, tag: str, body: bytes) -> None:
         self.records += 1

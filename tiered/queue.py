@@ -224,7 +224,19 @@ class TieredQueue:
         ``at_ms``, and the log segments only they point into.  Returns the object paths
         to delete once the caller has persisted ``to_json()``; nothing while an upload
         of this queue is in flight.  Any thread; never waits for an upload."""
-        cq_pos = self.cq.segments_before(at_ms)
+        return self._expire_to(self.cq.segments_before(at_ms))
+
+    def expire_below(self, queue_offset: int) -> list[str]:
+        """Retention by position (a system stream below its snapshot): drop the leading
+        segments of entries all below ``queue_offset`` (committed ones only), and the
+        log segments only they point into; as ``expire_stored_before``."""
+        if self.first_queue_offset < 0:
+            return []
+        cq_pos = min(self.cq.commit_position,
+                     max(0, queue_offset - self.first_queue_offset) * ENTRY.size)
+        return self._expire_to(self.cq.segments_ending_by(cq_pos))
+
+    def _expire_to(self, cq_pos: int) -> list[str]:
         if self.first_queue_offset < 0 or cq_pos <= self.cq.start_position:
             return []
         if cq_pos < self.cq.commit_position:  # the first entry that stays: its record too

@@ -250,8 +250,8 @@ def test_a_lease_write_against_a_stalled_s3_gives_up_within_the_lease(
         s3_endpoint: str) -> None:
     """The lease's S3 client is bounded by the lease (``chronomq.providers``): against an
     S3 that accepts connections and never answers, a renewal or a commit gives up after
-    at most 2/3 of a lease (with its read-back), whatever ``tier.s3_*`` allows the uploads (30 s by default:
-    was a renewal that could outlast the lease)."""
+    at most 2/3 of a lease (with its read-back), whatever ``tier.s3_*`` allows the
+    uploads (30 s by default: was a renewal that could outlast the lease)."""
     create_bucket(s3_endpoint, "lease-stall")
     with FaultProxy(s3_endpoint) as proxy:
         config = load_config(None, [*_tier(proxy.endpoint, "lease-stall", "a"),
