@@ -11,6 +11,13 @@ taking broker, and a check that the pending count matches.
     .venv/bin/python bench/bench_takeover.py --quick        # 100 topics, 10k pending
     .venv/bin/python bench/bench_takeover.py --quick --history 100000  # a longer journal
     .venv/bin/python bench/bench_takeover.py --quick --history 100000 --snapshot-records 0
+    .venv/bin/python bench/bench_takeover.py --pending 1000000 --delayed-history 1000000
+
+``--delayed-history N``: before the kill, A also delivers N delayed messages (due a
+second after they are sent, in batches of 500, to a topic of their own): a timer history
+of N records in the delayed stream and a record per delivery batch in the timer stream.
+Printed too: the size of A's system streams and timer snapshots in the tier (the local
+tier) against its live state.
 
 ``--tier local`` (default) shares a local directory; ``--tier s3`` runs moto's S3 server.
 """
@@ -73,6 +80,25 @@ def _history(c: ChronomqClient, target: str, n: int) -> None:
           f"{time.monotonic() - t0:.1f} s", flush=True)
 
 
+def _delayed_history(c: ChronomqClient, n: int) -> None:
+    """``n`` delayed messages due a second after they are sent, delivered by A's timer."""
+    c.create_topic("delayed-history", queue_count=4)
+    t0 = time.monotonic()
+    for i in range(0, n, 500):
+        assert all(o.ok for o in c.send([message("delayed-history", b"d" * 100,
+                                                 delay_ms=1000)] * min(500, n - i)))
+    while c.stats().get("timer.delivered", 0) < n:
+        time.sleep(0.5)
+    print(f"A: delayed history of {n:,} messages sent and delivered in "
+          f"{time.monotonic() - t0:.1f} s", flush=True)
+
+
+def _tier_bytes(root: Path, prefixes: tuple[str, ...]) -> int:
+    """Bytes of the local tier's objects under ``prefixes`` (paths relative to it)."""
+    return sum(f.stat().st_size for p in prefixes for f in (root / "tier").glob(p + "/**/*")
+               if f.is_file())
+
+
 def _tier_settings(kind: str, root: Path, name: str, endpoint: str) -> list[str]:
     if kind == "s3":
         return ["tier.provider=s3", "tier.s3_bucket=takeover-bench",
@@ -93,6 +119,8 @@ def main() -> None:
     p.add_argument("--snapshot-records", type=int, default=None,
                    help="A's tier.journal_snapshot_records (0: no snapshot but at start, "
                    "so a takeover replays A's whole journal); default: the broker's")
+    p.add_argument("--delayed-history", type=int, default=0,
+                   help="delayed messages delivered before the kill (a timer history)")
     p.add_argument("--quick", action="store_true", help="100 topics, 10 groups, 10k pending")
     p.add_argument("--profile", default="", help="py-spy the taking broker into this file "
                    "(collapsed stacks)")
@@ -108,7 +136,7 @@ def main() -> None:
     try:
         snapshots = ([] if args.snapshot_records is None else
                      [f"tier.journal_snapshot_records={args.snapshot_records}"])
-        a = ServerProcess(root / "a", *common, *snapshots,
+        a = ServerProcess(root / "a", *common, *snapshots, "server.retention_interval_s=5",
                           *_tier_settings(args.tier, root, "a", endpoint))
         topics = [f"t{i:04d}" for i in range(args.topics)]
         t0 = time.monotonic()
@@ -135,9 +163,19 @@ def main() -> None:
                         c.ack(f"g{g:03d}", [m.receipt_handle])
             if args.history:
                 _history(c, a.target, args.history)
+            if args.delayed_history:
+                _delayed_history(c, args.delayed_history)
             fill_s = time.monotonic() - t0
             caught = wait_tier_caught_up(c, timeout_s=1800)
             journal = c.stats().get("journal.records", 0)
+            if args.tier == "local":  # the next timer snapshot and retention pass (1 s, 5 s)
+                time.sleep(15)
+        if args.tier == "local":
+            system = _tier_bytes(root, ("a/data/%SYS%delayed", "a/data/%SYS%timer",
+                                        "a/data/%SYS%state", "a/timer-snapshot"))
+            live = args.pending * 190  # a pending record as sent (100 B body + headers)
+            print(f"A: system streams and timer snapshots in the tier {system / 1e6:.1f} MB; "
+                  f"live pending records ~{live / 1e6:.1f} MB ({system / max(live, 1):.2f}x)")
         print(f"A: {sent} pending delayed messages in {args.topics} topics, {args.groups} "
               f"groups, {journal:,.0f} journal records; filled in {fill_s:.1f} s, tier "
               f"caught up {caught:.1f} s later")

@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 READ_CHUNK = 4 << 20
 UPLOAD_THREADS = 16  # the uploader pool: every due queue's two objects go up at once
 RETRY_MIN_MS, RETRY_MAX_MS = 200, 5000  # back-off after a failed commit, doubling
+SYSTEM_SEGMENT_BYTES = 16 << 20  # the system streams' segments: what deletion frees at once
 _STORE_AT = struct.Struct(">Q")  # a record's store_at_ms, at byte 32 (store.message)
 
 
@@ -176,9 +177,12 @@ class TieredDispatcher:
 
     def _new_queue(self, topic: str, qid: int, meta: str | None = None,
                    generation: int = 0) -> TieredQueue:
-        return TieredQueue(self._provider, self._broker, topic, qid, meta,
-                           self.config.segment_bytes, self.config.upload_timeout_s,
-                           self._uploader, generation, self.config.segment_ms)
+        segment_bytes = self.config.segment_bytes
+        if is_system_stream(topic):  # deleted below their snapshots, a segment at a time
+            segment_bytes = min(segment_bytes, SYSTEM_SEGMENT_BYTES)
+        return TieredQueue(self._provider, self._broker, topic, qid, meta, segment_bytes,
+                           self.config.upload_timeout_s, self._uploader, generation,
+                           self.config.segment_ms)
 
     def position(self) -> int:
         """The CommitLog offset below which everything is durable in the tier."""
