@@ -148,7 +148,7 @@ def test_crash_points_section_lists_every_label() -> None:
     text = _text()
     section = text.split("### Crash points", 1)[1].split("\n#", 1)[0]
     settings = _settings()
-    named = {s for s in re.findall(r"`([a-z]+\.[a-z_]+)`", section)
+    named = {s for s in re.findall(r"`([a-z_]+\.[a-z_]+)`", section)
              if s not in settings and not _is_module(s)}
     assert named == set(crashpoint.LABELS), (
         f"missing: {sorted(set(crashpoint.LABELS) - named)}, "
