@@ -511,6 +511,7 @@ class TieredDispatcher:
                 if not self.step() and self._full():
                     break  # the tier is failing
             self.commit(force=True)
+        self.durable.stop()
         self._uploader.shutdown(wait=False, cancel_futures=True)
 
     @property

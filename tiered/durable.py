@@ -10,8 +10,13 @@ only for objects in the tier before the successor's claim: the successor reads a
 its claim and sees them, whatever the clocks did.  A gate that finds the lease taken
 over fences this position for good: every wait raises that error, and the dispatcher
 writes nothing more to the tier.  A gate that cannot write now (the tier is failing)
-leaves the position where it was: waits time out (``TierUnavailable``), the next
-commit tries again.
+leaves the position where it was: waits time out (``TierUnavailable``), and the gate
+is tried again 50 ms later.
+
+With a gate, the gate's writes run on a thread of their own (``durable-gate``), back to
+back, each for the latest position published so far: a commit never waits for the lease
+write, the next commit's uploads go on meanwhile, and one lease write confirms every
+commit that finished before it started (a group commit of the lease).
 
 Thread-safe.
 """
@@ -35,6 +40,9 @@ class DurablePosition:
         self._timeout_s = timeout_s
         self.gate: Callable[[], None] | None = None  # raises: not confirmed (see above)
         self._fenced: FailedPrecondition | None = None
+        self._target = position  # the latest position published, to pass the gate
+        self._thread: threading.Thread | None = None
+        self._stopped = False
 
     @property
     def fenced(self) -> FailedPrecondition | None:
@@ -51,7 +59,7 @@ class DurablePosition:
     def start_at(self, position: int) -> None:
         """At open: what the tier held when this broker last stopped."""
         with self._cond:
-            self._position = position
+            self._position = self._target = position
 
     def position(self) -> int:
         with self._cond:
@@ -93,17 +101,48 @@ class DurablePosition:
             return False
         return True
 
-    def publish(self, position: int) -> bool:
-        """Move to ``position`` (never back) once the gate passes; False when it did not
-        move now (nothing new, the gate failed, or fenced)."""
+    def publish(self, position: int) -> None:
+        """Move to ``position`` (never back): at once without a gate, else once the
+        gate's thread passed the gate after this call."""
         with self._cond:
-            if position <= self._position or self._fenced is not None:
-                return False
-        if not self.confirm():  # (the lease logged why)
-            return False
-        with self._cond:
-            if self._fenced is not None or position <= self._position:
-                return False
-            self._position = position
+            if position <= self._target or self._fenced is not None:
+                return
+            self._target = position
+            if self.gate is None:
+                self._position = position
+            elif self._thread is None and not self._stopped:
+                self._thread = threading.Thread(target=self._run, name="durable-gate",
+                                                daemon=True)
+                self._thread.start()
             self._cond.notify_all()
-        return True
+
+    def stop(self, drain_s: float = 5.0) -> None:
+        """Stop the gate's thread, once it confirmed what was published (for at most
+        ``drain_s``: what it had not confirmed then stays unconfirmed)."""
+        limit = time.monotonic() + drain_s
+        with self._cond:
+            while self._thread is not None and self._fenced is None \
+                    and self._position < self._target and time.monotonic() < limit:
+                self._cond.wait(max(0.0, limit - time.monotonic()))
+            self._stopped = True
+            thread, self._thread = self._thread, None
+            self._cond.notify_all()
+        if thread is not None:
+            thread.join(30)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and self._fenced is None \
+                        and self._target <= self._position:
+                    self._cond.wait()
+                if self._stopped or self._fenced is not None:
+                    return
+                target = self._target  # its objects are in the tier: published after
+            if not self.confirm():  # (the lease logged why); fenced: the loop ends
+                time.sleep(0.05)
+                continue
+            with self._cond:
+                if target > self._position:
+                    self._position = target
+                    self._cond.notify_all()
