@@ -45,8 +45,10 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -125,7 +127,9 @@ def claim(provider: Provider, departed: str, me: str, wall_ms: int) -> str:
     claimed it first).  Raced by the departed broker's own renewals and commits, it
     reads and tries again; ``TierError`` when the tier cannot be reached."""
     path = lease_path(departed)
-    for _ in range(CLAIM_ATTEMPTS):
+    for attempt in range(CLAIM_ATTEMPTS):
+        if attempt:  # a live broker writes its lease with every commit: step aside a while
+            time.sleep(random.uniform(0, min(0.2, 0.01 * 2 ** attempt)))
         try:
             raw, version = provider.read_versioned(path)
         except TierNotFound:
