@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -53,9 +54,15 @@ def test_a_timer_snapshot_cut_by_a_crash_keeps_every_promise(
         lc = LedgeredClient(client, ledger, "w", pad_bytes=1024)
         with contextlib.suppress(RpcError):  # the crash may come while it runs
             scripted_workload(lc)
+            # then delayed sends due at once, until the compactor (every second, a
+            # snapshot every 5 stream records) reaches the label: a slow machine too
+            deadline = time.monotonic() + 60
+            while a.proc.poll() is None and time.monotonic() < deadline:
+                lc.send([lc.draft(TOPIC, delay_ms=50) for _ in range(3)])
+                time.sleep(0.05)
     ledger.close()
     try:
-        code = a.proc.wait(30)  # the compactor runs every second
+        code = a.proc.wait(10)
     except subprocess.TimeoutExpired:
         code = None
     finally:
