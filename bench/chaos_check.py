@@ -146,5 +146,5 @@ def _where(ledger: Ledger, message_id: str) -> str:
     """The deliveries of ``message_id`` (lease, attempt, time, queue/offset): evidence."""
     ds = [e for e in ledger.snapshot() if isinstance(e, Delivery) and e.message_id == message_id]
     return "" if not ds else " | deliveries: " + "; ".join(
-        f"{d.lease} attempt {d.attempt} at {d.at_ms} q/off {ledger.where.get(d.lease)}"
+        f"{d.lease} attempt {d.attempt} at {d.at_ms} queue/offset {ledger.where.get(d.lease)}"
         for d in ds[:6])

@@ -1,15 +1,17 @@
 """The failover chaos, start to end (``bench/bench_failover.py`` is its command line,
 ``tests/chronomq/test_failover_chaos.py`` its short mode).
 
-Three brokers (``bench.chaos_cluster``) on one bucket, one topic created on each; the
-clients of ``bench.chaos_workload`` run all along.  Each cycle aims at one topic (in
-turn), takes the broker that serves it now and applies a fault (``bench.chaos_faults``,
-the kinds in turn, shuffled per round by the seed), then:
+Four brokers (``bench.chaos_cluster``) on one bucket, one topic created on each of three
+(the fourth, a spare, is the least loaded survivor: it takes an owner over, so the three
+topics stay with three owners instead of merging at each failover); the clients of
+``bench.chaos_workload`` run all along.  Each cycle aims at one topic (in turn), takes
+the broker that serves it now and applies a fault (``bench.chaos_faults``, the kinds in
+turn, shuffled per round by the seed), then:
 
 * times the unavailability of the victim's topics: from the fault to the first OK of a
   sender's send begun after it (STUCK if none within ``recover_s``);
 * heals: a broker taken over is retired, one that exited by itself is reported
-  (BROKER_EXITED) and retired; new names join until three are alive;
+  (BROKER_EXITED) and retired; new names join until four are alive;
 * before the next fault, checks that each topic is served by exactly the broker the
   bucket names (TWO_OWNERS when another still serves it ``settle_s`` later).
 
@@ -47,14 +49,21 @@ class Plan:
     kinds: tuple[str, ...] = KINDS
     seed: int = 1
     s3: str = "seaweed"  # or "moto"
-    brokers: int = 3
+    topics: int = 3  # one created on each of as many brokers ...
+    spares: int = 1  # ... and brokers holding none: a survivor that takes an owner
+    #                  over without merging two owners' topics
     settle_s: float = 30.0  # a second server of a topic is a violation after this
     drain_grace_s: float = 90.0
     root: Path | None = None  # default: a new temporary directory
 
     @property
+    def brokers(self) -> int:
+        return self.topics + self.spares
+
+    @property
     def recover_s(self) -> float:
-        return 6 * self.lease_s + 60
+        """How long a fault's topics may go without an OK before it counts as STUCK."""
+        return max(6 * self.lease_s + 60, 240)
 
 
 @dataclass
@@ -92,13 +101,15 @@ def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
         endpoint = server.endpoint
     else:
         endpoint = start_moto(BUCKET)
-    topics = [f"t{i}" for i in range(plan.brokers)]
+    topics = [f"t{i}" for i in range(plan.topics)]
     cluster = Cluster(root, endpoint, BUCKET, plan.lease_s, topics)
     workload: Workload | None = None
     try:
         for topic in topics:
             with ChronomqClient(cluster.spawn().address) as c:
                 c.create_topic(topic, queue_count=2)
+        for _ in range(plan.spares):
+            cluster.spawn()
 
         def routed() -> RoutedClient:
             tier = S3Provider(S3Settings(bucket=BUCKET, endpoint_url=endpoint,
@@ -108,8 +119,10 @@ def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
         workload = Workload(routed, topics, cluster.addresses, plan.lease_s, plan.seed)
         workload.start()
         _warm_up(workload, topics)
-        say(f"{plan.brokers} brokers on {plan.s3} ({endpoint}), topics {', '.join(topics)}, "
-            f"tier.lease_s = {plan.lease_s:g}, seed {plan.seed}; data in {root}")
+        say(f"{plan.brokers} brokers ({plan.spares} spare) on {plan.s3} ({endpoint}), "
+            f"topics {', '.join(topics)}, tier.lease_s = {plan.lease_s:g}, seed {plan.seed}; "
+            f"data in {root}")
+        since = time.monotonic()
         for n, kind in enumerate(_schedule(plan, rng), 1):
             try:
                 fault, gap = _cycle(plan, cluster, workload, topics[(n - 1) % len(topics)],
@@ -123,7 +136,8 @@ def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
             shown = f"{gap:6.2f} s" if gap is not None else "  none"
             say(f"cycle {n:2d} {kind:18s} {fault.victim:10s} {','.join(fault.topics):8s} "
                 f"unavailable {shown}; {'; '.join(fault.notes)} "
-                f"({workload.ok_count()} OK so far)")
+                f"({workload.ok_count()} OK so far; {_send_figures(workload, since)})")
+            since = time.monotonic()
             result.violations += _single_owners(plan, cluster, topics)
         time.sleep(2)
         t0 = time.monotonic()
@@ -153,6 +167,15 @@ def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
     return result
 
 
+def _send_figures(workload: Workload, since: float) -> str:
+    """The senders' OK sends begun since ``since``: how many, their median time."""
+    took = sorted(ok - start for t in workload.topics for start, ok in list(workload.oks[t])
+                  if start > since)
+    if not took:
+        return "no sender OK"
+    return f"sender: {len(took)} OK, p50 {1000 * took[len(took) // 2]:.0f} ms"
+
+
 def _warm_up(workload: Workload, topics: list[str]) -> None:
     deadline = time.monotonic() + 120
     while any(len(workload.oks[t]) < 10 for t in topics):
@@ -176,22 +199,26 @@ def _cycle(plan: Plan, cluster: Cluster, workload: Workload, topic: str, kind: s
         fault.violations.append(f"STUCK {fault.topics}: no send accepted {plan.recover_s:g} s "
                                 f"after {kind} of {victim.name}")
     _heal(plan, cluster, fault)
-    fault.notes += _takeover_figures(cluster, victim.name)
+    fault.notes += _takeover_figures(cluster, victim.name, fault.at_ms)
     return fault, gap
 
 
-def _takeover_figures(cluster: Cluster, departed: str) -> list[str]:
-    """What the broker that took ``departed`` over recorded (its local state file)."""
-    taker = cluster.taken_by(departed)
-    path = cluster.root / taker / "takeovers" / f"{departed}.json"
-    if not taker or not path.exists():
+def _takeover_figures(cluster: Cluster, departed: str, fault_ms: int) -> list[str]:
+    """When ``departed``'s lease was claimed (after the fault) and what the broker that
+    took it over recorded (its local state file)."""
+    lease = cluster.lease(departed)
+    taker = str(lease.get("taken_by", ""))
+    if not taker:
         return []
+    claimed = (int(str(lease.get("claimed_ms", 0))) - fault_ms) / 1000
+    out = f"claimed by {taker} at +{claimed:.1f} s"
+    path = cluster.root / taker / "takeovers" / f"{departed}.json"
     with contextlib.suppress(ValueError, OSError):
         state = json.loads(path.read_text())
-        return [f"{taker}'s takeover: sends accepted after "
-                f"{float(state.get('accepting_after_s', -1)):.1f} s, done after "
-                f"{float(state.get('seconds', -1)):.1f} s, {state.get('pending', '?')} pending"]
-    return []
+        out += (f", sends accepted {float(state.get('accepting_after_s', -1)):.1f} s later, "
+                f"done after {float(state.get('seconds', -1)):.1f} s, "
+                f"{state.get('pending', '?')} pending")
+    return [out]
 
 
 def _unavailable(plan: Plan, workload: Workload, fault: Fault) -> float | None:

@@ -56,7 +56,7 @@ from tests.chronomq.ledger import (
 GROUP = "g"
 SENDER_PAUSE_S = 0.02
 PRODUCER_EVERY_S = 0.05
-PROBE_EVERY_S = 0.1
+PROBE_EVERY_S = 0.2
 PROBE_TIMEOUT_S = 2.0
 STREAM_INVISIBLE_S = 8  # the stream consumer's leases
 POP_INVISIBLE_S = 6  # the pop consumer's
@@ -80,7 +80,7 @@ class Ledger:
         self.entries: list[Entry] = []
         self.probes: list[Probe] = []
         self.skipped: set[str] = set()  # leases never settled on purpose: must come back
-        self.where: dict[str, str] = {}  # lease -> "queue_id/queue_offset" (evidence)
+        self.where: dict[str, str] = {}  # lease -> "queue/offset born <ms>" (evidence)
 
     def add(self, *entries: Entry) -> None:
         with self._lock:
@@ -93,7 +93,7 @@ class Ledger:
                      invisible_time_s, m.delivery_attempt, "" if ok else repr(m.body[:60]))
         with self._lock:
             self.entries.append(d)
-            self.where[lease] = f"{m.queue_id}/{m.queue_offset}"
+            self.where[lease] = f"{m.queue_id}/{m.queue_offset} born {m.born_at_ms}"
         return d
 
     def skip(self, lease: str) -> None:
