@@ -230,8 +230,8 @@ class TimerCompactor:
 
     def step(self, force: bool = False) -> bool:
         """Write a new snapshot when due (``force``: now); True when one was written."""
-        if not (force or self.due()):
-            return False
+        if not (force or self.due()) or not self._confirm():
+            return False  # (a broker taken over writes no snapshot: its successor's now)
         old = self.pointer
         c1, t1 = self._committed(DELAYED_STREAM), self._committed(TIMER_STREAM)
         if (c1, t1) == (old.delayed_from, old.timer_from):
