@@ -342,14 +342,15 @@ class TimerService:
         """Cancel every pending message with this id (only those of ``topic``, if given)."""
         with self._lot.flat_lock, self._lock:
             found, delivering = self._find_pending(message_id, topic)
-            if not found:
-                return self._none_reached(message_id, topic, delivering)
-            self._timers.remove([(key, message_id) for key, _ in found], sync=True)  # OK: durable
-            for key, _ in found:
-                self._wheel.remove(key)
-            self._cancelled += len(found)
-            journaled = self._journal.timer_done(self._stream_offsets(
-                [k for k, _ in found], [r for _, r in found])) if self._journal else None
+            if found:
+                self._timers.remove([(key, message_id) for key, _ in found], sync=True)
+                for key, _ in found:
+                    self._wheel.remove(key)
+                self._cancelled += len(found)
+                journaled = self._journal.timer_done(self._stream_offsets(
+                    [k for k, _ in found], [r for _, r in found])) if self._journal else None
+        if not found:  # asked without the lock: the store's lookup waits for the dispatcher
+            return self._none_reached(message_id, topic, delivering)
         if self._journal is not None:  # with durable-ack in the tier; then fencing
             self._journal.settle(journaled if self._journal.durable_ack else None)
             self._journal.check()
@@ -362,17 +363,19 @@ class TimerService:
         self.check_delay(deliver_at_ms, now)
         with self._lot.flat_lock, self._lock:
             found, delivering = self._find_pending(message_id, topic)
-            if not found:
-                return self._none_reached(message_id, topic, delivering)
-            new_keys = self._timers.move(message_id, found, deliver_at_ms)
-            for (old_key, _), new_key in zip(found, new_keys, strict=True):
-                self._wheel.remove(old_key)
-                if new_key < self._load_cursor and not self._wheel.add(new_key, deliver_at_ms):
-                    self._due_now.append((new_key, deliver_at_ms))
-            self._rescheduled += len(found)
-            journaled = self._journal.timer_moved([(qo, deliver_at_ms) for qo in (
-                self._stream_offsets([k for k, _ in found], [r for _, r in found]))]
-            ) if self._journal else None
+            if found:
+                new_keys = self._timers.move(message_id, found, deliver_at_ms)
+                for (old_key, _), new_key in zip(found, new_keys, strict=True):
+                    self._wheel.remove(old_key)
+                    if new_key < self._load_cursor and \
+                            not self._wheel.add(new_key, deliver_at_ms):
+                        self._due_now.append((new_key, deliver_at_ms))
+                self._rescheduled += len(found)
+                journaled = self._journal.timer_moved([(qo, deliver_at_ms) for qo in (
+                    self._stream_offsets([k for k, _ in found], [r for _, r in found]))]
+                ) if self._journal else None
+        if not found:  # asked without the lock: the store's lookup waits for the dispatcher
+            return self._none_reached(message_id, topic, delivering)
         self._wake.set()
         if self._journal is not None:  # with durable-ack in the tier; then fencing
             self._journal.settle(journaled if self._journal.durable_ack else None)
