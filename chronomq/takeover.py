@@ -32,11 +32,13 @@ runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
 5. **Owners**: the owner records that name the departed broker are rewritten to name this
    one (``TopicOwners.take_over``); clients that look owners up come here.  Sends are
    accepted from step 4 on.
-6. **Timers**: every pending record of the delayed stream is appended here again, with
-   its id and (rescheduled) due time: due ones at once, later ones through this broker's
-   timer, so Cancel and Reschedule by id work here.  Progress is kept in the local file
-   after each batch; a run that resumes skips, in the first batch (the one a crash may
-   have cut off), the ids this broker already stored: nothing is appended twice.
+6. **Timers**: every pending delayed message is scheduled here in bulk, straight into
+   this broker's timer, under an adopted offset (``chronomq.adoption``): the near future
+   into RocksDB, the far future left in the departed broker's TimerFlatFiles, which this
+   broker reads as its own (only what they lack is written, once, into its own), so
+   Cancel and Reschedule by id work here and nothing is appended to the CommitLog.  What
+   is adopted (a manifest) is put in the tier first; progress goes with each batch in one
+   RocksDB write, so a run that resumes schedules nothing twice.
 7. **Done**: the tier's ``takeovers/<departed>.json`` says so, with the figures.
 
 **Sends after the takeover** with a client-chosen id the departed broker accepted for
@@ -48,11 +50,11 @@ the older tiers of the chain).
 What is lost: with ``tier.durable_ack`` nothing acknowledged; without it, what the
 departed broker had not uploaded yet (its Stats' ``tier.upload_lag_*``).  A chain is followed: the
 departed broker's own takeovers (``<broker>/takeovers/``, written by step 4) name the
-brokers whose tiers hold the older offsets of the topics it had taken.  Not carried:
-far-future TimerFlatFiles (the delayed stream holds the same records, which are parked
-here again).  Topics and their settings come from the departed broker's catalogue copy
-(``<broker>/topics.json``), so empty topics are carried too; without one, from its
-queues in the tier (a queue that never held a message counts only if a later one did).
+brokers whose tiers hold the older offsets of the topics it had taken, and the
+manifests of the delayed messages it had adopted (step 6).  Topics and their settings
+come from the departed broker's catalogue copy (``<broker>/topics.json``), so empty
+topics are carried too; without one, from its queues in the tier (a queue that never
+held a message counts only if a later one did).
 """
 
 from __future__ import annotations
@@ -62,27 +64,19 @@ import logging
 import os
 import struct
 import time
-from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chronomq.adoption import Adoption, is_manifest, manifest_of
 from chronomq.handover import CLOCK_SLACK_MS, InheritedIds, read_secret
 from cluster.layout import catalogue_path, chain_path, chain_prefix, lease_path, takeover_record
 from cluster.lease import claim
-from cluster.replay import delayed_records, last_store_ms, replay
+from cluster.replay import last_store_ms, replay
 from pop.checkpoint import parse_key
 from pop.model import origin_of
 from store.crashpoint import crashpoint
 from store.errors import FailedPrecondition, InvalidArgument
 from store.files import write_atomic
-from store.message import (
-    FLAG_DELAYED,
-    FLAG_TIMER_DELIVERY,
-    Draft,
-    decode_dispatch_infos,
-    draft_of_record,
-)
 from store.names import (
     DELAYED_STREAM,
     STATE_STREAM,
@@ -103,8 +97,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECENT_MS = 60_000  # a departed broker that wrote this recently may be alive: --force
-APPEND_BATCH = 5_000  # pending delayed messages appended here at a time
-IN_FLIGHT = 4  # appended batches not yet durable while the next ones are read
 
 
 @dataclass
@@ -190,7 +182,7 @@ class Takeover:
                  for t, n in mounted.topics().items()}
         taken.update({t: c.queue_count for t, c in catalogue.items()})
         if "chain" not in state:  # what the departed broker had itself taken over
-            state["chain"] = self._chain_of(departed)
+            state["chain"], state["adopted"] = self._chain_of(departed)
         # each queue continues after the departed broker's end in the tier, or after
         # its predecessor's when it never uploaded that queue (nothing sent to it there)
         before = [_ends(link) for link in state["chain"]]
@@ -310,28 +302,37 @@ class Takeover:
                       "topics are taken from its queues", departed, exc)
             return {}
 
-    def _chain_of(self, departed: str) -> list[dict[str, Any]]:
+    def _chain_of(self, departed: str
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         """The brokers the departed broker had taken over, with their queues' ends
-        (its ``<broker>/takeovers/`` objects), flattened: a chain of any length."""
+        (its ``<broker>/takeovers/`` objects), flattened: a chain of any length; and the
+        manifests of the delayed messages it adopted (``chronomq.adoption``; None when
+        an object was unreadable: the timer step reads them again, or stops)."""
         out: list[dict[str, Any]] = []
+        adopted: list[dict[str, Any]] | None = []
         prefix = chain_prefix(departed)
-        for path in self._b.tier.list(prefix):
+        for path in sorted(self._b.tier.list(prefix)):
             try:
                 raw = json.loads(self._b.tier.read(path))
                 out += [{"broker": str(c["broker"]), "ends": c["ends"]}
                         for c in raw.get("chain", [])]
                 out.append({"broker": str(raw["from"]), "ends": raw["ends"]})
+                if adopted is not None and is_manifest(raw.get("timers")):
+                    adopted.append(raw["timers"])
             except (TierError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.error("takeover of %s: skipping %s: %s", departed, path, exc)
-        return out
+                adopted = None
+        return out, adopted
 
     def _publish(self, departed: str, state: dict[str, Any]) -> None:
         """``<me>/takeovers/<departed>.json``: what a later takeover of this broker
-        needs to serve the backlog of the topics it took."""
+        needs to serve the backlog of the topics it took, and the delayed messages it
+        adopted (``timers``: ``chronomq.adoption``)."""
         me = self._b.config.tier.broker_name
-        self._b.tier.write(chain_path(me, departed), json.dumps(
-            {"from": departed, "ends": state["ends"], "chain": state.get("chain", [])}
-        ).encode())
+        record = {"from": departed, "ends": state["ends"], "chain": state.get("chain", [])}
+        if "timers" in state:
+            record["timers"] = state["timers"]
+        self._b.tier.write(chain_path(me, departed), json.dumps(record).encode())
 
     def _mount(self, departed: str) -> MountedBroker:
         try:
@@ -363,68 +364,41 @@ class Takeover:
 
     def _timers(self, departed: str, mounted: MountedBroker, journal: JournalState,
                 state: dict[str, Any]) -> int:
-        """Append the departed broker's pending delayed messages here; returns how many."""
-        b = self._b
-        through = int(state.get("timers_through", 0))
-        total = int(state.get("pending", 0))
-        batch: list[Draft] = []
-        last_qo = through
+        """Schedule the departed broker's pending delayed messages here
+        (``chronomq.adoption``); returns how many."""
+        manifest = state.get("timers")
+        replayed: JournalState | None = journal
+        now = manifest_of(self._b.tier, mounted, journal, state.get("adopted"))
+        if manifest is None:  # first run: what is adopted, in the tier before any of it
+            manifest = state["timers"] = now
+            self._publish(departed, state)
+            self._save(departed, state)
+        elif manifest != now:
+            replayed = None  # resumed after the departed broker's tier moved: as read then
+        mounts = {departed: mounted}
 
-        resumed = through > 0 or bool(state.get("timers_started"))
-        state["timers_started"] = True
-        self._save(departed, state)
+        def mount(name: str) -> MountedBroker:
+            if name not in mounts:
+                mounts[name] = self._mount(name)
+            return mounts[name]
 
-        in_flight: deque[tuple[Future[Any] | None, int, int]] = deque()
+        result = self.results[departed]
 
-        def settle(keep: int) -> None:  # wait for appended batches; progress in order
-            nonlocal total
-            while len(in_flight) > keep:
-                future, count, through_qo = in_flight.popleft()
-                if future is not None:
-                    future.result()
-                total += count
-                state["timers_through"], state["pending"] = through_qo + 1, total
-                self._save(departed, state)
-                self.results[departed].pending = total
+        def on_progress(count: int) -> None:
+            result.pending = count
 
-        def flush() -> None:
-            nonlocal batch, resumed
-            if not batch:
-                return
-            fresh = batch
-            if resumed:  # the batch a crash cut off may be here already: not twice
-                seen = b.store.stored_at([(d.topic, d.message_id) for d in batch])
-                fresh = [d for d, at in zip(batch, seen, strict=True) if at is None]
-                resumed = False
-            in_flight.append((b.store.put_drafts(fresh) if fresh else None, len(fresh),
-                              last_qo))
-            batch = []
-            settle(IN_FLIGHT - 1)  # the writer works while the next batch is read
+        def on_topic(topic: str) -> None:
+            result.topics = sorted({*result.topics, topic})
 
-        now = b.clock.now_ms()
-        for entry in delayed_records(b.tier, mounted, journal.timer_snapshot, through):
-            info = decode_dispatch_infos(entry.record, 0)[0][0]
-            flags, sent_due = ((FLAG_DELAYED, entry.due_ms) if entry.due_ms >= 0
-                               else (info.flags, info.deliver_at_ms))  # a snapshot's: pending
-            due = journal.pending_due(entry.queue_offset, flags, sent_due)
-            last_qo = entry.queue_offset
-            if due is None:
-                continue
-            if b.store.topics.get(info.topic) is None:  # it had only delayed messages
-                made = split_broker_made(info.topic) is not None  # a retry topic: 1 queue
-                b.store.create_topic(Topic(info.topic, 1 if made else
-                                           b.config.store.default_queue_count), system=made)
-                if b.owners is not None and is_name(info.topic):
-                    b.owners.take_over(info.topic, departed, b.clock.now_ms())
-                result = self.results[departed]
-                result.topics = sorted({*result.topics, info.topic})
-            flags = FLAG_DELAYED if due > now else FLAG_TIMER_DELIVERY
-            batch.append(draft_of_record(entry.record, due, flags, info))
-            if len(batch) >= APPEND_BATCH:
-                flush()
-        flush()
-        settle(0)
-        return total
+        legacy = int(state.get("timers_through", 0)) if state.get("timers_started") else None
+        adoption = Adoption(self._b, departed, mount, on_progress, on_topic)
+        count = adoption.run(manifest, replayed, legacy)
+        placed = adoption.placed
+        log.info("takeover of %s: %d pending delayed messages scheduled; this run: %d into "
+                 "RocksDB, %d left in TimerFlatFiles the tier held (scanned in %.1f s), %d "
+                 "written into new ones", departed, count, placed.rocksdb, placed.in_place,
+                 adoption.seconds_scanning, placed.written)
+        return count
 
     # ------------------------------------------------------------------ local state
 

@@ -16,7 +16,14 @@ whose deleted keys would make every scan slower.
   loaded only while its ``f`` key still names it, and that key goes in the same write,
   so a crash before the objects are deleted never loads (and delivers) a message twice;
 - ``unpark`` moves the messages with one id into the timer store for Cancel /
-  Reschedule.
+  Reschedule;
+- ``adopt`` schedules a takeover's batch (``chronomq.adoption``): far ones get an ``f``
+  key only (their record stays in a TimerFlatFile object the tier holds already, another
+  broker's read as this one's, or goes first into a new one), near ones go into RocksDB.
+
+An entry is loaded at the due time its ``f`` key holds, and only by the preload of that
+time's bucket: an adopted object may hold a stale copy of a message its first broker
+rescheduled into another hour (the copy that counts is in that hour's objects).
 
 Thread-safety: ``lock`` is the TimerService's lock (routing and the mirror change under
 it); ``flat_lock`` orders the TimerFlatFile steps and is always taken before ``lock``.
@@ -26,14 +33,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Container
+from typing import TYPE_CHECKING, NamedTuple
 
 from store.clock import Clock
 from store.crashpoint import crashpoint
 from store.errors import ChronomqError
 from store.message import decode_dispatch_infos
-from tiered.timerflatfile import TimerFlatFiles
+from tiered.timerflatfile import TimerFlatFiles, placed
 from timer.store import TimerStore, parked_key, timer_key
 
 if TYPE_CHECKING:
@@ -42,6 +49,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Parked = tuple[int, tuple[str, int, int, bytes]]  # (bucket, (id, due, offset, record))
+Adopted = tuple[bytes, int, int, bytes]  # (id as ASCII, due, adopted offset, record)
+
+
+class AdoptedBatch(NamedTuple):
+    """Where ``ParkingLot.adopt`` scheduled a batch."""
+
+    rocksdb: int  # near: ``t`` and ``i`` keys with their records
+    in_place: int  # far, their records in an object the tier held already
+    written: int  # far, their records written into new TimerFlatFile objects
 
 
 class ParkingLot:
@@ -166,16 +182,64 @@ class ParkingLot:
         chosen = list(entries.values())
         # only an entry whose ``f`` key still names it is loaded: that key goes in the same
         # synced write as the entry, so one preloaded before a crash (and maybe delivered
-        # since) or cancelled meanwhile is not loaded twice
-        marks = self._timers.parked_ids([e[:3] for e in chosen])
-        keep = [e for e, mark in zip(chosen, marks, strict=True) if mark is not None]
-        deletes = [m for m in marks if m is not None] + unparked
+        # since) or cancelled meanwhile is not loaded twice.  It is loaded at the due time
+        # its ``f`` key holds, and only in that time's bucket: an adopted object may hold
+        # a copy its broker rescheduled elsewhere (``adopt``)
+        marked = [(e, mark) for e, mark in zip(
+            chosen, self._timers.parked_marks([(e[0], e[2]) for e in chosen]), strict=True)
+            if mark is not None and self._flat.bucket_of(mark[1]) == bucket]
+        keep = [(e[0], due, e[2], e[3]) for e, (_, due) in marked]
+        deletes = [key for _, (key, _) in marked] + unparked
         self._timers.add(keep, None, deletes=deletes, sync=True)
         crashpoint("timer.after_preload")
         self._flat.drop_bucket(bucket, paths)
         crashpoint("timer.after_bucket_delete")
         self._admit([(timer_key(due, off), due) for _, due, off, _ in keep])
         return len(keep)
+
+    def adopt(self, batch: list[Adopted], in_place: Container[int], broker: str,
+              adopted: int, sync: bool = False) -> AdoptedBatch:
+        """Schedule a takeover's batch of messages taken over (adopted offsets), in one
+        atomic write of the timer store with ``adopted``, how many of ``broker``'s are
+        scheduled with it.  One due beyond the horizon, in a bucket not yet preloaded, gets
+        an ``f`` key: its record stays in the TimerFlatFile object of its bucket that holds
+        it (``in_place``: ``placed`` of each entry), or is written first into a new object
+        of its bucket.  Any other goes into RocksDB (``t`` and ``i`` keys).  Under
+        ``flat_lock``: a preload either ran before (the bucket counts as near) or finds
+        the ``f`` keys."""
+        near: list[Adopted] = []
+        marks: list[tuple[bytes, int, int]] = []
+        fresh: dict[int, list[tuple[int, bytes]]] = {}
+        with self.flat_lock:
+            horizon = self._clock.now_ms() + self.config.rocks_horizon_ms
+            until, bucket_ms = self.preloaded_until_ms, self._flat.bucket_ms
+            for e in batch:
+                mid, due, offset, record = e
+                bucket = due - due % bucket_ms
+                if due < horizon or bucket <= until:
+                    near.append(e)
+                    continue
+                marks.append((mid, due, offset))
+                if placed(offset, bucket) not in in_place:
+                    fresh.setdefault(bucket, []).append((offset, record))
+            for bucket, records in sorted(fresh.items()):
+                self._flat.append(bucket, records)
+                crashpoint("timer.after_flat_write")
+            self._timers.adopt(near, marks, broker, adopted, sync)
+            crashpoint("timer.after_add")
+        self._admit([(timer_key(due, off), due) for _, due, off, _ in near])
+        written = sum(len(v) for v in fresh.values())
+        return AdoptedBatch(len(near), len(marks) - written, written)
+
+    def adopt_flat_files(self, prefix: str) -> dict[str, int]:
+        """Read another broker's TimerFlatFiles (``<broker>/timer``) as this one's, at
+        every start too (``TimerService.open``); returns its objects and their buckets."""
+        self._timers.add_adopted_prefix(prefix)
+        return self._flat.adopt(prefix)
+
+    def adopted(self, broker: str) -> int:
+        """How many of ``broker``'s pending messages ``adopt`` scheduled so far."""
+        return self._timers.adopted(broker)
 
     def unpark(self, message_id: str) -> int:
         """Move every parked message with this id into RocksDB (still parked, or from its

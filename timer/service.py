@@ -20,6 +20,13 @@ Flow (docs/DESIGN.md, "Data flow: one write path"):
 to several topics, the retry copies of one message nacked by several groups), or those of
 one topic, wherever they are (RocksDB, wheel, parked, a TimerFlatFile), and say how many
 they changed.
+
+A takeover schedules the departed broker's pending messages with ``ParkingLot.adopt``
+instead of appending them (``chronomq.adoption``): they are not in this broker's
+CommitLog, and their entries carry an adopted offset (bit 63 set,
+``tiered.timerflatfile``) where others carry a CommitLog offset.  They are delivered,
+cancelled and moved as any other; the journal names them by that offset.
+
 One named thread (``timer``) drives loading and delivery; tests drive ``load_due`` and
 ``deliver_due`` with a manual clock instead.  Thread-safe.
 """
@@ -45,7 +52,7 @@ from store.message import (
 )
 from store.store import MessageStore
 from tiered.journal import StateJournal
-from tiered.timerflatfile import TimerFlatFiles
+from tiered.timerflatfile import TimerFlatFiles, is_adopted
 from timer.model import (
     LATENESS_BOUNDS_MS,
     TimerChange,
@@ -97,7 +104,7 @@ class TimerService:
         """Read what the timer store and the tier hold: the dispatch position, the parked
         messages not yet written to a TimerFlatFile, the table of TimerFlatFile objects.
         Before the store opens (it rewinds this reader from the position)."""
-        self._flat.recover()
+        self._flat.recover(self._timers.adopted_prefixes())
         self._position = self._pending_position = self._timers.position()
         self._lot.open()
 
@@ -189,6 +196,11 @@ class TimerService:
         """Move every TimerFlatFile bucket that starts within ``preload_ahead_ms`` into the
         timer store (``ParkingLot.preload``); returns the entries moved."""
         return self._lot.preload(now_ms)
+
+    @property
+    def parking(self) -> ParkingLot:
+        """The parking lot: a takeover schedules adopted messages through it."""
+        return self._lot
 
     def _admit(self, keyed: list[tuple[bytes, int]]) -> None:
         """Put newly stored entries that fall inside the loaded window into the wheel."""
@@ -308,7 +320,10 @@ class TimerService:
             return []
         out = []
         for key, raw in zip(keys, records, strict=True):
-            qo = journal.stream_offset(raw, parse_timer_key(key)[1]) if raw else None
+            offset = parse_timer_key(key)[1]
+            # an adopted message is named by its adopted offset (``chronomq.adoption``)
+            qo = offset if is_adopted(offset) else \
+                journal.stream_offset(raw, offset) if raw else None
             if qo is not None:
                 out.append(qo)
         return out

@@ -10,6 +10,10 @@ Keys and values (``id`` is the message id, printable ASCII, so it never holds a 
     b"x" | id                                  (older releases: a tombstone; never read)
     b"!position"                               dispatch position u64
     b"!version"                                FORMAT_VERSION u64
+    b"!adopt/" | prefix                        (empty) another broker's TimerFlatFile
+                                               prefix read as this one's
+    b"!adopted/" | broker                      pending messages of that broker adopted so
+                                               far u64 (``chronomq.adoption``)
 
 ``offset`` is the delayed record's CommitLog offset.  ``t`` keys sort by due time, so
 "everything due before T" is one range scan; the value is the whole record, so a pending
@@ -23,7 +27,10 @@ far-future message waiting for its TimerFlatFile object; it is written with its 
 in the same atomic write as the dispatch position, so the position never waits for a
 TimerFlatFile write and a restart never dispatches a record twice; it goes once its
 object is written.  Entries and the dispatch position they bring the store to are written
-in one atomic batch.
+in one atomic batch.  ``offset`` may be an adopted offset instead (bit 63 set:
+``tiered.timerflatfile``), a message taken over from another broker, not in this
+broker's CommitLog; a takeover writes its keys (``t`` and ``i``, or ``f`` alone when its
+record is in a TimerFlatFile object) with its progress in one atomic batch (``adopt``).
 
 Upgrade: older releases keyed ``i`` and ``f`` by the id alone (``b"i" | id``), so a second
 message with that id replaced the first one's key.  A store without ``!version`` is
@@ -51,6 +58,8 @@ _LOC = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
 _POSITION = b"!position"
 _VERSION = b"!version"
+_ADOPT = b"!adopt/"
+_ADOPTED = b"!adopted/"
 FORMAT_VERSION = 2  # 2: id keys carry the offset (1, no !version key: the id alone)
 MIGRATE_BATCH = 10_000  # legacy keys rewritten per atomic write at open
 WRITE_BUFFER_BYTES = 8 << 20  # per memtable (RocksDB keeps at most two)
@@ -149,11 +158,11 @@ class TimerStore:
         RocksDB (not parked), by offset."""
         return [_pair(value) for _, value in self.kv.scan(id_prefix(message_id))]
 
-    def parked_ids(self, entries: list[tuple[str, int, int]]) -> list[bytes | None]:
-        """For each ``(message_id, deliver_at_ms, commit_offset)``, the ``f`` key that says
-        it is parked and not yet preloaded, or None."""
-        keys = [parked_id_key(m, off) for m, _, off in entries]
-        return [None if raw is None else key
+    def parked_marks(self, entries: list[tuple[str, int]]) -> list[tuple[bytes, int] | None]:
+        """For each ``(message_id, commit_offset)``, the ``f`` key that says it is parked
+        and not yet preloaded, and the due time it holds; or None."""
+        keys = [parked_id_key(m, off) for m, off in entries]
+        return [None if raw is None else (key, _pair(raw)[0])
                 for key, raw in zip(keys, self.kv.get_many(keys), strict=True)]
 
     def locate_parked(self, message_id: str) -> list[tuple[Loc, bytes]]:
@@ -211,6 +220,39 @@ class TimerStore:
                     return
                 n += 1
                 yield _U64.unpack_from(value)[0]
+
+    # ------------------------------------------------------------------ adoption
+
+    def adopt(self, entries: list[tuple[bytes, int, int, bytes]],
+              marks: list[tuple[bytes, int, int]], broker: str, adopted: int,
+              sync: bool = False) -> None:
+        """A takeover's batch, in one atomic write: ``(message_id, deliver_at_ms, offset,
+        record)`` entries (``t`` and ``i`` keys), ``(message_id, deliver_at_ms, offset)``
+        of messages whose record is in a TimerFlatFile object (``f`` keys), and how many
+        of ``broker``'s pending messages are adopted with it.  Ids as ASCII bytes."""
+        puts: list[tuple[bytes, bytes]] = []
+        put, loc_of, key_of = puts.append, _LOC.pack, _KEY.pack
+        for mid, due, offset, record in entries:
+            loc = loc_of(due, offset)
+            put((key_of(b"t", due, offset), record))
+            put((b"i" + mid + b"\0" + loc[8:], loc))  # id_key, inlined
+        for mid, due, offset in marks:
+            loc = loc_of(due, offset)
+            put((b"f" + mid + b"\0" + loc[8:], loc))
+        put((_ADOPTED + broker.encode(), _U64.pack(adopted)))
+        self.kv.write(puts, sync=sync)
+
+    def adopted(self, broker: str) -> int:
+        """How many of ``broker``'s pending messages ``adopt`` wrote so far."""
+        raw = self.kv.get(_ADOPTED + broker.encode())
+        return int(_U64.unpack(raw)[0]) if raw else 0
+
+    def add_adopted_prefix(self, prefix: str) -> None:
+        """Remember (synced) another broker's TimerFlatFile prefix read as this one's."""
+        self.kv.write([(_ADOPT + prefix.encode(), b"")], sync=True)
+
+    def adopted_prefixes(self) -> list[str]:
+        return [key[len(_ADOPT):].decode() for key, _ in self.kv.scan(_ADOPT)]
 
     def pending_estimate(self) -> int:
         return max(self.kv.estimate_keys() - 1, 0) // 2
