@@ -80,6 +80,9 @@ def test_list_by_prefix_sorted(provider: Provider) -> None:
     assert provider.list("t1/q0/") == ["t1/q0/0", "t1/q0/1"]
     assert provider.list("none/") == []
     assert len(provider.list()) == 4
+    assert provider.list("t1/q") == ["t1/q0/0", "t1/q0/1", "t1/q1/2"]  # part of a name
+    assert provider.list("t") == provider.list()
+    assert provider.list("t1/q0/1") == ["t1/q0/1"]
 
 
 def test_missing_objects_and_idempotent_delete(provider: Provider) -> None:

@@ -108,8 +108,14 @@ class LocalProvider:
 
     def list(self, prefix: str = "") -> list[str]:
         out: list[str] = []
+        # walk only the deepest directory the prefix names whole (``a/data/`` -> a/data;
+        # ``owners/x`` -> owners): a listing costs what it lists, not the whole tier
+        top = prefix.rpartition("/")[0]
+        if top and any(p in ("", ".", "..") for p in top.split("/")):
+            top = ""  # not a plain path: the whole tier, filtered below
+        start = os.path.join(self.root, *top.split("/")) if top else self.root
         with _wrapped(prefix or "."):
-            for dirpath, _dirs, files in os.walk(self.root):
+            for dirpath, _dirs, files in os.walk(start):
                 rel = os.path.relpath(dirpath, self.root)
                 for name in files:
                     if ".tmp." in name:
