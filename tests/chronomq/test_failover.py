@@ -296,11 +296,14 @@ def test_producer_and_consumer_follow_their_topic(tmp_path: Path, seaweed_endpoi
                 rc.consumer("orders", "stream") as consumer:
             futures = [producer.send("orders", f"p{i}".encode()) for i in range(200)]
             seen: set[str] = set()
+            done = threading.Event()
 
-            def consume() -> None:
-                while (m := consumer.receive(timeout_s=20)) is not None:
-                    seen.add(m.message_id)
-                    consumer.ack(m)
+            def consume() -> None:  # until the test ends: a failover may take a while
+                while not done.is_set():
+                    m = consumer.receive(timeout_s=1)
+                    if m is not None:
+                        seen.add(m.message_id)
+                        consumer.ack(m)
             reader = threading.Thread(target=consume, daemon=True)
             reader.start()
             wait_until(lambda: all(f.done() for f in futures), 30, "the first sends answered")
@@ -311,6 +314,8 @@ def test_producer_and_consumer_follow_their_topic(tmp_path: Path, seaweed_endpoi
             assert len(ok) == 400, f"{400 - len(ok)} sends failed"
             wait_until(lambda: ok <= seen, 60, "every OK send consumed",
                        show=lambda: len(ok - seen))
+            done.set()
+            reader.join(10)
     finally:
         for p in brokers:
             if p.proc.poll() is None:
