@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from bench.chaos_workload import GROUP, Ledger
@@ -61,39 +61,51 @@ def horizon_ms(ledger: Ledger) -> int:
 
 
 def drain(routed: Callable[[], RoutedClient], topics: list[str], ledger: Ledger,
-          grace_s: float) -> float:
+          grace_s: float, say: Callable[[str], None] = print) -> float:
     """Pop and ack every topic (ledgered, leases ``drain:<n>``) until everything is due
     and every lease ran out, every OK send was delivered, every skipped delivery came
-    again and a round of pops found nothing; at most ``grace_s`` after that horizon.
-    Returns the seconds it took."""
+    again and a round of pops found nothing; at most ``grace_s`` after that horizon (a
+    topic whose owner does not answer yet is waited for: what it holds is not lost).
+    Says every minute what is still owed.  Returns the seconds it took."""
     t0 = time.monotonic()
     until = horizon_ms(ledger)
     leases = itertools.count()
+    looked, tell = 0.0, t0 + 60
     with routed() as rc:
         while True:
             got_any = False
             for topic in topics:
-                start = now_ms()
-                try:
-                    got = rc.pop(topic, GROUP, 32, DRAIN_INVISIBLE_S, 200)
-                except RpcError:
-                    continue
-                got_any |= bool(got)
-                leased = [(f"drain:{next(leases)}", m) for m in got]
-                for lease, m in leased:
-                    ledger.delivered(lease, m, start, DRAIN_INVISIBLE_S)
-                if leased:
-                    errors = rc.ack(topic, GROUP, [m.receipt_handle for _, m in leased])
-                    at = now_ms()
-                    ledger.add(*[AckOk(lease, m.message_id, GROUP, at)
-                                 for (lease, m), e in zip(leased, errors, strict=True)
-                                 if not e])
+                got_any |= _drain_once(rc, topic, ledger, leases)
             now = now_ms()
-            if now >= until and not got_any and not owed(ledger):
-                break
+            if now >= until and not got_any and time.monotonic() - looked > 2:
+                looked, left = time.monotonic(), len(owed(ledger))  # (a scan: not always)
+                if not left:
+                    break
+                if looked > tell:
+                    say(f"draining: {left} message(s) still owed after {looked - t0:.0f} s")
+                    tell += 60
             if now > until + grace_s * 1000:
                 break
     return time.monotonic() - t0
+
+
+def _drain_once(rc: RoutedClient, topic: str, ledger: Ledger,
+                leases: Iterator[int]) -> bool:
+    """One pop of ``topic`` and the ack of what came; whether anything came."""
+    start = now_ms()
+    try:
+        got = rc.pop(topic, GROUP, 32, DRAIN_INVISIBLE_S, 200)
+        leased = [(f"drain:{next(leases)}", m) for m in got]
+        for lease, m in leased:
+            ledger.delivered(lease, m, start, DRAIN_INVISIBLE_S)
+        if leased:
+            errors = rc.ack(topic, GROUP, [m.receipt_handle for _, m in leased])
+            at = now_ms()
+            ledger.add(*[AckOk(lease, m.message_id, GROUP, at)
+                         for (lease, m), e in zip(leased, errors, strict=True) if not e])
+    except RpcError:
+        return False
+    return bool(got)
 
 
 def owed(ledger: Ledger) -> set[str]:
@@ -119,8 +131,12 @@ def check_all(ledger: Ledger, claims: dict[str, tuple[str, int]]) -> Outcome:
     report = check(entries, group=GROUP)
     out = Outcome(report.sends_attempted, report.sends_ok, report.deliveries, report.acks,
                   len(ledger.skipped), len(ledger.probes))
-    out.violations += [f"{v}" + _where(ledger, v.message_id) for v in report.violations]
     deliveries = [e for e in entries if isinstance(e, Delivery)]
+    by_id: dict[str, list[Delivery]] = {}
+    for d in deliveries:
+        by_id.setdefault(d.message_id, []).append(d)
+    out.violations += [f"{v}" + _where(ledger, by_id.get(v.message_id, []))
+                       for v in report.violations]
     for d in _not_back(deliveries, ledger.skipped):
         out.violations.append(f"NOT_BACK id={d.message_id}: delivered at {d.at_ms} (lease "
                               f"{d.lease}, attempt {d.attempt}, at {ledger.where.get(d.lease)})"
@@ -142,9 +158,8 @@ def check_all(ledger: Ledger, claims: dict[str, tuple[str, int]]) -> Outcome:
     return out
 
 
-def _where(ledger: Ledger, message_id: str) -> str:
-    """The deliveries of ``message_id`` (lease, attempt, time, queue/offset): evidence."""
-    ds = [e for e in ledger.snapshot() if isinstance(e, Delivery) and e.message_id == message_id]
+def _where(ledger: Ledger, ds: list[Delivery]) -> str:
+    """Deliveries of one message (lease, attempt, time, queue/offset): evidence."""
     return "" if not ds else " | deliveries: " + "; ".join(
         f"{d.lease} attempt {d.attempt} at {d.at_ms} queue/offset {ledger.where.get(d.lease)}"
         for d in ds[:6])

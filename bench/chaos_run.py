@@ -53,7 +53,7 @@ class Plan:
     spares: int = 1  # ... and brokers holding none: a survivor that takes an owner
     #                  over without merging two owners' topics
     settle_s: float = 30.0  # a second server of a topic is a violation after this
-    drain_grace_s: float = 90.0
+    drain_grace_s: float = 600.0  # used only while something is owed
     root: Path | None = None  # default: a new temporary directory
 
     @property
@@ -147,7 +147,7 @@ def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
             say(f"a client thread did not stop: {stack}")
         result.errors = dict(workload.errors)
         result.send_s = sorted(ok - start for t in topics for start, ok in workload.oks[t])
-        drain_s = drain(routed, topics, workload.ledger, plan.drain_grace_s)
+        drain_s = drain(routed, topics, workload.ledger, plan.drain_grace_s, say)
         claims = {}
         for name in cluster.brokers:
             lease = cluster.lease(name)
@@ -215,6 +215,8 @@ def _takeover_figures(cluster: Cluster, departed: str, fault_ms: int) -> list[st
     path = cluster.root / taker / "takeovers" / f"{departed}.json"
     with contextlib.suppress(ValueError, OSError):
         state = json.loads(path.read_text())
+        if not state.get("done"):
+            return [out + ", its takeover not done yet"]
         out += (f", sends accepted {float(state.get('accepting_after_s', -1)):.1f} s later, "
                 f"done after {float(state.get('seconds', -1)):.1f} s, "
                 f"{state.get('pending', '?')} pending")
