@@ -226,8 +226,9 @@ class FlatFile:
         """Committed bytes ``[position, position + length)``, short at the commit
         position; ``TierError`` for a position before the start or a damaged object."""
         out: list[bytes] = []
-        for path, offset, take in self._plan(position, length):
-            chunk = self._provider.read(path, offset, take)
+        plan = self._plan(position, length)
+        for (path, offset, take), chunk in zip(plan, _fetch(self._provider, plan, False),
+                                               strict=True):
             if len(chunk) != take:
                 raise TierError(f"object {path} is shorter than its metadata says: its data "
                                 f"ends at byte {offset + len(chunk)}, {offset + take} expected")
@@ -241,11 +242,9 @@ class FlatFile:
         ``TierUnavailable`` (an outage, not damage) still raises."""
         runs: list[tuple[int, list[bytes]]] = []  # contiguous runs of chunks
         pos = run_end = position
-        for path, offset, take in self._plan(position, length):
-            try:
-                chunk = self._provider.read(path, offset, take)
-            except TierNotFound:  # listed in the metadata, gone from the tier
-                chunk = b""
+        plan = self._plan(position, length)
+        for (path, offset, take), chunk in zip(plan, _fetch(self._provider, plan, True),
+                                               strict=True):
             if len(chunk) != take:
                 self._report_short(path, offset + len(chunk) if chunk else None,
                                    offset + take)
@@ -381,3 +380,32 @@ class FlatFile:
     def to_json(self) -> str:
         with self._lock:
             return self.meta.to_json()
+
+
+READ_THREADS = 16  # one read of many objects fetches this many at once
+_readers: ThreadPoolExecutor | None = None
+_readers_lock = threading.Lock()
+
+
+def _fetch(provider: Provider, plan: list[tuple[str, int, int]], missing_ok: bool
+           ) -> list[bytes]:
+    """The ranges of ``plan``, in order; several objects at once (a stream of many small
+    upload batches is one round trip per ``READ_THREADS`` objects, not one per object).
+    ``missing_ok``: an object gone from the tier reads as b"" (damage, reported by the
+    caller) instead of raising."""
+
+    def one(step: tuple[str, int, int]) -> bytes:
+        try:
+            return provider.read(*step)
+        except TierNotFound:
+            if missing_ok:
+                return b""
+            raise
+
+    if len(plan) <= 1:
+        return [one(step) for step in plan]
+    global _readers
+    with _readers_lock:
+        if _readers is None:
+            _readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="tier-read")
+    return list(_readers.map(one, plan))
