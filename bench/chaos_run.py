@@ -220,6 +220,9 @@ def _takeover_figures(cluster: Cluster, departed: str, fault_ms: int) -> list[st
         out += (f", sends accepted {float(state.get('accepting_after_s', -1)):.1f} s later, "
                 f"done after {float(state.get('seconds', -1)):.1f} s, "
                 f"{state.get('pending', '?')} pending")
+        if isinstance(state.get("phases"), dict):
+            out += " [" + ", ".join(f"{k} {float(v):.1f}" for k, v in state["phases"].items()
+                                    if float(v) >= 0.1) + "]"
     return [out]
 
 

@@ -110,6 +110,20 @@ class TakeoverResult:
     done: bool = False
     journal_records: int = 0  # the departed broker's state records replayed
     journal_seconds: float = 0.0  # reading and replaying them (sends wait for it)
+    phases: dict[str, float] = field(default_factory=dict)  # step -> seconds
+
+
+class _Phases:
+    """Seconds per step of a takeover (its record, its log line): where a slow one went."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._at = time.monotonic()
+
+    def mark(self, step: str) -> None:
+        now = time.monotonic()
+        self.seconds[step] = round(self.seconds.get(step, 0.0) + now - self._at, 3)
+        self._at = now
 
 
 
@@ -156,6 +170,7 @@ class Takeover:
             raise FailedPrecondition("takeover needs tier.upload on this broker")
         b.journal.check()  # a broker taken over itself takes nothing over
         started = time.monotonic()
+        phases = _Phases()
         state = self._load(departed)
         if not state and not b.tier.list(f"{departed}/meta/"):
             return self._nothing(departed)
@@ -170,6 +185,7 @@ class Takeover:
             self._claim(departed, mounted, force)
             state = {"by": me, "ends": {}, "timers_through": 0, "at_ms": b.clock.now_ms()}
             self._save(departed, state)
+        phases.mark("claim")
         crashpoint("takeover.after_claim")
         # read only now, after the claim: everything the departed broker confirmed
         # (``cluster.lease``: its commits' lease writes) is in the tier before the claim
@@ -177,12 +193,15 @@ class Takeover:
         catalogue = self._catalogue(departed)
         if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
             b.unmount(departed)
+        phases.mark("mount")
         journal = replay(self._b.tier, mounted)
+        phases.mark("journal")
         taken = {t: catalogue[t].queue_count if t in catalogue else n
                  for t, n in mounted.topics().items()}
         taken.update({t: c.queue_count for t, c in catalogue.items()})
         if "chain" not in state:  # what the departed broker had itself taken over
             state["chain"], state["adopted"] = self._chain_of(departed)
+            phases.mark("chain")
         # each queue continues after the departed broker's end in the tier, or after
         # its predecessor's when it never uploaded that queue (nothing sent to it there)
         before = [_ends(link) for link in state["chain"]]
@@ -200,9 +219,11 @@ class Takeover:
         if b.pop.tier is None:
             b.pop.tier = b.mount_reader
         self._adopt(departed, mounted, state)  # the taken queues readable, then:
+        phases.mark("backlog")
         # positions before topics: no Pop here may start a taken queue from its low mark
         groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
                               if origin_of(_topic_of(k)) in taken})
+        phases.mark("positions")
         crashpoint("takeover.after_positions")
         for topic, count in sorted(taken.items()):
             settings = catalogue.get(topic, Topic(topic, count))
@@ -212,23 +233,26 @@ class Takeover:
                       tier_retention_ms=settings.tier_retention_ms),
                 ends.get(topic, {}), system=split_broker_made(topic) is not None)
         b.publish_topics()
+        phases.mark("topics")
         crashpoint("takeover.after_topics")
         if b.owners is not None:
             for topic in taken:
                 if is_name(topic):
                     b.owners.take_over(topic, departed, b.clock.now_ms())
+        phases.mark("owners")
         accepting = time.monotonic() - started
         crashpoint("takeover.after_owners")
         result = TakeoverResult(departed, sorted(taken), 0, len(groups), 0.0, accepting,
                                 journal_records=journal.records,
-                                journal_seconds=journal.seconds)
+                                journal_seconds=journal.seconds, phases=phases.seconds)
         self.results[departed] = result
         result.pending = self._timers(departed, mounted, journal, state)
+        phases.mark("timers")
         crashpoint("takeover.after_timers")
         result.seconds = time.monotonic() - started
         result.done = True
         state.update(pending=result.pending, groups=result.groups, seconds=result.seconds,
-                     accepting_after_s=accepting, done=True)
+                     accepting_after_s=accepting, phases=phases.seconds, done=True)
         self._save(departed, state)
         try:
             b.tier.write(takeover_record(departed), json.dumps(
@@ -237,8 +261,9 @@ class Takeover:
         except TierError as exc:  # the takeover holds; only the record of it is late
             log.warning("could not record the finished takeover of %s: %s", departed, exc)
         log.info("took over %s: %d topics, %d groups, %d pending delayed messages in %.1f s "
-                 "(sends accepted after %.1f s)", departed, len(taken), result.groups,
-                 result.pending, result.seconds, accepting)
+                 "(sends accepted after %.1f s; steps: %s)", departed, len(taken),
+                 result.groups, result.pending, result.seconds, accepting,
+                 ", ".join(f"{k} {v:.2f} s" for k, v in phases.seconds.items()))
         return result
 
     def _nothing(self, departed: str) -> TakeoverResult:
