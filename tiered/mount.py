@@ -207,6 +207,8 @@ class MountedBroker:
         names: list[tuple[str, int, int]] = []
         records = 0
         for q in self._queues.values():
+            if is_system_stream(q.topic) and q.topic != DELAYED_STREAM:
+                continue  # the journal's streams: no message a query or a resend can name
             start, end = self._tail_start(q, ends, ends_ms), q.committed_queue_offset
             key_prefix = b"k" + q.topic.encode() + b"\0"
             body = bytearray()
