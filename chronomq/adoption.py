@@ -58,6 +58,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from chronomq.handover import CLOCK_SLACK_MS
+from cluster.delivered import RECENT_DELIVERIES_MS, DeliveredCopies
 from cluster.layout import chain_prefix
 from cluster.replay import stream
 from cluster.timersnapshot import decode_pointer, read_part, read_residual
@@ -146,6 +148,11 @@ def pending(tier: Provider, m: Manifest, mount: Mount, journal: JournalState | N
     if journal is None:
         journal = _timer_journal(tier, mounted, m)
     done, moved = journal.done, journal.moved
+    # the last deliveries' copies may not have reached the tier: they come as pending,
+    # and ``_Delivered`` looks for their copies
+    recent = journal.recent_deliveries(RECENT_DELIVERIES_MS)
+    if recent:
+        done = done - recent
     raw = m["pointer"]
     pointer = None if raw is None else decode_pointer(json.dumps(raw).encode())
     if raw is not None and pointer is None:
@@ -190,7 +197,7 @@ def _timer_journal(tier: Provider, mounted: MountedBroker, m: Manifest) -> Journ
         if e.queue_offset >= int(m["timer_end"]):
             break
         r = decode_record(e.record)
-        state.apply(r.tag, r.body)
+        state.apply(r.tag, r.body, e.store_at_ms)
     return state
 
 
@@ -206,12 +213,13 @@ class Adoption:
         self._on_topic = on_topic
         self._topics: set[bytes] = set()  # topics known to exist here
         self.seconds_scanning = 0.0
+        self.delivered = _Delivered(mount, [], 0)
         self.placed = AdoptedBatch(0, 0, 0)  # where this run scheduled them
 
     def run(self, m: Manifest, journal: JournalState | None,
             legacy_through: int | None = None) -> int:
         """Schedule everything ``m`` names that is not yet (``ParkingLot.adopted``);
-        returns how many messages are adopted in all.  ``legacy_through``: an older
+        returns how many messages are adopted in all (less those found delivered).  ``legacy_through``: an older
         release began and appended the departed broker's own messages below this queue
         offset."""
         b, departed = self._b, self._departed
@@ -220,6 +228,8 @@ class Adoption:
         in_place = self._in_place(m)
         legacy = None if legacy_through is None else \
             _Legacy(b, adopted_offset(departed, 0), legacy_through)
+        self.delivered = _Delivered(self._mount, brokers_of(m),
+                                    b.clock.now_ms() + CLOCK_SLACK_MS)
         batch: list[Adopted] = []
         count = 0  # messages of the set passed so far
         for chunk in pending(b.tier, m, self._mount, journal):
@@ -237,11 +247,12 @@ class Adoption:
                 batch = []
             batch += rows
         self._adopt(legacy.fresh(batch) if legacy else batch, in_place, count, sync=True)
-        return count
+        return count - self.delivered.skipped
 
     def _adopt(self, batch: list[Adopted], in_place: set[int], through: int,
                sync: bool = False) -> None:
         """Schedule ``batch``, which ends with the set's ``through``-th message."""
+        batch = self.delivered.fresh(batch)
         placed_now = self._b.timer.parking.adopt(batch, in_place, self._departed, through,
                                                  sync)
         self.placed = AdoptedBatch(*(a + b for a, b in zip(self.placed, placed_now,
@@ -294,6 +305,38 @@ class Adoption:
         if b.owners is not None and is_name(topic):
             b.owners.take_over(topic, self._departed, b.clock.now_ms())
         self._on_topic(topic)
+
+
+class _Delivered:
+    """Of the messages due by ``risk_ms`` (this broker's clock, plus the slack of the
+    departed brokers' clocks), those a broker of the manifest delivered before it was
+    gone, the copy in its topic queue in the tier but not the timer stream's record of
+    it (``cluster.delivered``): the copy decides, they are not scheduled again."""
+
+    def __init__(self, mount: Mount, brokers: list[str], risk_ms: int) -> None:
+        self._mount = mount
+        self._brokers = list(dict.fromkeys(brokers))
+        self._risk_ms = risk_ms
+        self._copies: dict[str, DeliveredCopies | None] = {}
+        self.skipped = 0
+
+    def fresh(self, rows: list[Adopted]) -> list[Adopted]:
+        out = [r for r in rows if r[1] > self._risk_ms or not self._delivered(r)]
+        self.skipped += len(rows) - len(out)
+        return out
+
+    def _delivered(self, row: Adopted) -> bool:
+        topic = _topic_of(row[3]).decode()
+        for name in self._brokers:
+            if name not in self._copies:
+                try:
+                    self._copies[name] = DeliveredCopies(self._mount(name))
+                except FailedPrecondition:  # no queue of it in the tier: no copy either
+                    self._copies[name] = None
+            copies = self._copies[name]
+            if copies is not None and copies.has(topic, row[0], row[1]):
+                return True
+        return False
 
 
 class _Legacy:

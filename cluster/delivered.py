@@ -1,0 +1,95 @@
+"""Delivered copies: which delayed messages a departed broker's timer delivered into topic
+queues that reached the tier; what a takeover goes by for a departed broker's last moments.
+
+A broker's timer delivers a due message by appending a copy of it under its topic
+(``FLAG_TIMER_DELIVERY``, its id and due time) and, in the same CommitLog write, the
+journal's record that it did (the timer stream's ``done``).  The two go up to the tier in
+different queues, committed apart (``tiered.dispatcher``), so a broker that dies in
+between leaves one without the other: the copy in the tier with no record of it (its
+successor would deliver the message again) or the record without the copy (the message
+would be lost).  Consumers are served what the tier holds, so the copy decides: a takeover
+asks ``DeliveredCopies.has`` for each message whose due time the departed broker may have
+reached (``chronomq.adoption``).
+
+A copy is stored at or after its due time by the clock of the broker that delivered it
+(a timer never fires early), so looking for the copy of a message due at ``d`` reads only
+what that broker stored from ``d - SLACK_MS`` on, in the message's topic: found by a
+binary search of store times over the queue (one ranged read per probe), then read in
+batches.  Each (broker, topic) is read once, from the earliest such time asked; an
+earlier one reads only the stretch before it.  Not thread-safe (one takeover's thread).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from store.message import FLAG_TIMER_DELIVERY, decode_record
+from tiered.mount import MountedBroker
+
+log = logging.getLogger(__name__)
+
+RECENT_DELIVERIES_MS = 120_000  # deliveries whose copies a takeover checks (the last
+#                                 ones'); a timer snapshot folds only older ones
+SLACK_MS = 10_000  # a wall clock stepped back this much still finds the copy
+READ_BATCH = 2_000  # entries read at a time
+
+
+class DeliveredCopies:
+    """The timer-delivered copies in one broker's topic queues in the tier (module
+    docstring)."""
+
+    def __init__(self, mounted: MountedBroker) -> None:
+        self._mounted = mounted
+        self._queues = mounted.topics()
+        self._copies: set[tuple[str, bytes, int]] = set()  # (topic, id, due)
+        self._from: dict[str, dict[int, int]] = {}  # topic -> queue -> first offset read
+        self._since: dict[str, int] = {}  # topic -> the earliest store time read from
+        self.read_records = 0
+
+    def has(self, topic: str, message_id: bytes, due_ms: int) -> bool:
+        """Whether the broker delivered the message with this id, due at ``due_ms``, into
+        ``topic`` and the copy is in the tier."""
+        if topic not in self._queues:
+            return False
+        self._read_since(topic, due_ms - SLACK_MS)
+        return (topic, message_id, due_ms) in self._copies
+
+    def _read_since(self, topic: str, at_ms: int) -> None:
+        if at_ms >= self._since.get(topic, at_ms + 1):
+            return  # read already
+        self._since[topic] = at_ms
+        read = self._from.setdefault(topic, {})
+        for qid in range(self._queues[topic]):
+            bounds = self._mounted.bounds(topic, qid)
+            if bounds is None or bounds[0] >= bounds[1]:
+                continue
+            until = read.get(qid, bounds[1])
+            start = self._first_at(topic, qid, bounds[0], until, at_ms)
+            if start >= until:
+                continue
+            offset = start
+            while offset < until:
+                got = self._mounted.read(topic, qid, offset, min(READ_BATCH, until - offset))
+                if not got:
+                    break
+                for e in got:
+                    if e.queue_offset >= until:
+                        break
+                    m = decode_record(e.record)
+                    if m.flags & FLAG_TIMER_DELIVERY:
+                        self._copies.add((topic, m.message_id.encode(), m.deliver_at_ms))
+                self.read_records += len(got)
+                offset = got[-1].queue_offset + 1
+            read[qid] = start
+
+    def _first_at(self, topic: str, qid: int, lo: int, hi: int, at_ms: int) -> int:
+        """The first queue offset in ``[lo, hi)`` stored at or after ``at_ms`` (store times
+        ascend along a queue); ``hi`` if none.  A damaged probe counts as after."""
+        while lo < hi:
+            mid = (lo + hi) // 2
+            got = self._mounted.read(topic, qid, mid, 1)
+            if got and got[0].queue_offset < hi and got[0].store_at_ms < at_ms:
+                lo = got[0].queue_offset + 1
+            else:
+                hi = mid
+        return lo
