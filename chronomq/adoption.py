@@ -219,9 +219,9 @@ class Adoption:
     def run(self, m: Manifest, journal: JournalState | None,
             legacy_through: int | None = None) -> int:
         """Schedule everything ``m`` names that is not yet (``ParkingLot.adopted``);
-        returns how many messages are adopted in all (less those found delivered).  ``legacy_through``: an older
-        release began and appended the departed broker's own messages below this queue
-        offset."""
+        returns how many messages are adopted in all (less those found delivered).
+        ``legacy_through``: an older release began and appended the departed broker's
+        own messages below this queue offset."""
         b, departed = self._b, self._departed
         self._check_codes(m)
         done = b.timer.parking.adopted(departed)  # the first ``done``: before a crash

@@ -97,6 +97,22 @@ class InheritedIds:
         with self._lock:
             self._origins[mounted.broker] = _Origin(mounted, topics, until_ms)
 
+    def warm(self, now_ms: int) -> None:
+        """Index now, for every broker whose ids still count, what the first resend's
+        lookup would (``MountedBroker.warm``): a takeover does it before it accepts
+        sends, so the first ones do not wait for it.  A tier that cannot answer is left
+        to that first lookup."""
+        with self._lock:
+            origins = [o for o in self._origins.values()
+                       if o.until_ms is not None and now_ms <= o.until_ms + RESEND_HORIZON_MS]
+        for origin in origins:
+            assert origin.until_ms is not None
+            try:
+                origin.mounted.warm(origin.until_ms - CLOCK_SLACK_MS - RESEND_HORIZON_MS)
+            except TierError as exc:
+                log.warning("cannot index the recent ids of %s now: %s",
+                            origin.mounted.broker, exc)
+
     def stored_earlier(self, messages: list[tuple[str, str]], since_ms: int, now_ms: int
                        ) -> dict[tuple[str, str], int]:
         """Of ``messages`` ((topic, client-chosen id) pairs), those a broker this one

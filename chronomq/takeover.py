@@ -220,6 +220,8 @@ class Takeover:
             b.pop.tier = b.mount_reader
         self._adopt(departed, mounted, state)  # the taken queues readable, then:
         phases.mark("backlog")
+        self.ids.warm(b.clock.now_ms())  # the first resends' lookups, before any send
+        phases.mark("ids")
         # positions before topics: no Pop here may start a taken queue from its low mark
         groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
                               if origin_of(_topic_of(k)) in taken})
@@ -289,7 +291,11 @@ class Takeover:
             try:
                 link_mount = self._mount(str(link["broker"]))
                 self._b.mount_reader.adopt(link_mount, _ends(link))
-                self._origin(link_mount, _ends(link), until)
+                # its ids were resent to the broker that took it over, within the horizon
+                # after that takeover (an older record lacks the time: this one's)
+                taken = link.get("at_ms")
+                self._origin(link_mount, _ends(link),
+                             int(taken) + CLOCK_SLACK_MS if isinstance(taken, int) else until)
             except (FailedPrecondition, TierError, KeyError, TypeError, ValueError) as exc:
                 log.error("takeover of %s: cannot serve the backlog it had taken over from "
                           "%s: %s", departed, link.get("broker"), exc)
@@ -339,9 +345,10 @@ class Takeover:
         for path in sorted(self._b.tier.list(prefix)):
             try:
                 raw = json.loads(self._b.tier.read(path))
-                out += [{"broker": str(c["broker"]), "ends": c["ends"]}
+                out += [{k: c[k] for k in ("broker", "ends", "at_ms") if k in c}
                         for c in raw.get("chain", [])]
-                out.append({"broker": str(raw["from"]), "ends": raw["ends"]})
+                out.append({"broker": str(raw["from"]), "ends": raw["ends"],
+                            **({"at_ms": raw["at_ms"]} if "at_ms" in raw else {})})
                 if adopted is not None and is_manifest(raw.get("timers")):
                     adopted.append(raw["timers"])
             except (TierError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -354,7 +361,8 @@ class Takeover:
         needs to serve the backlog of the topics it took, and the delayed messages it
         adopted (``timers``: ``chronomq.adoption``)."""
         me = self._b.config.tier.broker_name
-        record = {"from": departed, "ends": state["ends"], "chain": state.get("chain", [])}
+        record = {"from": departed, "ends": state["ends"], "chain": state.get("chain", []),
+                  "at_ms": state.get("at_ms")}
         if "timers" in state:
             record["timers"] = state["timers"]
         self._b.tier.write(chain_path(me, departed), json.dumps(record).encode())

@@ -64,7 +64,7 @@ class DeliveredCopies:
             if bounds is None or bounds[0] >= bounds[1]:
                 continue
             until = read.get(qid, bounds[1])
-            start = self._first_at(topic, qid, bounds[0], until, at_ms)
+            start = self._mounted.first_stored(topic, qid, bounds[0], until, at_ms)
             if start >= until:
                 continue
             offset = start
@@ -81,15 +81,3 @@ class DeliveredCopies:
                 self.read_records += len(got)
                 offset = got[-1].queue_offset + 1
             read[qid] = start
-
-    def _first_at(self, topic: str, qid: int, lo: int, hi: int, at_ms: int) -> int:
-        """The first queue offset in ``[lo, hi)`` stored at or after ``at_ms`` (store times
-        ascend along a queue); ``hi`` if none.  A damaged probe counts as after."""
-        while lo < hi:
-            mid = (lo + hi) // 2
-            got = self._mounted.read(topic, qid, mid, 1)
-            if got and got[0].queue_offset < hi and got[0].store_at_ms < at_ms:
-                lo = got[0].queue_offset + 1
-            else:
-                hi = mid
-        return lo

@@ -113,6 +113,7 @@ class MountedBroker:
         self._work_dir = work_dir
         self._index_lock = threading.Lock()  # the first query builds the index
         self._mount_index: _MountIndex | None = None
+        self._recent_index: tuple[int, _MountIndex] | None = None  # (since ms, index)
         self._queues: dict[tuple[str, int], TieredQueue] = {}
         prefix = f"{broker}/meta/"
         for path in provider.list(prefix):
@@ -153,21 +154,43 @@ class MountedBroker:
         q = self._queues.get((topic, queue_id))
         return q.read(queue_offset, count) if q is not None else []
 
+    def first_stored(self, topic: str, queue_id: int, lo: int, hi: int, at_ms: int) -> int:
+        """The first queue offset in ``[lo, hi)`` of a mounted queue stored at or after
+        ``at_ms``; ``hi`` if none (or not mounted)."""
+        q = self._queues.get((topic, queue_id))
+        return hi if q is None else _first_stored(q, lo, hi, at_ms)
+
     # ------------------------------------------------------------------ queries
 
-    def _index(self) -> _MountIndex:
+    def _index(self, since_ms: int = 0) -> _MountIndex:
         """The departed broker's key index: its sealed files, from its catalogue's copy
-        in the tier, and the tail no sealed file covers, indexed here (once)."""
+        in the tier, and the tail no sealed file covers, indexed here (once); with
+        ``since_ms``, a tail of only what was stored from then on (a resend's lookup:
+        ``stored_since``), kept apart."""
         with self._index_lock:
+            if since_ms and (self._recent_index is None or self._recent_index[0] > since_ms):
+                files = self._catalogue()
+                self._recent_index = since_ms, _MountIndex(
+                    self._index_reader(), files, *self._index_tail(files, since_ms),
+                    [frozenset(q[0] for q in f.queues) for f in files])
+            if since_ms:
+                assert self._recent_index is not None
+                return self._recent_index[1]
             if self._mount_index is None:
                 files = self._catalogue()
-                reader = TieredIndex(self._provider, self.broker,
-                                     os.path.join(self._work_dir, "index"),
-                                     SystemClock()).open()
-                self._mount_index = _MountIndex(reader, files, *self._index_tail(files),
+                self._mount_index = _MountIndex(self._index_reader(), files,
+                                                *self._index_tail(files),
                                                 [frozenset(q[0] for q in f.queues)
                                                  for f in files])
             return self._mount_index
+
+    def _index_reader(self) -> TieredIndex:
+        return TieredIndex(self._provider, self.broker, os.path.join(self._work_dir, "index"),
+                           SystemClock()).open()
+
+    def warm(self, since_ms: int) -> None:
+        """Index now what ``stored_since(..., since_ms)`` would at its first call."""
+        self._index(since_ms)
 
     def _catalogue(self) -> list[IndexFile]:
         try:
@@ -192,9 +215,10 @@ class MountedBroker:
             return q.first_queue_offset + position // ENTRY.size
         return q.min_queue_offset
 
-    def _index_tail(self, files: list[IndexFile]
+    def _index_tail(self, files: list[IndexFile], since_ms: int = 0
                     ) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]]:
-        """Read and index, per queue, the records after the last sealed file's."""
+        """Read and index, per queue, the records after the last sealed file's (and
+        stored at or after ``since_ms``)."""
         ends: dict[tuple[str, int, int], int] = {}
         ends_ms: dict[tuple[str, int, int], int] = {}
         for f in files:
@@ -210,6 +234,8 @@ class MountedBroker:
             if is_system_stream(q.topic) and q.topic != DELAYED_STREAM:
                 continue  # the journal's streams: no message a query or a resend can name
             start, end = self._tail_start(q, ends, ends_ms), q.committed_queue_offset
+            if since_ms:
+                start = _first_stored(q, start, end, since_ms)
             key_prefix = b"k" + q.topic.encode() + b"\0"
             body = bytearray()
             while start < end and records < _TAIL_MAX_RECORDS and \
@@ -239,7 +265,7 @@ class MountedBroker:
         """``_lookup`` of records stored at or after ``since_ms`` in ``topic``'s queues
         or the delayed stream: only the sealed files that reach ``since_ms`` and list
         one of them are read (one ranged read each, a file expired meanwhile skipped)."""
-        index = self._index()
+        index = self._index(since_ms)
         hits = [IndexHit(*index.names[ref], qo, stored)
                 for ref, qo, stored, _ in scan(index.tail, d)]
         for f, topics in zip(index.files, index.topics, strict=True):
@@ -422,3 +448,16 @@ class MountReader:
         if self._own is None:
             return []
         return self._own.read(topic, queue_id, queue_offset, count)
+
+
+def _first_stored(q: TieredQueue, lo: int, hi: int, at_ms: int) -> int:
+    """The first queue offset in ``[lo, hi)`` stored at or after ``at_ms`` (store times
+    ascend along a queue), by a binary search of one-entry reads; ``hi`` if none."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        got = q.read(mid, 1)
+        if got and got[0].queue_offset < hi and got[0].store_at_ms < at_ms:
+            lo = got[0].queue_offset + 1
+        else:
+            hi = mid
+    return lo
