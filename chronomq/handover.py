@@ -13,11 +13,12 @@ what the departed broker promised its clients holds at the successor too.
 - **The resend horizon.**  A client whose answer was lost in a failover sends again
   within seconds (the library's clients follow for ``follow_s``, 30 s by default).  So a
   client-chosen id the departed broker accepted for a topic in the last
-  ``RESEND_HORIZON_MS`` (10 minutes) before its takeover, and within the dedupe window,
-  is a duplicate at the successor if it comes again within ``RESEND_HORIZON_MS`` after
-  the takeover (``InheritedIds.stored_earlier``, which ``SendDedupe.seen_recently`` asks about
-  ids it has not seen itself): looked up in the departed broker's key index in the tier
-  (and in the older brokers' of a chain), for the taken topics only, in the index files
+  ``STORED_BEFORE_MS`` (3 minutes) before its takeover, and within the dedupe window,
+  is a duplicate at the successor if it comes again within ``RESEND_HORIZON_MS`` (10
+  minutes) after the takeover (``InheritedIds.stored_earlier``, which
+  ``SendDedupe.seen_recently`` asks about ids it has not seen itself): looked up in the
+  departed broker's key index in the tier (and in the older brokers' of a chain, each for
+  the horizon after its own takeover), for the taken topics only, in the index files
   of those last minutes only (``tiered.mount.MountedBroker.stored_since``: one ranged
   read per such file that lists the topic, one sealed every ``tier.index_ms``, 5
   minutes by default), and the departed broker's unsealed tail indexed in memory once,
@@ -40,7 +41,9 @@ from tiered.provider import Provider
 log = logging.getLogger(__name__)
 
 CLOCK_SLACK_MS = 60_000  # a departed broker's clock may run ahead of this one's
-RESEND_HORIZON_MS = 600_000  # ids stored this long before a takeover, resent this long after
+RESEND_HORIZON_MS = 600_000  # ids resent this long after a takeover count
+STORED_BEFORE_MS = 180_000  # ... if stored this long before it (a lease, a client's
+#                             follow_s, a stalled send: a resend follows a lost answer)
 
 
 def publish_secret(tier: Provider, broker: str, secret: bytes) -> None:
@@ -108,7 +111,7 @@ class InheritedIds:
         for origin in origins:
             assert origin.until_ms is not None
             try:
-                origin.mounted.warm(origin.until_ms - CLOCK_SLACK_MS - RESEND_HORIZON_MS)
+                origin.mounted.warm(origin.until_ms - CLOCK_SLACK_MS - STORED_BEFORE_MS)
             except TierError as exc:
                 log.warning("cannot index the recent ids of %s now: %s",
                             origin.mounted.broker, exc)
@@ -129,7 +132,7 @@ class InheritedIds:
         out: dict[tuple[str, str], int] = {}
         for origin in origins:
             first_ms = since_ms if origin.until_ms is None else \
-                max(since_ms, origin.until_ms - CLOCK_SLACK_MS - RESEND_HORIZON_MS)
+                max(since_ms, origin.until_ms - CLOCK_SLACK_MS - STORED_BEFORE_MS)
             for m in messages:
                 if m[0] not in origin.topics or m in out:
                     continue
