@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from chronomq.handover import CLOCK_SLACK_MS
-from cluster.delivered import RECENT_DELIVERIES_MS, DeliveredCopies
+from cluster.delivered import DeliveredCopies
 from cluster.layout import chain_prefix
 from cluster.replay import stream
 from cluster.timersnapshot import decode_pointer, read_part, read_residual
@@ -148,11 +148,6 @@ def pending(tier: Provider, m: Manifest, mount: Mount, journal: JournalState | N
     if journal is None:
         journal = _timer_journal(tier, mounted, m)
     done, moved = journal.done, journal.moved
-    # the last deliveries' copies may not have reached the tier: they come as pending,
-    # and ``_Delivered`` looks for their copies
-    recent = journal.recent_deliveries(RECENT_DELIVERIES_MS)
-    if recent:
-        done = done - recent
     raw = m["pointer"]
     pointer = None if raw is None else decode_pointer(json.dumps(raw).encode())
     if raw is not None and pointer is None:
@@ -197,7 +192,7 @@ def _timer_journal(tier: Provider, mounted: MountedBroker, m: Manifest) -> Journ
         if e.queue_offset >= int(m["timer_end"]):
             break
         r = decode_record(e.record)
-        state.apply(r.tag, r.body, e.store_at_ms)
+        state.apply(r.tag, r.body)
     return state
 
 

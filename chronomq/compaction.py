@@ -46,4 +46,4 @@ def attach_compaction(broker: Broker) -> TimerCompactor:
 
     return TimerCompactor(broker.tier, name, lambda s, qo, n: tiered.read(s, 0, qo, n),
                           committed, tiered.confirm_deletes,
-                          broker.config.tier.journal_snapshot_records, broker.clock.now_ms)
+                          broker.config.tier.journal_snapshot_records)

@@ -3,19 +3,20 @@ queues that reached the tier; what a takeover goes by for a departed broker's la
 
 A broker's timer delivers a due message by appending a copy of it under its topic
 (``FLAG_TIMER_DELIVERY``, its id and due time) and, in the same CommitLog write, the
-journal's record that it did (the timer stream's ``done``).  The two go up to the tier in
-different queues, committed apart (``tiered.dispatcher``), so a broker that dies in
-between leaves one without the other: the copy in the tier with no record of it (its
-successor would deliver the message again) or the record without the copy (the message
-would be lost).  Consumers are served what the tier holds, so the copy decides: a takeover
-asks ``DeliveredCopies.has`` for each message whose due time the departed broker may have
-reached (``chronomq.adoption``).
+journal's record that it did (the timer stream's ``timer-done``).  The two go up to the
+tier in different queues.  The record never gets there before the copy: the timer
+stream's metadata copy in the tier waits until every queue is in the tier up to its
+records (``tiered.uploads.Mirror``, ``after``).  But the copy may get there and the
+broker die before the record does: its successor would deliver the message again.  So
+a takeover asks ``DeliveredCopies.has`` for every pending message already due (by the
+departed broker's clock, give or take the clock slack: ``chronomq.adoption``) and
+leaves out those whose copy the tier holds.
 
 A copy is stored at or after its due time by the clock of the broker that delivered it
 (a timer never fires early), so looking for the copy of a message due at ``d`` reads only
 what that broker stored from ``d - SLACK_MS`` on, in the message's topic: found by a
-binary search of store times over the queue (one ranged read per probe), then read in
-batches.  Each (broker, topic) is read once, from the earliest such time asked; an
+binary search of store times over each queue (one ranged read per probe), then read in
+batches.  Each (broker, topic) is read once, from the earliest due time asked; an
 earlier one reads only the stretch before it.  Not thread-safe (one takeover's thread).
 """
 
@@ -28,8 +29,6 @@ from tiered.mount import MountedBroker
 
 log = logging.getLogger(__name__)
 
-RECENT_DELIVERIES_MS = 120_000  # deliveries whose copies a takeover checks (the last
-#                                 ones'); a timer snapshot folds only older ones
 SLACK_MS = 10_000  # a wall clock stepped back this much still finds the copy
 READ_BATCH = 2_000  # entries read at a time
 

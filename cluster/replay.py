@@ -102,7 +102,7 @@ def replay(tier: Provider, mounted: MountedBroker) -> JournalState:
             state.moved.update(moved)
     for entry in stream(mounted, TIMER_STREAM, timer_from):
         m = decode_record(entry.record)
-        state.apply(m.tag, m.body, entry.store_at_ms)
+        state.apply(m.tag, m.body)
     if state.bad:
         log.error("takeover of %s: %d journal records could not be read", mounted.broker,
                   state.bad)

@@ -49,7 +49,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from cluster.delivered import RECENT_DELIVERIES_MS
 from store.crashpoint import crashpoint
 from store.message import FLAG_DELAYED, decode_dispatch_infos, decode_record
 from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM
@@ -216,12 +215,8 @@ class TimerCompactor:
     def __init__(self, tier: Provider, broker: str,
                  read: Callable[[str, int, int], list[TieredEntry]],
                  committed: Callable[[str], int], confirm: Callable[[], bool],
-                 every: int, now_ms: Callable[[], int] | None = None) -> None:
-        """``now_ms``: the broker's clock; the timer stream's deliveries of the last
-        ``RECENT_DELIVERIES_MS`` are left out of a snapshot (a takeover checks their
-        copies, ``cluster.delivered``); None folds all."""
+                 every: int) -> None:
         self._tier, self._broker = tier, broker
-        self._now_ms = now_ms
         self._read, self._committed, self._confirm = read, committed, confirm
         self.every = every
         self.pointer = read_pointer(tier, broker) or Pointer()
@@ -244,16 +239,9 @@ class TimerCompactor:
         state = JournalState()
         if old.residual:
             state.done, state.moved = read_residual(self._tier, old.residual)
-        recent = None if self._now_ms is None else self._now_ms() - RECENT_DELIVERIES_MS
-        end, t1 = t1, old.timer_from
-        for e in self._entries(TIMER_STREAM, old.timer_from, end):
-            if recent is not None and e.store_at_ms > recent:
-                break  # this and what follows stay in the stream
+        for e in self._entries(TIMER_STREAM, old.timer_from, t1):
             m = decode_record(e.record)
             state.apply(m.tag, m.body)
-            t1 = e.queue_offset + 1
-        if (c1, t1) == (old.delayed_from, old.timer_from):
-            return False
         prefix = f"{self._broker}/timer-snapshot/{c1}-{t1}/"
         self._clear(prefix)  # what a crash left of this very snapshot
         writer = _PartWriter(self._tier, prefix)

@@ -18,7 +18,11 @@ CommitLog offset of the oldest record not yet durable in the tier (the key index
 ``tiered.index``, has persisted its entries by then).  Copies of the metadata go to the
 tier for a broker that mounts it (``Mirror``); until a copy is in, the position and the
 upload lag count its queue's batch as not uploaded (what a mount sees); ``open`` writes
-every queue's copy again (a crash may have cut one off).  After a crash it replays from
+every queue's copy again (a crash may have cut one off).  The timer stream's copy goes
+in only once every other queue is in the tier up to its records (``Mirror``, ``after``):
+its records name deliveries whose messages are in other queues, and a broker taking this
+one over must never read the record of a delivery whose message it cannot read
+(``cluster.delivered``).  After a crash it replays from
 the checkpoint, skipping queue offsets the tier has: nothing twice, nothing lost.  As a
 log reader of the store its checkpoint is ``rewind``-ed after a torn tail and guards local
 retention.
@@ -53,7 +57,7 @@ from store.crashpoint import crashpoint
 from store.errors import StoreError
 from store.files import fsync_dir, write_atomic
 from store.message import FLAG_DELAYED, DispatchInfo
-from store.names import DELAYED_STREAM, is_system_stream
+from store.names import DELAYED_STREAM, TIMER_STREAM, is_system_stream
 from store.store import MessageStore
 from tiered.config import TierConfig
 from tiered.durable import DurablePosition
@@ -117,6 +121,8 @@ class TieredDispatcher:
         self.index = TieredIndex(provider, broker, os.path.join(meta_dir, "index"), clock,
                                  config.index_entries, config.index_ms, self._mirror)
         self._checkpoint = self._read_position = 0  # read by ``open``
+        self._timer_end = 0  # where the timer stream's last buffered record ends
+        self._timer_copy: tuple[str, bytes] | None = None  # its copy to put again, at start
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._recent = RecentRecords()  # what the store's dispatcher decoded (``offer``)
@@ -167,8 +173,13 @@ class TieredDispatcher:
                 with open(os.path.join(qdir, topic, name), encoding="utf-8") as f:
                     qid, meta = int(name[:-5]), f.read()
                 self._queues[(topic, qid)] = self._new_queue(topic, qid, meta)
-                # its copy in the tier again: a crash may have cut the last one off
-                self._mirror.put(self._meta_copy(topic, qid), meta.encode())
+                # its copy in the tier again: a crash may have cut the last one off (the
+                # timer stream's once the rest is in again, up to where the log ends:
+                # put by the first ``step`` that finds nothing more to read)
+                if topic == TIMER_STREAM:
+                    self._timer_copy = (self._meta_copy(topic, qid), meta.encode())
+                else:
+                    self._mirror.put(self._meta_copy(topic, qid), meta.encode())
         try:
             with open(os.path.join(self._meta_dir, "checkpoint"), encoding="utf-8") as f:
                 return int(f.read().strip())
@@ -234,6 +245,9 @@ class TieredDispatcher:
             return 0
         cl = self._store.commitlog
         offset, data = cl.read_from(self._read_position, READ_CHUNK)
+        if not data and self._timer_copy is not None:  # caught up after a start
+            self._mirror.put(*self._timer_copy, None, self._read_position)
+            self._timer_copy = None
         infos, used = self._recent.take(offset, len(data)) if data else ([], 0)
         self._reused += len(infos)
         if data and not used:
@@ -261,6 +275,8 @@ class TieredDispatcher:
             if problem:
                 log.error("not uploading part of a queue: %s", problem)
             if added:
+                if key[0] == TIMER_STREAM:  # its copy in the tier waits for the rest
+                    self._timer_end = added[-1].commit_offset + added[-1].record_size
                 self.index.add_batch(key[0], key[1], q.generation, added, covered)
                 buffered += len(added)
                 with self._lock:
@@ -326,7 +342,7 @@ class TieredDispatcher:
             log.warning("upload of key-index file %s failed (%s); will retry", seal.path,
                         seal.error())
         self._save(done, failed, sealed)
-        failed_copies = self._mirror.sync(deadline_s)
+        failed_copies = self._mirror.sync(deadline_s, self.position)
         with self._lock:
             self._failed += failed_copies
         self._publish_durable()
@@ -372,7 +388,10 @@ class TieredDispatcher:
         tdir = os.path.join(self._meta_dir, "queues", q.topic)
         os.makedirs(tdir, exist_ok=True)
         write_atomic(os.path.join(tdir, f"{q.queue_id}.json"), meta)
-        self._mirror.put(self._meta_copy(q.topic, q.queue_id), meta, floor)
+        after = None
+        if q.topic == TIMER_STREAM:
+            after, self._timer_copy = self._timer_end, None  # (newer than the one at start)
+        self._mirror.put(self._meta_copy(q.topic, q.queue_id), meta, floor, after)
 
     def publish(self, path: str, data: bytes) -> None:
         """Keep a small object in the tier up to date (the latest content, written with

@@ -21,11 +21,7 @@ tag             stream      body
                             key, u32 value length, value; or ``b"D"``, u16 key length, key
 ``pop-reset``   state       the same, applied after clearing the book: the first chunk of a
                             snapshot of the whole book (``pop.leasejournal``)
-``timer-done``  timer       u64 delayed-stream queue offsets: cancelled (delivered, by
-                            an older release)
-``timer-        timer       u64 delayed-stream queue offsets: delivered, the copies under
-delivered``                 their topics in the same CommitLog write (``cluster.delivered``:
-                            a takeover checks the last ones' copies are in the tier)
+``timer-done``  timer       u64 delayed-stream queue offsets: delivered or cancelled
 ``timer-move``  timer       (u64 delayed-stream queue offset, u64 new due time in ms) pairs
 ==============  ==========  ================================================================
 
@@ -61,7 +57,6 @@ from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM
 from store.store import MessageStore
 
 POP, POP_RESET, TIMER_DONE, TIMER_MOVE = "pop", "pop-reset", "timer-done", "timer-move"
-TIMER_DELIVERED = "timer-delivered"
 SNAPSHOT_POINTER = "state/snapshot.json"  # under the broker's prefix in the tier
 SNAPSHOT_CHUNK = 1 << 20  # bytes of one pop-reset/pop record of the start snapshot
 _KEY_LEN, _VALUE_LEN, _U64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">Q")
@@ -198,8 +193,7 @@ class StateJournal:
         if not offsets or not self.enabled:
             return None
         now = self._store.clock.now_ms()
-        return Draft("", TIMER_STREAM, "", TIMER_DELIVERED,
-                     b"".join(_U64.pack(o) for o in offsets),
+        return Draft("", TIMER_STREAM, "", TIMER_DONE, b"".join(_U64.pack(o) for o in offsets),
                      b"", now, now, FLAG_STATE)
 
     def timer_done(self, offsets: list[int]) -> Future[Any] | None:
@@ -221,10 +215,8 @@ class JournalState:
         self.records = self.bad = 0
         self.seconds = 0.0  # set by the reader: how long reading and replaying took
         self.timer_snapshot: Any = None  # the timer snapshot it started from (the reader's)
-        self.delivered_at: dict[int, int] = {}  # delivered offset -> its record's store time
 
-    def apply(self, tag: str, body: bytes, at_ms: int = 0) -> None:
-        """Apply one record (``at_ms``: its store time, kept for deliveries)."""
+    def apply(self, tag: str, body: bytes) -> None:
         self.records += 1
         try:
             if tag in (POP, POP_RESET):
@@ -237,23 +229,12 @@ class JournalState:
                         self.pop[k] = v
             elif tag == TIMER_DONE:
                 self.done.update(o for (o,) in _U64.iter_unpack(body))
-            elif tag == TIMER_DELIVERED:
-                offsets = [o for (o,) in _U64.iter_unpack(body)]
-                self.done.update(offsets)
-                self.delivered_at.update(dict.fromkeys(offsets, at_ms))
             elif tag == TIMER_MOVE:
                 self.moved.update(_PAIR.iter_unpack(body))
             else:
                 self.bad += 1
         except (ValueError, struct.error):
             self.bad += 1
-
-    def recent_deliveries(self, window_ms: int) -> set[int]:
-        """The offsets delivered within ``window_ms`` of the latest delivery replayed."""
-        if not self.delivered_at:
-            return set()
-        since = max(self.delivered_at.values()) - window_ms
-        return {o for o, at in self.delivered_at.items() if at >= since}
 
     def pending_due(self, queue_offset: int, flags: int, due_ms: int) -> int | None:
         """The due time of the delayed stream's record at ``queue_offset`` if it is still

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from tiered.errors import TierError
@@ -96,7 +96,13 @@ def await_uploads(uploads: Iterable[Upload], timeout_s: float) -> None:
 
 class Mirror:
     """Copies of local metadata in the tier.  ``put`` from any thread; ``sync`` from one
-    owner thread.  A copy that fails is written again by a later ``sync``."""
+    owner thread.  A copy that fails is written again by a later ``sync``.
+
+    A copy put with ``after`` (a CommitLog offset) is written only once a reader of the
+    tier sees everything else below that offset (``sync``'s ``position``, and every
+    other copy in): the timer stream's, whose records name deliveries whose copies are
+    in other queues (``cluster.delivered``), so the tier never holds the record of a
+    delivery without the delivered message."""
 
     def __init__(self, provider: Provider, uploader: ThreadPoolExecutor | None) -> None:
         self._provider, self._uploader = provider, uploader
@@ -104,17 +110,21 @@ class Mirror:
         self._due: dict[str, bytes] = {}  # path -> latest content not yet in the tier
         self._writing: dict[str, Upload] = {}  # path -> its write in flight (owner)
         self._floors: dict[str, tuple[int, float]] = {}  # path -> see ``put``
+        self._after: dict[str, int] = {}  # path -> see ``put``
 
-    def put(self, path: str, data: bytes, floor: tuple[int, float] | None = None) -> None:
+    def put(self, path: str, data: bytes, floor: tuple[int, float] | None = None,
+            after: int | None = None) -> None:
         """``floor``: (a CommitLog offset below which a reader of the tier, a mount, sees
         everything this copy covers even while it is not in the tier yet: the tier's
         checkpoint when the copy was made; when the oldest record that waits for the copy
-        arrived, monotonic ms)."""
+        arrived, monotonic ms).  ``after``: see the class docstring."""
         with self._lock:
             self._due[path] = data
             if floor is not None:
                 old = self._floors.get(path, floor)
                 self._floors[path] = (min(floor[0], old[0]), min(floor[1], old[1]))
+            if after is not None:
+                self._after[path] = max(after, self._after.get(path, after))
 
     def floor(self) -> tuple[int, float] | None:
         """The lowest offset and the oldest arrival among the copies not in the tier yet
@@ -125,12 +135,28 @@ class Mirror:
             return (min(f[0] for f in self._floors.values()),
                     min(f[1] for f in self._floors.values()))
 
-    def sync(self, deadline_s: float) -> int:
+    def sync(self, deadline_s: float, position: Callable[[], int] | None = None) -> int:
         """Start a write of each due copy whose path has none in flight and wait for the
         writes until ``deadline_s`` (time.monotonic); those still running are looked at
-        by the next call.  Returns the writes found failed."""
+        by the next call.  Then the same for the copies put with ``after`` that a reader
+        may see now: ``position()`` (what the owner has in the tier) and every other
+        copy reach their offset (without ``position`` they wait).  Returns the writes
+        found failed."""
         with self._lock:
-            todo = [(p, d) for p, d in self._due.items() if p not in self._writing]
+            todo = [(p, d) for p, d in self._due.items()
+                    if p not in self._writing and p not in self._after]
+        failed = self._write(todo, deadline_s)
+        if position is None:
+            return failed
+        with self._lock:
+            held = [(p, d, self._after[p]) for p, d in self._due.items()
+                    if p in self._after and p not in self._writing]
+            others = [f[0] for p, f in self._floors.items() if p not in self._after]
+        seen = min([position(), *others])
+        ready = [(p, d) for p, d, after in held if after <= seen]
+        return failed + (self._write(ready, deadline_s) if ready else 0)
+
+    def _write(self, todo: list[tuple[str, bytes]], deadline_s: float) -> int:
         for path, data in todo:
             up = self._writing[path] = Upload(path, data)
             up.start(self._provider, self._uploader)
@@ -150,4 +176,5 @@ class Mirror:
                 if self._due.get(path) is up.data:  # else changed meanwhile: still due
                     del self._due[path]
                     self._floors.pop(path, None)
+                    self._after.pop(path, None)
         return failed
