@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from cluster.layout import secret_path
@@ -108,13 +109,20 @@ class InheritedIds:
         with self._lock:
             origins = [o for o in self._origins.values()
                        if o.until_ms is not None and now_ms <= o.until_ms + RESEND_HORIZON_MS]
-        for origin in origins:
+
+        def warm(origin: _Origin) -> None:
             assert origin.until_ms is not None
             try:
                 origin.mounted.warm(origin.until_ms - CLOCK_SLACK_MS - STORED_BEFORE_MS)
             except TierError as exc:
                 log.warning("cannot index the recent ids of %s now: %s",
                             origin.mounted.broker, exc)
+
+        if len(origins) > 1:  # a chain: its brokers' tiers read at once
+            with ThreadPoolExecutor(min(len(origins), 8), "warm-ids") as pool:
+                list(pool.map(warm, origins))
+        elif origins:
+            warm(origins[0])
 
     def stored_earlier(self, messages: list[tuple[str, str]], since_ms: int, now_ms: int
                        ) -> dict[tuple[str, str], int]:
