@@ -151,7 +151,7 @@ class Takeover:
             except TierError as exc:
                 log.error("cannot read the tier of %s, taken over earlier: %s", name[:-5], exc)
                 continue
-            self._adopt(name[:-5], mounted, state)
+            self._accept_handles(self._adopt(name[:-5], mounted, state))
             self.results[name[:-5]] = TakeoverResult(
                 name[:-5], sorted(state.get("ends", {})), int(state.get("pending", 0)),
                 int(state.get("groups", 0)), float(state.get("seconds", 0.0)),
@@ -218,13 +218,14 @@ class Takeover:
         self._publish(departed, state)  # and a broker taking this one over finds them
         if b.pop.tier is None:
             b.pop.tier = b.mount_reader
-        self._adopt(departed, mounted, state)  # the taken queues readable, then:
+        origins = self._adopt(departed, mounted, state)  # the taken queues readable, then:
         phases.mark("backlog")
         self.ids.warm(b.clock.now_ms())  # the first resends' lookups, before any send
         phases.mark("ids")
         # positions before topics: no Pop here may start a taken queue from its low mark
         groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
                               if origin_of(_topic_of(k)) in taken})
+        self._accept_handles(origins)  # only now: the leases they name are here
         phases.mark("positions")
         crashpoint("takeover.after_positions")
         for topic, count in sorted(taken.items()):
@@ -280,11 +281,13 @@ class Takeover:
         result = self.results[departed] = TakeoverResult(departed, done=True)
         return result
 
-    def _adopt(self, departed: str, mounted: MountedBroker, state: dict[str, Any]) -> None:
+    def _adopt(self, departed: str, mounted: MountedBroker, state: dict[str, Any]
+               ) -> list[MountedBroker]:
         """Serve the older offsets of the taken topics: from the departed broker's tier,
-        and the oldest from the tiers of the brokers it had taken them from.  Accept
-        the receipt handles those brokers signed, and count the ids they stored in the
-        dedupe window."""
+        and the oldest from the tiers of the brokers it had taken them from; count the
+        ids they stored in the dedupe window.  Returns those brokers' mounts (their
+        receipt handles are accepted once their leases are here: ``_accept_handles``)."""
+        mounts = []
         at = state.get("at_ms")
         until = int(at) + CLOCK_SLACK_MS if isinstance(at, int) else None
         for link in state.get("chain", []):
@@ -294,26 +297,29 @@ class Takeover:
                 # its ids were resent to the broker that took it over, within the horizon
                 # after that takeover (an older record lacks the time: this one's)
                 taken = link.get("at_ms")
-                self._origin(link_mount, _ends(link),
+                self.ids.add(link_mount, frozenset(_ends(link)),
                              int(taken) + CLOCK_SLACK_MS if isinstance(taken, int) else until)
+                mounts.append(link_mount)
             except (FailedPrecondition, TierError, KeyError, TypeError, ValueError) as exc:
                 log.error("takeover of %s: cannot serve the backlog it had taken over from "
                           "%s: %s", departed, link.get("broker"), exc)
         self._b.mount_reader.adopt(mounted, _ends(state))
-        self._origin(mounted, _ends(state), until)
+        self.ids.add(mounted, frozenset(_ends(state)), until)
+        return [*mounts, mounted]
 
-    def _origin(self, mounted: MountedBroker, ends: dict[str, dict[int, int]],
-                until_ms: int | None) -> None:
-        """Adopt ``mounted``'s receipt-handle secret; look its ids up for ``ends``'
-        topics (``InheritedIds``)."""
-        secret = read_secret(self._b.tier, mounted.broker)
-        if secret is not None:
+    def _accept_handles(self, mounts: list[MountedBroker]) -> None:
+        """Accept the receipt handles these brokers signed (their secrets in the tier):
+        only once the leases they name are in this broker's book, or an Ack in between
+        would settle nothing here and the lease, adopted after it, would come back."""
+        for mounted in mounts:
+            secret = read_secret(self._b.tier, mounted.broker)
+            if secret is None:
+                continue
             try:
                 self._b.pop.adopt_secret(secret)
             except ValueError as exc:  # too short: not one a broker made
                 log.error("the receipt-handle secret of %s in the tier is unusable: %s",
                           mounted.broker, exc)
-        self.ids.add(mounted, frozenset(ends), until_ms)
 
     def _catalogue(self, departed: str) -> dict[str, Topic]:
         """The departed broker's topics and their settings, from its catalogue's copy

@@ -20,10 +20,11 @@ import pytest
 from chronomq.broker import Broker
 from chronomq.client import message
 from chronomq.config import BrokerConfig, TierConfig
-from chronomq.handover import CLOCK_SLACK_MS, RESEND_HORIZON_MS
+from chronomq.handover import CLOCK_SLACK_MS, RESEND_HORIZON_MS, InheritedIds
 from pop.handle import HandleCodec, InvalidReceiptHandle, ReceiptHandle
 from pop.model import AlreadyRequeued, dlq_topic
 from store.clock import ManualClock
+from store.errors import ChronomqError
 from store.message import Draft, Message, draft_of
 from store.store import StoreConfig
 from store.topics import Topic
@@ -201,3 +202,40 @@ def test_over_grpc_a_resend_and_an_ack_after_the_takeover(tmp_path: Path) -> Non
             assert c.pop("t", "other", 32, LEASE_S) == []
     finally:
         b.stop()
+
+
+def test_an_ack_that_comes_while_the_takeover_runs_is_refused_or_holds(
+        pair: Pair, manual_clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given A: one message leased by g for 60 s, A gone
+    a, b = pair.a, pair.b
+    a.create_topic(Topic("t", 1))
+    assert not _send(a, "m-1")
+    (leased,) = a.pop.pop("t", "g", 1, LEASE_S)
+    pair.a_gone()
+
+    # When the consumer acks with A's handle at B while B's takeover runs (between
+    # serving A's backlog and adopting A's leases: there B indexes A's recent ids)
+    answers: list[str] = []
+    warm = InheritedIds.warm
+
+    def ack_meanwhile(self: InheritedIds, now_ms: int) -> None:
+        try:
+            b.pop.ack("g", leased.receipt_handle)
+            answers.append("ok")
+        except (InvalidReceiptHandle, AlreadyRequeued, ChronomqError) as exc:
+            answers.append(type(exc).__name__)
+        warm(self, now_ms)
+
+    monkeypatch.setattr(InheritedIds, "warm", ack_meanwhile)
+    assert b.takeover("a", force=True).done
+
+    # Then that Ack either was refused (the consumer tries again, or the message comes
+    # back after its lease) or it holds: never "ok" and the message delivered again
+    assert len(answers) == 1
+    manual_clock.advance((LEASE_S + 1) * 1000)
+    b.pop.revive_due()
+    again = _pop_all(b, "g")
+    if answers == ["ok"]:
+        assert again == [], "acked OK, then delivered again"
+    else:
+        assert again == ["m-1"]
