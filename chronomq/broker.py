@@ -248,7 +248,8 @@ class Broker:
             self.snapshots = self.pop.journal_snapshots(
                 self.journal, self.config.tier.journal_snapshot_records,
                 self.tiered.durable_position, self.tiered.publish,
-                self.config.tier.broker_name)
+                self.config.tier.broker_name, self.config.tier.journal_snapshot_s,
+                self.clock.monotonic_ms)
             self.snapshots.started(started)
             self.compactor = attach_compaction(self)
         if self.tiered is not None and timer_thread:

@@ -181,6 +181,8 @@ class BrokerConfig:
             raise InvalidArgument("tier.failover needs tier.upload and tier.claim_topics: "
                                   "a broker taking over reads the tier, clients follow the "
                                   "owner records")
+        if self.tier.journal_snapshot_s < 0:
+            raise InvalidArgument("tier.journal_snapshot_s must be 0 (by records only) or more")
         if self.tier.journal_snapshot_records < 0:
             raise InvalidArgument("tier.journal_snapshot_records must be 0 (only at start) "
                                   "or more")

@@ -10,9 +10,12 @@ then ``pop`` chunks), so that a write a crash kept out of the journal is in it a
 
 ``Snapshots`` writes such a snapshot again after every ``tier.journal_snapshot_records``
 records (or as many records as the last snapshot had entries, if more: a snapshot costs
-at most what it saves) and, once the tier holds it, points ``<broker>/state/snapshot.json``
-at its first record: a takeover replays the state stream from there
-(``tiered.journal``), so its time follows the book's size, not the broker's history.
+at most what it saves), and every ``tier.journal_snapshot_s`` once that many came (at
+least ``BY_TIME_RECORDS``): with durable-ack the stream is many small objects, one per
+commit, and a takeover reads them one request each) and, once the tier holds it,
+points ``<broker>/state/snapshot.json`` at its first record: a takeover replays the
+state stream from there (``tiered.journal``), so its time follows the book's size, not
+the broker's history.
 The snapshot is written under the journal's ``ordered`` lock, so it is a consistent cut:
 replaying it and every record after it gives the book (Pops and Acks wait meanwhile:
 one RocksDB scan of the book).  The pointer only ever names a snapshot the tier holds
@@ -46,6 +49,7 @@ from tiered.journal import (
 
 log = logging.getLogger(__name__)
 
+BY_TIME_RECORDS = 1_000  # a snapshot by time needs at least this many records since
 JOURNALED_MEMORY = 65_536  # journal records of writes not waited for yet (durable-ack)
 _KINDS = (b"o", b"p", b"c")  # the book's keys (pop.checkpoint)
 
@@ -151,8 +155,14 @@ class Snapshots:
 
     def __init__(self, log_: LeaseJournal, journal: StateJournal, every: int,
                  tier_position: Callable[[], int], publish: Callable[[str, bytes], None],
-                 broker: str) -> None:
+                 broker: str, every_s: float = 0.0,
+                 monotonic_ms: Callable[[], float] | None = None) -> None:
+        """``every_s``: a snapshot also this long after the last (by ``monotonic_ms``),
+        once at least ``BY_TIME_RECORDS`` records and as many as it had entries came."""
         self._log = log_
+        self.every_s = every_s
+        self._monotonic_ms = monotonic_ms
+        self._at_ms = monotonic_ms() if monotonic_ms is not None else 0.0
         self._journal = journal
         self.every = every
         self._position = tier_position
@@ -186,5 +196,10 @@ class Snapshots:
             self.pointed = self._last
             log.info("journal snapshot at state record %d is in the tier", self._last)
         since = self._journal.records() - max(self._last, 0)
-        if self.every and since >= max(self.every, self._log.snapshot_entries):
+        entries = self._log.snapshot_entries
+        now = self._monotonic_ms() if self._monotonic_ms is not None else 0.0
+        by_time = (self.every_s > 0 and since >= max(BY_TIME_RECORDS, entries)
+                   and now - self._at_ms >= self.every_s * 1000)
+        if (self.every and since >= max(self.every, entries)) or by_time:
+            self._at_ms = now
             self._pending = self._log.snapshot()

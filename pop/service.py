@@ -128,10 +128,12 @@ class PopService:
 
     def journal_snapshots(self, journal: StateJournal, every: int,
                           tier_position: Callable[[], int],
-                          publish: Callable[[str, bytes], None], broker: str) -> Snapshots:
+                          publish: Callable[[str, bytes], None], broker: str,
+                          every_s: float = 0.0,
+                          monotonic_ms: Callable[[], float] | None = None) -> Snapshots:
         """Snapshots of the lease book in the journal, pointed at in the tier."""
         return Snapshots(self._book.journal_log, journal, every, tier_position, publish,
-                         broker)
+                         broker, every_s, monotonic_ms)
 
     def adopt(self, items: dict[bytes, bytes]) -> set[str]:
         """Take a departed broker's positions and leases (``LeaseBook.adopt``) and

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import pop.leasejournal
 from chronomq.broker import Broker
 from chronomq.config import BrokerConfig, TierConfig
 from store.clock import ManualClock
@@ -107,3 +108,51 @@ def test_a_takeover_replays_the_journal_from_the_latest_snapshot(
         assert b.store.queue_bounds(STATE_STREAM, 0)[1] > 0  # B journals its own
     finally:
         b.stop()
+
+
+def test_a_snapshot_comes_by_time_too_once_enough_records_came(
+        tmp_path: Path, manual_clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a broker snapshotting by records only after 1,000,000, and by time every 60 s
+    monkeypatch.setattr(pop.leasejournal, "BY_TIME_RECORDS", 20)
+    tier = TierConfig(provider="local", local_dir=str(tmp_path / "tier"), broker_name="a",
+                      upload=True, durable_ack=True, durable_ack_ms=1,
+                      journal_snapshot_records=1_000_000, journal_snapshot_s=60)
+    a = Broker(BrokerConfig(store=StoreConfig(str(tmp_path / "a")), tier=tier), manual_clock)
+    a.open()
+    a.start(timer_thread=False)
+    assert a.tiered is not None and a.snapshots is not None
+    a.tiered.start()
+    try:
+        a.create_topic(Topic("t", 1))
+        a.send([draft_of(Message("", "t", f"m{i}".encode())) for i in range(40)]).result(10)
+        snapshots = a.snapshots
+
+        def pointed() -> bool:
+            snapshots.step()
+            return snapshots.pointed >= 0
+        first = snapshots.pointed  # (-1: the empty book at start needs none)
+
+        def pop_ack(n: int) -> None:
+            for _ in range(n):
+                (p,) = a.pop.pop("t", "g", 1, 30)
+                a.pop.ack("g", p.receipt_handle)
+                snapshots.step()
+
+        # When records come for less than a minute: no snapshot by time
+        pop_ack(15)
+        manual_clock.advance(59_000)
+        for _ in range(5):
+            snapshots.step()
+        assert snapshots.pointed == first
+        assert _pointer(a) == (None if first < 0 else first)
+        # and a minute has passed but too few records came: none either
+        manual_clock.advance(2_000)
+        snapshots.step()
+        assert snapshots.pointed == first
+        # When enough came a minute after the last snapshot: one, pointed at in the tier
+        pop_ack(10)
+        wait_until(lambda: pointed() and snapshots.pointed > first, 10,
+                   "a snapshot by time to be pointed at")
+        assert _pointer(a) == snapshots.pointed
+    finally:
+        a.stop()
