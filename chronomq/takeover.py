@@ -64,6 +64,7 @@ import logging
 import os
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -194,8 +195,6 @@ class Takeover:
         if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
             b.unmount(departed)
         phases.mark("mount")
-        journal = replay(self._b.tier, mounted)
-        phases.mark("journal")
         taken = {t: catalogue[t].queue_count if t in catalogue else n
                  for t, n in mounted.topics().items()}
         taken.update({t: c.queue_count for t, c in catalogue.items()})
@@ -220,8 +219,14 @@ class Takeover:
             b.pop.tier = b.mount_reader
         origins = self._adopt(departed, mounted, state)  # the taken queues readable, then:
         phases.mark("backlog")
-        self.ids.warm(b.clock.now_ms())  # the first resends' lookups, before any send
-        phases.mark("ids")
+        # the journal's replay, and the first resends' lookups indexed before any send:
+        # both read many small objects of the departed broker's, at once
+        with ThreadPoolExecutor(1, "takeover-ids") as pool:
+            warming = pool.submit(self.ids.warm, b.clock.now_ms())
+            journal = replay(self._b.tier, mounted)
+            phases.mark("journal")
+            warming.result()
+        phases.mark("ids")  # (what indexing took beyond the replay)
         # positions before topics: no Pop here may start a taken queue from its low mark
         groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
                               if origin_of(_topic_of(k)) in taken})
