@@ -13,7 +13,8 @@ what the departed broker promised its clients holds at the successor too.
 - **The resend horizon.**  A client whose answer was lost in a failover sends again
   within seconds (the library's clients follow for ``follow_s``, 30 s by default).  So a
   client-chosen id the departed broker accepted for a topic in the last
-  ``STORED_BEFORE_MS`` (3 minutes) before its takeover, and within the dedupe window,
+  ``LAST_STORED_MS`` (a minute) of its life in the tier (the sends in flight as it went;
+  by its own clock: its latest record's store time), and within the dedupe window,
   is a duplicate at the successor if it comes again within ``RESEND_HORIZON_MS`` (10
   minutes) after the takeover (``InheritedIds.stored_earlier``, which
   ``SendDedupe.seen_recently`` asks about ids it has not seen itself): looked up in the
@@ -35,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from cluster.layout import secret_path
+from store.names import DELAYED_STREAM
 from tiered.errors import TierError, TierNotFound, TierUnavailable
 from tiered.mount import MountedBroker
 from tiered.provider import Provider
@@ -43,8 +45,9 @@ log = logging.getLogger(__name__)
 
 CLOCK_SLACK_MS = 60_000  # a departed broker's clock may run ahead of this one's
 RESEND_HORIZON_MS = 600_000  # ids resent this long after a takeover count
-STORED_BEFORE_MS = 180_000  # ... if stored this long before it (a lease, a client's
-#                             follow_s, a stalled send: a resend follows a lost answer)
+LAST_STORED_MS = 60_000  # ... if stored in the departed broker's last minute in the tier
+#                          (the sends in flight as it went: a durable-ack send waits
+#                          at most tier.upload_timeout_s, 30 s, for the tier)
 
 
 def publish_secret(tier: Provider, broker: str, secret: bytes) -> None:
@@ -78,13 +81,14 @@ def read_secret(tier: Provider, broker: str) -> bytes | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Origin:
     """A tier whose client-chosen ids count here for the topics taken from it."""
 
     mounted: MountedBroker
     topics: frozenset[str]
     until_ms: int | None  # it stored nothing at or after this (None: unknown)
+    first_ms: int | None = None  # ids stored from then on count (``_first``: read once)
 
 
 class InheritedIds:
@@ -111,9 +115,8 @@ class InheritedIds:
                        if o.until_ms is not None and now_ms <= o.until_ms + RESEND_HORIZON_MS]
 
         def warm(origin: _Origin) -> None:
-            assert origin.until_ms is not None
             try:
-                origin.mounted.warm(origin.until_ms - CLOCK_SLACK_MS - STORED_BEFORE_MS)
+                origin.mounted.warm(self._first(origin))
             except TierError as exc:
                 log.warning("cannot index the recent ids of %s now: %s",
                             origin.mounted.broker, exc)
@@ -123,6 +126,15 @@ class InheritedIds:
                 list(pool.map(warm, origins))
         elif origins:
             warm(origins[0])
+
+    @staticmethod
+    def _first(origin: _Origin) -> int:
+        """When the origin's last minute in the tier began, by its own clock (its
+        latest record of the taken topics and its delayed stream)."""
+        if origin.first_ms is None:
+            last = origin.mounted.last_stored_ms([*origin.topics, DELAYED_STREAM])
+            origin.first_ms = last - LAST_STORED_MS
+        return origin.first_ms
 
     def stored_earlier(self, messages: list[tuple[str, str]], since_ms: int, now_ms: int
                        ) -> dict[tuple[str, str], int]:
@@ -139,8 +151,7 @@ class InheritedIds:
                                                  and now_ms <= o.until_ms + RESEND_HORIZON_MS)]
         out: dict[tuple[str, str], int] = {}
         for origin in origins:
-            first_ms = since_ms if origin.until_ms is None else \
-                max(since_ms, origin.until_ms - CLOCK_SLACK_MS - STORED_BEFORE_MS)
+            first_ms = max(since_ms, self._first(origin))
             for m in messages:
                 if m[0] not in origin.topics or m in out:
                     continue

@@ -63,6 +63,10 @@ class DeliveredCopies:
             if bounds is None or bounds[0] >= bounds[1]:
                 continue
             until = read.get(qid, bounds[1])
+            last = self._mounted.read(topic, qid, until - 1, 1) if until > bounds[0] else []
+            if not last or last[-1].store_at_ms < at_ms:  # (no copy can be this late)
+                read[qid] = until
+                continue
             start = self._mounted.first_stored(topic, qid, bounds[0], until, at_ms)
             if start >= until:
                 continue

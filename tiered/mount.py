@@ -154,6 +154,17 @@ class MountedBroker:
         q = self._queues.get((topic, queue_id))
         return q.read(queue_offset, count) if q is not None else []
 
+    def last_stored_ms(self, topics: list[str]) -> int:
+        """The store time of the latest record of ``topics`` here (0: none)."""
+        last = 0
+        for (topic, _), q in self._queues.items():
+            end = q.committed_queue_offset
+            if topic in topics and end > q.min_queue_offset:
+                got = q.read(end - 1, 1)
+                if got:
+                    last = max(last, got[-1].store_at_ms)
+        return last
+
     def first_stored(self, topic: str, queue_id: int, lo: int, hi: int, at_ms: int) -> int:
         """The first queue offset in ``[lo, hi)`` of a mounted queue stored at or after
         ``at_ms``; ``hi`` if none (or not mounted)."""
