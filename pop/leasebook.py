@@ -113,6 +113,8 @@ class LeaseBook:
         # entries recently put back for redelivery, so a late settle of one gets a clear
         # error instead of a silent "done" (bounded; forgotten on restart)
         self._requeued: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
+        # entries this process acked (an ack again is fine: ``lease_of``)
+        self._settled: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         self._load()
 
     # ---------------------------------------------------------------- state and locks
@@ -296,8 +298,12 @@ class LeaseBook:
         if (group, h.topic, h.queue_id, h.queue_offset) in self._requeued:
             raise AlreadyRequeued("the message was already released for redelivery (Nack, "
                                   "revive or ChangeInvisibleTime 0): this handle is done")
-        if ck is None:
-            return None, -1
+        if ck is None:  # every entry of its lease is done: acked, or given back
+            with self._lock:
+                if (group, h.topic, h.queue_id, h.queue_offset) in self._settled:
+                    return None, -1  # acked here: an ack again is answered as the first
+            raise AlreadyDone("this lease is no longer open here: acknowledged, or given "
+                              "back for redelivery (then the message comes again)")
         i = h.queue_offset - ck.ck_start
         if not 0 <= i < ck.count:
             raise InvalidArgument("receipt handle does not match its lease")
@@ -373,6 +379,10 @@ class LeaseBook:
                         ck.mark(i)
                         acked += 1
                         retired += self._finish(group, h.topic, h.queue_id, ck, ops)
+                        with self._lock:
+                            self._settled[(group, h.topic, h.queue_id, h.queue_offset)] = None
+                            if len(self._settled) > REQUEUED_MEMORY:
+                                self._settled.popitem(last=False)
                 ticket = self._write_ops(ops) or ticket
             with self._lock:
                 self._acked += acked

@@ -88,7 +88,8 @@ class HandleSuperseded(FailedPrecondition):
 
 
 class AlreadyDone(FailedPrecondition):
-    """Raised when ChangeInvisibleTime names a message already acked or released."""
+    """Raised when ChangeInvisibleTime, Ack or Nack names a lease no longer open (acked,
+    or given back for redelivery; an Ack again of an entry this process acked is OK)."""
 
 
 class AlreadyRequeued(FailedPrecondition):

@@ -239,3 +239,29 @@ def test_an_ack_that_comes_while_the_takeover_runs_is_refused_or_holds(
         assert again == [], "acked OK, then delivered again"
     else:
         assert again == ["m-1"]
+
+
+def test_an_ack_at_b_of_a_lease_a_gave_back_is_not_ok(
+        pair: Pair, manual_clock: ManualClock) -> None:
+    # Given A: a message leased by g for 60 s, then released by its consumer (Nack: a
+    # copy for redelivery), and A gone
+    a, b = pair.a, pair.b
+    a.create_topic(Topic("t", 1))
+    assert not _send(a, "m-1")
+    (leased,) = a.pop.pop("t", "g", 1, LEASE_S)
+    assert a.pop.release_many("g", [(leased.receipt_handle, 0)]) == [None]
+    with pytest.raises(AlreadyRequeued):  # at A: given back, the ack is refused
+        a.pop.ack("g", leased.receipt_handle)
+    pair.a_gone()
+    assert b.takeover("a", force=True).done
+
+    # When the consumer acks with that handle at B (still within its invisible time)
+    try:
+        b.pop.ack("g", leased.receipt_handle)
+        acked = True
+    except ChronomqError:
+        acked = False
+
+    # Then B does not answer OK for a lease it does not hold: the message comes again
+    assert not acked, "B answered OK to an ack of a lease A had given back"
+    assert _pop_all(b, "g") == ["m-1"]
