@@ -22,12 +22,8 @@ earlier one reads only the stretch before it.  Not thread-safe (one takeover's t
 
 from __future__ import annotations
 
-import logging
-
 from store.message import FLAG_TIMER_DELIVERY, decode_record
 from tiered.mount import MountedBroker
-
-log = logging.getLogger(__name__)
 
 SLACK_MS = 10_000  # a wall clock stepped back this much still finds the copy
 READ_BATCH = 2_000  # entries read at a time
@@ -43,7 +39,6 @@ class DeliveredCopies:
         self._copies: set[tuple[str, bytes, int]] = set()  # (topic, id, due)
         self._from: dict[str, dict[int, int]] = {}  # topic -> queue -> first offset read
         self._since: dict[str, int] = {}  # topic -> the earliest store time read from
-        self.read_records = 0
 
     def has(self, topic: str, message_id: bytes, due_ms: int) -> bool:
         """Whether the broker delivered the message with this id, due at ``due_ms``, into
@@ -81,6 +76,5 @@ class DeliveredCopies:
                     m = decode_record(e.record)
                     if m.flags & FLAG_TIMER_DELIVERY:
                         self._copies.add((topic, m.message_id.encode(), m.deliver_at_ms))
-                self.read_records += len(got)
                 offset = got[-1].queue_offset + 1
             read[qid] = start

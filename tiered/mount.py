@@ -179,25 +179,20 @@ class MountedBroker:
         ``since_ms``, a tail of only what was stored from then on (a resend's lookup:
         ``stored_since``), kept apart."""
         with self._index_lock:
-            if since_ms and (self._recent_index is None or self._recent_index[0] > since_ms):
-                files = self._catalogue()
-                self._recent_index = since_ms, _MountIndex(
-                    self._index_reader(), files, *self._index_tail(files, since_ms),
-                    [frozenset(q[0] for q in f.queues) for f in files])
             if since_ms:
-                assert self._recent_index is not None
+                if self._recent_index is None or self._recent_index[0] > since_ms:
+                    self._recent_index = since_ms, self._build_index(since_ms)
                 return self._recent_index[1]
             if self._mount_index is None:
-                files = self._catalogue()
-                self._mount_index = _MountIndex(self._index_reader(), files,
-                                                *self._index_tail(files),
-                                                [frozenset(q[0] for q in f.queues)
-                                                 for f in files])
+                self._mount_index = self._build_index(0)
             return self._mount_index
 
-    def _index_reader(self) -> TieredIndex:
-        return TieredIndex(self._provider, self.broker, os.path.join(self._work_dir, "index"),
-                           SystemClock()).open()
+    def _build_index(self, since_ms: int) -> _MountIndex:
+        files = self._catalogue()
+        reader = TieredIndex(self._provider, self.broker,
+                             os.path.join(self._work_dir, "index"), SystemClock()).open()
+        return _MountIndex(reader, files, *self._index_tail(files, since_ms),
+                           [frozenset(q[0] for q in f.queues) for f in files])
 
     def warm(self, since_ms: int) -> None:
         """Index now what ``stored_since(..., since_ms)`` would at its first call."""
