@@ -380,9 +380,8 @@ class LeaseBook:
                         acked += 1
                         retired += self._finish(group, h.topic, h.queue_id, ck, ops)
                         with self._lock:
-                            self._settled[(group, h.topic, h.queue_id, h.queue_offset)] = None
-                            if len(self._settled) > REQUEUED_MEMORY:
-                                self._settled.popitem(last=False)
+                            _remember(self._settled,
+                                      (group, h.topic, h.queue_id, h.queue_offset))
                 ticket = self._write_ops(ops) or ticket
             with self._lock:
                 self._acked += acked
@@ -438,9 +437,8 @@ class LeaseBook:
             retired += self._finish(r.group, r.topic, r.queue_id, ck, ops)
             key = (r.group, origin_of(r.topic))
             with self._lock:
-                self._requeued[(r.group, r.topic, r.queue_id, r.ck_start + r.index)] = None
-                if len(self._requeued) > REQUEUED_MEMORY:
-                    self._requeued.popitem(last=False)
+                _remember(self._requeued,
+                          (r.group, r.topic, r.queue_id, r.ck_start + r.index))
                 if r.reason is None:
                     counter[key] += 1
                 else:
@@ -529,3 +527,12 @@ class LeaseBook:
         doomed = [k for kind in (b"c", b"o", b"p") for k, _ in self._kv.scan(kind)
                   if origin_of(parse_key(k)[1]) == topic]
         self.write([], doomed)  # journaled: a takeover must not bring them back
+
+
+def _remember(entries: OrderedDict[tuple[str, str, int, int], None],
+              entry: tuple[str, str, int, int]) -> None:
+    """Add ``entry``, forgetting the oldest beyond ``REQUEUED_MEMORY`` (caller holds the
+    book's lock)."""
+    entries[entry] = None
+    if len(entries) > REQUEUED_MEMORY:
+        entries.popitem(last=False)
