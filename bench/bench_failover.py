@@ -81,9 +81,11 @@ def main() -> None:
     p.add_argument("--kinds", default=",".join(KINDS),
                    help=f"comma-separated, of: {', '.join(KINDS)}")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--log-level", default="WARNING",
+                   help="the brokers' log level (INFO: every takeover step, in logs/)")
     args = p.parse_args()
     plan = Plan(args.cycles, args.lease_s, tuple(k for k in args.kinds.split(",") if k),
-                args.seed, args.s3)
+                args.seed, args.s3, log_level=args.log_level)
     started = time.monotonic()
     result = run(plan, say=lambda line: print(line, flush=True))
     for line in report(plan, result, time.monotonic() - started):

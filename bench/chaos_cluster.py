@@ -67,8 +67,9 @@ class Cluster:
     ``topics``."""
 
     def __init__(self, root: Path, endpoint: str, bucket: str, lease_s: float,
-                 topics: list[str]) -> None:
+                 topics: list[str], log_level: str = "WARNING") -> None:
         self.root, self.endpoint, self.bucket, self.lease_s = root, endpoint, bucket, lease_s
+        self.log_level = log_level
         self.topics = topics
         self.brokers: dict[str, Broker] = {}
         self.tier = S3Provider(S3Settings(bucket=bucket, endpoint_url=endpoint,
@@ -96,7 +97,7 @@ class Cluster:
         settings = [*broker_settings(b.proxy.endpoint, self.bucket, b.name, self.lease_s),
                     f"server.port={b.port}"]
         try:
-            p = ServerProcess(b.data_dir, *settings)
+            p = ServerProcess(b.data_dir, *settings, log_level=self.log_level)
         except RuntimeError as exc:
             b.logs.append([str(exc)])
             raise

@@ -55,6 +55,7 @@ class Plan:
     settle_s: float = 30.0  # a second server of a topic is a violation after this
     drain_grace_s: float = 600.0  # used only while something is owed
     root: Path | None = None  # default: a new temporary directory
+    log_level: str = "WARNING"  # the brokers' (INFO shows every takeover step)
 
     @property
     def brokers(self) -> int:
@@ -102,7 +103,7 @@ def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
     else:
         endpoint = start_moto(BUCKET)
     topics = [f"t{i}" for i in range(plan.topics)]
-    cluster = Cluster(root, endpoint, BUCKET, plan.lease_s, topics)
+    cluster = Cluster(root, endpoint, BUCKET, plan.lease_s, topics, plan.log_level)
     workload: Workload | None = None
     try:
         for topic in topics:

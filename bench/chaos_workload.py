@@ -87,14 +87,22 @@ class Ledger:
             self.entries.extend(entries)
 
     def delivered(self, lease: str, m: pb.ReceivedMessage, start_ms: int,
-                  invisible_time_s: int) -> Delivery:
+                  invisible_time_s: int, via: str = "") -> Delivery:
         token, ok = parse_body(m.body)
         d = Delivery(lease, m.message_id, GROUP, m.topic, token, ok, start_ms, now_ms(),
                      invisible_time_s, m.delivery_attempt, "" if ok else repr(m.body[:60]))
         with self._lock:
             self.entries.append(d)
-            self.where[lease] = f"{m.queue_id}/{m.queue_offset} born {m.born_at_ms}"
+            self.where[lease] = (f"{m.queue_id}/{m.queue_offset} born {m.born_at_ms}"
+                                 f" via {via or '?'}")
         return d
+
+    def settled_via(self, leases: list[str], how: str, via: str) -> None:
+        """Evidence: which broker address (the client's owner of the topic after the
+        call) answered the ack or nack of ``leases``."""
+        with self._lock:
+            for lease in leases:
+                self.where[lease] = f"{self.where.get(lease, '?')}, {how} via {via}"
 
     def skip(self, lease: str) -> None:
         with self._lock:
@@ -279,7 +287,7 @@ class Workload:
                 lease = f"s{i}:{next(leases)}"
                 # a stream's lease ends when the stream does (given back at once): no
                 # lease bound is claimed for it (invisible time 0 in the ledger)
-                self.ledger.delivered(lease, m, now_ms(), 0)
+                self.ledger.delivered(lease, m, now_ms(), 0, self._owner(rc, topic))
                 if rng.random() < 0.1:
                     self.ledger.skip(lease)
                     continue
@@ -306,9 +314,10 @@ class Workload:
                     self._error(f"pop-{topic}", exc.code.name)
                     continue
                 acks, nacks = [], []
+                via = self._owner(rc, topic)
                 for m in got:
                     lease = f"q{i}:{next(leases)}"
-                    self.ledger.delivered(lease, m, start, POP_INVISIBLE_S)
+                    self.ledger.delivered(lease, m, start, POP_INVISIBLE_S, via)
                     r = rng.random()
                     if r < 0.1:
                         self.ledger.skip(lease)
@@ -318,6 +327,14 @@ class Workload:
                         acks.append((lease, m))
                 self._settle(rc, topic, acks, nacks)
 
+    @staticmethod
+    def _owner(rc: RoutedClient, topic: str) -> str:
+        """The address the client holds for ``topic``'s owner now (evidence only)."""
+        try:
+            return rc.directory.locate(topic)
+        except RpcError:
+            return "?"
+
     def _settle(self, rc: RoutedClient, topic: str, acks: list[tuple[str, pb.ReceivedMessage]],
                 nacks: list[tuple[str, pb.ReceivedMessage]]) -> None:
         try:
@@ -326,9 +343,13 @@ class Workload:
                 self.ledger.add(*[Release(lease, m.message_id, GROUP, start, 1000)
                                   for lease, m in nacks])
                 rc.nack(topic, GROUP, [m.receipt_handle for _, m in nacks], 1000)
+                self.ledger.settled_via([lease for lease, _ in nacks], "nack",
+                                        self._owner(rc, topic))
             if acks:
                 errors = rc.ack(topic, GROUP, [m.receipt_handle for _, m in acks])
                 at = now_ms()
+                self.ledger.settled_via([lease for lease, _ in acks], "ack",
+                                        self._owner(rc, topic))
                 self.ledger.add(*[AckOk(lease, m.message_id, GROUP, at)
                                   for (lease, m), e in zip(acks, errors, strict=True) if not e])
         except RpcError as exc:

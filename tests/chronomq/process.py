@@ -14,9 +14,10 @@ from typing import Any
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, *settings: str, nofile: int | None = None) -> None:
+    def __init__(self, data_dir: Path, *settings: str, nofile: int | None = None,
+                 log_level: str = "WARNING") -> None:
         """``nofile``: the server runs with RLIMIT_NOFILE set to it (soft and hard), as
-        under ``ulimit -n``."""
+        under ``ulimit -n``; ``log_level``: the server's ``--log-level``."""
         # The limit is set by a tiny Python that then execs the server, not by a
         # preexec_fn: with one, Popen forks (not vfork), gRPC's fork handlers restart its
         # poller in the child, and close_fds closes the poller's epoll fd under it, so the
@@ -26,7 +27,7 @@ class ServerProcess:
             sys.executable, "-c", "import os, resource, sys; resource.setrlimit("
             f"resource.RLIMIT_NOFILE, ({nofile}, {nofile})); "
             "os.execv(sys.argv[1], sys.argv[1:])"]
-        args = [*limit, sys.executable, "-m", "chronomq.cli", "serve", "--log-level", "WARNING",
+        args = [*limit, sys.executable, "-m", "chronomq.cli", "serve", "--log-level", log_level,
                 "--set", f"store.data_dir={data_dir}", "--set", "server.port=0",
                 "--set", "server.metrics_port=0", "--set", "console.port=0",
                 *[a for s in settings for a in ("--set", s)]]
