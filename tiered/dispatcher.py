@@ -27,9 +27,8 @@ the checkpoint, skipping queue offsets the tier has: nothing twice, nothing lost
 log reader of the store its checkpoint is ``rewind``-ed after a torn tail and guards local
 retention.
 
-Retention (``run_retention``) is by time, per topic (``tier_retention_ms``, else
-``tier.retention_ms``; 0 keeps forever): whole segments whose data is all older leave the
-metadata, it is persisted, then their objects are deleted.
+Retention (``run_retention``) is ``tiered.retention``'s: by time per topic, below their
+snapshots for the system streams.
 
 Locking: no lock is held across tier I/O.  ``_lock`` guards the queue map, what is
 pending, the counters and the checkpoint value (dictionary work only: Pop, Subscribe,
@@ -45,27 +44,25 @@ import dataclasses
 import fnmatch
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from store.clock import Clock
 from store.crashpoint import crashpoint
-from store.errors import StoreError
 from store.files import fsync_dir, write_atomic
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.names import DELAYED_STREAM, TIMER_STREAM, is_system_stream
 from store.store import MessageStore
 from tiered.config import TierConfig
 from tiered.durable import DurablePosition
-from tiered.errors import TierError
-from tiered.index import IndexFile, TieredIndex
+from tiered.health import TierStats, upload_lag
+from tiered.index import TieredIndex
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
 from tiered.recent import RecentRecords
+from tiered.retention import TierRetention
 from tiered.uploads import Mirror, await_uploads
 
 log = logging.getLogger(__name__)
@@ -74,25 +71,6 @@ READ_CHUNK = 4 << 20
 UPLOAD_THREADS = 16  # the uploader pool: every due queue's two objects go up at once
 RETRY_MIN_MS, RETRY_MAX_MS = 200, 5000  # back-off after a failed commit, doubling
 SYSTEM_SEGMENT_BYTES = 16 << 20  # the system streams' segments: what deletion frees at once
-_STORE_AT = struct.Struct(">Q")  # a record's store_at_ms, at byte 32 (store.message)
-
-
-@dataclass(frozen=True, slots=True)
-class TierStats:
-    position: int  # CommitLog offset below which everything is in the tier, readable by a mount
-    uploaded_records: int  # since start
-    uploaded_bytes: int  # records and entries
-    upload_batches: int  # committed queue batches
-    failed_uploads: int  # since start: batches, index files, metadata copies not taken
-    queues: int
-    index_files: int
-    expired_objects: int
-    reused_records: int  # taken as the store's dispatcher decoded them, not decoded again
-    damaged_objects: int = 0  # tier objects found short, missing or with a bad record
-    last_upload_ms: int = 0  # wall time of the last successful upload (0: none yet)
-    upload_lag_bytes: int = 0  # CommitLog confirmed offset - position
-    upload_lag_s: float = 0.0  # age of the oldest record not yet in the tier (0: caught up)
-    consecutive_failures: int = 0  # commits in a row with a failed upload (0: all went up)
 
 
 class TieredDispatcher:
@@ -109,13 +87,12 @@ class TieredDispatcher:
         self._uploader = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="tier-upload")
         self._lock = threading.Lock()  # short: queue map, pending, counters, checkpoint
         self._save_lock = threading.Lock()  # local metadata and checkpoint files, in order
-        self._retention_lock = threading.Lock()  # one retention pass at a time
         self._queues: dict[tuple[str, int], TieredQueue] = {}
         self._first_unsaved: dict[tuple[str, int], int] = {}  # queue -> commitlog offset
         self._since: dict[tuple[str, int], float] = {}  # queue -> when it began buffering
         self._mirror = Mirror(provider, self._uploader)  # metadata copies in the tier
         self._uploaded_records = self._uploaded_bytes = self._batches = 0
-        self._failed = self._expired = self._reused = 0
+        self._failed = self._reused = 0
         self._consecutive = self._last_upload_ms = 0
         self._retry_at_ms = 0.0  # monotonic: no commit before (back-off after a failure)
         self.index = TieredIndex(provider, broker, os.path.join(meta_dir, "index"), clock,
@@ -131,6 +108,7 @@ class TieredDispatcher:
         self.confirm_deletes: Callable[[], bool] = self.durable.confirm  # the lease held?
         # per system stream, the queue offset below which no takeover reads it any more
         self.system_floors: Callable[[], dict[str, int]] = dict
+        self.retention = TierRetention(self, provider, store.topics, config, clock)
 
     def open(self) -> None:
         """Load the queues' metadata and the checkpoint from local disk (every queue's
@@ -404,59 +382,25 @@ class TieredDispatcher:
 
     # ------------------------------------------------------------------ retention
 
-    def tier_retention_ms(self, topic: str) -> int:
-        t = self._store.topics.get(topic)
-        ttl = t.tier_retention_ms if t is not None else 0
-        return ttl or self.config.retention_ms
-
     def run_retention(self) -> int:
-        """Delete what is past each topic's tier retention; returns the objects deleted.
-        Never waits for an upload (see the module docstring); 0 at once when another pass
-        is running."""
-        if self.durable.fenced is not None or not self._retention_lock.acquire(blocking=False):
-            return 0
-        try:
-            doomed = self._expire(self._clock.now_ms())
-        finally:
-            self._retention_lock.release()
-        if doomed and not self.confirm_deletes():
-            return 0  # taken over (or not sure): the successor may read them, keep them
-        for path in doomed:  # after the metadata is persisted: a crash leaves orphans only
-            try:
-                self._provider.delete(path)
-            except TierError as exc:  # an orphan: costs space, never correctness
-                log.warning("could not delete expired %s: %s", path, exc)
-        if doomed:
-            log.info("tier retention deleted %d objects", len(doomed))
-        with self._lock:
-            self._expired += len(doomed)
-        return len(doomed)
+        """Delete what is past each topic's tier retention (``tiered.retention``); returns
+        the objects deleted."""
+        return self.retention.run()
 
-    def _expire(self, now: int) -> list[str]:
-        """Drop what is past retention from the metadata and persist it; returns the
-        object paths to delete."""
-        doomed: list[str] = []
-        with self._lock:
-            queues = list(self._queues.items())
-        floors = self.system_floors() if any(is_system_stream(q.topic) for _, q in queues) \
-            else {}
-        for key, q in queues:
-            if is_system_stream(q.topic):  # never by time: below their snapshots only
-                floor = floors.get(q.topic, 0)
-                paths = q.expire_below(floor) if floor > 0 else []
-            else:
-                ttl = self.tier_retention_ms(q.topic)
-                paths = q.expire_stored_before(now - ttl) if ttl > 0 else []
-            if paths:
-                with self._save_lock:
-                    if self.queue(*key) is q:  # else re-created meanwhile: orphans
-                        self._save_queue(q)
-                        doomed += paths
+    @property
+    def fenced(self) -> bool:
+        return self.durable.fenced is not None
 
-        def keep(f: IndexFile) -> bool:
-            ttls = [self.tier_retention_ms(topic) for topic, _, _ in f.queues]
-            return any(t <= 0 or f.end_ms >= now - t for t in ttls)
-        return doomed + self.index.expire(keep)
+    def queues(self) -> list[tuple[tuple[str, int], TieredQueue]]:
+        with self._lock:
+            return list(self._queues.items())
+
+    def save_if_current(self, key: tuple[str, int], q: TieredQueue) -> bool:
+        with self._save_lock:
+            if self.queue(*key) is not q:
+                return False
+            self._save_queue(q)
+            return True
 
     # ------------------------------------------------------------------ health
 
@@ -471,22 +415,11 @@ class TieredDispatcher:
             buffering = min(self._since.values(), default=None)  # the oldest batch's start
             stats = TierStats(checkpoint, self._uploaded_records, self._uploaded_bytes,
                               self._batches, self._failed, len(queues), len(self.index.files),
-                              self._expired, self._reused, last_upload_ms=self._last_upload_ms,
+                              self.retention.expired, self._reused,
+                              last_upload_ms=self._last_upload_ms,
                               consecutive_failures=self._consecutive)
-        position, lag_s = checkpoint, 0.0
-        if checkpoint < self._store.commitlog.confirmed_offset:
-            try:
-                head = self._store.commitlog.read(checkpoint, 32 + _STORE_AT.size)
-                lag_s = max(0.0, (self._clock.now_ms() - _STORE_AT.unpack_from(head, 32)[0])
-                            / 1000)
-            except (StoreError, OSError):  # passed meanwhile (a rewind, a roll): unknown
-                pass
-        if buffering is not None:  # a batch not up yet: at least its age (its first record
-            # may be unreadable here: a roll, or local retention after a copy was made)
-            lag_s = max(lag_s, (self._clock.monotonic_ms() - buffering) / 1000)
-        if floor is not None:  # (local retention may have taken the record at the floor)
-            position = min(position, floor[0])
-            lag_s = max(lag_s, (self._clock.monotonic_ms() - floor[1]) / 1000)
+        position, lag_s = upload_lag(self._store.commitlog, checkpoint, buffering, floor,
+                                     self._clock)
         lag_bytes = self._store.commitlog.confirmed_offset - position
         return dataclasses.replace(stats, position=position, upload_lag_bytes=max(0, lag_bytes),
                                    upload_lag_s=lag_s,
