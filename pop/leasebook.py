@@ -361,10 +361,14 @@ class LeaseBook:
     # ---------------------------------------------------------------- settling
 
     def ack(self, group: str, handles: list[ReceiptHandle | None]) -> Acked:
-        """Mark the handles' entries done, one write per user topic (not waited for)."""
+        """Mark the handles' entries done, one write per user topic (not waited for).
+        An entry acked before (an ack again, as a client retries one that failed) gets
+        the latest write's ticket: its OK waits for the first ack's write to be as
+        durable as that one's OK would have (and for the fencing check)."""
         errors: list[ChronomqError | None] = [None] * len(handles)
         retired: list[Deadline] = []
         ticket = 0
+        again = False
         for origin, items in by_origin(handles).items():
             ops: Ops = {}
             acked = 0
@@ -375,7 +379,9 @@ class LeaseBook:
                     except ChronomqError as exc:
                         errors[n] = exc
                         continue
-                    if ck is not None:
+                    if ck is None:
+                        again = True
+                    else:
                         ck.mark(i)
                         acked += 1
                         retired += self._finish(group, h.topic, h.queue_id, ck, ops)
@@ -385,6 +391,8 @@ class LeaseBook:
                 ticket = self._write_ops(ops) or ticket
             with self._lock:
                 self._acked += acked
+        if again:
+            ticket = max(ticket, self.last_ticket)
         return Acked(errors, ticket, retired)
 
     def change_invisible_time(self, group: str, h: ReceiptHandle, expire_at_ms: int) -> int:

@@ -63,7 +63,7 @@ class LeaseJournal:
         self._journal: StateJournal | None = None
         self._lock = threading.Lock()
         self._journaled: OrderedDict[int, Future[Any]] = OrderedDict()  # ticket -> record
-        self.last_ticket = 0  # the latest write's (a Nack waits for it with durable-ack)
+        self.last_ticket = 0  # the latest write's (what a Nack, or an ack again, waits for)
         self.snapshot_entries = 0  # the book's entries in the latest snapshot
 
     def attach(self, journal: StateJournal) -> list[Future[Any]]:
@@ -107,7 +107,10 @@ class LeaseJournal:
             return 0
         journal = self._journal
         if journal is None or not journal.enabled:
-            return self._commit.write(puts, deletes)
+            ticket = self._commit.write(puts, deletes)
+            with self._lock:
+                self.last_ticket = max(self.last_ticket, ticket)
+            return ticket
         body = encode_ops(puts, deletes)
         with journal.ordered:
             ticket = self._commit.write(puts, deletes)
