@@ -36,7 +36,6 @@ from typing import Any, Literal, NamedTuple
 from pop.checkpoint import (
     PopCheckpoint,
     checkpoint_key,
-    decode_checkpoint,
     decode_offset,
     encode_checkpoint,
     encode_offset,
@@ -59,6 +58,7 @@ from pop.model import (
     Requeue,
     by_origin,
     check_group,
+    leases_from_keys,
     origin_of,
     retry_topic,
 )
@@ -121,21 +121,9 @@ class LeaseBook:
 
     def _load(self) -> None:
         """Load every position and open lease from the POP RocksDB."""
-        offsets = {parse_key(k)[:3]: decode_offset(v) for k, v in self._kv.scan(b"o")}
-        popped = {parse_key(k)[:3]: decode_offset(v) for k, v in self._kv.scan(b"p")}
-        for k, v in self._kv.scan(b"c"):
-            group, topic, qid, start = parse_key(k)
-            assert start is not None
-            ck = decode_checkpoint(start, v)
-            leases = self._leases.get((group, topic, qid))
-            if leases is None:
-                ack = offsets.get((group, topic, qid), ck.ck_start)
-                leases = self._leases[(group, topic, qid)] = QueueLeases(ack, ack)
-            leases.checkpoints[ck.ck_start] = ck
-            leases.pop_offset = max(leases.pop_offset, ck.end)
-        for key, leases in self._leases.items():
-            leases.pop_offset = max(leases.pop_offset, popped.get(key, 0))
-        for group, topic, _ in list(self._leases) + list(offsets):
+        self._leases, queues = leases_from_keys(
+            kv for kind in (b"o", b"p", b"c") for kv in self._kv.scan(kind))
+        for group, topic, _ in queues:
             self.lock(group, origin_of(topic))  # known to statistics
 
     def adopt(self, items: dict[bytes, bytes]) -> tuple[list[Deadline], set[str]]:
@@ -151,30 +139,19 @@ class LeaseBook:
         if not taken:
             return [], set()
         self.wait(self.write(taken))
+        adopted, queues = leases_from_keys(taken)
         deadlines: list[Deadline] = []
-        groups: set[str] = set()
-        offsets = dict(taken)
-        for k, v in taken:
-            group, topic, qid, start = parse_key(k)
-            groups.add(group)
-            with self.lock(group, origin_of(topic)):
-                if start is None:
-                    continue
-                ck = decode_checkpoint(start, v)
-                leases = self._leases.get((group, topic, qid))
-                if leases is None:
-                    raw = offsets.get(offset_key(group, topic, qid))
-                    ack = decode_offset(raw) if raw else ck.ck_start
-                    leases = QueueLeases(ack, ack)
-                    with self._lock:
-                        self._leases[(group, topic, qid)] = leases
-                leases.checkpoints[ck.ck_start] = ck
-                leases.pop_offset = max(leases.pop_offset, ck.end)
-                raw = offsets.get(pop_offset_key(group, topic, qid))
-                if raw:
-                    leases.pop_offset = max(leases.pop_offset, decode_offset(raw))
-                deadlines += [(group, topic, qid, ck.ck_start, e) for e in ck.deadlines()]
-        return deadlines, groups
+        for (group, topic, qid), leases in adopted.items():
+            with self.lock(group, origin_of(topic)), self._lock:
+                have = self._leases.setdefault((group, topic, qid), leases)
+                if have is not leases:  # a Pop met the queue meanwhile (from its keys)
+                    have.checkpoints.update(leases.checkpoints)
+                    have.pop_offset = max(have.pop_offset, leases.pop_offset)
+            deadlines += [(group, topic, qid, ck.ck_start, e)
+                          for ck in leases.checkpoints.values() for e in ck.deadlines()]
+        for group, topic, _ in queues:
+            self.lock(group, origin_of(topic))
+        return deadlines, {group for group, _, _ in queues}
 
     def deadlines(self) -> list[Deadline]:
         """The deadlines of every open lease (to schedule at start: a lease whose

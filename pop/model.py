@@ -8,11 +8,11 @@ from either (``origin_of``).  Immutable data and pure functions only: thread-saf
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from pop.checkpoint import PopCheckpoint
+from pop.checkpoint import PopCheckpoint, decode_checkpoint, decode_offset, parse_key
 from pop.handle import ReceiptHandle
 from store.errors import FailedPrecondition, InvalidArgument
 from store.message import Message
@@ -34,6 +34,7 @@ PROP_DLQ_GROUP = "chronomq.dlq.group"
 PROP_ORIGIN_TOPIC = "chronomq.origin_topic"
 
 Deadline = tuple[str, str, int, int, int]  # group, leased topic, queue, ck_start, expire_at
+LeaseQueue = tuple[str, str, int]  # group, leased topic, queue
 
 
 def retry_topic(group: str, topic: str) -> str:
@@ -122,6 +123,39 @@ class QueueLeases:
     ack_offset: int
     pop_offset: int
     checkpoints: dict[int, PopCheckpoint] = field(default_factory=dict)
+
+
+def leases_from_keys(items: Iterable[tuple[bytes, bytes]]
+                     ) -> tuple[dict[LeaseQueue, QueueLeases], set[LeaseQueue]]:
+    """The lease state of every queue with an open checkpoint among POP RocksDB keys
+    (``pop.checkpoint``: ``o`` ack offsets, ``p`` pop offsets, ``c`` checkpoints; other
+    keys ignored), and every queue the keys name.  A queue without its ``o`` key acks
+    from its oldest checkpoint; the pop offset is past every checkpoint."""
+    offsets: dict[LeaseQueue, int] = {}
+    popped: dict[LeaseQueue, int] = {}
+    checkpoints: list[tuple[LeaseQueue, PopCheckpoint]] = []
+    for k, v in items:
+        kind = k[:1]
+        if kind not in (b"o", b"p", b"c"):
+            continue
+        group, topic, qid, start = parse_key(k)
+        if kind == b"o":
+            offsets[(group, topic, qid)] = decode_offset(v)
+        elif kind == b"p":
+            popped[(group, topic, qid)] = decode_offset(v)
+        elif start is not None:
+            checkpoints.append(((group, topic, qid), decode_checkpoint(start, v)))
+    out: dict[LeaseQueue, QueueLeases] = {}
+    for key, ck in checkpoints:
+        leases = out.get(key)
+        if leases is None:
+            ack = offsets.get(key, ck.ck_start)
+            leases = out[key] = QueueLeases(ack, ack)
+        leases.checkpoints[ck.ck_start] = ck
+        leases.pop_offset = max(leases.pop_offset, ck.end)
+    for key, leases in out.items():
+        leases.pop_offset = max(leases.pop_offset, popped.get(key, 0))
+    return out, {*offsets, *popped, *out}
 
 
 class PoppedMessage(NamedTuple):
