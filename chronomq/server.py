@@ -65,7 +65,10 @@ def _grpc_server(workers: int, thread_prefix: str, max_rpcs: int) -> grpc.Server
         maximum_concurrent_rpcs=max_rpcs,
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                 ("grpc.so_reuseport", 0)])
+                 ("grpc.so_reuseport", 0),
+                 # clients ping open calls to notice a paused or lost broker
+                 # (``ChronomqClient`` keepalive_s): allowed every second, with no data
+                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000)])
 
 
 class BrokerServer:

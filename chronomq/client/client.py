@@ -83,11 +83,26 @@ def _outcomes(response: pb.SendResponse) -> list[SendOutcome]:
     return out
 
 
+KEEPALIVE_S = 10.0  # the broker lets pings come every second (``chronomq.server``)
+
+
 class ChronomqClient:
     def __init__(self, target: str = "127.0.0.1:7600", token: str = "",
-                 tls_ca_file: str = "", timeout_s: float = 30.0) -> None:
+                 tls_ca_file: str = "", timeout_s: float = 30.0,
+                 keepalive_s: float = KEEPALIVE_S) -> None:
+        """``keepalive_s``: while a call is open, ping the broker after this long without
+        a frame from it; no answer within as long again (at most 10 s) breaks the call
+        with UNAVAILABLE (a paused or lost broker never closes its socket; 0: no pings)."""
         options = [("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.max_send_message_length", 64 << 20)]
+        if keepalive_s > 0:
+            ms = max(1000, int(keepalive_s * 1000))
+            options += [("grpc.keepalive_time_ms", ms),
+                        ("grpc.keepalive_timeout_ms", min(ms, 10_000)),
+                        # any ping in flight, not only the keepalive's (its default: 60 s)
+                        ("grpc.http2.ping_timeout_ms", min(ms, 10_000)),
+                        ("grpc.keepalive_permit_without_calls", 0),
+                        ("grpc.http2.max_pings_without_data", 0)]
         if tls_ca_file:
             with open(tls_ca_file, "rb") as f:
                 creds = grpc.ssl_channel_credentials(f.read())
