@@ -269,8 +269,9 @@ class LeaseBook:
 
     def lease_of(self, group: str, h: ReceiptHandle) -> tuple[PopCheckpoint | None, int]:
         """The checkpoint holding ``h`` (None once it is done) and the entry's index;
-        raises for a handle that does not match or was superseded.  Caller holds the
-        lock."""
+        raises for a handle that does not match or was superseded, or whose open entry
+        is past its deadline now (the revive takes it; an ack of it must not be OK).
+        Caller holds the lock."""
         ck = self._queue(group, h.topic, h.queue_id).checkpoints.get(h.ck_start)
         if (group, h.topic, h.queue_id, h.queue_offset) in self._requeued:
             raise AlreadyRequeued("the message was already released for redelivery (Nack, "
@@ -289,6 +290,11 @@ class LeaseBook:
                                    "use the handle it returned")
         if ck.is_acked(i):
             return None, i
+        if self._clock.now_ms() >= h.expire_at_ms:  # checked before its deadline, reached
+            # after it (it waited for the lock): the revive has the entry, maybe copying it
+            raise ReceiptHandleExpired(
+                f"receipt handle expired at {h.expire_at_ms} while the request waited: the "
+                "lease ran out and the message may have been redelivered")
         return ck, i
 
     # ---------------------------------------------------------------- Pop

@@ -187,7 +187,9 @@ class Requeuer:
                 reqs = [r for r, h in zip(reqs, here, strict=True) if h]
                 if not reqs:
                     continue
-            # handles of these entries are expired: nothing else touches them meanwhile
+            # handles of these entries are expired: nothing else settles them meanwhile (a
+            # request that checked one before the deadline is refused under the lock:
+            # ``LeaseBook.lease_of``)
             try:
                 lost = self._source.fill(reqs)
                 if lost:  # nothing to copy: done, or the lease would revive forever
