@@ -30,8 +30,7 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Container
-from concurrent.futures import Future
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from pop.checkpoint import (
     PopCheckpoint,
@@ -67,7 +66,6 @@ from store.clock import Clock
 from store.errors import ChronomqError, InvalidArgument
 from store.kv import KV, GroupCommit
 from store.store import MessageStore
-from tiered.journal import StateJournal
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +96,8 @@ class LeaseBook:
         self._store = store
         self._kv = kv
         self._commit = GroupCommit(kv)  # leases, acks and deadlines: durable before OK
-        self._log = LeaseJournal(kv, self._commit)  # the same writes in the journal
+        # the same writes in the journal (``attach`` one), its snapshots and the fence
+        self.journal = LeaseJournal(kv, self._commit)
         self._handles = HandleCodec(secret)
         self._clock = clock
         self._source = source
@@ -187,41 +186,16 @@ class LeaseBook:
 
     # ---------------------------------------------------------------- durability
 
-    def set_journal(self, journal: StateJournal) -> list[Future[Any]]:
-        """Journal every write from now on (``pop.leasejournal``).  Once, after the
-        store opened.  Returns the futures of the snapshot written first."""
-        return self._log.attach(journal)
-
-    @property
-    def journal_log(self) -> LeaseJournal:
-        """The book's writes in the journal, and its snapshots there."""
-        return self._log
-
     def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes] | None = None
               ) -> int:
         """Apply writes without a sync; the ticket to ``wait`` for (0: nothing written).
         With a journal, the same writes go to it in the same order."""
-        return self._log.write(puts, deletes or [])
+        return self.journal.write(puts, deletes or [])
 
     def wait(self, ticket: int) -> None:
         """Return once the write of ``ticket`` is durable (with durable-ack: in the tier
         too), then the fencing check."""
-        self._log.wait(ticket)
-
-    @property
-    def last_ticket(self) -> int:
-        return self._log.last_ticket
-
-    @property
-    def durable_ack(self) -> bool:
-        return self._log.durable_ack
-
-    def check_fence(self) -> None:
-        """Raise while this broker may answer no OK (``cluster.lease``)."""
-        self._log.check()
-
-    def may_change(self) -> bool:
-        return self._log.may_change()
+        self.journal.wait(ticket)
 
     def _write_ops(self, ops: Ops) -> int:
         return self.write([(k, v) for k, v in ops.items() if v is not None],
@@ -375,7 +349,7 @@ class LeaseBook:
             with self._lock:
                 self._acked += acked
         if again:
-            ticket = max(ticket, self.last_ticket)
+            ticket = max(ticket, self.journal.last_ticket)
         return Acked(errors, ticket, retired)
 
     def change_invisible_time(self, group: str, h: ReceiptHandle, expire_at_ms: int) -> int:

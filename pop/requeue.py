@@ -232,7 +232,7 @@ class Requeuer:
     def _run(self) -> None:
         while self._schedule.wait_due():
             try:
-                if not self._book.may_change():  # fenced (cluster.lease): a broker taking
+                if not self._book.journal.may_change():  # fenced (cluster.lease): a broker taking
                     self._schedule.pause(1.0)  # over may revive these leases
                     continue
                 self.revive_due()

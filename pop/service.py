@@ -124,7 +124,7 @@ class PopService:
     def set_journal(self, journal: StateJournal) -> list[Future[Any]]:
         """Journal every change of the lease book (``tiered.journal``); returns the
         futures of the snapshot written first (``pop.leasejournal``)."""
-        return self._book.set_journal(journal)
+        return self._book.journal.attach(journal)
 
     def journal_snapshots(self, journal: StateJournal, every: int,
                           tier_position: Callable[[], int],
@@ -132,7 +132,7 @@ class PopService:
                           every_s: float = 0.0,
                           monotonic_ms: Callable[[], float] | None = None) -> Snapshots:
         """Snapshots of the lease book in the journal, pointed at in the tier."""
-        return Snapshots(self._book.journal_log, journal, every, tier_position, publish,
+        return Snapshots(self._book.journal, journal, every, tier_position, publish,
                          broker, every_s, monotonic_ms)
 
     def adopt(self, items: dict[bytes, bytes]) -> set[str]:
@@ -169,9 +169,9 @@ class PopService:
     def _settled(self) -> None:
         """Before a Nack or DeadLetter answers: with durable-ack, its copies and marks
         in the tier (the latest write's record covers them); the fencing check."""
-        if self._book.durable_ack:
-            self._book.wait(self._book.last_ticket)
-        self._book.check_fence()
+        if self._book.journal.durable_ack:
+            self._book.wait(self._book.journal.last_ticket)
+        self._book.journal.check()
 
     def dead_letter_many(self, group: str, items: list[tuple[str, str]]
                          ) -> list[ChronomqError | None]:

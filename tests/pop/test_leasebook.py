@@ -114,7 +114,7 @@ def test_an_ack_closes_the_lease_and_returns_its_deadline(parts: Parts) -> None:
     again = parts.book.ack("G", decoded)  # idempotent: nothing more to write or close,
     # and its OK waits for the write that acked them (the latest: nothing new written)
     assert (again.errors, again.ticket, again.retired) == ([None] * 3, done.ticket, [])
-    assert parts.book.last_ticket == done.ticket
+    assert parts.book.journal.last_ticket == done.ticket
     assert parts.book.statistics().acked == 3
     _reopen(parts)  # the ack offset moved past the lease, durably
     assert parts.book.deadlines() == []
