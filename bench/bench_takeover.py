@@ -25,6 +25,7 @@ tier) against its live state.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import random
 import shutil
@@ -222,6 +223,10 @@ def main() -> None:
         print(f"  journal: {stats.get('takeover.a.journal_records', 0):,.0f} records replayed "
               f"in {stats.get('takeover.a.journal_seconds', 0):.2f} s (before sends are "
               "accepted)")
+        record = root / "b" / "takeovers" / "a.json"
+        if record.exists():  # the takeover's own seconds per step
+            phases = json.loads(record.read_text()).get("phases", {})
+            print("  steps: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
         print(f"  pending check: sent {sent}, scheduled {r.pending}; on B's timer: "
               f"{stats.get('timer.pending_rocksdb', 0):.0f} in RocksDB (estimate), "
               f"{stats.get('timer.flat_objects', 0):.0f} TimerFlatFile objects")
