@@ -220,41 +220,18 @@ class Takeover:
             b.pop.tier = b.mount_reader
         origins = self._adopt(departed, mounted, state)  # the taken queues readable, then:
         phases.mark("backlog")
-        # the journal's replay, and the first resends' lookups indexed before any send:
-        # both read many small objects of the departed broker's, at once
-        with ThreadPoolExecutor(1, "takeover-ids") as pool:
-            warming = pool.submit(self.ids.warm, b.clock.now_ms())
-            journal = replay(self._b.tier, mounted)
-            phases.mark("journal")
+        # the first resends' lookups indexed before sends are accepted, while the journal
+        # replays and the topics are made (a send that comes sooner waits for the index:
+        # ``MountedBroker``'s lock): both read many small objects of the departed broker's
+        warmer = ThreadPoolExecutor(1, "takeover-ids")
+        try:
+            warming = warmer.submit(self.ids.warm, b.clock.now_ms())
+            groups, journal = self._positions(departed, mounted, taken, origins, catalogue,
+                                              ends, phases)
             warming.result()
-        phases.mark("ids")  # (what indexing took beyond the replay)
-        # positions before topics: no Pop here may start a taken queue from its low mark
-        groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
-                              if origin_of(_topic_of(k)) in taken})
-        self._accept_handles(origins)  # only now: the leases they name are here
-        phases.mark("positions")
-        crashpoint("takeover.after_positions")
-        def create(topic: str) -> None:
-            count = taken[topic]
-            settings = catalogue.get(topic, Topic(topic, count))
-            count = max([count, *(q + 1 for q in ends.get(topic, {}))])
-            b.store.create_topic_at(
-                Topic(topic, count, settings.retention_ms, settings.retention_bytes,
-                      tier_retention_ms=settings.tier_retention_ms),
-                ends.get(topic, {}), system=split_broker_made(topic) is not None)
-        # topics apart from each other at once: their creations share the topic log's
-        # fsyncs, and the owner records' reads and writes overlap (one round trip each)
-        with ThreadPoolExecutor(PARALLEL_TOPICS, "takeover-topics") as pool:
-            list(pool.map(create, sorted(taken)))
-            b.publish_topics()
-            phases.mark("topics")
-            crashpoint("takeover.after_topics")
-            owners = b.owners
-            if owners is not None:
-                now = b.clock.now_ms()
-                list(pool.map(lambda t: owners.take_over(t, departed, now),
-                              [t for t in sorted(taken) if is_name(t)]))
-        phases.mark("owners")
+        finally:
+            warmer.shutdown(wait=True)
+        phases.mark("ids")  # (what indexing took beyond the rest)
         accepting = time.monotonic() - started
         crashpoint("takeover.after_owners")
         result = TakeoverResult(departed, sorted(taken), 0, len(groups), 0.0, accepting,
@@ -292,6 +269,44 @@ class Takeover:
         log.info("took over %s: it had nothing in the tier", departed)
         result = self.results[departed] = TakeoverResult(departed, done=True)
         return result
+
+    def _positions(self, departed: str, mounted: MountedBroker, taken: dict[str, int],
+                   origins: list[MountedBroker], catalogue: dict[str, Topic],
+                   ends: dict[str, dict[int, int]], phases: _Phases
+                   ) -> tuple[set[str], JournalState]:
+        """Replay the departed broker's journal, adopt its groups' positions and leases,
+        create the taken topics and own them: what sends and Pops need here."""
+        b = self._b
+        journal = replay(b.tier, mounted)
+        phases.mark("journal")
+        # positions before topics: no Pop here may start a taken queue from its low mark
+        groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
+                              if origin_of(_topic_of(k)) in taken})
+        self._accept_handles(origins)  # only now: the leases they name are here
+        phases.mark("positions")
+        crashpoint("takeover.after_positions")
+        def create(topic: str) -> None:
+            count = taken[topic]
+            settings = catalogue.get(topic, Topic(topic, count))
+            count = max([count, *(q + 1 for q in ends.get(topic, {}))])
+            b.store.create_topic_at(
+                Topic(topic, count, settings.retention_ms, settings.retention_bytes,
+                      tier_retention_ms=settings.tier_retention_ms),
+                ends.get(topic, {}), system=split_broker_made(topic) is not None)
+        # topics apart from each other at once: their creations share the topic log's
+        # fsyncs, and the owner records' reads and writes overlap (one round trip each)
+        with ThreadPoolExecutor(PARALLEL_TOPICS, "takeover-topics") as pool:
+            list(pool.map(create, sorted(taken)))
+            b.publish_topics()
+            phases.mark("topics")
+            crashpoint("takeover.after_topics")
+            owners = b.owners
+            if owners is not None:
+                now = b.clock.now_ms()
+                list(pool.map(lambda t: owners.take_over(t, departed, now),
+                              [t for t in sorted(taken) if is_name(t)]))
+        phases.mark("owners")
+        return groups, journal
 
     def _adopt(self, departed: str, mounted: MountedBroker, state: dict[str, Any]
                ) -> list[MountedBroker]:
