@@ -223,14 +223,11 @@ class Takeover:
         # the first resends' lookups indexed before sends are accepted, while the journal
         # replays and the topics are made (a send that comes sooner waits for the index:
         # ``MountedBroker``'s lock): both read many small objects of the departed broker's
-        warmer = ThreadPoolExecutor(1, "takeover-ids")
-        try:
+        with ThreadPoolExecutor(1, "takeover-ids") as warmer:
             warming = warmer.submit(self.ids.warm, b.clock.now_ms())
             groups, journal = self._positions(departed, mounted, taken, origins, catalogue,
                                               ends, phases)
             warming.result()
-        finally:
-            warmer.shutdown(wait=True)
         phases.mark("ids")  # (what indexing took beyond the rest)
         accepting = time.monotonic() - started
         crashpoint("takeover.after_owners")
