@@ -16,16 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from chronomq.broker import Broker
-from chronomq.config import BrokerConfig
-from cluster.lease import claim
 from store.clock import ManualClock
-from store.errors import FailedPrecondition, Unavailable
 from store.message import Draft
-from store.store import StoreConfig
-from store.topics import Topic
-from tests.chronomq.test_duplicate_durability import LEASE_S, Env
-from tiered.config import TierConfig
+from tests.chronomq.test_duplicate_durability import Env, leased_broker, lose_the_lease
 from tiered.errors import TierUnavailable
 
 
@@ -60,31 +53,14 @@ def test_an_ack_again_passes_the_fence(tmp_path: Path, fence: str) -> None:
     # Given a broker holding its lease (tier.failover, durable-ack), a message leased and
     # acked OK
     clock = ManualClock()
-    tier = TierConfig(provider="memory", upload=True, durable_ack=True, durable_ack_ms=1,
-                      claim_topics=True, failover=True, lease_s=LEASE_S)
-    broker = Broker(BrokerConfig(store=StoreConfig(str(tmp_path / "data")), tier=tier), clock)
-    broker.open()
-    broker.start(timer_thread=False)
-    assert broker.tiered is not None
-    broker.tiered.start()
-    try:
-        broker.start_failover("127.0.0.1:1", "")
-        assert broker.lease is not None
-        broker.create_topic(Topic("t", 1))
+    with leased_broker(tmp_path, clock) as broker:
         now = clock.now_ms()
         broker.stored(broker.submit([Draft("m", "t", "", "", b"body", b"", now, now, 0, 0)],
                                     now))
         (got,) = broker.pop.pop("t", "g", 1, 600)
         assert broker.pop.ack_many("g", [got.receipt_handle]) == [None]
         # When the broker may answer no OK any more
-        if fence == "taken-over":
-            assert claim(broker.tier, "broker-0", "broker-1", clock.now_ms()) == "broker-1"
-            assert not broker.lease.renew()  # it finds the claim
-        else:
-            clock.advance(LEASE_S * 1000)  # no renewal came in time
+        refused = lose_the_lease(broker, clock, fence)
         # Then an ack again is refused like any change, not answered OK
-        refused = FailedPrecondition if fence == "taken-over" else Unavailable
         with pytest.raises(refused):
             broker.pop.ack_many("g", [got.receipt_handle])
-    finally:
-        broker.stop()

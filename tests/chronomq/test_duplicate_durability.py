@@ -9,6 +9,7 @@ Real parts: brokers with RocksDB, a CommitLog and a tier (in memory, its writes 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -103,6 +104,39 @@ class Env:
         self.broker.stop()
 
 
+@contextmanager
+def leased_broker(root: Path, clock: ManualClock) -> Iterator[Broker]:
+    """A durable-ack broker holding its lease in the tier (``tier.failover``, renewed by
+    hand: none comes while a test runs), with a topic ``t``; stopped after."""
+    tier = TierConfig(provider="memory", upload=True, durable_ack=True, durable_ack_ms=1,
+                      claim_topics=True, failover=True, lease_s=LEASE_S)
+    broker = Broker(BrokerConfig(store=StoreConfig(str(root / "data")), tier=tier), clock)
+    broker.open()
+    broker.start(timer_thread=False)
+    assert broker.tiered is not None
+    broker.tiered.start()
+    try:
+        broker.start_failover("127.0.0.1:1", "")
+        assert broker.lease is not None
+        broker.create_topic(Topic("t", 1))
+        yield broker
+    finally:
+        broker.stop()
+
+
+def lose_the_lease(broker: Broker, clock: ManualClock, how: str) -> type[Exception]:
+    """Make ``broker`` unable to answer OK: ``taken-over`` (another broker claims it and
+    its next renewal finds the claim) or ``lease-lapsed`` (no renewal in time).  Returns
+    the error a change gets from then on."""
+    assert broker.lease is not None
+    if how == "taken-over":
+        assert claim(broker.tier, "broker-0", "broker-1", clock.now_ms()) == "broker-1"
+        assert not broker.lease.renew()  # it finds the claim
+        return FailedPrecondition
+    clock.advance(LEASE_S * 1000)  # no renewal came in time
+    return Unavailable
+
+
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
     e = Env(tmp_path, monkeypatch)
@@ -136,36 +170,19 @@ def test_a_resend_is_not_ok_while_the_tier_lacks_the_original(env: Env,
 def test_a_duplicate_passes_the_fence(tmp_path: Path, fence: str) -> None:
     # Given a broker holding its lease in the tier (tier.failover), an id sent OK
     clock = ManualClock()
-    tier = TierConfig(provider="memory", upload=True, durable_ack=True, durable_ack_ms=1,
-                      claim_topics=True, failover=True, lease_s=LEASE_S)
-    broker = Broker(BrokerConfig(store=StoreConfig(str(tmp_path / "data")), tier=tier), clock)
-    broker.open()
-    broker.start(timer_thread=False)
-    assert broker.tiered is not None
-    broker.tiered.start()
-    try:
-        broker.start_failover("127.0.0.1:1", "")
-        assert broker.lease is not None
-        broker.create_topic(Topic("t", 1))
+    with leased_broker(tmp_path, clock) as broker:
         now = clock.now_ms()
         draft = Draft(MID, "t", "", "", b"body", b"", now, now, 0, 0)
         first = broker.submit([draft], now)
         broker.stored(first)
         assert first.duplicate == [False]
         # When the broker may answer no OK any more
-        if fence == "taken-over":
-            assert claim(broker.tier, "broker-0", "broker-1", clock.now_ms()) == "broker-1"
-            assert not broker.lease.renew()  # it finds the claim
-        else:
-            clock.advance(LEASE_S * 1000)  # no renewal came in time
-        refused = FailedPrecondition if fence == "taken-over" else Unavailable
+        refused = lose_the_lease(broker, clock, fence)
         # Then the resend is refused like any change, not answered OK-duplicate
         again = broker.submit([draft], clock.now_ms())
         assert again.duplicate == [True]
         with pytest.raises(refused):
             broker.stored(again)
-    finally:
-        broker.stop()
 
 
 def test_a_duplicate_of_a_broker_taken_over_is_refused_over_grpc(tmp_path: Path) -> None:
