@@ -46,6 +46,9 @@ LABELS: dict[str, str] = {
     "timer_snapshot.after_parts": "a timer snapshot's parts written, no residual, no pointer",
     "timer_snapshot.after_pointer": "a timer snapshot pointed at, older snapshots still there",
     "timer_snapshot.before_delete": "the lease confirmed, older timer snapshots not yet deleted",
+    "tier_retention.after_metadata": "segments below retention or a floor gone from the tier "
+                                     "queues' metadata, their objects not yet deleted",
+    "tier_retention.mid_delete": "the lease confirmed, some of the doomed objects deleted",
     "takeover.after_claim": "a takeover won (the departed lease's taken_by), nothing taken yet",
     "takeover.after_positions": "the departed broker's positions and leases written here",
     "takeover.after_topics": "its topics created here, continuing its offsets",

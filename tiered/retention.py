@@ -11,7 +11,8 @@ them any more.
 Order of durable steps: the metadata without the segments first, then the deletes, and
 those only while the broker still holds its lease (``confirm_deletes``): a crash between
 the two leaves orphan objects (space, never correctness); a broker taken over deletes
-nothing its successor may read.  One pass at a time; a pass never waits for an upload
+nothing its successor may read.  Named crash points: ``tier_retention.after_metadata``,
+``tier_retention.mid_delete``.  One pass at a time; a pass never waits for an upload
 (the dispatcher's locks are held for dictionary work only).
 """
 
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from store.clock import Clock
+from store.crashpoint import crashpoint
 from store.names import is_system_stream
 from store.topics import TopicCatalogue
 from tiered.config import TierConfig
@@ -79,15 +81,19 @@ class TierRetention:
             doomed = self._expire(self._clock.now_ms())
         finally:
             self._lock.release()
-        if doomed and not self._uploads.confirm_deletes():
+        if not doomed:
+            return 0
+        crashpoint("tier_retention.after_metadata")
+        if not self._uploads.confirm_deletes():
             return 0  # taken over (or not sure): the successor may read them, keep them
-        for path in doomed:  # after the metadata is persisted: a crash leaves orphans only
+        for i, path in enumerate(doomed):  # after the metadata: a crash leaves orphans only
             try:
                 self._provider.delete(path)
             except TierError as exc:  # an orphan: costs space, never correctness
                 log.warning("could not delete expired %s: %s", path, exc)
-        if doomed:
-            log.info("tier retention deleted %d objects", len(doomed))
+            if i == 0:
+                crashpoint("tier_retention.mid_delete")
+        log.info("tier retention deleted %d objects", len(doomed))
         self.expired += len(doomed)
         return len(doomed)
 
