@@ -32,8 +32,13 @@ It is put in the tier (``<me>/takeovers/<departed>.json``, field ``timers``) and
 this broker reads it: what this broker adopted is what the manifest names, less what
 this broker's own journal says it delivered, cancelled or moved since (by adopted
 offset), and it adopts those again under the same offsets.  Nothing of the adopted set
-goes into this broker's delayed stream or timer snapshot parts (the snapshot's residual
-keeps the adopted offsets its journal named, ``cluster.timersnapshot``).
+goes into this broker's delayed stream; once the takeover is done, this broker's next
+timer snapshot folds the set into its parts under the adopted offsets and names the
+manifest (its digest, ``manifest_digest``) as folded (``chronomq.compaction``): from
+then on a takeover of this broker reads the set there and no longer the tiers of the
+brokers the manifest names (``brokers_of`` still names them for their TimerFlatFiles).
+Messages found delivered (``_Delivered``) are journaled done here, so the fold leaves
+them out.
 
 Not here: the adopted messages are not in this broker's key index, so while pending
 QueryMessages and the console find them by id through the timer only (not by key).
@@ -51,18 +56,20 @@ Thread-safety: runs on the takeover's thread; ``Takeover.run`` runs one at a tim
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import struct
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from chronomq.handover import CLOCK_SLACK_MS
 from cluster.delivered import DeliveredCopies
 from cluster.layout import chain_prefix
 from cluster.replay import stream
-from cluster.timersnapshot import decode_pointer, read_part, read_residual
+from cluster.timersnapshot import Pointer, decode_pointer, read_part, read_residual
 from store.errors import FailedPrecondition
 from store.message import FLAG_DELAYED, decode_record
 from store.names import DELAYED_STREAM, TIMER_STREAM, is_name, split_broker_made
@@ -72,6 +79,7 @@ from tiered.journal import JournalState
 from tiered.mount import MountedBroker
 from tiered.provider import Provider
 from tiered.timerflatfile import (
+    ADOPTED,
     MAX_ADOPTED_QUEUE_OFFSET,
     adopted_offset,
     origin_code,
@@ -132,9 +140,31 @@ def _adopted_by(tier: Provider, broker: str) -> list[Manifest]:
     return out
 
 
-def brokers_of(m: Manifest) -> list[str]:
-    """Every broker a manifest tree names, its root first."""
-    return [str(m["broker"]), *(b for child in m["adopted"] for b in brokers_of(child))]
+def manifest_digest(m: Manifest) -> str:
+    """A manifest's identity: a timer snapshot names those it folded in by it."""
+    return hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _pointer_of(m: Manifest) -> Pointer | None:
+    raw = m["pointer"]
+    pointer = None if raw is None else decode_pointer(json.dumps(raw).encode())
+    if raw is not None and pointer is None:
+        raise FailedPrecondition(f"the manifest of {m['broker']} names a damaged pointer")
+    return pointer
+
+
+def _children(m: Manifest, pointer: Pointer | None) -> list[Manifest]:
+    """What the broker of ``m`` adopted and its timer snapshot does not hold yet."""
+    folded = set(pointer.folded) if pointer is not None else set()
+    return [c for c in m["adopted"] if not folded or manifest_digest(c) not in folded]
+
+
+def brokers_of(m: Manifest, folded: bool = True) -> list[str]:
+    """Every broker a manifest tree names, its root first; ``folded``: also those of
+    the adoptions its timer snapshot holds (whose TimerFlatFiles may hold its records)."""
+    pointer = _pointer_of(m)
+    return [str(m["broker"]), *(pointer.folded_brokers if folded and pointer else []),
+            *(b for child in _children(m, pointer) for b in brokers_of(child, folded))]
 
 
 def pending(tier: Provider, m: Manifest, mount: Mount, journal: JournalState | None = None
@@ -148,18 +178,15 @@ def pending(tier: Provider, m: Manifest, mount: Mount, journal: JournalState | N
     if journal is None:
         journal = _timer_journal(tier, mounted, m)
     done, moved = journal.done, journal.moved
-    raw = m["pointer"]
-    pointer = None if raw is None else decode_pointer(json.dumps(raw).encode())
-    if raw is not None and pointer is None:
-        raise FailedPrecondition(f"the manifest of {m['broker']} names a damaged pointer")
+    pointer = _pointer_of(m)
     end = int(m["delayed_end"])
     adopted_offset(mounted.broker, max(end - 1, 0))  # raises if its offsets outgrow one
     base, at, id_len = adopted_offset(mounted.broker, 0), _ID_AT, _ID_LEN
     start = 0
-    if pointer is not None:  # the snapshot's records: pending, due as of it
-        for path in pointer.parts:
-            yield [(r[at:at + r[id_len]], moved.get(qo, due), base | qo, r)
-                   for qo, due, r in read_part(tier, path) if qo not in done]
+    if pointer is not None:  # the snapshot's records: pending, due as of it (those of
+        for path in pointer.parts:  # adoptions it folded in keep their adopted offsets)
+            yield [(r[at:at + r[id_len]], moved.get(qo, due), qo if qo >= ADOPTED else base | qo,
+                    r) for qo, due, r in read_part(tier, path) if qo not in done]
         start = pointer.delayed_from
     chunk: list[Adopted] = []
     for e in stream(mounted, DELAYED_STREAM, start):  # then the stream's, due as sent
@@ -173,7 +200,7 @@ def pending(tier: Provider, m: Manifest, mount: Mount, journal: JournalState | N
                 yield chunk
                 chunk = []
     yield chunk
-    for child in m["adopted"]:
+    for child in _children(m, pointer):
         for got in pending(tier, child, mount):
             yield [(mid, moved.get(o, due), o, r) for mid, due, o, r in got if o not in done]
 
@@ -210,6 +237,8 @@ class Adoption:
         self.seconds_scanning = 0.0
         self.delivered = _Delivered(mount, [], 0)
         self.placed = AdoptedBatch(0, 0, 0)  # where this run scheduled them
+        self._skipped: Future[Any] | None = None  # the last journal record of those found
+        self.journaled_through = 0  # delivered: this broker's timer stream holds it below
 
     def run(self, m: Manifest, journal: JournalState | None,
             legacy_through: int | None = None) -> int:
@@ -223,7 +252,7 @@ class Adoption:
         in_place = self._in_place(m)
         legacy = None if legacy_through is None else \
             _Legacy(b, adopted_offset(departed, 0), legacy_through)
-        self.delivered = _Delivered(self._mount, brokers_of(m),
+        self.delivered = _Delivered(self._mount, brokers_of(m, folded=False),
                                     b.clock.now_ms() + CLOCK_SLACK_MS)
         batch: list[Adopted] = []
         count = 0  # messages of the set passed so far
@@ -242,12 +271,21 @@ class Adoption:
                 batch = []
             batch += rows
         self._adopt(legacy.fresh(batch) if legacy else batch, in_place, count, sync=True)
+        if self._skipped is not None:  # journaled before the takeover is done
+            infos = self._skipped.result()
+            self._b.journal.wait_tier(infos)
+            self.journaled_through = max(i.queue_offset for i in infos) + 1
         return count - self.delivered.skipped
 
     def _adopt(self, batch: list[Adopted], in_place: set[int], through: int,
                sync: bool = False) -> None:
         """Schedule ``batch``, which ends with the set's ``through``-th message."""
-        batch = self.delivered.fresh(batch)
+        fresh = self.delivered.fresh(batch)
+        if len(fresh) < len(batch):  # delivered already: journaled done here, so that a
+            kept = {r[2] for r in fresh}  # timer snapshot folding the set in leaves them
+            self._skipped = self._b.journal.timer_done(
+                [r[2] for r in batch if r[2] not in kept]) or self._skipped
+        batch = fresh
         placed_now = self._b.timer.parking.adopt(batch, in_place, self._departed, through,
                                                  sync)
         self.placed = AdoptedBatch(*(a + b for a, b in zip(self.placed, placed_now,

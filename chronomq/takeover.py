@@ -456,6 +456,10 @@ class Takeover:
         legacy = int(state.get("timers_through", 0)) if state.get("timers_started") else None
         adoption = Adoption(self._b, departed, mount, on_progress, on_topic)
         count = adoption.run(manifest, replayed, legacy)
+        # what this broker's timer stream says of the set is below this (a timer
+        # snapshot folds the set in once it covers it: ``chronomq.compaction``)
+        state["timers_journaled"] = max(adoption.journaled_through,
+                                        self._b.store.queue_bounds(TIMER_STREAM, 0)[1])
         placed = adoption.placed
         log.info("takeover of %s: %d pending delayed messages scheduled; this run: %d into "
                  "RocksDB, %d left in TimerFlatFiles the tier held (scanned in %.1f s), %d "

@@ -6,8 +6,8 @@ groups and its timer.
 readable snapshot: a snapshot must start with its ``pop-reset`` record) and the timer
 stream from its latest timer snapshot (``cluster.timersnapshot``; whole without one), and
 applies them in order to a ``JournalState`` (``tiered.journal`` has the records' format).
-``delayed_records`` gives its delayed records: the snapshot's pending ones, then the
-delayed stream past it.  ``stream`` reads any of the departed broker's streams.
+``stream`` reads any of the departed broker's streams (``chronomq.adoption`` reads its
+delayed records: the snapshot's pending ones, then the delayed stream past it).
 """
 
 from __future__ import annotations
@@ -16,15 +16,9 @@ import logging
 import time
 from collections.abc import Iterator
 
-from cluster.timersnapshot import (
-    PendingRecord,
-    Pointer,
-    read_part,
-    read_pointer,
-    read_residual,
-)
+from cluster.timersnapshot import Pointer, read_pointer, read_residual
 from store.message import decode_record
-from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM
+from store.names import STATE_STREAM, TIMER_STREAM
 from tiered.errors import TierError, TierNotFound
 from tiered.journal import POP_RESET, SNAPSHOT_POINTER, JournalState, read_snapshot_pointer
 from tiered.mount import MountedBroker
@@ -126,21 +120,6 @@ def _replay_state(mounted: MountedBroker, first: int) -> JournalState | None:
             log.info("takeover of %s: %d journal records replayed", mounted.broker,
                      state.records)
     return state if state.records or not first else None
-
-
-def delayed_records(tier: Provider, mounted: MountedBroker, pointer: Pointer | None,
-                    start: int) -> Iterator[PendingRecord]:
-    """The departed broker's delayed records from delayed-stream offset ``start`` on, in
-    ascending offsets: those of its timer snapshot (their due times as of it), then its
-    delayed stream past the snapshot (their due times as sent)."""
-    if pointer is not None:
-        for path in pointer.parts:
-            for r in read_part(tier, path):
-                if r.queue_offset >= start:
-                    yield r
-        start = max(start, pointer.delayed_from)
-    for e in stream(mounted, DELAYED_STREAM, start):
-        yield PendingRecord(e.queue_offset, -1, e.record)
 
 
 def stream(mounted: MountedBroker, name: str, start: int = 0) -> Iterator[TieredEntry]:

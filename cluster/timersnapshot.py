@@ -15,6 +15,14 @@ residual of the previous snapshot and the timer stream ``[T0:T1)``.  What those 
 or past ``C1`` is kept as the new residual: the queues commit apart, so the timer stream
 may already name records the delayed stream's snapshot does not cover yet.
 
+**Folds.**  The delayed messages this broker adopted in a finished takeover (``Fold``:
+``chronomq.compaction``) go into the next snapshot's parts too, under their adopted
+offsets (``tiered.timerflatfile``: bit 63 set, never a delayed-stream offset), and the
+pointer names the adoption's manifest digest (``folded``) and the brokers it names
+(``folded_brokers``); a takeover of this broker then reads them here, not from those
+brokers' tiers (``chronomq.adoption``).  The residual keeps an adopted offset only while
+no record of the parts has it (an adoption not folded yet).
+
 Objects (under the broker's prefix):
 
 =====================================  ====================================================
@@ -24,7 +32,8 @@ Objects (under the broker's prefix):
 ``timer-snapshot/<C>-<T>/residual``     ``MAGIC``, u32 count done, u64 each, u32 count
                                         moved, (u64 offset, u64 due) each, u32 CRC-32
 ``state/timer-snapshot.json``           the pointer: version, ``delayed_from`` C,
-                                        ``timer_from`` T, the parts, the residual, records
+                                        ``timer_from`` T, the parts, the residual, records;
+                                        version 2: ``folded``, ``folded_brokers``
 =====================================  ====================================================
 
 Order of durable steps: the parts and the residual are written, then the pointer; only
@@ -50,12 +59,14 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from store.crashpoint import crashpoint
+from store.errors import ChronomqError
 from store.message import FLAG_DELAYED, decode_dispatch_infos, decode_record
 from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM
 from tiered.errors import TierError, TierNotFound
 from tiered.journal import SNAPSHOT_POINTER, JournalState, read_snapshot_pointer
 from tiered.provider import Provider
 from tiered.queue import TieredEntry
+from tiered.timerflatfile import is_adopted
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +81,16 @@ _PAIR = struct.Struct(">QQ")
 
 
 class PendingRecord(NamedTuple):
-    queue_offset: int  # in the delayed stream
+    queue_offset: int  # in the delayed stream; or adopted (``is_adopted``): folded
     due_ms: int  # rescheduled, when it was
     record: bytes  # as sent
+
+
+class Fold(NamedTuple):
+    """A finished adoption whose pending messages go into the next snapshot."""
+    digest: str  # of its manifest (``chronomq.adoption.manifest_digest``)
+    brokers: list[str]  # every broker its manifest names
+    rows: Callable[[], Iterator[list[PendingRecord]]]  # offsets adopted, dues as adopted
 
 
 @dataclass
@@ -82,21 +100,29 @@ class Pointer:
     parts: list[str] = field(default_factory=list)
     residual: str = ""
     records: int = 0
+    folded: list[str] = field(default_factory=list)  # adoption manifests in the parts
+    folded_brokers: list[str] = field(default_factory=list)  # the brokers they name
 
     def encode(self) -> bytes:
-        return json.dumps({"version": 1, "delayed_from": self.delayed_from,
-                           "timer_from": self.timer_from, "parts": self.parts,
-                           "residual": self.residual, "records": self.records}).encode()
+        d: dict[str, object] = {
+            "version": 2 if self.folded else 1, "delayed_from": self.delayed_from,
+            "timer_from": self.timer_from, "parts": self.parts, "residual": self.residual,
+            "records": self.records}
+        if self.folded:  # (version 2: a release that cannot read adopted offsets refuses)
+            d.update(folded=self.folded, folded_brokers=self.folded_brokers)
+        return json.dumps(d).encode()
 
 
 def decode_pointer(raw: bytes) -> Pointer | None:
     """The pointer's content; None when it is not one."""
     try:
         d = json.loads(raw)
-        if not isinstance(d, dict) or d.get("version") != 1:
+        if not isinstance(d, dict) or d.get("version") not in (1, 2):
             return None
         p = Pointer(int(d["delayed_from"]), int(d["timer_from"]),
-                    [str(x) for x in d["parts"]], str(d["residual"]), int(d["records"]))
+                    [str(x) for x in d["parts"]], str(d["residual"]), int(d["records"]),
+                    [str(x) for x in d.get("folded", [])],
+                    [str(x) for x in d.get("folded_brokers", [])])
     except (ValueError, KeyError, TypeError):
         return None
     return p if min(p.delayed_from, p.timer_from, p.records) >= 0 else None
@@ -215,9 +241,11 @@ class TimerCompactor:
     def __init__(self, tier: Provider, broker: str,
                  read: Callable[[str, int, int], list[TieredEntry]],
                  committed: Callable[[str], int], confirm: Callable[[], bool],
-                 every: int) -> None:
+                 every: int, folds: Callable[[int], list[Fold]] = lambda _: []) -> None:
         self._tier, self._broker = tier, broker
         self._read, self._committed, self._confirm = read, committed, confirm
+        self._folds = folds
+        self._unfoldable: set[str] = set()  # digests whose fold failed (till a restart)
         self.every = every
         self.pointer = read_pointer(tier, broker) or Pointer()
         self.snapshots = 0  # written since start
@@ -226,7 +254,14 @@ class TimerCompactor:
         p = self.pointer
         grown = (self._committed(DELAYED_STREAM) - p.delayed_from
                  + self._committed(TIMER_STREAM) - p.timer_from)
-        return self.every > 0 and grown >= max(self.every, p.records)
+        return self.every > 0 and (grown >= max(self.every, p.records)
+                                   or bool(self._to_fold(self._committed(TIMER_STREAM))))
+
+    def _to_fold(self, t1: int) -> list[Fold]:
+        """The finished adoptions not in the snapshot yet (``folds``: those whose
+        records in this broker's timer stream are below ``t1``)."""
+        return [f for f in self._folds(t1)
+                if f.digest not in self.pointer.folded and f.digest not in self._unfoldable]
 
     def step(self, force: bool = False) -> bool:
         """Write a new snapshot when due (``force``: now); True when one was written."""
@@ -234,7 +269,8 @@ class TimerCompactor:
             return False  # (a broker taken over writes no snapshot: its successor's now)
         old = self.pointer
         c1, t1 = self._committed(DELAYED_STREAM), self._committed(TIMER_STREAM)
-        if (c1, t1) == (old.delayed_from, old.timer_from):
+        folds = self._to_fold(t1)
+        if (c1, t1) == (old.delayed_from, old.timer_from) and not folds:
             return False
         state = JournalState()
         if old.residual:
@@ -245,27 +281,40 @@ class TimerCompactor:
         prefix = f"{self._broker}/timer-snapshot/{c1}-{t1}/"
         self._clear(prefix)  # what a crash left of this very snapshot
         writer = _PartWriter(self._tier, prefix)
-        for r in self._pending(old, state, c1):
+        # the adopted offsets the journal names whose records are not in the parts (an
+        # adoption not folded yet): kept in the residual; those of records are applied
+        unmatched = {o for o in (*state.done, *state.moved) if is_adopted(o)}
+        for r in self._pending(old, state, c1, folds, unmatched):
             writer.add(r)
         writer.flush()
         crashpoint("timer_snapshot.after_parts")
         residual = prefix + "residual"
+        def keep(o: int) -> bool:
+            return o in unmatched if is_adopted(o) else o >= c1
         self._tier.write(residual, encode_residual(
-            {o for o in state.done if o >= c1},
-            {o: d for o, d in state.moved.items() if o >= c1}))
-        new = Pointer(c1, t1, writer.paths, residual, writer.records)
+            {o for o in state.done if keep(o)},
+            {o: d for o, d in state.moved.items() if keep(o)}))
+        new = Pointer(c1, t1, writer.paths, residual, writer.records,
+                      [*old.folded, *(f.digest for f in folds)],
+                      sorted({*old.folded_brokers, *(b for f in folds for b in f.brokers)}))
         self._tier.write(f"{self._broker}/{POINTER}", new.encode())
         self.pointer = new
         self.snapshots += 1
         crashpoint("timer_snapshot.after_pointer")
         log.info("timer snapshot at delayed record %d, timer record %d: %d pending in %d "
-                 "parts", c1, t1, writer.records, len(writer.paths))
+                 "parts%s", c1, t1, writer.records, len(writer.paths),
+                 f" ({len(folds)} adoption(s) folded in)" if folds else "")
         self._drop_older(prefix)
         return True
 
-    def _pending(self, old: Pointer, state: JournalState, c1: int) -> Iterator[PendingRecord]:
+    def _pending(self, old: Pointer, state: JournalState, c1: int, folds: list[Fold],
+                 unmatched: set[int]) -> Iterator[PendingRecord]:
+        """The old snapshot's records, the delayed stream's to ``c1``, then the folded
+        adoptions', less what ``state`` says is done, due as it moved them; the adopted
+        offsets met are taken out of ``unmatched``."""
         for path in old.parts:
             for r in read_part(self._tier, path):
+                unmatched.discard(r.queue_offset)
                 due = state.pending_due(r.queue_offset, FLAG_DELAYED, r.due_ms)
                 if due is not None:
                     yield r._replace(due_ms=due)
@@ -274,6 +323,19 @@ class TimerCompactor:
             due = state.pending_due(e.queue_offset, info.flags, info.deliver_at_ms)
             if due is not None:
                 yield PendingRecord(e.queue_offset, due, e.record)
+        for f in folds:
+            try:
+                for chunk in f.rows():
+                    for r in chunk:
+                        unmatched.discard(r.queue_offset)
+                        due = state.pending_due(r.queue_offset, FLAG_DELAYED, r.due_ms)
+                        if due is not None:
+                            yield r._replace(due_ms=due)
+            except (TierError, ChronomqError) as exc:  # its takeover reads it, as before
+                self._unfoldable.add(f.digest)
+                raise TierError(f"cannot fold the adoption {f.digest} (brokers "
+                                f"{', '.join(f.brokers)}) into a timer snapshot: {exc}; "
+                                "left out of the next ones") from exc
 
     def _entries(self, stream: str, start: int, end: int) -> Iterator[TieredEntry]:
         offset = start

@@ -21,6 +21,7 @@ import pytest
 
 import chronomq.broker
 from chronomq.broker import Broker
+from cluster.timersnapshot import read_pointer
 from store.clock import ManualClock
 from store.names import TIMER_STREAM
 from store.topics import Topic
@@ -88,6 +89,40 @@ def test_a_delivery_whose_record_never_reached_the_tier_is_not_delivered_again(
 
     # When B takes A over, then each message comes once: the copies in A's queues
     _each_once(tmp_path, manual_clock, brokers, ids, start)
+
+
+def test_what_a_successor_found_delivered_stays_delivered_once_its_snapshot_folds_it_in(
+        tmp_path: Path, manual_clock: ManualClock, brokers: list[Broker]) -> None:
+    # Given A's ten messages delivered, their record not in the tier (as above), and B,
+    # taking A over, found their copies in A's queues and did not schedule them
+    a, ids, start = _with_one_delivered(tmp_path, manual_clock, brokers)
+    before = _metas(a, TIMER_STREAM)
+    manual_clock.advance(4 * SECOND_MS)
+    _tick(a, manual_clock)
+    _caught_up(a)
+    _gone(tmp_path, a, brokers)
+    for path, data in before.items():
+        a.tier.write(path, data)
+    b = _open(tmp_path, "b", manual_clock, brokers)
+    assert b.compactor is not None
+    assert b.takeover("a", force=True).pending == 0
+    got, _ = _run(b, manual_clock, start + 60 * SECOND_MS, step_ms=SECOND_MS)
+    assert dict(got) == dict.fromkeys(["early", *ids], 1), got
+
+    # When B's timer snapshot folds what it adopted in (A no longer named), and B is lost
+    _caught_up(b)
+    assert b.compactor.step(force=True)
+    pointer = read_pointer(b.tier, "b")
+    assert pointer is not None and pointer.folded and pointer.records == 0
+    b.stop()
+    brokers.remove(b)
+    shutil.rmtree(tmp_path / "b")
+
+    # Then C, taking B over, does not schedule them again: B's journal said so
+    c = _open(tmp_path, "c", manual_clock, brokers)
+    assert c.takeover("b", force=True).pending == 0
+    again, _ = _run(c, manual_clock, start + 120 * SECOND_MS, step_ms=SECOND_MS)
+    assert not again, again
 
 
 def test_the_record_of_a_delivery_never_reaches_the_tier_before_the_message(
