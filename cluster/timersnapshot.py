@@ -3,8 +3,9 @@ broker holds now (its pending delayed messages), not every delayed message it ev
 
 The delayed stream holds every delayed record as sent, the timer stream a record per
 delivery batch, Cancel and Reschedule (``tiered.journal``): both grow with the broker's
-history.  Every ``tier.journal_snapshot_records`` records (or as many as the latest
-snapshot holds, if more: a snapshot costs at most what it saves) the broker that owns
+history.  Every ``tier.journal_snapshot_records`` records (or half as many as the latest
+snapshot holds, if more: a snapshot costs at most twice what it saves, and the streams
+past it stay under half its size) the broker that owns
 them folds what its tier committed since the last snapshot into a new one, from the tier
 alone (``TimerCompactor.step``, the server's scheduler, one thread):
 
@@ -254,7 +255,7 @@ class TimerCompactor:
         p = self.pointer
         grown = (self._committed(DELAYED_STREAM) - p.delayed_from
                  + self._committed(TIMER_STREAM) - p.timer_from)
-        return self.every > 0 and (grown >= max(self.every, p.records)
+        return self.every > 0 and (grown >= max(self.every, p.records // 2)
                                    or bool(self._to_fold(self._committed(TIMER_STREAM))))
 
     def _to_fold(self, t1: int) -> list[Fold]:
