@@ -1,5 +1,5 @@
-"""Durable-ack figures: ``chronomq serve`` with a tier on moto's S3 server (real HTTP),
-in two modes side by side:
+"""Durable-ack figures: ``chronomq serve`` with a tier on moto's S3 server (real HTTP) or
+SeaweedFS (``--s3 seaweed``: a real S3 server), in two modes side by side:
 
 - local:   ``tier.upload=true`` (an OK means fsynced on local disk; the tier follows);
 - durable: ``tier.upload=true tier.durable_ack=true`` (an OK means the change is in the
@@ -12,10 +12,12 @@ For each mode:
    (requests pipelined, outcomes read as they come), msgs/s;
 3. Producer throughput: MESSAGES messages of 100 B through the client library's batching
    ``Producer`` (one ``send`` per message, every future kept and resolved; its default
-   settings but ``in_flight``, ``--producer-in-flight``, default 4 as the Producer's),
-   msgs/s;
+   settings, or ``--producer-in-flight``), msgs/s;
 4. Subscribe pop+ack throughput: a BACKLOG of 100 B messages sent beforehand, drained by
-   one consumer over Subscribe (credit 1024, one ack request per response), msgs/s.
+   one consumer over Subscribe (credit 1024, one ack request per response), msgs/s;
+5. Consumer take+ack throughput: the same backlog drained by another group through the
+   library's ``Consumer`` with its defaults, one ``ack`` per message (every future
+   resolved before the clock stops), msgs/s.
 
 The tier is left to catch up (Stats ``tier.lag_bytes`` 0) before phases 1, 3 and 4, so a
 local-mode upload of earlier data does not run under the measurement.  moto runs in its
@@ -23,6 +25,7 @@ own process, so the consumer in this process does not share a GIL with it.
 
     .venv/bin/python bench/bench_durable_ack.py               # ~1-2 min
     .venv/bin/python bench/bench_durable_ack.py --quick       # ~30 s
+    .venv/bin/python bench/bench_durable_ack.py --s3 seaweed --rounds 2  # in turn, twice
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chronomq.client import ChronomqClient, message
+from chronomq.client.consumer import Consumer
 from chronomq.client.producer import Producer
 from tests.chronomq.process import ServerProcess
 
@@ -96,6 +102,8 @@ class Result:
     producer_s: float = float("nan")
     sub_msgs: int = 0
     sub_s: float = float("nan")
+    consumer_msgs: int = 0
+    consumer_s: float = float("nan")
     errors: list[str] = field(default_factory=list)  # first few error texts
 
     @property
@@ -109,6 +117,10 @@ class Result:
     @property
     def sub_rate(self) -> float:
         return self.sub_msgs / self.sub_s if self.sub_s > 0 else float("nan")
+
+    @property
+    def consumer_rate(self) -> float:
+        return self.consumer_msgs / self.consumer_s if self.consumer_s > 0 else float("nan")
 
     def note(self, text: str) -> None:
         if len(self.errors) < 5:
@@ -148,13 +160,13 @@ def _stream(c: ChronomqClient, topic: str, n: int, seconds: float, res: Result |
 
 
 def _producer(c: ChronomqClient, topic: str, n: int, seconds: float, res: Result,
-              in_flight: int) -> tuple[int, int, float]:
+              in_flight: int | None) -> tuple[int, int, float]:
     """Send ``n`` messages one ``Producer.send`` at a time (stop after ``seconds``); every
     future is resolved before the clock stops.  Returns (ok, failed, elapsed)."""
     end = time.monotonic() + seconds
     ok = failed = 0
     t0 = time.monotonic()
-    with Producer(c, in_flight=in_flight) as p:
+    with Producer(c, **({} if in_flight is None else {"in_flight": in_flight})) as p:
         futures = []
         for _ in range(n):
             if time.monotonic() > end:
@@ -192,16 +204,44 @@ def _subscribe(c: ChronomqClient, topic: str, n: int, seconds: float) -> tuple[i
     return got, elapsed
 
 
-def run_mode(mode: str, data: Path, endpoint: str, args: argparse.Namespace) -> Result:
+def _consumer(c: ChronomqClient, topic: str, n: int, seconds: float, res: Result
+              ) -> tuple[int, float]:
+    """Take and ack ``n`` messages one at a time through ``Consumer`` with its defaults;
+    the acks' futures resolved before the clock stops."""
+    t0 = time.monotonic()
+    got = 0
+    futures = []
+    with Consumer(c, topic, "bench-consumer") as consumer:
+        end = t0 + seconds
+        while got < n and time.monotonic() < end:
+            m = consumer.receive(timeout_s=max(0.0, end - time.monotonic()))
+            if m is None:
+                break
+            futures.append(consumer.ack(m))
+            got += 1
+        acked = 0
+        for f in futures:
+            try:
+                f.result(60)
+                acked += 1
+            except Exception as exc:  # reported; the bench goes on
+                res.note(f"Consumer ack: {type(exc).__name__}: {exc}")
+        elapsed = time.monotonic() - t0
+    return acked, elapsed
+
+
+def run_mode(mode: str, data: Path, endpoint: str, args: argparse.Namespace,
+             tag: str = "") -> Result:
     res = Result(mode)
-    bucket = f"bench-{mode}"
+    bucket = f"bench-{mode}{tag}"
     _create_bucket(endpoint, bucket)
     settings = ["tier.upload=true", *_tier(endpoint, bucket, f"bench-{mode}")]
+    data = data / f"{mode}{tag}"
     if mode == "durable":
         settings += ["tier.durable_ack=true", f"tier.durable_ack_ms={args.durable_ack_ms}"]
     print(f"[{mode}] starting broker: {' '.join(s for s in settings if 'secret' not in s)}",
           flush=True)
-    srv = ServerProcess(data / mode, *settings)
+    srv = ServerProcess(data, *settings)
     try:
         with ChronomqClient(srv.target, timeout_s=60) as c:
             c.create_topic("bench", queue_count=4)
@@ -252,6 +292,12 @@ def run_mode(mode: str, data: Path, endpoint: str, args: argparse.Namespace) -> 
             if res.sub_msgs < args.backlog:
                 res.note(f"Subscribe: {res.sub_msgs} of {args.backlog} received in "
                          f"{args.seconds} s")
+            settled = _settle(c, args.settle)
+            res.consumer_msgs, res.consumer_s = _consumer(c, "backlog", args.backlog,
+                                                          args.seconds, res)
+            print(f"[{mode}] Consumer (tier caught up {settled:.1f} s first): "
+                  f"{res.consumer_msgs:,} taken+acked in {res.consumer_s:.2f} s: "
+                  f"{res.consumer_rate:,.0f} msgs/s", flush=True)
     finally:
         code = srv.terminate()
         if code != 0:
@@ -275,15 +321,18 @@ def _table(local: Result, durable: Result, args: argparse.Namespace) -> None:
         (f"SendStream (msgs/s, batches of {BATCH})", f"{local.stream_rate:,.0f}",
          f"{durable.stream_rate:,.0f}", ratio(durable.stream_rate, local.stream_rate)),
         ("SendStream failures", str(local.stream_errors), str(durable.stream_errors), ""),
-        (f"Producer (msgs/s, in_flight {args.producer_in_flight})", f"{local.producer_rate:,.0f}",
+        (f"Producer (msgs/s, in_flight {args.producer_in_flight or 'default'})",
+         f"{local.producer_rate:,.0f}",
          f"{durable.producer_rate:,.0f}", ratio(durable.producer_rate, local.producer_rate)),
         ("Producer failures", str(local.producer_errors), str(durable.producer_errors), ""),
         (f"Subscribe pop+ack (msgs/s, credit {CREDIT})", f"{local.sub_rate:,.0f}",
          f"{durable.sub_rate:,.0f}", ratio(durable.sub_rate, local.sub_rate)),
+        ("Consumer take+ack (msgs/s, defaults)", f"{local.consumer_rate:,.0f}",
+         f"{durable.consumer_rate:,.0f}", ratio(durable.consumer_rate, local.consumer_rate)),
     ]
     w = max(len(r[0]) for r in rows)
     print()
-    print(f"moto S3 over HTTP; 100 B bodies; durable_ack_ms={args.durable_ack_ms}")
+    print(f"{args.s3} S3 over HTTP; 100 B bodies; durable_ack_ms={args.durable_ack_ms}")
     print(f"{'':{w}}  {'local':>10}  {'durable':>10}  {'dur/local':>9}")
     for name, lo, du, rt in rows:
         print(f"{name:{w}}  {lo:>10}  {du:>10}  {rt:>9}")
@@ -307,8 +356,11 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=30.0,
                     help="longest wait for the tier to catch up between phases")
     ap.add_argument("--durable-ack-ms", type=int, default=50)
-    ap.add_argument("--producer-in-flight", type=int, default=4,
-                    help="the Producer's batches in flight (its default: 4)")
+    ap.add_argument("--producer-in-flight", type=int, default=None,
+                    help="the Producer's batches in flight (default: the Producer's)")
+    ap.add_argument("--s3", choices=["moto", "seaweed"], default="moto")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="local and durable in turn, this many times (a table each)")
     ap.add_argument("--mode", choices=["local", "durable"], action="append",
                     help="run only this mode (repeatable; default both)")
     ap.add_argument("--quick", action="store_true",
@@ -320,32 +372,48 @@ def main() -> None:
     modes = args.mode or ["local", "durable"]
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="chronomq-bench-durable-") as tmp, \
+            _s3(args.s3, Path(tmp)) as endpoint:
+        print(f"{args.s3} S3 at {endpoint}", flush=True)
+        for round_ in range(args.rounds):
+            results: dict[str, Result] = {}
+            order = modes if round_ % 2 == 0 else modes[::-1]
+            for mode in order:
+                results[mode] = run_mode(mode, Path(tmp), endpoint, args, f"-{round_}")
+            if len(results) == 2:
+                _table(results["local"], results["durable"], args)
+            else:
+                for r in results.values():
+                    for e in r.errors:
+                        print(f"  [{r.mode}] {e}")
+    print(f"total {time.monotonic() - t0:.0f} s")
+
+
+@contextmanager
+def _s3(kind: str, tmp: Path) -> Iterator[str]:
+    """An S3 endpoint for the run: moto in a process of its own, or SeaweedFS."""
+    if kind == "seaweed":
+        from bench.s3 import start_seaweed
+        server = start_seaweed(tmp / "seaweed", "bench-warm")
+        try:
+            yield server.endpoint
+        finally:
+            server.stop()
+        return
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     stop = ctx.Event()
     moto = ctx.Process(target=_moto, args=(q, stop), daemon=True)
     moto.start()
-    t0 = time.monotonic()
     try:
         host, port = q.get(timeout=60)
-        endpoint = f"http://{host}:{port}"
-        print(f"moto S3 at {endpoint}", flush=True)
-        results: dict[str, Result] = {}
-        with tempfile.TemporaryDirectory(prefix="chronomq-bench-durable-") as tmp:
-            for mode in modes:
-                results[mode] = run_mode(mode, Path(tmp), endpoint, args)
+        yield f"http://{host}:{port}"
     finally:
         stop.set()
         moto.join(15)
         if moto.is_alive():
             moto.kill()
-    if len(results) == 2:
-        _table(results["local"], results["durable"], args)
-    else:
-        for r in results.values():
-            for e in r.errors:
-                print(f"  [{r.mode}] {e}")
-    print(f"total {time.monotonic() - t0:.0f} s")
 
 
 if __name__ == "__main__":

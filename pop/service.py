@@ -341,13 +341,25 @@ class PopService:
         """Acknowledge several handles with one RocksDB write per topic; one outcome per
         handle (None = acknowledged).  Handles in ``issued`` are known to have been issued
         to ``group`` by this broker (a Subscribe stream's): their MAC is not recomputed."""
+        outcomes, ticket = self.ack_applied(group, receipt_handles, issued)
+        self.wait_acked(ticket)  # an OK ack is final: durable before the answer
+        return outcomes
+
+    def ack_applied(self, group: str, receipt_handles: list[str],
+                    issued: Container[str] = ()) -> tuple[list[ChronomqError | None], int]:
+        """``ack_many`` without the wait: the outcomes, valid once ``wait_acked`` returned
+        for the ticket (then the acks are durable: one fsync, or tier commit, for many)."""
         handles, results = self._book.decode_all(group, receipt_handles, issued)
         acked = self._book.ack(group, handles)
         self._schedule.remove(acked.retired)
-        if acked.ticket:  # an OK ack is final: durable before the answer (one fsync for many)
-            self._book.wait(acked.ticket)
+        return [r or e for r, e in zip(results, acked.errors, strict=True)], acked.ticket
+
+    def wait_acked(self, ticket: int) -> None:
+        """Return once the acks of ``ticket`` (``ack_applied``) are durable, then the
+        fencing check; raises when they are not."""
+        if ticket:
+            self._book.wait(ticket)
             crashpoint("pop.after_ack")
-        return [r or e for r, e in zip(results, acked.errors, strict=True)]
 
     def change_invisible_time(self, group: str, receipt_handle: str,
                               invisible_time_s: int) -> str:

@@ -27,6 +27,7 @@ from chronomq.api.errors import code_number, status_of
 from chronomq.api.figures import broker_figures
 from chronomq.api.notify import ArrivalNotifier
 from chronomq.api.subscription import (
+    SETTLE_DRAIN_S,
     STREAM_BATCH,
     STREAM_BATCH_DURABLE,
     Subscription,
@@ -306,14 +307,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         except StopIteration:
             return
         sub = Subscription(self._broker, first)
+        wake = sub.wake = partial(self._notifier.wake, sub.topic)
         sub.settle(first)
-        wake = partial(self._notifier.wake, sub.topic)
 
         def ended() -> None:  # cancelled, deadline, client gone: stop waiting now
             sub.close()
             wake()
         context.add_callback(ended)
-        threading.Thread(target=sub.read, args=(request_iterator, wake),
+        threading.Thread(target=sub.read, args=(request_iterator,),
                          name="subscribe-reader", daemon=True).start()
         pop = self._broker.pop
         # durable-ack: each Pop waits for one tier commit, so a stream leases more per Pop
@@ -339,9 +340,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 # nothing to send: wait for an arrival, a settlement that frees credit or
                 # needs a report, or a lease running out
                 self._notifier.wait(sub.topic, seen, sub.wait_s(), also=sub.has_news)
-            report = sub.take_report()  # the client half-closed: answer its last settlements
-            if report is not None and context.is_active():
-                yield report
+            if context.is_active():  # the client half-closed: answer its last settlements
+                sub.drain(SETTLE_DRAIN_S)
+                report = sub.take_report()
+                if report is not None:
+                    yield report
         finally:
             sub.close()
             sub.give_back()

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import grpc
 
@@ -34,6 +36,7 @@ STREAM_BATCH_DURABLE = 1024  # ... with tier.durable_ack (each Pop waits for the
 DEFAULT_CREDIT = 256
 MAX_CREDIT = 10_000
 IDLE_WAIT_S = 15.0  # an idle Subscribe stream looks for messages at least this often
+SETTLE_DRAIN_S = 60.0  # a half-closed stream's last acks: reported once durable, or not
 
 
 def received_pb(m: Message, handle: str = "", attempt: int = 0) -> pb.ReceivedMessage:
@@ -73,6 +76,8 @@ class Subscription:
         self._report: pb.SubscribeResponse | None = None
         self._freed = False
         self.closed = False
+        self.wake: Callable[[], None] = lambda: None  # the stream's pusher (``read``)
+        self._settler = _Settler(self._pop.wait_acked, self._report_applied, self._lost)
 
     def room(self) -> int:
         now = self._clock.now_ms()
@@ -113,13 +118,17 @@ class Subscription:
         return self._report
 
     def settle(self, request: pb.SubscribeRequest) -> None:
-        """Apply one request's acks, nacks and invisible-time changes."""
+        """Apply one request's acks, nacks and invisible-time changes.  The acks are
+        applied here and made durable meanwhile: their credit comes back at once, their
+        report (``settled_through``) once they are durable, in the order of the requests
+        (``_Settler``), so the next requests need not wait for this one's commit."""
         pop, group = self._pop, self.group
         done: list[tuple[str, ChronomqError | None]] = []
+        ticket = 0
         if request.ack:
             handles = list(request.ack)
-            done += zip(handles, pop.ack_many(group, handles, self._outstanding),
-                        strict=True)
+            outcomes, ticket = pop.ack_applied(group, handles, self._outstanding)
+            done += zip(handles, outcomes, strict=True)
         if request.nack:
             release = [(n.receipt_handle, n.delay_ms if n.HasField("delay_ms") else None)
                        for n in request.nack if not n.dead_letter]
@@ -144,37 +153,57 @@ class Subscription:
                                                error=error_pb(exc)))
         now = self._clock.now_ms()
         with self._lock:
-            for handle, err in done:
+            for handle, _ in done:
                 self._outstanding.pop(handle, None)
-                if err is not None:
-                    self._add_report().errors.append(
-                        pb.SettleError(receipt_handle=handle, error=error_pb(err)))
             for c, ch in zip(request.change, changed, strict=True):  # one answer per change
                 held = self._outstanding.pop(c.receipt_handle, None)
                 if ch.receipt_handle and held is not None:
                     self._outstanding[ch.receipt_handle] = now + c.invisible_time_s * 1000
-            if changed:
-                self._add_report().changed.extend(changed)
-            if request.settle_id:  # applied (acks durable): say so
-                report = self._add_report()
-                report.settled_through = max(report.settled_through, request.settle_id)
             self._freed = True
+        self._settler.add(_Applied(request.settle_id, ticket, done, changed))
 
-    def read(self, requests: Iterator[pb.SubscribeRequest], wake: Callable[[], None]) -> None:
+    def _report_applied(self, a: _Applied) -> None:
+        """What the client is told of a request once its acks are durable."""
+        with self._lock:
+            for handle, err in a.done:
+                if err is not None:
+                    self._add_report().errors.append(
+                        pb.SettleError(receipt_handle=handle, error=error_pb(err)))
+            if a.changed:
+                self._add_report().changed.extend(a.changed)
+            if a.settle_id:  # applied (acks durable): say so
+                report = self._add_report()
+                report.settled_through = max(report.settled_through, a.settle_id)
+            self._freed = True
+        self.wake()
+
+    def _lost(self, exc: ChronomqError) -> None:
+        """Acks not durable (the tier failed, or this broker was taken over): the stream
+        ends, and the client counts what it had not been told of as unknown."""
+        log.warning("a Subscribe stream's acks are not durable (%s): ending the stream", exc)
+        self.closed = True
+        self.wake()
+
+    def read(self, requests: Iterator[pb.SubscribeRequest]) -> None:
         try:
             for request in requests:
                 self.settle(request)
-                wake()
+                self.wake()
         except grpc.RpcError:
             pass  # the client went away
         except Exception:
             log.exception("subscribe reader failed")
         finally:
             self.closed = True
-            wake()
+            self.wake()
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait until every request read so far is reported (or ``timeout_s``)."""
+        self._settler.drain(timeout_s)
 
     def close(self) -> None:
         self.closed = True
+        self._settler.stop()
 
     def give_back(self) -> None:
         """The stream ended: what it holds unsettled is visible again now (a retry copy,
@@ -187,3 +216,72 @@ class Subscription:
             except ChronomqError:
                 log.warning("could not give back %d messages of a closed Subscribe "
                             "stream; they come back at their deadline", len(held))
+
+
+class _Applied(NamedTuple):
+    settle_id: int
+    ticket: int  # of the acks' write (0: nothing to wait for)
+    done: list[tuple[str, ChronomqError | None]]
+    changed: list[pb.HandleChange]
+
+
+class _Settler:
+    """Reports a stream's applied requests in order, each once its acks are durable:
+    its own thread (started at the first request that waits), so the reader goes on
+    applying the next requests meanwhile and one commit confirms many."""
+
+    def __init__(self, wait: Callable[[int], None], report: Callable[[_Applied], None],
+                 lost: Callable[[ChronomqError], None]) -> None:
+        self._wait, self._report, self._lost = wait, report, lost
+        self._cond = threading.Condition()
+        self._queue: deque[_Applied] = deque()
+        self._busy = False  # the thread holds a request it has not reported yet
+        self._thread: threading.Thread | None = None
+        self._stopped = self._failed = False
+
+    def add(self, a: _Applied) -> None:
+        with self._cond:
+            if self._failed:
+                return  # the stream is ending: this request is not reported
+            if not a.ticket and not self._queue and not self._busy:
+                pass  # nothing to wait for, nothing before it: reported now
+            else:
+                self._queue.append(a)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="subscribe-settler",
+                                                    daemon=True)
+                    self._thread.start()
+                self._cond.notify_all()
+                return
+        self._report(a)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._stopped)
+                if not self._queue:
+                    return
+                a = self._queue.popleft()
+                self._busy = True
+            try:
+                self._wait(a.ticket)
+            except ChronomqError as exc:
+                with self._cond:
+                    self._failed, self._busy = True, False
+                    self._queue.clear()
+                    self._cond.notify_all()
+                self._lost(exc)
+                return
+            self._report(a)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def drain(self, timeout_s: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._queue and not self._busy, timeout_s)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
