@@ -123,6 +123,8 @@ class Subscription:
         report (``settled_through``) once they are durable, in the order of the requests
         (``_Settler``), so the next requests need not wait for this one's commit."""
         pop, group = self._pop, self.group
+        if request.max_outstanding:  # a later request may change the credit
+            self.max_outstanding = min(request.max_outstanding, MAX_CREDIT)
         done: list[tuple[str, ChronomqError | None]] = []
         ticket = 0
         if request.ack:

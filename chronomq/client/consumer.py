@@ -6,7 +6,13 @@ and two of the broker's per-request costs per message.  ``Consumer`` holds one S
 stream instead:
 
 * **prefetch**: the broker pushes up to ``prefetch`` leased, unsettled messages ahead of
-  the loop (the stream's credit), so ``next()`` rarely waits on the network;
+  the loop (the stream's credit), so ``next()`` rarely waits on the network.  By
+  default the credit follows the stream by itself: it starts at ``AUTO_START`` and
+  doubles whenever the loop finds nothing waiting (the broker's answers take longer
+  than the loop: with ``tier.durable_ack`` every lease waits for a tier commit), up to
+  ``AUTO_MAX`` and never past what the loop handles in half an invisible time (so a
+  prefetched message is not kept past its lease); the new credit rides on the next
+  request;
 * **batched settlements**: ``ack`` / ``nack`` / ``dead_letter`` queue the settlement and
   return a ``Future`` at once; one request carries everything queued by the time the
   stream can take it (waiting ``ack_linger_ms`` more when set, at most ``ack_batch``
@@ -50,27 +56,34 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
                        grpc.StatusCode.CANCELLED})
 
 _Settlement = tuple[str, pb.NackItem | None, Future[None]]  # handle, nack item or None (ack)
+AUTO_START, AUTO_MAX = 256, 4096  # the credit that follows the stream (``prefetch=None``)
 
 
 class Consumer:
     """``for m in consumer: handle(m); consumer.ack(m)`` (see the module)."""
 
     def __init__(self, client: ChronomqClient, topic: str, group: str, *,
-                 invisible_time_s: int = 30, prefetch: int = 256, tag_expression: str = "",
-                 ack_linger_ms: float = 0.0, ack_batch: int = 1000,
+                 invisible_time_s: int = 30, prefetch: int | None = None,
+                 tag_expression: str = "", ack_linger_ms: float = 0.0, ack_batch: int = 1000,
                  locate: Callable[[], ChronomqClient] | None = None) -> None:
-        """``locate``: where to open each stream (``RoutedClient.consumer``: the topic's
-        owner, looked up again after a stream broke), so the consumer follows its topic
-        to another broker after a failover; then NOT_FOUND and FAILED_PRECONDITION are
-        retried too."""
-        if prefetch < 1 or ack_batch < 1 or ack_linger_ms < 0:
+        """``prefetch``: the stream's credit; None (default) lets it follow the stream
+        (see the module).  ``locate``: where to open each stream
+        (``RoutedClient.consumer``: the topic's owner, looked up again after a stream
+        broke), so the consumer follows its topic to another broker after a failover;
+        then NOT_FOUND and FAILED_PRECONDITION are retried too."""
+        if (prefetch is not None and prefetch < 1) or ack_batch < 1 or ack_linger_ms < 0:
             raise ValueError("prefetch and ack_batch must be positive, ack_linger_ms "
                              "not negative")
         self._client = client
         self._locate = locate
+        self._auto = prefetch is None
+        self.credit = AUTO_START if prefetch is None else prefetch
+        self._credit_sent = self.credit
+        self._invisible_s = invisible_time_s
+        self._window_start, self._window_count, self._rate = time.monotonic(), 0, 0.0
         self._opening = pb.SubscribeRequest(
             topic=topic, group=group, invisible_time_s=invisible_time_s,
-            max_outstanding=prefetch, tag_expression=tag_expression)
+            max_outstanding=self.credit, tag_expression=tag_expression)
         self.linger_s, self.ack_batch = ack_linger_ms / 1000, ack_batch
         self._cond = threading.Condition()
         self._queued: deque[_Settlement] = deque()
@@ -103,16 +116,40 @@ class Consumer:
         if self._done:
             return None
         try:
-            item = self._inbox.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
+            item = self._inbox.get_nowait()
+        except queue.Empty:  # the loop waits for the network: more credit may help
+            if self._auto:
+                self._grow()
+            try:
+                item = self._inbox.get(timeout=timeout_s)
+            except queue.Empty:
+                return None
         if item is None:
             self._done = True
             return None
         if isinstance(item, RpcError):
             self._done = True
             raise item
+        self._count()
         return item
+
+    def _count(self) -> None:
+        """Messages handed out per second, over windows of a second."""
+        self._window_count += 1
+        now = time.monotonic()
+        if now - self._window_start >= 1.0:
+            self._rate = self._window_count / (now - self._window_start)
+            self._window_start, self._window_count = now, 0
+
+    def _grow(self) -> None:
+        # the last whole second's rate, or this second's so far (a quarter second at least)
+        now = time.monotonic()
+        rate = max(self._rate, self._window_count / max(now - self._window_start, 0.25))
+        grown = grown_credit(self.credit, rate, self._invisible_s)
+        if grown != self.credit:
+            with self._cond:
+                self.credit = grown
+                self._cond.notify_all()  # the request stream carries it
 
     def ack(self, m: pb.ReceivedMessage | str) -> Future[None]:
         """Acknowledge; the future resolves once the ack is durable."""
@@ -164,14 +201,17 @@ class Consumer:
         return future
 
     def _requests(self, stream: int) -> Iterator[pb.SubscribeRequest]:
-        yield self._opening
         cond = self._cond
+        with cond:
+            self._opening.max_outstanding = self._credit_sent = self.credit
+        yield self._opening
         while True:
             with cond:
-                cond.wait_for(lambda: self._queued or self._stream != stream or self._closing)
+                cond.wait_for(lambda: self._queued or self._stream != stream or self._closing
+                              or self.credit != self._credit_sent)
                 if self._stream != stream or (self._closing and not self._queued):
                     return
-                if self.linger_s and len(self._queued) < self.ack_batch:
+                if self._queued and self.linger_s and len(self._queued) < self.ack_batch:
                     end = time.monotonic() + self.linger_s
                     while (len(self._queued) < self.ack_batch and not self._closing
                            and self._stream == stream
@@ -181,12 +221,16 @@ class Consumer:
                         return
                 batch = [self._queued.popleft()
                          for _ in range(min(self.ack_batch, len(self._queued)))]
-                settle_id, self._next_id = self._next_id, self._next_id + 1
-                self._sent.append((settle_id, batch))
-            yield pb.SubscribeRequest(
+                settle_id = 0
+                if batch:
+                    settle_id, self._next_id = self._next_id, self._next_id + 1
+                    self._sent.append((settle_id, batch))
+                credit = self.credit if self.credit != self._credit_sent else 0
+                self._credit_sent = self.credit
+            yield pb.SubscribeRequest(  # settlements, a new credit, or both
                 ack=[h for h, item, _ in batch if item is None],
                 nack=[item for _, item, _ in batch if item is not None],
-                settle_id=settle_id)
+                settle_id=settle_id, max_outstanding=credit)
 
     def _run(self) -> None:
         backoff = 0.05
@@ -270,6 +314,14 @@ class Consumer:
                 kept.append(item)
         for item in kept:
             self._inbox.put(item)
+
+
+def grown_credit(credit: int, rate_per_s: float, invisible_time_s: int) -> int:
+    """The credit after the loop found nothing waiting: doubled, up to ``AUTO_MAX`` and
+    to what the loop handles (``rate_per_s``) in half an invisible time, never below
+    ``AUTO_START``; never less than ``credit``."""
+    cap = min(AUTO_MAX, max(AUTO_START, int(rate_per_s * invisible_time_s / 2)))
+    return max(credit, min(cap, credit * 2))
 
 
 def _handle(m: pb.ReceivedMessage | str) -> str:

@@ -7,7 +7,9 @@ tier commit, and only then read the next request: one commit per request, and th
 credit of the acked messages back only after it.  Now a request's acks are applied at
 once and reported (``settled_through``) once durable, in order, while the next requests
 are applied meanwhile; an ack that cannot be made durable ends the stream, so the
-client counts it as unknown, never as done.
+client counts it as unknown, never as done.  And the ``Consumer``'s credit follows the
+stream by itself (a later request may change it): it grows when the loop finds nothing
+waiting, within what the loop takes in half an invisible time.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import grpc
 import pytest
 
 import chronomq.broker
-from chronomq.client import ChronomqClient
+from chronomq.client import ChronomqClient, message
+from chronomq.client.consumer import AUTO_MAX, AUTO_START, Consumer, grown_credit
 from chronomq.v1 import broker_pb2 as pb
 from tests.chronomq.test_duplicate_durability import Faulty
 from tests.conftest import RunningServer, broker_config
@@ -153,3 +156,59 @@ def test_acks_that_cannot_reach_the_tier_end_the_stream_unreported(
                 assert r.settled_through != 1, "acks reported done though not durable"
         finally:
             stream.close()
+
+
+def test_a_later_request_changes_the_streams_credit(
+        gated: tuple[RunningServer, Faulty]) -> None:
+    server, _ = gated
+    with server.client() as c:
+        c.create_topic("t")
+        for _ in range(8):
+            c.send_one("t", b"x")
+        stream = Stream(c, pb.SubscribeRequest(topic="t", group="g", invisible_time_s=60,
+                                               max_outstanding=2))
+        try:
+            first = stream.messages(2)
+            # When a request raises the credit to 5 (nothing settled)
+            stream.send(pb.SubscribeRequest(max_outstanding=5))
+            # Then three more come, and no more
+            more = stream.messages(3)
+            assert len(first) + len(more) == 5
+            assert {m.message_id for m in first}.isdisjoint(m.message_id for m in more)
+            with pytest.raises(queue.Empty):
+                stream.responses.get(timeout=1.0)
+        finally:
+            stream.close()
+
+
+def test_the_credit_doubles_when_the_loop_waits_within_what_it_handles_in_time() -> None:
+    assert grown_credit(AUTO_START, rate_per_s=0, invisible_time_s=30) == AUTO_START
+    assert grown_credit(256, rate_per_s=10_000, invisible_time_s=30) == 512
+    assert grown_credit(4096, rate_per_s=10_000, invisible_time_s=30) == AUTO_MAX
+    # a slow loop (10 a second, 30 s leases) never prefetches what it cannot take in time
+    assert grown_credit(256, rate_per_s=10, invisible_time_s=30) == 256
+    assert grown_credit(256, rate_per_s=40, invisible_time_s=30) == 512  # 600 in 15 s
+    assert grown_credit(300, rate_per_s=40, invisible_time_s=10) == 300  # never shrinks
+    assert grown_credit(256, rate_per_s=100, invisible_time_s=10) == 500
+
+
+def test_a_consumer_on_a_durable_ack_broker_raises_its_credit_by_itself(
+        gated: tuple[RunningServer, Faulty]) -> None:
+    server, _ = gated
+    with server.client() as c:
+        c.create_topic("t", queue_count=2)
+        for _ in range(20):
+            assert all(o.ok for o in c.send([message("t", b"x")] * 500))
+        taken = 0
+        with Consumer(c, "t", "g") as consumer:
+            assert consumer.credit == AUTO_START
+            while taken < 10_000:
+                m = consumer.receive(timeout_s=30)
+                assert m is not None
+                consumer.ack(m)
+                taken += 1
+            assert consumer.flush(60)
+            # every lease waited for a tier commit: the loop found nothing waiting at
+            # times, and the credit grew (within what it takes in 15 s)
+            assert consumer.credit > AUTO_START
+        assert c.stats()["pop.acked"] == 10_000
