@@ -33,6 +33,9 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing as mp
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -242,6 +245,12 @@ def run_mode(mode: str, data: Path, endpoint: str, args: argparse.Namespace,
     print(f"[{mode}] starting broker: {' '.join(s for s in settings if 'secret' not in s)}",
           flush=True)
     srv = ServerProcess(data, *settings)
+    spy = None
+    if args.profile and mode == "durable":  # the durable broker, every phase
+        pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        spy = subprocess.Popen([pyspy, "record", "--nonblocking", "-p", str(srv.proc.pid),
+                                "-o", args.profile, "-f", "raw"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with ChronomqClient(srv.target, timeout_s=60) as c:
             c.create_topic("bench", queue_count=4)
@@ -299,6 +308,9 @@ def run_mode(mode: str, data: Path, endpoint: str, args: argparse.Namespace,
                   f"{res.consumer_msgs:,} taken+acked in {res.consumer_s:.2f} s: "
                   f"{res.consumer_rate:,.0f} msgs/s", flush=True)
     finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
         code = srv.terminate()
         if code != 0:
             res.note(f"broker exited {code}: {''.join(srv.output[-5:])}")
@@ -359,6 +371,8 @@ def main() -> None:
     ap.add_argument("--producer-in-flight", type=int, default=None,
                     help="the Producer's batches in flight (default: the Producer's)")
     ap.add_argument("--s3", choices=["moto", "seaweed"], default="moto")
+    ap.add_argument("--profile", default="", help="py-spy the durable broker into this "
+                    "file (collapsed stacks)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="local and durable in turn, this many times (a table each)")
     ap.add_argument("--mode", choices=["local", "durable"], action="append",

@@ -11,6 +11,10 @@ Pulsar and Pub/Sub client libraries batch:
   unanswered, holding everything queued by then (at most ``batch_messages`` messages and
   ``batch_bytes`` of bodies); ``linger_ms`` waits that much longer for company when the
   batch is not full (latency traded for fewer, larger requests);
+* **a window that follows the answers**: by default ``in_flight`` starts at
+  ``AUTO_START`` and doubles, up to ``AUTO_MAX``, whenever an answer comes while every
+  slot was taken and a full batch waited (the answers take longer than the caller
+  needs to fill the window: with ``tier.durable_ack`` each waits for a tier commit);
 * **back-pressure**: at most ``max_pending`` messages wait or fly; ``send`` blocks up to
   ``block_s`` for room, then raises ``BufferFull``;
 * **the promise**: a future resolves with the message's ``SendOutcome`` only when the
@@ -45,6 +49,7 @@ from chronomq.client.errors import ClientError
 from chronomq.v1 import broker_pb2 as pb
 
 MAX_BATCH_MESSAGES = 1000  # the broker's limit per SendRequest
+AUTO_START, AUTO_MAX = 4, 32  # the window that follows the answers (``in_flight=None``)
 
 
 _FOLLOW = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
@@ -78,7 +83,8 @@ class Producer:
     """``with Producer(client) as p: p.send("orders", b"...", delay_ms=60_000).result()``"""
 
     def __init__(self, client: ChronomqClient, *, linger_ms: float = 0.0,
-                 batch_messages: int = 500, batch_bytes: int = 4 << 20, in_flight: int = 4,
+                 batch_messages: int = 500, batch_bytes: int = 4 << 20,
+                 in_flight: int | None = None,
                  max_pending: int = 20_000, block_s: float = 30.0, idempotent: bool = False,
                  retries: int = 5, delivery_timeout_s: float = 120.0,
                  locate: Callable[[], ChronomqClient] | None = None) -> None:
@@ -89,14 +95,18 @@ class Producer:
         there like an unanswered one."""
         if not 1 <= batch_messages <= MAX_BATCH_MESSAGES:
             raise ValueError(f"batch_messages must be 1..{MAX_BATCH_MESSAGES}")
-        if in_flight < 1 or max_pending < 1 or batch_bytes < 1 or linger_ms < 0:
+        if (in_flight is not None and in_flight < 1) or max_pending < 1 or batch_bytes < 1 \
+                or linger_ms < 0:
             raise ValueError("in_flight, max_pending and batch_bytes must be positive, "
                              "linger_ms not negative")
         self._client = client
         self._locate = locate
         self.linger_s = linger_ms / 1000
         self.batch_messages, self.batch_bytes = batch_messages, batch_bytes
-        self.in_flight, self.max_pending, self.block_s = in_flight, max_pending, block_s
+        self._auto = in_flight is None
+        self.in_flight = AUTO_START if in_flight is None else in_flight
+        self.max_pending, self.block_s = max_pending, block_s
+        self._window_full = False  # a full batch waited for a slot since the last answer
         self.idempotent, self.retries = idempotent, retries
         self.delivery_timeout_s = delivery_timeout_s
         self.batches_sent = 0
@@ -183,6 +193,8 @@ class Producer:
             if self._stream != stream or (self._closing and not self._flying):
                 return None
             if len(self._flying) >= self.in_flight:
+                if len(self._queued) >= self.batch_messages:
+                    self._window_full = True
                 cond.wait()
                 continue
             if self._retry:
@@ -274,6 +286,9 @@ class Producer:
             raise _Moved(status_by_number(r.error.code), r.error.message)
         with self._cond:
             self._flying.popleft()
+            if self._auto and self._window_full:  # the window held the caller back
+                self.in_flight = min(AUTO_MAX, self.in_flight * 2)
+            self._window_full = False
         for r, f in zip(results, batch.futures, strict=True):
             if r.WhichOneof("outcome") == "error":
                 f.set_exception(RpcError(status_by_number(r.error.code), r.error.message))

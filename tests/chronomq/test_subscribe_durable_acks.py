@@ -9,7 +9,8 @@ once and reported (``settled_through``) once durable, in order, while the next r
 are applied meanwhile; an ack that cannot be made durable ends the stream, so the
 client counts it as unknown, never as done.  And the ``Consumer``'s credit follows the
 stream by itself (a later request may change it): it grows when the loop finds nothing
-waiting, within what the loop takes in half an invisible time.
+waiting, within what the loop takes in half an invisible time; the ``Producer``'s window
+of batches in flight grows when full batches wait for a slot.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import pytest
 import chronomq.broker
 from chronomq.client import ChronomqClient, message
 from chronomq.client.consumer import AUTO_MAX, AUTO_START, Consumer, grown_credit
+from chronomq.client.producer import AUTO_START as PRODUCER_AUTO_START
+from chronomq.client.producer import Producer
 from chronomq.v1 import broker_pb2 as pb
 from tests.chronomq.test_duplicate_durability import Faulty
 from tests.conftest import RunningServer, broker_config
@@ -212,3 +215,29 @@ def test_a_consumer_on_a_durable_ack_broker_raises_its_credit_by_itself(
             # times, and the credit grew (within what it takes in 15 s)
             assert consumer.credit > AUTO_START
         assert c.stats()["pop.acked"] == 10_000
+
+
+@pytest.mark.parametrize("in_flight", [None, 4], ids=["default", "fixed"])
+def test_a_producer_on_a_durable_ack_broker_widens_its_window_by_itself(
+        gated: tuple[RunningServer, Faulty], in_flight: int | None) -> None:
+    server, faulty = gated
+    with server.client() as c:
+        c.create_topic("t", queue_count=2)
+        producer = Producer(c, **({} if in_flight is None else {"in_flight": in_flight}))
+        try:
+            assert producer.in_flight == PRODUCER_AUTO_START
+            # Given the tier holds every commit: four batches fly, unanswered
+            faulty.hold()
+            futures = [producer.send("t", b"x") for _ in range(5_000)]
+            assert _wait(lambda: producer.batches_sent == PRODUCER_AUTO_START)
+            # When the commits go through
+            faulty.release()
+            assert producer.flush(60)
+            assert all(f.result(0).message_id for f in futures)
+        finally:
+            producer.close()
+    # Then the default window grew (full batches had waited for a slot); a fixed one not
+    if in_flight is None:
+        assert producer.in_flight > PRODUCER_AUTO_START
+    else:
+        assert producer.in_flight == 4
