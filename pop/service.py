@@ -243,6 +243,23 @@ class PopService:
         """Lease up to ``max_messages`` visible messages for ``invisible_time_s``.  Every
         message whose Send was acknowledged before this call began is visible to it.
         ``cap`` raises the per-call limit (the Subscribe stream leases in larger batches)."""
+        messages, ticket = self.pop_applied(topic, group, max_messages, invisible_time_s,
+                                            tag_filter, cap)
+        self.wait_popped(ticket)  # durable before the messages leave the broker
+        return messages
+
+    def wait_popped(self, ticket: int) -> None:
+        """Return once the leases of ``ticket`` (``pop_applied``) are durable, then the
+        fencing check; raises when they are not (the messages must not leave)."""
+        if ticket:
+            self._book.wait(ticket)
+            crashpoint("pop.after_checkpoint")
+
+    def pop_applied(self, topic: str, group: str, max_messages: int, invisible_time_s: int,
+                    tag_filter: TagFilter | None = None, cap: int | None = None
+                    ) -> tuple[list[PoppedMessage], int]:
+        """``pop`` without the wait: the messages and the ticket their leases' write must
+        reach (``wait_popped``) before any of them leaves the broker."""
         self.validate(topic, group, max_messages, invisible_time_s, cap)
         tf = tag_filter or TagFilter(None)
         queue_count = self._store.require_topic(topic).queue_count
@@ -265,12 +282,9 @@ class PopService:
                     out = _join(out, self._lease(group, ltopic, topic, queues, want, now,
                                                  expire, tf))
             ticket = self._book.write(out.puts)
-        if ticket:  # durable before the messages leave the broker (one fsync for many)
-            self._book.wait(ticket)
-            crashpoint("pop.after_checkpoint")
         self._schedule.add(out.deadlines)
         self._book.count_popped(len(out.messages))
-        return out.messages
+        return out.messages, ticket
 
     def _lease(self, group: str, ltopic: str, origin: str, queue_count: int, want: int,
                now: int, expire: int, tf: TagFilter) -> Leased:

@@ -16,6 +16,7 @@ import json
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import NamedTuple, TypeAlias
@@ -30,6 +31,7 @@ from chronomq.api.subscription import (
     SETTLE_DRAIN_S,
     STREAM_BATCH,
     STREAM_BATCH_DURABLE,
+    STREAM_PIPELINE,
     Subscription,
     ack_results,
     received_pb,
@@ -317,18 +319,29 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         threading.Thread(target=sub.read, args=(request_iterator,),
                          name="subscribe-reader", daemon=True).start()
         pop = self._broker.pop
-        # durable-ack: each Pop waits for one tier commit, so a stream leases more per Pop
+        # durable-ack: each Pop waits for one tier commit, so a stream leases more per Pop,
+        # and up to STREAM_PIPELINE Pops are leased before the first is waited for (one
+        # commit confirms them all)
         batch = STREAM_BATCH_DURABLE if self._broker.journal.durable_ack else STREAM_BATCH
+        leased: deque[tuple[list[PoppedMessage], int]] = deque()  # not durable yet
         try:
             while context.is_active() and not sub.closed:
                 report = sub.take_report()
                 room = sub.room()
-                got: list[PoppedMessage] = []
                 seen = self._notifier.generation(sub.topic)
-                if room > 0:
-                    got = pop.pop(sub.topic, sub.group, min(room, batch),
-                                  sub.invisible_time_s, sub.tag_filter, cap=batch)
+                if room > 0 and len(leased) < STREAM_PIPELINE:
+                    got, ticket = pop.pop_applied(sub.topic, sub.group, min(room, batch),
+                                                  sub.invisible_time_s, sub.tag_filter,
+                                                  cap=batch)
                     sub.leased(got)
+                    if got:
+                        leased.append((got, ticket))
+                        if room > len(got) and len(leased) < STREAM_PIPELINE:
+                            continue  # lease more before waiting for the first
+                got = []
+                if leased:  # the oldest leases, once durable
+                    got, ticket = leased.popleft()
+                    pop.wait_popped(ticket)
                 if got or report is not None:
                     with self._counts_lock:
                         self.popped += len(got)

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 STREAM_BATCH = 256  # messages leased per Pop on a Subscribe stream
 STREAM_BATCH_DURABLE = 1024  # ... with tier.durable_ack (each Pop waits for the tier)
+STREAM_PIPELINE = 4  # Pops leased on a stream before the first is waited for
 DEFAULT_CREDIT = 256
 MAX_CREDIT = 10_000
 IDLE_WAIT_S = 15.0  # an idle Subscribe stream looks for messages at least this often

@@ -241,3 +241,27 @@ def test_a_producer_on_a_durable_ack_broker_widens_its_window_by_itself(
         assert producer.in_flight > PRODUCER_AUTO_START
     else:
         assert producer.in_flight == 4
+
+
+def test_a_stream_leases_several_batches_before_the_first_is_durable_and_pushes_none_early(
+        gated: tuple[RunningServer, Faulty]) -> None:
+    server, faulty = gated
+    with server.client() as c:
+        c.create_topic("t", queue_count=2)
+        for _ in range(6):
+            assert all(o.ok for o in c.send([message("t", b"x")] * 500))
+        # Given the tier holds every commit
+        faulty.hold()
+        stream = Stream(c, pb.SubscribeRequest(topic="t", group="g", invisible_time_s=60,
+                                               max_outstanding=3_000))
+        try:
+            # When the stream leases: all three batches it has credit for are leased
+            # while the first waits for the tier, and none leaves the broker yet
+            assert _wait(lambda: c.stats()["pop.popped"] == 3_000), c.stats()["pop.popped"]
+            assert stream.responses.empty()
+            # Then, the commits through, all come, each once
+            faulty.release()
+            got = stream.messages(3_000)
+            assert len({m.message_id for m in got}) == 3_000
+        finally:
+            stream.close()
