@@ -107,6 +107,8 @@ class Result:
     sub_s: float = float("nan")
     consumer_msgs: int = 0
     consumer_s: float = float("nan")
+    consumer_credit: int = 0  # where the Consumer's credit ended
+    producer_window: int = 0  # where the Producer's window of batches ended
     errors: list[str] = field(default_factory=list)  # first few error texts
 
     @property
@@ -182,6 +184,7 @@ def _producer(c: ChronomqClient, topic: str, n: int, seconds: float, res: Result
             except Exception as exc:  # reported; the bench goes on
                 failed += 1
                 res.note(f"Producer: {type(exc).__name__}: {exc}")
+        res.producer_window = p.in_flight
     return ok, failed, time.monotonic() - t0
 
 
@@ -230,6 +233,7 @@ def _consumer(c: ChronomqClient, topic: str, n: int, seconds: float, res: Result
             except Exception as exc:  # reported; the bench goes on
                 res.note(f"Consumer ack: {type(exc).__name__}: {exc}")
         elapsed = time.monotonic() - t0
+        res.consumer_credit = consumer.credit
     return acked, elapsed
 
 
@@ -291,7 +295,8 @@ def run_mode(mode: str, data: Path, endpoint: str, args: argparse.Namespace,
                 c, "bench", args.messages, args.seconds, res, args.producer_in_flight)
             print(f"[{mode}] Producer (tier caught up {settled:.1f} s first): "
                   f"{res.producer_msgs:,} ok, {res.producer_errors} failed in "
-                  f"{res.producer_s:.2f} s: {res.producer_rate:,.0f} msgs/s", flush=True)
+                  f"{res.producer_s:.2f} s: {res.producer_rate:,.0f} msgs/s (window "
+                  f"{res.producer_window} batches)", flush=True)
 
             settled = _settle(c, args.settle)
             res.sub_msgs, res.sub_s = _subscribe(c, "backlog", args.backlog, args.seconds)
@@ -306,7 +311,8 @@ def run_mode(mode: str, data: Path, endpoint: str, args: argparse.Namespace,
                                                           args.seconds, res)
             print(f"[{mode}] Consumer (tier caught up {settled:.1f} s first): "
                   f"{res.consumer_msgs:,} taken+acked in {res.consumer_s:.2f} s: "
-                  f"{res.consumer_rate:,.0f} msgs/s", flush=True)
+                  f"{res.consumer_rate:,.0f} msgs/s (credit {res.consumer_credit})",
+                  flush=True)
     finally:
         if spy is not None:
             spy.send_signal(signal.SIGINT)
