@@ -15,8 +15,10 @@ stream instead:
   request;
 * **batched settlements**: ``ack`` / ``nack`` / ``dead_letter`` queue the settlement and
   return a ``Future`` at once; one request carries everything queued by the time the
-  stream can take it (waiting ``ack_linger_ms`` more when set, at most ``ack_batch``
-  items), tagged with an increasing ``settle_id``;
+  stream can take it and fewer than ``SETTLE_IN_FLIGHT`` requests are unanswered
+  (waiting ``ack_linger_ms`` more when set, at most ``ack_batch`` items), tagged with an
+  increasing ``settle_id``: while the broker makes acks durable (with
+  ``tier.durable_ack``, a tier commit) the next ones gather into one request;
 * **the promise**: the broker answers ``settled_through = settle_id`` once a request's
   settlements are applied, an ack durable (the same contract as a unary Ack), reporting
   any that failed in ``errors`` first; a future resolves (None) only then, or fails with
@@ -57,6 +59,7 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
 
 _Settlement = tuple[str, pb.NackItem | None, Future[None]]  # handle, nack item or None (ack)
 AUTO_START, AUTO_MAX = 256, 4096  # the credit that follows the stream (``prefetch=None``)
+SETTLE_IN_FLIGHT = 4  # settlement requests sent and not yet answered, at most
 
 
 class Consumer:
@@ -207,7 +210,8 @@ class Consumer:
         yield self._opening
         while True:
             with cond:
-                cond.wait_for(lambda: self._queued or self._stream != stream or self._closing
+                cond.wait_for(lambda: (self._queued and len(self._sent) < SETTLE_IN_FLIGHT)
+                              or self._stream != stream or (self._closing and not self._queued)
                               or self.credit != self._credit_sent)
                 if self._stream != stream or (self._closing and not self._queued):
                     return
@@ -219,8 +223,9 @@ class Consumer:
                         cond.wait(left)
                     if self._stream != stream:
                         return
+                room = self.ack_batch if len(self._sent) < SETTLE_IN_FLIGHT else 0
                 batch = [self._queued.popleft()
-                         for _ in range(min(self.ack_batch, len(self._queued)))]
+                         for _ in range(min(room, len(self._queued)))]
                 settle_id = 0
                 if batch:
                     settle_id, self._next_id = self._next_id, self._next_id + 1

@@ -9,8 +9,9 @@ once and reported (``settled_through``) once durable, in order, while the next r
 are applied meanwhile; an ack that cannot be made durable ends the stream, so the
 client counts it as unknown, never as done.  And the ``Consumer``'s credit follows the
 stream by itself (a later request may change it): it grows when the loop finds nothing
-waiting, within what the loop takes in half an invisible time; the ``Producer``'s window
-of batches in flight grows when full batches wait for a slot.
+waiting, within what the loop takes in half an invisible time, and its acks gather while
+its requests wait for the tier; the ``Producer``'s window of batches in flight grows when
+full batches wait for a slot.
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ import pytest
 
 import chronomq.broker
 from chronomq.client import ChronomqClient, message
-from chronomq.client.consumer import AUTO_MAX, AUTO_START, Consumer, grown_credit
+from chronomq.client.consumer import (
+    AUTO_MAX,
+    AUTO_START,
+    SETTLE_IN_FLIGHT,
+    Consumer,
+    grown_credit,
+)
 from chronomq.client.producer import AUTO_START as PRODUCER_AUTO_START
 from chronomq.client.producer import Producer
 from chronomq.v1 import broker_pb2 as pb
@@ -265,3 +272,32 @@ def test_a_stream_leases_several_batches_before_the_first_is_durable_and_pushes_
             assert len({m.message_id for m in got}) == 3_000
         finally:
             stream.close()
+
+
+def test_a_consumers_acks_gather_while_its_requests_wait_for_the_tier(
+        gated: tuple[RunningServer, Faulty]) -> None:
+    server, faulty = gated
+    with server.client() as c:
+        c.create_topic("t")
+        assert all(o.ok for o in c.send([message("t", b"x")] * 100))
+        with Consumer(c, "t", "g", prefetch=100) as consumer:
+            taken = [consumer.receive(timeout_s=30) for _ in range(100)]
+            assert all(m is not None for m in taken)
+            # Given the tier holds every commit, and SETTLE_IN_FLIGHT requests of one
+            # ack each are sent (applied, not answered)
+            faulty.hold()
+            futures = []
+            for i, m in enumerate(taken[:SETTLE_IN_FLIGHT]):
+                assert m is not None
+                futures.append(consumer.ack(m))
+                assert _wait(lambda i=i: c.stats()["pop.acked"] == i + 1)
+            # When the loop acks the rest
+            futures += [consumer.ack(m) for m in taken[SETTLE_IN_FLIGHT:] if m is not None]
+            # Then they wait on the client, gathered, until a request is answered
+            time.sleep(0.5)
+            assert c.stats()["pop.acked"] == SETTLE_IN_FLIGHT
+            assert not any(f.done() for f in futures)
+            faulty.release()
+            for f in futures:
+                f.result(30)
+        assert c.stats()["pop.acked"] == 100
