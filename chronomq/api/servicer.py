@@ -326,7 +326,6 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         leased: deque[tuple[list[PoppedMessage], int]] = deque()  # not durable yet
         try:
             while context.is_active() and not sub.closed:
-                report = sub.take_report()
                 room = sub.room()
                 seen = self._notifier.generation(sub.topic)
                 if room > 0 and len(leased) < STREAM_PIPELINE:
@@ -342,6 +341,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 if leased:  # the oldest leases, once durable
                     got, ticket = leased.popleft()
                     pop.wait_popped(ticket)
+                report = sub.take_report()  # (taken only when it goes out now)
                 if got or report is not None:
                     with self._counts_lock:
                         self.popped += len(got)

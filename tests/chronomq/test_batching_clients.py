@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from chronomq.client import ChronomqClient, RpcError, SendOutcome
+from chronomq.client import ChronomqClient, RpcError, SendOutcome, message
 from chronomq.client.consumer import Consumer
 from chronomq.client.producer import BufferFull, Producer
 from chronomq.v1 import broker_pb2 as pb
@@ -235,3 +235,30 @@ def test_consumer_loop_nack_close_and_refusals(client: ChronomqClient,
     with Consumer(client, "missing", "G") as bad, pytest.raises(RpcError) as e:
         bad.receive(10)
     assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_consumer_takes_and_acks_a_large_backlog_with_every_ack_answered(
+        tmp_path: Path) -> None:
+    # Seen in the durable-ack benchmark: a Subscribe stream that leased another batch in
+    # the same turn as it took a report of settled requests dropped that report; with at
+    # most four settlement requests unanswered the consumer's acks then waited for ever
+    # and its leases ran out again and again
+    srv = ServerProcess(tmp_path / "data")
+    try:
+        with ChronomqClient(srv.target, timeout_s=30) as c:
+            c.create_topic("big", queue_count=4)
+            for _ in range(100):
+                assert all(o.ok for o in c.send([message("big", b"x" * 100)] * 1000))
+            futures = []
+            deadline = time.monotonic() + 90  # ~5 s on this machine
+            with Consumer(c, "big", "G", prefetch=4096, invisible_time_s=300) as consumer:
+                for i in range(100_000):  # (Pops of 256: several a turn of the stream)
+                    m = consumer.receive(timeout_s=max(0.1, deadline - time.monotonic()))
+                    assert m is not None, f"the stream stalled after {i} messages"
+                    futures.append(consumer.ack(m))
+                for f in futures:
+                    f.result(max(0.1, deadline - time.monotonic()))  # every ack answered
+            stats = c.stats()
+            assert stats["pop.acked"] == 100_000 and stats["pop.revived"] == 0
+    finally:
+        srv.terminate()
