@@ -68,7 +68,8 @@ def _grpc_server(workers: int, thread_prefix: str, max_rpcs: int) -> grpc.Server
                  ("grpc.so_reuseport", 0),
                  # clients ping open calls to notice a paused or lost broker
                  # (``ChronomqClient`` keepalive_s): allowed every second, with no data
-                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000)])
+                 # (gRPC core's GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS)
+                 ("grpc.http2.min_ping_interval_without_data_ms", 1000)])
 
 
 class BrokerServer:

@@ -82,3 +82,20 @@ def test_a_stream_consumer_notices_a_paused_broker(broker: ServerProcess) -> Non
             wait_until(lambda: consumer.streams_opened > before, NOTICED_WITHIN_S,
                        "the consumer to open a new stream")
             os.kill(broker.proc.pid, signal.SIGCONT)
+
+
+def test_a_consumer_waiting_on_an_idle_topic_keeps_its_stream(broker: ServerProcess) -> None:
+    # Seen while measuring: "Received a GOAWAY with error code ENHANCE_YOUR_CALM ...
+    # too_many_pings" on a Consumer whose topic was idle, its stream broken and opened
+    # again: the broker's allowance of a ping a second was set under a key gRPC does not
+    # read, so its default (one ping in five minutes without data) struck the client out
+    with ChronomqClient(broker.target, keepalive_s=2.0) as c:
+        c.create_topic("idle")
+        with Consumer(c, "idle", "G") as consumer:
+            # a dozen pings without data, two strikes being enough to be sent away
+            assert consumer.receive(timeout_s=25) is None
+            assert consumer.streams_opened == 1
+            c.send_one("idle", b"at last")
+            m = consumer.receive(timeout_s=10)
+            assert m is not None and m.body == b"at last"
+            assert consumer.streams_opened == 1
