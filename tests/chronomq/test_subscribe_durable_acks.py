@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -100,6 +101,21 @@ class Stream:
         self._call.cancel()
 
 
+@contextmanager
+def subscribed(c: ChronomqClient, messages: int, credit: int) -> Iterator[Stream]:
+    """Topic ``t`` with ``messages`` messages, and a raw Subscribe stream of group ``g``
+    on it with ``credit``; closed after."""
+    c.create_topic("t")
+    for _ in range(messages):
+        c.send_one("t", b"x")
+    stream = Stream(c, pb.SubscribeRequest(topic="t", group="g", invisible_time_s=60,
+                                           max_outstanding=credit))
+    try:
+        yield stream
+    finally:
+        stream.close()
+
+
 def _wait(predicate: object, timeout_s: float = 20) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -112,83 +128,59 @@ def _wait(predicate: object, timeout_s: float = 20) -> bool:
 def test_a_streams_next_acks_are_applied_while_the_first_wait_for_the_tier(
         gated: tuple[RunningServer, Faulty]) -> None:
     server, faulty = gated
-    with server.client() as c:
-        c.create_topic("t")
-        for _ in range(10):
-            c.send_one("t", b"x")
-        stream = Stream(c, pb.SubscribeRequest(topic="t", group="g", invisible_time_s=60,
-                                               max_outstanding=10))
-        try:
-            handles = [m.receipt_handle for m in stream.messages(10)]
-            # Given the tier holds every write from now on (no commit completes)
-            faulty.hold()
-            # When two requests ack five messages each
-            stream.send(pb.SubscribeRequest(ack=handles[:5], settle_id=1))
-            stream.send(pb.SubscribeRequest(ack=handles[5:], settle_id=2))
-            # Then both are applied while neither is durable, and neither is reported
-            assert _wait(lambda: c.stats()["pop.acked"] == 10), c.stats()["pop.acked"]
-            assert faulty.held > 0
-            while not stream.responses.empty():
-                r = stream.responses.get()
-                assert isinstance(r, pb.SubscribeResponse) and not r.settled_through, r
-            # and once the tier takes the writes, both are reported, in order
-            faulty.release()
-            through = 0
-            while through < 2:
-                r = stream.responses.get(timeout=30)
-                assert isinstance(r, pb.SubscribeResponse), r
-                assert not r.errors
-                assert r.settled_through == 0 or r.settled_through > through
-                through = max(through, r.settled_through)
-        finally:
-            stream.close()
+    with server.client() as c, subscribed(c, 10, 10) as stream:
+        handles = [m.receipt_handle for m in stream.messages(10)]
+        # Given the tier holds every write from now on (no commit completes)
+        faulty.hold()
+        # When two requests ack five messages each
+        stream.send(pb.SubscribeRequest(ack=handles[:5], settle_id=1))
+        stream.send(pb.SubscribeRequest(ack=handles[5:], settle_id=2))
+        # Then both are applied while neither is durable, and neither is reported
+        assert _wait(lambda: c.stats()["pop.acked"] == 10), c.stats()["pop.acked"]
+        assert faulty.held > 0
+        while not stream.responses.empty():
+            r = stream.responses.get()
+            assert isinstance(r, pb.SubscribeResponse) and not r.settled_through, r
+        # and once the tier takes the writes, both are reported, in order
+        faulty.release()
+        through = 0
+        while through < 2:
+            r = stream.responses.get(timeout=30)
+            assert isinstance(r, pb.SubscribeResponse), r
+            assert not r.errors
+            assert r.settled_through == 0 or r.settled_through > through
+            through = max(through, r.settled_through)
 
 
 def test_acks_that_cannot_reach_the_tier_end_the_stream_unreported(
         gated: tuple[RunningServer, Faulty]) -> None:
     server, faulty = gated
-    with server.client() as c:
-        c.create_topic("t")
-        for _ in range(3):
-            c.send_one("t", b"x")
-        stream = Stream(c, pb.SubscribeRequest(topic="t", group="g", invisible_time_s=60,
-                                               max_outstanding=3))
-        try:
-            handles = [m.receipt_handle for m in stream.messages(3)]
-            faulty.refuse = "/"  # every write to the tier fails from now on
-            stream.send(pb.SubscribeRequest(ack=handles, settle_id=1))
-            # the acks' wait times out (tier.upload_timeout_s): the stream ends, and
-            # settled_through never says 1
-            while True:
-                r = stream.responses.get(timeout=UPLOAD_TIMEOUT_S * 10)
-                if not isinstance(r, pb.SubscribeResponse):
-                    break  # ended: with an error, or cleanly
-                assert r.settled_through != 1, "acks reported done though not durable"
-        finally:
-            stream.close()
+    with server.client() as c, subscribed(c, 3, 3) as stream:
+        handles = [m.receipt_handle for m in stream.messages(3)]
+        faulty.refuse = "/"  # every write to the tier fails from now on
+        stream.send(pb.SubscribeRequest(ack=handles, settle_id=1))
+        # the acks' wait times out (tier.upload_timeout_s): the stream ends, and
+        # settled_through never says 1
+        while True:
+            r = stream.responses.get(timeout=UPLOAD_TIMEOUT_S * 10)
+            if not isinstance(r, pb.SubscribeResponse):
+                break  # ended: with an error, or cleanly
+            assert r.settled_through != 1, "acks reported done though not durable"
 
 
 def test_a_later_request_changes_the_streams_credit(
         gated: tuple[RunningServer, Faulty]) -> None:
     server, _ = gated
-    with server.client() as c:
-        c.create_topic("t")
-        for _ in range(8):
-            c.send_one("t", b"x")
-        stream = Stream(c, pb.SubscribeRequest(topic="t", group="g", invisible_time_s=60,
-                                               max_outstanding=2))
-        try:
-            first = stream.messages(2)
-            # When a request raises the credit to 5 (nothing settled)
-            stream.send(pb.SubscribeRequest(max_outstanding=5))
-            # Then three more come, and no more
-            more = stream.messages(3)
-            assert len(first) + len(more) == 5
-            assert {m.message_id for m in first}.isdisjoint(m.message_id for m in more)
-            with pytest.raises(queue.Empty):
-                stream.responses.get(timeout=1.0)
-        finally:
-            stream.close()
+    with server.client() as c, subscribed(c, 8, 2) as stream:
+        first = stream.messages(2)
+        # When a request raises the credit to 5 (nothing settled)
+        stream.send(pb.SubscribeRequest(max_outstanding=5))
+        # Then three more come, and no more
+        more = stream.messages(3)
+        assert len(first) + len(more) == 5
+        assert {m.message_id for m in first}.isdisjoint(m.message_id for m in more)
+        with pytest.raises(queue.Empty):
+            stream.responses.get(timeout=1.0)
 
 
 def test_the_credit_doubles_when_the_loop_waits_within_what_it_handles_in_time() -> None:

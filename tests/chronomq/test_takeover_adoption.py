@@ -232,14 +232,15 @@ def test_a_takeover_cut_in_its_timer_step_resumes_without_twice_or_resurrection(
     assert all(when[m] >= due[m] for m in got)
 
 
+@pytest.mark.parametrize("fold", [False, True], ids=["chain-read", "folded"])
 def test_a_broker_that_adopted_is_taken_over_and_its_successor_keeps_what_it_adopted(
-        tmp_path: Path, manual_clock: ManualClock, brokers: list[Broker]) -> None:
+        tmp_path: Path, manual_clock: ManualClock, brokers: list[Broker], fold: bool) -> None:
     due, _ = _departed_with_far_future(tmp_path, manual_clock, brokers)
     start = manual_clock.now_ms()
     b = _open(tmp_path, "b", manual_clock, brokers)
     assert b.takeover("a", force=True).pending == len(due)
     # Given B delivered the near ones, cancelled and moved adopted ones, took sends of
-    # its own, and then was lost too
+    # its own
     got, when = _run(b, manual_clock, start + 2 * HOUR_MS)
     assert set(got) == {m for m in due if m.startswith("near-")}
     assert b.timer.cancel("far30-3", "t").changed == 1
@@ -249,67 +250,34 @@ def test_a_broker_that_adopted_is_taken_over_and_its_successor_keeps_what_it_ado
     due.update({"far30-4": start + 8 * HOUR_MS, "far5-4": start + 40 * HOUR_MS,
                 "own-0": start + 20 * HOUR_MS, "own-1": start + 20 * HOUR_MS})
     del due["far30-3"]
+    left = {m for m in due if m not in got}
     _dispatched(b)
     b.timer.write_parked(force=True)
+    if fold:  # and its timer snapshot folded what it adopted in
+        _caught_up(b)
+        assert b.compactor is not None and b.compactor.step(force=True)
+        pointer = read_pointer(b.tier, "b")
+        assert pointer is not None and len(pointer.folded) == 1
+        assert pointer.folded_brokers == ["a"]
+        assert pointer.records == len(left)  # A's pending ones and B's own, nothing done
+        done, moved = read_residual(b.tier, pointer.residual)
+        assert not any(is_adopted(o) for o in (*done, *moved))  # applied to the parts
+        assert not b.compactor.step(force=True)  # folded once
+    # and then B was lost too
     _gone(tmp_path, b, brokers)
-
-    # When C takes B over
-    c = _open(tmp_path, "c", manual_clock, brokers)
-    left = {m for m in due if m not in got}
-    result = c.takeover("b", force=True)
-
-    # Then C schedules what B held, A's adopted messages included, and writes TimerFlatFile
-    # entries only for the two B moved: A's and B's objects hold every other far one
-    assert result.pending == len(left)
-    assert len(_entries(c, "c")) == 2
-    _run(c, manual_clock, start + 41 * HOUR_MS, got=got, when=when)
-    assert set(got) == set(due)
-    assert max(got.values()) == 1
-    assert all(when[m] >= due[m] for m in due)
-
-
-def test_what_a_broker_adopted_is_folded_into_its_timer_snapshot_and_its_successor_reads_only_that(
-        tmp_path: Path, manual_clock: ManualClock, brokers: list[Broker]) -> None:
-    due, _ = _departed_with_far_future(tmp_path, manual_clock, brokers)
-    start = manual_clock.now_ms()
-    b = _open(tmp_path, "b", manual_clock, brokers)
-    assert b.compactor is not None
-    assert b.takeover("a", force=True).pending == len(due)
-    # Given B delivered the near ones, cancelled and moved adopted ones, took sends of its
-    # own, and its timer snapshot folded what it adopted in
-    got, when = _run(b, manual_clock, start + 2 * HOUR_MS)
-    assert b.timer.cancel("far30-3", "t").changed == 1
-    assert b.timer.reschedule("far30-4", start + 8 * HOUR_MS, "t").changed == 1
-    assert b.timer.reschedule("far5-4", start + 40 * HOUR_MS, "t").changed == 1
-    _send_delayed(b, ["own-0", "own-1"], start + 20 * HOUR_MS)
-    due.update({"far30-4": start + 8 * HOUR_MS, "far5-4": start + 40 * HOUR_MS,
-                "own-0": start + 20 * HOUR_MS, "own-1": start + 20 * HOUR_MS})
-    del due["far30-3"]
-    _dispatched(b)
-    b.timer.write_parked(force=True)
-    _caught_up(b)
-    assert b.compactor.step(force=True)
-    pointer = read_pointer(b.tier, "b")
-    assert pointer is not None and len(pointer.folded) == 1
-    assert pointer.folded_brokers == ["a"]
-    left = {m for m in due if m not in got}
-    assert pointer.records == len(left)  # A's pending ones and B's own, nothing done
-    done, moved = read_residual(b.tier, pointer.residual)
-    assert not any(is_adopted(o) for o in (*done, *moved))  # applied to the parts
-    assert not b.compactor.step(force=True)  # folded once
-    _gone(tmp_path, b, brokers)
-    # and A's delayed and timer streams are gone from the tier (its TimerFlatFiles stay)
-    for stream in (DELAYED_STREAM, TIMER_STREAM):
-        for prefix in (f"a/meta/{stream}/", f"a/data/{stream}/"):
-            for path in b.tier.list(prefix):
-                b.tier.delete(path)
+    if fold:  # and A's delayed and timer streams are gone (its TimerFlatFiles stay)
+        for stream in (DELAYED_STREAM, TIMER_STREAM):
+            for prefix in (f"a/meta/{stream}/", f"a/data/{stream}/"):
+                for path in b.tier.list(prefix):
+                    b.tier.delete(path)
 
     # When C takes B over
     c = _open(tmp_path, "c", manual_clock, brokers)
     result = c.takeover("b", force=True)
 
-    # Then C schedules what B held from B's snapshot alone, A's TimerFlatFiles adopted
-    # in place (entries written only for the two B moved), each once, none early
+    # Then C schedules what B held, A's adopted messages included (folded: from B's
+    # snapshot alone), and writes TimerFlatFile entries only for the two B moved: A's and
+    # B's objects hold every other far one; each comes once, none early
     assert result.pending == len(left)
     assert len(_entries(c, "c")) == 2
     _run(c, manual_clock, start + 41 * HOUR_MS, got=got, when=when)

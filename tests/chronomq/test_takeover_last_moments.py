@@ -72,37 +72,36 @@ def _each_once(root: Path, clock: ManualClock, brokers: list[Broker], ids: list[
     assert min(when[i] for i in ids) >= start + 5 * SECOND_MS
 
 
-def test_a_delivery_whose_record_never_reached_the_tier_is_not_delivered_again(
-        tmp_path: Path, manual_clock: ManualClock, brokers: list[Broker]) -> None:
-    # Given A's ten messages delivered and in the tier, but the timer stream's metadata
-    # copy in the tier as it was before (A died before that write: it goes last)
-    a, ids, start = _with_one_delivered(tmp_path, manual_clock, brokers)
+def _delivered_and_their_record_lost(root: Path, clock: ManualClock, brokers: list[Broker]
+                                     ) -> tuple[list[str], int]:
+    """A's ten messages delivered and in the tier, but the timer stream's metadata copy in
+    the tier as it was before (A died before that write: it goes last); A gone."""
+    a, ids, start = _with_one_delivered(root, clock, brokers)
     before = _metas(a, TIMER_STREAM)
-    manual_clock.advance(4 * SECOND_MS)
-    _tick(a, manual_clock)
+    clock.advance(4 * SECOND_MS)
+    _tick(a, clock)
     assert a.timer.statistics().delivered == 11
     _caught_up(a)
     assert _metas(a, TIMER_STREAM) != before
-    _gone(tmp_path, a, brokers)
+    _gone(root, a, brokers)
     for path, data in before.items():
         a.tier.write(path, data)
+    return ids, start
 
+
+def test_a_delivery_whose_record_never_reached_the_tier_is_not_delivered_again(
+        tmp_path: Path, manual_clock: ManualClock, brokers: list[Broker]) -> None:
+    # Given A's ten messages delivered, their record not in the tier
+    ids, start = _delivered_and_their_record_lost(tmp_path, manual_clock, brokers)
     # When B takes A over, then each message comes once: the copies in A's queues
     _each_once(tmp_path, manual_clock, brokers, ids, start)
 
 
 def test_what_a_successor_found_delivered_stays_delivered_once_its_snapshot_folds_it_in(
         tmp_path: Path, manual_clock: ManualClock, brokers: list[Broker]) -> None:
-    # Given A's ten messages delivered, their record not in the tier (as above), and B,
-    # taking A over, found their copies in A's queues and did not schedule them
-    a, ids, start = _with_one_delivered(tmp_path, manual_clock, brokers)
-    before = _metas(a, TIMER_STREAM)
-    manual_clock.advance(4 * SECOND_MS)
-    _tick(a, manual_clock)
-    _caught_up(a)
-    _gone(tmp_path, a, brokers)
-    for path, data in before.items():
-        a.tier.write(path, data)
+    # Given A's ten messages delivered, their record not in the tier, and B, taking A
+    # over, found their copies in A's queues and did not schedule them
+    ids, start = _delivered_and_their_record_lost(tmp_path, manual_clock, brokers)
     b = _open(tmp_path, "b", manual_clock, brokers)
     assert b.compactor is not None
     assert b.takeover("a", force=True).pending == 0
