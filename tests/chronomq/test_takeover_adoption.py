@@ -9,7 +9,8 @@ only what they lack), Cancel and Reschedule by id reach the adopted messages, an
 pending message comes once, never before its time.  A crash in the middle of the step
 resumes without scheduling anything twice or bringing back what was delivered or
 cancelled since; a broker that adopted is taken over in turn and its successor keeps
-what it adopted.
+what it adopted (read through the chain, or from the broker's own timer snapshot once
+it folded the adoption in, the older broker's streams gone).
 """
 
 from __future__ import annotations
