@@ -94,6 +94,7 @@ class TieredDispatcher:
         self._uploaded_records = self._uploaded_bytes = self._batches = 0
         self._failed = self._reused = 0
         self._consecutive = self._last_upload_ms = 0
+        self._commits, self._commit_s = 0, 0.0  # commits that uploaded something, their time
         self._retry_at_ms = 0.0  # monotonic: no commit before (back-off after a failure)
         self.index = TieredIndex(provider, broker, os.path.join(meta_dir, "index"), clock,
                                  config.index_entries, config.index_ms, self._mirror)
@@ -297,7 +298,8 @@ class TieredDispatcher:
             self._publish_durable()  # a gate that failed is tried again
             return 0
         timeout_s = self.config.upload_timeout_s
-        deadline_s = time.monotonic() + timeout_s  # real time: it bounds real I/O
+        began = time.monotonic()
+        deadline_s = began + timeout_s  # real time: it bounds real I/O
         sizes = [(q.next_queue_offset - q.committed_queue_offset, q.buffered_bytes)
                  for q in due]
         started = [(q, q.begin_commit()) for q in due]
@@ -323,6 +325,8 @@ class TieredDispatcher:
         failed_copies = self._mirror.sync(deadline_s, self.position)
         with self._lock:
             self._failed += failed_copies
+            self._commits += 1
+            self._commit_s += time.monotonic() - began
         self._publish_durable()
         return len(done)
 
@@ -417,7 +421,8 @@ class TieredDispatcher:
                               self._batches, self._failed, len(queues), len(self.index.files),
                               self.retention.expired, self._reused,
                               last_upload_ms=self._last_upload_ms,
-                              consecutive_failures=self._consecutive)
+                              consecutive_failures=self._consecutive,
+                              commits=self._commits, commit_seconds=self._commit_s)
         position, lag_s = upload_lag(self._store.commitlog, checkpoint, buffering, floor,
                                      self._clock)
         lag_bytes = self._store.commitlog.confirmed_offset - position

@@ -36,6 +36,8 @@ class TierStats:
     upload_lag_bytes: int = 0  # CommitLog confirmed offset - position
     upload_lag_s: float = 0.0  # age of the oldest record not yet in the tier (0: caught up)
     consecutive_failures: int = 0  # commits in a row with a failed upload (0: all went up)
+    commits: int = 0  # since start: commits that uploaded something
+    commit_seconds: float = 0.0  # their time, uploads to metadata copies (the lease's after)
 
 
 def upload_lag(commitlog: CommitLog, checkpoint: int, buffering: float | None,
