@@ -325,8 +325,9 @@ class TieredDispatcher:
         failed_copies = self._mirror.sync(deadline_s, self.position)
         with self._lock:
             self._failed += failed_copies
-            self._commits += 1
-            self._commit_s += time.monotonic() - began
+            if started or seal is not None:  # (a pass with nothing to upload is no commit)
+                self._commits += 1
+                self._commit_s += time.monotonic() - began
         self._publish_durable()
         return len(done)
 
