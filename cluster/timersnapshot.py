@@ -55,7 +55,7 @@ import json
 import logging
 import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -313,12 +313,14 @@ class TimerCompactor:
         """The old snapshot's records, the delayed stream's to ``c1``, then the folded
         adoptions', less what ``state`` says is done, due as it moved them; the adopted
         offsets met are taken out of ``unmatched``."""
-        for path in old.parts:
-            for r in read_part(self._tier, path):
+        def live(records: Iterable[PendingRecord]) -> Iterator[PendingRecord]:
+            for r in records:
                 unmatched.discard(r.queue_offset)
                 due = state.pending_due(r.queue_offset, FLAG_DELAYED, r.due_ms)
                 if due is not None:
                     yield r._replace(due_ms=due)
+        for path in old.parts:
+            yield from live(read_part(self._tier, path))
         for e in self._entries(DELAYED_STREAM, old.delayed_from, c1):
             info = decode_dispatch_infos(e.record, 0)[0][0]
             due = state.pending_due(e.queue_offset, info.flags, info.deliver_at_ms)
@@ -327,11 +329,7 @@ class TimerCompactor:
         for f in folds:
             try:
                 for chunk in f.rows():
-                    for r in chunk:
-                        unmatched.discard(r.queue_offset)
-                        due = state.pending_due(r.queue_offset, FLAG_DELAYED, r.due_ms)
-                        if due is not None:
-                            yield r._replace(due_ms=due)
+                    yield from live(chunk)
             except (TierError, ChronomqError) as exc:  # its takeover reads it, as before
                 self._unfoldable.add(f.digest)
                 raise TierError(f"cannot fold the adoption {f.digest} (brokers "

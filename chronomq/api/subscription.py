@@ -246,9 +246,7 @@ class _Settler:
         with self._cond:
             if self._failed:
                 return  # the stream is ending: this request is not reported
-            if not a.ticket and not self._queue and not self._busy:
-                pass  # nothing to wait for, nothing before it: reported now
-            else:
+            if a.ticket or self._queue or self._busy:  # a wait, or a request before it
                 self._queue.append(a)
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="subscribe-settler",
@@ -256,7 +254,7 @@ class _Settler:
                     self._thread.start()
                 self._cond.notify_all()
                 return
-        self._report(a)
+        self._report(a)  # nothing to wait for, nothing before it: reported now
 
     def _run(self) -> None:
         while True:

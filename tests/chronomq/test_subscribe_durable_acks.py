@@ -116,6 +116,12 @@ def subscribed(c: ChronomqClient, messages: int, credit: int) -> Iterator[Stream
         stream.close()
 
 
+def _filled(c: ChronomqClient, messages: int) -> None:
+    """Topic ``t`` (two queues) with ``messages`` messages, sent 500 a request."""
+    c.create_topic("t", queue_count=2)
+    for _ in range(0, messages, 500):
+        assert all(o.ok for o in c.send([message("t", b"x")] * 500))
+
 def _wait(predicate: object, timeout_s: float = 20) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -198,9 +204,7 @@ def test_a_consumer_on_a_durable_ack_broker_raises_its_credit_by_itself(
         gated: tuple[RunningServer, Faulty]) -> None:
     server, _ = gated
     with server.client() as c:
-        c.create_topic("t", queue_count=2)
-        for _ in range(20):
-            assert all(o.ok for o in c.send([message("t", b"x")] * 500))
+        _filled(c, 10_000)
         taken = 0
         with Consumer(c, "t", "g") as consumer:
             assert consumer.credit == AUTO_START
@@ -246,9 +250,7 @@ def test_a_stream_leases_several_batches_before_the_first_is_durable_and_pushes_
         gated: tuple[RunningServer, Faulty]) -> None:
     server, faulty = gated
     with server.client() as c:
-        c.create_topic("t", queue_count=2)
-        for _ in range(6):
-            assert all(o.ok for o in c.send([message("t", b"x")] * 500))
+        _filled(c, 3_000)
         # Given the tier holds every commit
         faulty.hold()
         stream = Stream(c, pb.SubscribeRequest(topic="t", group="g", invisible_time_s=60,
