@@ -126,6 +126,27 @@ class KV:
             it.next()
 
 
+    def span(self, start: bytes, end: bytes, limit: int) -> tuple[dict[bytes, bytes], bytes]:
+        """Items with ``start <= key < end``, at most ``limit`` of them, and the last key
+        read (``end`` when the span was read to its end)."""
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(end)
+        it = self._db.iter(ro)
+        it.seek(start)
+        out: dict[bytes, bytes] = {}
+        key = start
+        try:
+            while it.valid():
+                if len(out) == limit:
+                    return out, key
+                key = it.key()
+                out[key] = it.value()
+                it.next()
+        except Exception as exc:
+            raise StoreError(f"RocksDB read failed: {exc}") from exc
+        return out, end
+
+
 class GroupCommit:
     """One WAL fsync for a batch of writers (see the module docstring).  Thread-safe."""
 

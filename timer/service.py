@@ -86,6 +86,9 @@ class TimerService:
         # Every timer entry whose key sorts before the cursor is in the wheel (or due now).
         self._load_cursor = timer_key(0, 0)
         self._delivering: set[bytes] = set()
+        # (id, topic, due) -> timer keys of the copies being appended now, in batch order:
+        # the dispatcher removes a copy's entry by its key, with no read (``_delivered_keys``)
+        self._appending: dict[tuple[str, str, int], list[bytes]] = {}
         self._due_now: list[tuple[bytes, int]] = []  # loaded entries already due
         self._position = self._pending_position = 0  # read by ``open``
         self._wake = threading.Event()
@@ -160,7 +163,29 @@ class TimerService:
         """The timer entries (key and id key) of messages whose delivered copy is in the
         CommitLog.  The timer thread removes them right after the copy is durable; this
         removes them again from the log itself, in the same write as the position, so a
-        crash between the copy and the removal never delivers a message twice."""
+        crash between the copy and the removal never delivers a message twice.
+
+        A copy this process appended names its entry in ``_appending`` (registered before
+        the append): its keys are deleted blindly.  Only a copy from before a restart,
+        replayed, is looked up by its id and checked against the pending record."""
+        keys: list[bytes] = []
+        replayed: list[DispatchInfo] = []
+        with self._lock:
+            for r in delivered:
+                sent = self._appending.get((r.message_id, r.topic, r.deliver_at_ms))
+                if not sent:
+                    replayed.append(r)
+                    continue
+                key = sent.pop(0)
+                if not sent:
+                    del self._appending[(r.message_id, r.topic, r.deliver_at_ms)]
+                keys += (key, id_key(r.message_id, parse_timer_key(key)[1]))
+        if replayed:
+            keys += self._replayed_keys(replayed)
+        return keys
+
+    def _replayed_keys(self, delivered: list[DispatchInfo]) -> list[bytes]:
+        """``_delivered_keys`` of copies appended before a restart: found by their id."""
         pending: list[tuple[DispatchInfo, bytes]] = []
         for r in delivered:
             # removed already (or pending again, for another time): nothing to do
@@ -251,8 +276,7 @@ class TimerService:
             del self._due_now[:limit]
             if len(fired) < limit:
                 fired += self._wheel.advance(now_ms, limit - len(fired))
-            fired.sort(key=lambda kd: kd[1])
-            keys = [k for k, _ in fired]
+            keys = sorted(k for k, _ in fired)  # by due time, then offset
             self._delivering.update(keys)
         try:
             for i in range(0, len(keys), self.config.delivery_batch):
@@ -263,7 +287,7 @@ class TimerService:
         return total
 
     def _deliver_batch(self, keys: list[bytes]) -> int:
-        records = self._timers.records(keys)
+        records = self._timers.records_run(keys)  # ascending: one span of the store
         drafts: list[Draft] = []
         done: list[tuple[bytes, str]] = []
         orphans: list[tuple[bytes, str]] = []
@@ -285,6 +309,10 @@ class TimerService:
             return 0
         journal = self._journal
         marker = journal.done_draft(self._stream_offsets(keys, records)) if journal else None
+        sent = [(d.message_id, d.topic, d.deliver_at_ms) for d in drafts]
+        with self._lock:
+            for name, (key, _) in zip(sent, done, strict=True):
+                self._appending.setdefault(name, []).append(key)
         try:
             stored = self._store.put_drafts(drafts + ([marker] if marker else [])).result()
             if marker:  # the journal's record of these deliveries, in the same write
@@ -293,8 +321,9 @@ class TimerService:
         except ChronomqError:
             log.exception("timer delivery failed; the entries stay and are retried")
             with self._lock:
-                for key, _ in done:  # retry on the next round
-                    self._due_now.append((key, parse_timer_key(key)[0]))
+                for name, (key, _) in zip(sent, done, strict=True):
+                    self._unregister(name, key)  # a copy found later is looked up
+                    self._due_now.append((key, parse_timer_key(key)[0]))  # retried
             return 0
         self._timers.remove(done)  # only now: the messages are durable under their topic
         crashpoint("timer.after_deliver_remove")
@@ -305,6 +334,13 @@ class TimerService:
                 late = info.store_at_ms - info.deliver_at_ms
                 self._lateness[bisect.bisect_left(LATENESS_BOUNDS_MS, late)] += 1
         return len(stored)
+
+    def _unregister(self, name: tuple[str, str, int], key: bytes) -> None:
+        keys = self._appending.get(name)
+        if keys and key in keys:
+            keys.remove(key)
+            if not keys:
+                del self._appending[name]
 
     # ------------------------------------------------------------------ cancel / reschedule
 
