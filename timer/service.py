@@ -38,6 +38,8 @@ import itertools
 import logging
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import NamedTuple
 
 from store.clock import Clock
 from store.crashpoint import crashpoint
@@ -66,6 +68,16 @@ from timer.store import TimerStore, id_key, parse_timer_key, timer_key
 from timer.wheel import TimingWheel
 
 log = logging.getLogger(__name__)
+
+
+class _Appending(NamedTuple):
+    """One delivery batch on its way into the CommitLog (``TimerService._submit``)."""
+
+    future: Future[list[DispatchInfo]] | None  # None: refused before it was queued
+    sent: list[tuple[str, str, int]]  # (id, topic, due) of each copy
+    done: list[tuple[bytes, str]]  # (timer key, id) of each copy
+    marked: bool  # the journal's record of the deliveries is the batch's last draft
+
 
 class TimerService:
     """Delayed delivery.  Thread-safe."""
@@ -279,14 +291,21 @@ class TimerService:
             keys = sorted(k for k, _ in fired)  # by due time, then offset
             self._delivering.update(keys)
         try:
-            for i in range(0, len(keys), self.config.delivery_batch):
-                total += self._deliver_batch(keys[i : i + self.config.delivery_batch])
+            # every batch is queued before the first is waited for: the CommitLog writes
+            # those queued together with one fsync while the next ones are prepared
+            batch = self.config.delivery_batch
+            queued = [self._submit(keys[i : i + batch]) for i in range(0, len(keys), batch)]
+            for appending in queued:
+                if appending is not None:
+                    total += self._settle(appending)
         finally:
             with self._lock:
                 self._delivering.difference_update(keys)
         return total
 
-    def _deliver_batch(self, keys: list[bytes]) -> int:
+    def _submit(self, keys: list[bytes]) -> _Appending | None:
+        """Queue the copies of these due entries for the CommitLog; None if none is left
+        to deliver (cancelled, rescheduled, or their topic deleted)."""
         records = self._timers.records_run(keys)  # ascending: one span of the store
         drafts: list[Draft] = []
         done: list[tuple[bytes, str]] = []
@@ -306,26 +325,35 @@ class TimerService:
         if orphans:
             self._timers.remove(orphans)
         if not drafts:
-            return 0
+            return None
         journal = self._journal
         marker = journal.done_draft(self._stream_offsets(keys, records)) if journal else None
         sent = [(d.message_id, d.topic, d.deliver_at_ms) for d in drafts]
         with self._lock:
             for name, (key, _) in zip(sent, done, strict=True):
                 self._appending.setdefault(name, []).append(key)
+        future: Future[list[DispatchInfo]] | None = None
         try:
-            stored = self._store.put_drafts(drafts + ([marker] if marker else [])).result()
-            if marker:  # the journal's record of these deliveries, in the same write
+            future = self._store.put_drafts(drafts + ([marker] if marker else []))
+        except ChronomqError:
+            log.exception("timer delivery failed; the entries stay and are retried")
+            self._retry(sent, done)
+        return _Appending(future, sent, done, marker is not None)
+
+    def _settle(self, appending: _Appending) -> int:
+        """Wait for one batch's copies to be durable, then remove their timer entries."""
+        if appending.future is None:
+            return 0
+        try:
+            stored = appending.future.result()
+            if appending.marked:  # the journal's record of these deliveries, same write
                 stored = stored[:-1]
             crashpoint("timer.after_deliver_append")
         except ChronomqError:
             log.exception("timer delivery failed; the entries stay and are retried")
-            with self._lock:
-                for name, (key, _) in zip(sent, done, strict=True):
-                    self._unregister(name, key)  # a copy found later is looked up
-                    self._due_now.append((key, parse_timer_key(key)[0]))  # retried
+            self._retry(appending.sent, appending.done)
             return 0
-        self._timers.remove(done)  # only now: the messages are durable under their topic
+        self._timers.remove(appending.done)  # only now: durable under their topic
         crashpoint("timer.after_deliver_remove")
         with self._lock:
             self._delivered += len(stored)
@@ -334,6 +362,12 @@ class TimerService:
                 late = info.store_at_ms - info.deliver_at_ms
                 self._lateness[bisect.bisect_left(LATENESS_BOUNDS_MS, late)] += 1
         return len(stored)
+
+    def _retry(self, sent: list[tuple[str, str, int]], done: list[tuple[bytes, str]]) -> None:
+        with self._lock:
+            for name, (key, _) in zip(sent, done, strict=True):
+                self._unregister(name, key)  # a copy found later is looked up
+                self._due_now.append((key, parse_timer_key(key)[0]))  # the next round
 
     def _unregister(self, name: tuple[str, str, int], key: bytes) -> None:
         keys = self._appending.get(name)

@@ -179,7 +179,8 @@ class TimerStore:
         where ``2 * len(keys)`` steps reached are read by a multi-get."""
         if len(keys) < 8:
             return self.kv.get_many(keys)
-        found, reached = self.kv.span(keys[0], keys[-1] + b"\0", 2 * len(keys))
+        span, reached = self.kv.span(keys[0], keys[-1] + b"\0", 2 * len(keys))
+        found: dict[bytes, bytes | None] = dict(span)
         rest = [k for k in keys if k > reached]
         if rest:
             found.update(zip(rest, self.kv.get_many(rest), strict=True))
