@@ -80,16 +80,22 @@ def _pct(xs: list[int], p: float) -> int:
 def _report_hot(target: str, total: int, due_ms: int) -> None:
     """Wait until the timer has delivered all ``total`` messages; report when the last
     one became consumable (its append) relative to their common due time."""
+    marks = [0.0, 0.1, 0.5, 0.9]  # share delivered -> when first seen
+    seen: list[str] = []
     with ChronomqClient(target) as c:
         while True:
             stats = c.stats()
-            if stats["timer.delivered"] >= total or _now_ms() > due_ms + 120_000:
+            done = stats["timer.delivered"]
+            while marks and done > marks[0] * total:
+                seen.append(f"{marks.pop(0):.0%} at {_now_ms() - due_ms:+d} ms")
+            if done >= total or _now_ms() > due_ms + 120_000:
                 break
             time.sleep(0.05)
     last = int(stats["timer.last_delivery_ms"])
     print(f"hot second: {int(stats['timer.delivered'])} of {total} messages due at one "
           f"instant; all consumable {last - due_ms} ms after it "
-          f"(first batch appended <= {_first_bound(stats)} ms late)")
+          f"(first batch appended <= {_first_bound(stats)} ms late; delivered past "
+          f"{', '.join(seen)})")
 
 
 def _first_bound(stats: dict[str, float]) -> int:

@@ -119,6 +119,9 @@ class TimingWheel(Generic[K]):
                 self._pop()  # stale heap entry
                 continue
             self._current_ms = max(self._current_ms, expiry - expiry % self.tick_ms)
+            if level > 0:
+                self._cascade((level, expiry), bucket)
+                continue
             while bucket and len(fired) != cap:
                 key, due = bucket.popitem()
                 del self._where[key]
@@ -130,6 +133,37 @@ class TimingWheel(Generic[K]):
                 del self._buckets[(level, expiry)]
                 self._pop()
         return fired
+
+    def _cascade(self, bucket_id: tuple[int, int], bucket: dict[K, int]) -> None:
+        """Move a higher level's bucket that came due down the levels (a due entry to an
+        exact bottom bucket, which ``advance`` fires next).  A bucket whose entries share
+        one due time (a hot instant: a million messages due at one millisecond) moves
+        whole, by dictionary updates, not entry by entry."""
+        del self._buckets[bucket_id]
+        self._pop()
+        dues = set(bucket.values())
+        if len(dues) > 1:
+            for key, due in bucket.items():
+                if not self._place(key, due):
+                    self._place_exact(key, due)
+            return
+        due = dues.pop()
+        target_id = self._bucket_for(due)
+        target = self._buckets.get(target_id)
+        if target is None:
+            self._buckets[target_id] = bucket  # the whole dictionary changes buckets
+            self._push(target_id)
+        else:
+            target.update(bucket)
+        self._where.update(dict.fromkeys(bucket, target_id))
+
+    def _bucket_for(self, due_ms: int) -> tuple[int, int]:
+        """The bucket ``_place`` (or, for an entry due now, ``_place_exact``) picks."""
+        if due_ms >= self._current_ms + self.tick_ms:
+            for level, width in enumerate(self._widths):
+                if due_ms < self._current_ms + width * self.slots:
+                    return (level, due_ms - due_ms % width)
+        return (0, due_ms)
 
     def _place_exact(self, key: K, due_ms: int) -> None:
         bucket_id = (0, due_ms)

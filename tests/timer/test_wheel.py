@@ -91,3 +91,49 @@ def test_adding_and_removing_keys_piles_up_no_stale_heap_entries() -> None:
     w.add("late", 13 * 3_600_000)  # type: ignore[arg-type]
     assert w.advance(13 * 3_600_000 - 1) == []
     assert w.advance(13 * 3_600_000) == [("late", 13 * 3_600_000)]
+
+
+@settings(max_examples=80)
+@given(st.lists(st.sampled_from([700, 4_095, 4_096, 70_000, 70_001]), min_size=1,
+                max_size=80),
+       st.lists(st.integers(0, 79), max_size=10),
+       st.lists(st.integers(1, 30_000), min_size=1, max_size=10),
+       st.one_of(st.none(), st.integers(1, 7)))
+def test_shared_due_times_cascade_whole_never_early_never_lost(
+        dues: list[int], removed: list[int], steps: list[int], limit: int | None) -> None:
+    # Given many entries sharing a few due times (a hot instant), some removed later
+    w = TimingWheel(tick_ms=1, slots=64, levels=4, start_ms=0)
+    expected = {i: d for i, d in enumerate(dues) if w.add(i, d)}
+    now, fired, n = 0, {}, 0
+    while len(fired) < len(expected):
+        if n == 2:  # after the first cascades: a removed key never fires
+            for key in removed:
+                if key in expected and key not in fired:
+                    assert w.remove(key)
+                    del expected[key]
+        nxt = w.next_expiry_ms()
+        if nxt is None:
+            break
+        if nxt > now:
+            now = max(now + 1, nxt if n % 2 else now + steps[n % len(steps)])
+        n += 1
+        for key, due in w.advance(now, limit):
+            assert due <= now and key not in fired
+            fired[key] = due
+    assert fired == expected and len(w) == 0
+
+
+def test_a_hot_instant_fires_in_slices_and_a_key_can_leave_it() -> None:
+    # Given 50,000 entries due at one millisecond, a minute ahead (a high level)
+    w: TimingWheel[int] = TimingWheel(tick_ms=1, slots=64, levels=4, start_ms=0)
+    for i in range(50_000):
+        w.add(i, 60_000)
+    # When the wheel comes within a tick of it, the whole instant has moved down
+    assert w.advance(59_999) == []
+    assert w.remove(7) and 7 not in w
+    # Then it fires in slices, at its time, every key once
+    fired: list[int] = []
+    while batch := w.advance(60_000, 4_000):
+        assert len(batch) <= 4_000 and all(due == 60_000 for _, due in batch)
+        fired += [k for k, _ in batch]
+    assert sorted(fired) == [i for i in range(50_000) if i != 7] and len(w) == 0
