@@ -121,8 +121,6 @@ HEADER_PREFIX = struct.Struct(">III")  # magic, total_size, crc32
 HEADER_AFTER_CRC = struct.Struct(">HHQQQQIBHHHII")  # header fields from offset 12
 assert HEADER_PREFIX.size + HEADER_AFTER_CRC.size == HEADER.size
 HEADER_FIXED = struct.Struct(">HHQQQQI")  # bytes 12-52: flags .. delivery_attempt
-_BORN = struct.Struct(">Q")
-_ATTEMPT = struct.Struct(">I")
 
 
 def encode_fields(
@@ -168,15 +166,21 @@ class Draft(NamedTuple):
     record: bytes = b""
 
 
-def draft_of_record(record: bytes, deliver_at_ms: int, flags: int,
-                    info: DispatchInfo | None = None) -> Draft:
-    """A draft that appends ``record`` again with new flags and due time (``info``: its
-    header, when the caller decoded it already)."""
-    if info is None:
-        info = decode_dispatch_infos(record, 0)[0][0]
-    born_at_ms, attempt = _BORN.unpack_from(record, 24)[0], _ATTEMPT.unpack_from(record, 48)[0]
-    return Draft(info.message_id, info.topic, info.key, info.tag, b"", b"", born_at_ms,
-                 deliver_at_ms, flags, attempt, record)
+def draft_of_record(record: bytes, deliver_at_ms: int, flags: int) -> Draft:
+    """A draft that appends ``record`` again with new flags and due time (a timer
+    delivery: a hot loop, so the header is unpacked once and the tuple built directly)."""
+    (_, _, _, _, _, _, born_at_ms, _, _, attempt, id_len, topic_len, key_len, tag_len, _,
+     _) = HEADER.unpack_from(record, 0)
+    p = HEADER.size
+    message_id = record[p : p + id_len].decode("ascii")
+    p += id_len
+    topic = record[p : p + topic_len].decode()
+    p += topic_len
+    key = record[p : p + key_len].decode() if key_len else ""
+    p += key_len
+    tag = record[p : p + tag_len].decode() if tag_len else ""
+    return tuple.__new__(Draft, (message_id, topic, key, tag, b"", b"", born_at_ms,
+                                 deliver_at_ms, flags, attempt, record))
 
 
 def reframe_record(record: bytes, flags: int, queue_id: int, queue_offset: int,
