@@ -84,10 +84,12 @@ class Server:
 
 class ChronomqServer(Server):
     name = "chronomq"
+    settings: tuple[str, ...] = ()
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
-        self._srv = ServerProcess(root / "data", f"tier.local_dir={root / 'tier'}")
+        self._srv = ServerProcess(root / "data", f"tier.local_dir={root / 'tier'}",
+                                  *self.settings)
         self.address, self.pid = self._srv.target, self._srv.proc.pid
         from chronomq.client import ChronomqClient
 
@@ -96,6 +98,14 @@ class ChronomqServer(Server):
 
     def stop(self) -> None:
         self._srv.terminate()
+
+
+class DurableChronomqServer(ChronomqServer):
+    """``chronomq serve`` with ``tier.durable_ack``: a Send, a Pop's leases and an Ack
+    answer once in the tier (a local directory here), the mode a fleet with failover runs."""
+
+    name = "chronomq-durable"
+    settings = ("tier.upload=true", "tier.durable_ack=true")
 
 
 class BeanstalkdServer(Server):
@@ -139,11 +149,12 @@ class RedisServer(Server):
 
 
 SERVERS: dict[str, type[Server]] = {"chronomq": ChronomqServer,
+                                     "chronomq-durable": DurableChronomqServer,
                                      "beanstalkd": BeanstalkdServer, "redis": RedisServer}
 
 
 def available() -> list[str]:
-    return ["chronomq"] + [n for n, b in (("beanstalkd", "beanstalkd"),
+    return ["chronomq", "chronomq-durable"] + [n for n, b in (("beanstalkd", "beanstalkd"),
                                           ("redis", "redis-server")) if shutil.which(b)]
 
 
@@ -417,6 +428,7 @@ class RedisClient(Client):
 
 def client(system: str, address: str, mode: str = "batch") -> Client:
     kinds: dict[str, type[Client]] = {"chronomq": ChronomqClientAdapter,
+                                      "chronomq-durable": ChronomqClientAdapter,
                                       "beanstalkd": BeanstalkdClient, "redis": RedisClient}
     return kinds[system](address, mode)
 
