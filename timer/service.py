@@ -11,10 +11,12 @@ Flow (docs/DESIGN.md, "Data flow: one write path"):
 3. ``load_due`` moves entries due within ``wheel_window_ms`` from RocksDB into the
    in-memory timing wheel, so memory holds only the near future.
 4. ``deliver_due`` fires the wheel: the due messages are appended to the CommitLog again,
-   under their own topic, id and due time (``FLAG_TIMER_DELIVERY``), in batches; only
-   after that append is durable are their timer entries deleted.  The delivered copy
-   deletes them again when the dispatcher reaches it, in the same write as the position,
-   so a crash in between never delivers a message twice.
+   under their own topic, id and due time (``FLAG_TIMER_DELIVERY``), in batches (a
+   slice's batches queued together, then awaited in order); only after a batch's append
+   is durable are its timer entries deleted.  The delivered copy deletes them again when
+   the dispatcher reaches it, in the same write as the position, so a crash in between
+   never delivers a message twice: by the key registered for it before the append
+   (``_appending``), or, for a copy replayed after a restart, found by its id.
 
 ``Cancel``/``Reschedule`` reach every pending message with an id (a client-chosen id sent
 to several topics, the retry copies of one message nacked by several groups), or those of
