@@ -118,6 +118,12 @@ def _parser() -> argparse.ArgumentParser:
     when = se.add_mutually_exclusive_group()
     when.add_argument("--delay-ms", type=_ms, help="deliver this many ms from now")
     when.add_argument("--deliver-at-ms", type=_ms, help="deliver at this epoch ms")
+    se.add_argument("--id", default="", dest="message_id",
+                    help="a client-chosen message id (sent again within the dedupe window: "
+                         "a duplicate, not stored)")
+    se.add_argument("--replace", action="store_true",
+                    help="with --id: replace the messages with that id still pending in "
+                         "the topic (debounce)")
     _client_args(se)
 
     po = sub.add_parser("pop", help="pop messages (and ack them unless --no-ack)")

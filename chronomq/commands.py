@@ -138,6 +138,8 @@ def run_client(args: argparse.Namespace) -> Outcome:
         raise InvalidArgument(f"topic delete removes {args.name!r} and every message in it: "
                               "add --yes to confirm")
     if args.command == "send":  # input checked before connecting
+        if args.replace and not args.message_id:
+            raise InvalidArgument("--replace needs --id: the id of the message to replace")
         props = properties(args.property)
         body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
     with ChronomqClient(args.target, args.token, args.tls_ca, args.timeout_s) as c:
@@ -145,11 +147,13 @@ def run_client(args: argparse.Namespace) -> Outcome:
             return _topic(c, args)
         if args.command == "send":
             (out,) = c.send([message(args.topic, body, args.key, args.tag, props,
-                                     args.deliver_at_ms, args.delay_ms)])
+                                     args.deliver_at_ms, args.delay_ms, args.message_id,
+                                     args.replace)])
             if not out.ok:
                 return Outcome({}, [f"{status_by_number(out.error_code).name}: {out.error}"])
-            return Outcome({"message_id": out.message_id, "deliver_at_ms": out.deliver_at_ms,
-                            "duplicate": out.duplicate})
+            sent = {"message_id": out.message_id, "deliver_at_ms": out.deliver_at_ms,
+                    "duplicate": out.duplicate}
+            return Outcome({**sent, "replaced": out.replaced} if args.replace else sent)
         if args.command == "pop":
             got = c.pop(args.topic, args.group, args.max, args.invisible_time_s, args.wait_ms,
                         args.tags)

@@ -97,6 +97,16 @@ class ParkingLot:
             return bucket
         return None
 
+    def held(self, message_id: str) -> list[tuple[int, int, bytes]]:
+        """``(due, offset, record)`` of the parked messages with this id not yet written
+        to a TimerFlatFile (read from the mirror; those in objects are not read here).
+        The caller holds ``lock``."""
+        out = []
+        for (due, offset), _ in self._timers.locate_parked(message_id):
+            held = self._parking.get(self._flat.bucket_of(due), [])
+            out += [(due, offset, record) for off, record in held if off == offset]
+        return out
+
     def mirror(self, parked: list[Parked]) -> None:
         """Records the caller just parked in RocksDB.  The caller holds ``lock``."""
         if not self._parked:

@@ -51,7 +51,9 @@ from store.message import (
     FLAG_TIMER_DELIVERY,
     DispatchInfo,
     Draft,
+    Message,
     decode_dispatch_infos,
+    decode_record,
     draft_of_record,
 )
 from store.store import MessageStore
@@ -475,6 +477,27 @@ class TimerService:
         by its id is served (``store.lookup``).  Two short prefix scans; no lock."""
         return any(off == commit_offset for _, off in self._timers.locate(message_id)) or \
             any(off == commit_offset for (_, off), _ in self._timers.locate_parked(message_id))
+
+    def pending_messages(self, message_id: str, unpark: bool = False) -> list[Message]:
+        """The messages pending with this id, as the timer holds them (their due time the
+        one they wait for now): a client-chosen id's pending message is in no index until
+        delivered.  Those in RocksDB and those parked but not yet in a TimerFlatFile;
+        ``unpark``: parked ones in TimerFlatFiles are first moved into RocksDB
+        (``ParkingLot.unpark``, as a Cancel does), so every one is listed."""
+        if unpark:
+            with self._lot.flat_lock, self._lock:
+                self._lot.unpark(message_id)
+        with self._lock:  # not flat_lock: a look never waits for a TimerFlatFile write
+            held = self._lot.held(message_id)
+        locs = self._timers.locate(message_id)
+        found = [(due, offset, raw) for (due, offset), raw in zip(locs, self._timers.records(
+            [timer_key(*loc) for loc in locs]), strict=True) if raw is not None]
+        out = []
+        for due, offset, raw in sorted(found + held):
+            m = decode_record(raw, 0, offset)
+            m.deliver_at_ms = due
+            out.append(m)
+        return out
 
     def pending_due(self, message_id: str) -> int | None:
         """When the first pending message with this id is due (in RocksDB, the wheel, or

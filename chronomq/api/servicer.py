@@ -38,6 +38,7 @@ from chronomq.api.subscription import (
 )
 from chronomq.api.wire import encode_send_response
 from chronomq.broker import Broker, Submission
+from chronomq.debounce import Debouncer
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
 from pop.service import PoppedMessage, TagFilter
@@ -46,6 +47,7 @@ from store.message import (
     MAX_KEY_BYTES,
     MAX_PROPERTIES_BYTES,
     MAX_TAG_BYTES,
+    DispatchInfo,
     Draft,
     encode_properties,
     validate_message_id,
@@ -77,6 +79,7 @@ class _PendingSend(NamedTuple):
     errors: dict[int, pb.Error]
     submission: Submission
     duplicates: dict[int, str]  # index -> the client's message id, sent before
+    replaced: dict[int, tuple[DispatchInfo, int]]  # index -> stored, how many it replaced
 
 
 def _topic_pb(t: Topic) -> pb.Topic:
@@ -96,6 +99,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     def __init__(self, broker: Broker, notifier: ArrivalNotifier, max_wait_ms: int,
                  budget: CallBudget | None = None) -> None:
         self._broker = broker
+        self._debouncer = Debouncer(broker)
         self._notifier = notifier
         self._max_wait_ms = max_wait_ms
         self._budget = budget or CallBudget(1000, 1000, 200)
@@ -156,6 +160,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         max_body = broker.config.store.max_body_bytes
         errors: dict[int, pb.Error] = {}
         duplicates: dict[int, str] = {}
+        replaced: dict[int, tuple[DispatchInfo, int]] = {}
         accepted: list[Draft] = []
         chosen: list[tuple[int, int]] = []  # (request index, position in accepted)
         checked_topics: set[str] = set()
@@ -176,6 +181,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                         or len(key) > _FAST_KEY_CHARS or len(tag) > _FAST_TAG_CHARS):
                     broker.check(d)
                     checked_topics.add(topic)
+                if om.replace:  # stored on its own, now (``chronomq.debounce``)
+                    replaced[i] = self._debouncer.replace(d)
+                    continue
             except ChronomqError as exc:
                 errors[i] = pb.Error(code=code_number(exc), message=str(exc))
                 continue
@@ -186,13 +194,13 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         if chosen:
             duplicates = {i: accepted[at].message_id for i, at in chosen
                           if submission.duplicate[at]}
-        return _PendingSend(n, errors, submission, duplicates)
+        return _PendingSend(n, errors, submission, duplicates, replaced)
 
     def _finish_send(self, pending: _PendingSend) -> pb.SendResponse:
         stored = self._broker.stored(pending.submission)
         with self._counts_lock:
-            self.sent += len(stored)
-        if not pending.errors and not pending.duplicates:
+            self.sent += len(stored) + len(pending.replaced)
+        if not pending.errors and not pending.duplicates and not pending.replaced:
             return pb.SendResponse.FromString(
                 encode_send_response((m.message_id, m.deliver_at_ms) for m in stored))
         it = iter(stored)
@@ -204,6 +212,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             elif i in pending.duplicates:
                 results.append(pb.SendResult(message_id=pending.duplicates[i],
                                              duplicate=True))
+            elif i in pending.replaced:
+                info, count = pending.replaced[i]
+                results.append(pb.SendResult(message_id=info.message_id,
+                                             deliver_at_ms=info.deliver_at_ms,
+                                             replaced=count))
             else:
                 m = next(it)
                 results.append(pb.SendResult(message_id=m.message_id,

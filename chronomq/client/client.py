@@ -52,6 +52,7 @@ class SendOutcome:
     error_code: int = 0
     error: str = ""
     duplicate: bool = False  # sent before within the broker's dedupe window: not stored
+    replaced: int = 0  # sent with ``replace``: the pending messages with its id it replaced
 
     @property
     def ok(self) -> bool:
@@ -60,12 +61,18 @@ class SendOutcome:
 
 def message(topic: str, body: bytes, key: str = "", tag: str = "",
             properties: Mapping[str, str] | None = None, deliver_at_ms: int | None = None,
-            delay_ms: int | None = None, message_id: str = "") -> pb.OutgoingMessage:
-    """Build one outgoing message (``deliver_at_ms`` and ``delay_ms`` are exclusive)."""
+            delay_ms: int | None = None, message_id: str = "",
+            replace: bool = False) -> pb.OutgoingMessage:
+    """Build one outgoing message (``deliver_at_ms`` and ``delay_ms`` are exclusive).
+    ``replace`` (with ``message_id``): replace the messages with that id still pending in
+    the topic instead of being dropped as a duplicate (debounce)."""
     if deliver_at_ms is not None and delay_ms is not None:
         raise ValueError("give deliver_at_ms or delay_ms, not both")
+    if replace and not message_id:
+        raise ValueError("replace needs the message_id of the message to replace")
     m = pb.OutgoingMessage(topic=topic, body=body, key=key, tag=tag,
-                           properties=dict(properties or {}), message_id=message_id)
+                           properties=dict(properties or {}), message_id=message_id,
+                           replace=replace)
     if deliver_at_ms is not None:
         m.deliver_at_ms = deliver_at_ms
     elif delay_ms is not None:
@@ -79,7 +86,8 @@ def _outcomes(response: pb.SendResponse) -> list[SendOutcome]:
         if r.WhichOneof("outcome") == "error":
             out.append(SendOutcome("", 0, r.error.code, r.error.message))
         else:
-            out.append(SendOutcome(r.message_id, r.deliver_at_ms, duplicate=r.duplicate))
+            out.append(SendOutcome(r.message_id, r.deliver_at_ms, duplicate=r.duplicate,
+                                   replaced=r.replaced))
     return out
 
 

@@ -133,12 +133,15 @@ class Producer:
 
     def send(self, topic: str, body: bytes, *, key: str = "", tag: str = "",
              properties: Mapping[str, str] | None = None, deliver_at_ms: int | None = None,
-             delay_ms: int | None = None, message_id: str = "") -> Future[SendOutcome]:
-        """Queue one message; the future resolves once it is durable (see the module)."""
-        if self.idempotent and not message_id:
+             delay_ms: int | None = None, message_id: str = "",
+             replace: bool = False) -> Future[SendOutcome]:
+        """Queue one message; the future resolves once it is durable (see the module).
+        ``replace``: debounce by ``message_id`` (``chronomq.client.message``)."""
+        if self.idempotent and not message_id and not replace:
             message_id = uuid.uuid4().hex.upper()
         m = message(topic, body, key=key, tag=tag, properties=properties,
-                    deliver_at_ms=deliver_at_ms, delay_ms=delay_ms, message_id=message_id)
+                    deliver_at_ms=deliver_at_ms, delay_ms=delay_ms, message_id=message_id,
+                    replace=replace)
         future: Future[SendOutcome] = Future()
         deadline = time.monotonic() + self.block_s
         with self._cond:
@@ -294,7 +297,7 @@ class Producer:
                 f.set_exception(RpcError(status_by_number(r.error.code), r.error.message))
             else:
                 f.set_result(SendOutcome(r.message_id, r.deliver_at_ms,
-                                         duplicate=r.duplicate))
+                                         duplicate=r.duplicate, replaced=r.replaced))
         with self._cond:  # counted out only once resolved: flush() returns after them
             self._count -= len(batch.futures)
             self._cond.notify_all()

@@ -1,5 +1,5 @@
-"""The console's actions: cancel or reschedule the pending messages with an id, redrive
-dead letters.
+"""The console's actions: cancel, reschedule or replace (debounce) the pending messages
+with an id, redrive dead letters.
 
 Each goes through the same ``BrokerServicer`` method a gRPC client calls (an in-process
 call with a context whose ``abort`` raises ``Refused``), so the console checks, refuses
@@ -33,7 +33,7 @@ from pop.model import (
     dlq_topic,
 )
 from store.errors import InvalidArgument
-from store.message import Message
+from store.message import Message, validate_message_id
 from store.names import check_name
 
 PROP_REDRIVEN_FROM = "chronomq.redriven_from"
@@ -87,6 +87,32 @@ class ConsoleActions:
         r = self._servicer.Reschedule(req, _ctx())
         return {"outcome": pb.TimerOutcome.Name(r.outcome), "deliver_at_ms": r.deliver_at_ms,
                 "changed": r.changed}
+
+    def replace(self, message_id: str, topic: str, body: str, deliver_at_ms: int | None,
+                delay_ms: int | None) -> dict[str, Any]:
+        """Debounce from the page: replace the messages with this id pending in ``topic``
+        by one with the new body (empty: the current one) and due time (none given: the
+        current one), keeping their key, tag and properties (``chronomq.debounce``)."""
+        validate_message_id(message_id)
+        check_name(topic)
+        current = next((m for m in self._broker.timer.pending_messages(message_id, True)
+                        if m.topic == topic), None)
+        if current is None:
+            raise InvalidArgument(f"no message {message_id!r} is pending in {topic!r}")
+        m = pb.OutgoingMessage(topic=topic, key=current.key, tag=current.tag,
+                               body=body.encode() if body else current.body,
+                               properties=current.properties, message_id=message_id,
+                               replace=True)
+        if deliver_at_ms is not None:
+            m.deliver_at_ms = deliver_at_ms
+        elif delay_ms is not None:
+            m.delay_ms = delay_ms
+        else:
+            m.deliver_at_ms = current.deliver_at_ms
+        (r,) = self._servicer.Send(pb.SendRequest(messages=[m]), _ctx()).results
+        if r.WhichOneof("outcome") == "error":
+            raise Refused(_CODE_NAMES.get(r.error.code, str(r.error.code)), r.error.message)
+        return {"replaced": r.replaced, "deliver_at_ms": r.deliver_at_ms}
 
     def redrive(self, group: str, topic: str, offsets: list[int]) -> dict[str, Any]:
         """Send the dead letters at ``offsets`` of ``group``'s DLQ of ``topic`` back to the

@@ -238,7 +238,14 @@ def message_card(m: dict[str, Any], csrf: str, actions: bool) -> str:
                 f'{_hidden(csrf, message_id=mid)}<input name="delay_s" id="delay-s" '
                 'placeholder="delay, seconds from now" size="22"> or <input name="deliver_at" '
                 'id="deliver-at" placeholder="YYYY-MM-DDTHH:MM:SSZ" size="22">'
-                '<button id="reschedule">Reschedule</button></form>')
+                '<button id="reschedule">Reschedule</button></form>'
+                f'<form method="post" action="/messages/replace" class="act">'
+                f'{_hidden(csrf, message_id=mid, topic=m["topic"])}<input name="body" '
+                'id="replace-body" placeholder="new body (empty: keep)" size="30"> due '
+                '<input name="delay_s" id="replace-delay-s" placeholder="seconds from now" '
+                'size="14"> or <input name="deliver_at" id="replace-deliver-at" '
+                'placeholder="YYYY-MM-DDTHH:MM:SSZ" size="22"> (neither: keep)'
+                '<button id="replace">Replace</button></form>')
     return (f'<section class="message" data-id="{e(m["message_id"])}"><h2>{e(m["message_id"])}'
             f'</h2><p class="state">{state}</p>' + _table(["", ""], [
                 ["topic", e(m["topic"])], ["queue / offset", f'{m["queue_id"]} / '

@@ -268,7 +268,8 @@ class Handler(BaseHTTPRequestHandler):
             self._redirect("/login" if sessions.needs_login else "/",
                            {"Set-Cookie": sessions.expired_cookie()})
             return
-        if path not in ("/messages/cancel", "/messages/reschedule", "/dead-letters/redrive"):
+        if path not in ("/messages/cancel", "/messages/reschedule", "/messages/replace",
+                        "/dead-letters/redrive"):
             raise _Answer(404, "no such action")
         if not self.console.actions_on:
             raise _Answer(403, "actions are off on this broker (console.actions = false)")
@@ -289,12 +290,20 @@ class Handler(BaseHTTPRequestHandler):
             if path == "/messages/cancel":
                 r = acts.cancel(mid)
                 text = f"Cancel {mid}: {r['outcome']} ({_count(r['changed'])})"
+            elif path == "/messages/replace":
+                at, delay = _when(form.get("deliver_at", ""), form.get("delay_s", ""), True)
+                done = acts.replace(mid, form.get("topic", ""), form.get("body", ""), at,
+                                    delay)
+                r = {"outcome": "REPLACED" if done["replaced"] else "STORED"}
+                text = (f"Replace {mid}: replaced {_count(done['replaced'])}, due "
+                        f"{pages.when(done['deliver_at_ms'])}")
             else:
                 at, delay = _when(form.get("deliver_at", ""), form.get("delay_s", ""))
                 r = acts.reschedule(mid, at, delay)
                 text = (f"Reschedule {mid}: {r['outcome']} ({_count(r['changed'])}), due "
                         f"{pages.when(r['deliver_at_ms'])}")
-            result = {"ok": r["outcome"] in ("CANCELLED", "RESCHEDULED"), "text": text}
+            result = {"ok": r["outcome"] in ("CANCELLED", "RESCHEDULED", "REPLACED"),
+                      "text": text}
         except Refused as exc:
             result, status = {"ok": False, "text": str(exc)}, _HTTP_OF.get(exc.code, 400)
         except ChronomqError as exc:
@@ -324,8 +333,10 @@ def _int(raw: str, what: str) -> int:
     return int(raw)
 
 
-def _when(deliver_at: str, delay_s: str) -> tuple[int | None, int | None]:
-    """``(deliver_at_ms, delay_ms)`` from the reschedule form: an ISO time or seconds."""
+def _when(deliver_at: str, delay_s: str, optional: bool = False
+          ) -> tuple[int | None, int | None]:
+    """``(deliver_at_ms, delay_ms)`` from the reschedule or replace form: an ISO time or
+    seconds (``optional``: neither, then ``(None, None)``)."""
     if deliver_at.strip():
         try:
             moment = datetime.fromisoformat(deliver_at.strip().replace("Z", "+00:00"))
@@ -342,6 +353,8 @@ def _when(deliver_at: str, delay_s: str) -> tuple[int | None, int | None]:
         if not 0 <= seconds <= 10 * 366 * 86400:
             raise InvalidArgument("the delay must be between 0 and ten years")
         return None, int(seconds * 1000)
+    if optional:
+        return None, None
     raise InvalidArgument("give a delay in seconds or a time")
 
 

@@ -176,7 +176,13 @@ class ConsoleViews:
             raise InvalidArgument("give a message id")
         found = self.broker.query_by_message_id(message_id)
         due = self.broker.timer.pending_due(message_id)
-        return {"messages": [message_dict(m, due) for m in found], "pending_due_ms": due}
+        rows = [message_dict(m, due) for m in found]
+        # a client-chosen id's pending messages are in no index until delivered
+        topics = {m.topic for m in found}
+        rows += [message_dict(m, m.deliver_at_ms)
+                 for m in self.broker.timer.pending_messages(message_id)
+                 if m.topic not in topics]
+        return {"messages": rows, "pending_due_ms": due}
 
     def by_key(self, topic: str, key: str) -> dict[str, Any]:
         check_name(topic)

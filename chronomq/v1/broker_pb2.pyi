@@ -75,7 +75,7 @@ class DeleteTopicResponse(_message.Message):
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class OutgoingMessage(_message.Message):
-    __slots__ = ("topic", "key", "tag", "body", "properties", "deliver_at_ms", "delay_ms", "message_id")
+    __slots__ = ("topic", "key", "tag", "body", "properties", "deliver_at_ms", "delay_ms", "message_id", "replace")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,7 @@ class OutgoingMessage(_message.Message):
     DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
     DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     key: str
     tag: str
@@ -99,7 +100,8 @@ class OutgoingMessage(_message.Message):
     deliver_at_ms: int
     delay_ms: int
     message_id: str
-    def __init__(self, topic: _Optional[str] = ..., key: _Optional[str] = ..., tag: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., deliver_at_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., message_id: _Optional[str] = ...) -> None: ...
+    replace: bool
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[str] = ..., tag: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., deliver_at_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., message_id: _Optional[str] = ..., replace: _Optional[bool] = ...) -> None: ...
 
 class SendRequest(_message.Message):
     __slots__ = ("messages",)
@@ -116,16 +118,18 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class SendResult(_message.Message):
-    __slots__ = ("message_id", "error", "deliver_at_ms", "duplicate")
+    __slots__ = ("message_id", "error", "deliver_at_ms", "duplicate", "replaced")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     error: Error
     deliver_at_ms: int
     duplicate: bool
-    def __init__(self, message_id: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., deliver_at_ms: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    replaced: int
+    def __init__(self, message_id: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., deliver_at_ms: _Optional[int] = ..., duplicate: _Optional[bool] = ..., replaced: _Optional[int] = ...) -> None: ...
 
 class SendResponse(_message.Message):
     __slots__ = ("results",)

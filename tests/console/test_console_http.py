@@ -127,9 +127,10 @@ def test_hostile_requests_are_refused_without_touching_anything(
 PATHS = ["/", "/schedule", "/topics", "/groups", "/messages", "/dead-letters", "/part/topics",
          "/part/groups", "/part/dead-letters", "/part/overview", "/api/topics", "/api/groups",
          "/api/messages", "/api/dead-letters", "/api/schedule", "/messages/cancel",
-         "/messages/reschedule", "/dead-letters/redrive", "/login", "/logout", "/static/"]
+         "/messages/reschedule", "/messages/replace", "/dead-letters/redrive", "/login",
+         "/logout", "/static/"]
 FIELDS = ["page", "q", "id", "topic", "key", "group", "message_id", "delay_s", "deliver_at",
-          "offset", "csrf", "token"]
+          "offset", "csrf", "token", "body"]
 
 
 @settings(max_examples=int(os.environ.get("CHRONOMQ_CONSOLE_FUZZ", "150")), deadline=None,
@@ -199,3 +200,42 @@ def test_a_pending_message_is_found_by_its_key(console: RunningServer, browser: 
     assert status in (200, 303) and console.server.broker.timer.pending_due(timeout) is None
     found = json.loads(browser.get("/api/messages?topic=orders&key=order-42")[2])["messages"]
     assert [m["body_preview"] for m in found] == ["now"]  # cancelled: no longer listed
+
+
+def test_a_pending_message_is_replaced_from_its_page(console: RunningServer,
+                                                     browser: Browser) -> None:
+    """Debounce from the console: the Replace form on a pending message's card sends it
+    again with ``replace``: a new body and due time, the same id, key, tag and
+    properties."""
+    with console.client(token=TOKEN) as c:
+        c.create_topic("orders", 1)
+        (out,) = c.send([message("orders", b"remind at 9", key="user-7", tag="mail",
+                                 properties={"lang": "de"}, delay_ms=3_600_000,
+                                 message_id="reminder-7")])
+        assert out.ok
+    broker = console.server.broker
+    assert broker.store.wait_visible(10)
+    browser.login()
+    page = browser.get("/messages?id=reminder-7")[2]
+    assert 'id="replace"' in page
+    before = broker.timer.pending_due("reminder-7")
+    status, _, answer = browser.post("/messages/replace", {
+        "csrf": browser.csrf, "message_id": "reminder-7", "topic": "orders",
+        "body": "remind at 10", "delay_s": "7200"})
+    assert status == 200 and "Replace reminder-7: replaced 1 message, due" in answer
+    after = broker.timer.pending_due("reminder-7")
+    assert before is not None and after is not None and after > before + 3_000_000
+    listed = json.loads(browser.get("/api/messages?id=reminder-7")[2])
+    assert len(listed["messages"]) == 1, listed
+    (m,) = listed["messages"]
+    assert (m["body_preview"], m["key"], m["tag"], m["properties"]) == (
+        "remind at 10", "user-7", "mail", {"lang": "de"})
+    # no due time given keeps the current one; a topic without it is refused, not changed
+    status, _, answer = browser.post("/messages/replace", {
+        "csrf": browser.csrf, "message_id": "reminder-7", "topic": "orders",
+        "body": "remind at 11"})
+    assert status == 200 and broker.timer.pending_due("reminder-7") == after
+    status, _, answer = browser.post("/messages/replace", {
+        "csrf": browser.csrf, "message_id": "reminder-7", "topic": "other", "body": "x"})
+    assert status == 400 and "no message" in answer and "is pending in" in answer
+    assert broker.timer.pending_due("reminder-7") == after

@@ -1,0 +1,172 @@
+"""Debounce by id: a Send with ``replace`` replaces the pending messages with its id, over
+real gRPC on 127.0.0.1, the CLI and the console; the broker's clock is a manual one, its
+timer driven by hand."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from chronomq.cli import main
+from chronomq.client import message
+from chronomq.client.producer import Producer
+from tests.conftest import RunningServer, broker_config
+
+SEC = 1000
+DAY = 86_400 * SEC
+
+
+class Env:
+    def __init__(self, root: Path) -> None:
+        from store.clock import ManualClock
+
+        self.clock = ManualClock(int(time.time() * 1000))
+        self.running = RunningServer(broker_config(root / "data"), self.clock,
+                                     background=False)
+        self.broker = self.running.server.broker
+        self.client = self.running.client()
+        for name in ("a", "b"):
+            self.client.create_topic(name, queue_count=2)
+
+    def tick(self, ms: int) -> None:
+        """Move the clock and do what the timer thread and its jobs would do."""
+        now = self.clock.advance(ms)
+        timer = self.broker.timer
+        timer.write_parked(force=True)
+        timer.preload_due(now)
+        while not timer.load_due(now):
+            timer.deliver_due(now)
+        timer.deliver_due(now)
+        assert self.broker.store.wait_visible(10)
+
+    def bodies(self, topic: str, group: str = "g") -> list[bytes]:
+        got = self.client.pop(topic, group, max_messages=32)
+        if got:
+            assert self.client.ack(group, [m.receipt_handle for m in got]) == [""] * len(got)
+        return sorted(m.body for m in got)
+
+    def close(self) -> None:
+        self.client.close()
+        self.running.stop()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    e = Env(tmp_path)
+    yield e
+    e.close()
+
+
+def test_a_replace_takes_the_place_of_the_pending_message(env: Env) -> None:
+    # Given an order time-out pending in 10 s
+    (first,) = env.client.send([message("a", b"v1", delay_ms=10 * SEC, message_id="order-1",
+                                        key="k1", properties={"p": "1"})])
+    assert first.ok and first.replaced == 0
+    # When the same id is sent again with replace: new body, properties, due in 5 s
+    (second,) = env.client.send([message("a", b"v2", delay_ms=5 * SEC, message_id="order-1",
+                                         key="k2", properties={"p": "2"}, replace=True)])
+    # Then the answer says it replaced one, under the same id, due at the new time
+    assert second.ok and not second.duplicate and second.replaced == 1
+    assert second.message_id == "order-1"
+    assert second.deliver_at_ms == env.clock.now_ms() + 5 * SEC
+    # without replace, the same id is still a duplicate (nothing stored)
+    (again,) = env.client.send([message("a", b"v3", delay_ms=1 * SEC, message_id="order-1")])
+    assert again.duplicate and again.replaced == 0
+    env.tick(5 * SEC - 1)
+    assert env.bodies("a") == []  # never early
+    env.tick(1)
+    got = env.client.pop("a", "g2", max_messages=32)
+    assert [(m.body, m.key, dict(m.properties)) for m in got] == [(b"v2", "k2", {"p": "2"})]
+    env.tick(60 * SEC)  # the replaced one's time: nothing more comes
+    assert env.bodies("a", "g3") == [b"v2"] and env.client.pop("a", "g2") == []
+
+
+def test_a_replace_with_nothing_pending_is_stored_as_new(env: Env) -> None:
+    (out,) = env.client.send([message("a", b"x", delay_ms=SEC, message_id="fresh",
+                                      replace=True)])
+    assert out.ok and out.replaced == 0 and out.message_id == "fresh"
+    env.tick(SEC)
+    assert env.bodies("a") == [b"x"]
+    # once delivered it is no longer pending: a replace stores a new one beside it
+    (out,) = env.client.send([message("a", b"y", delay_ms=SEC, message_id="fresh",
+                                      replace=True)])
+    assert out.ok and out.replaced == 0
+    env.tick(SEC)
+    assert env.bodies("a") == [b"y"]
+
+
+def test_a_replace_reaches_a_parked_message_and_only_its_topic(env: Env) -> None:
+    # Given one id pending in two topics, in a TimerFlatFile days ahead
+    for topic in ("a", "b"):
+        (out,) = env.client.send([message(topic, topic.encode(), delay_ms=3 * DAY,
+                                          message_id="far")])
+        assert out.ok
+    env.tick(0)
+    # When topic a's is replaced by one due in a second
+    (out,) = env.client.send([message("a", b"soon", delay_ms=SEC, message_id="far",
+                                      replace=True)])
+    assert out.replaced == 1
+    env.tick(SEC)
+    assert env.bodies("a") == [b"soon"]
+    # Then topic b's is still pending and comes at its own time, a's never
+    env.tick(3 * DAY)
+    assert env.bodies("a") == [] and env.bodies("b") == [b"b"]
+
+
+def test_racing_replaces_leave_one_message_pending(env: Env) -> None:
+    env.client.send([message("a", b"start", delay_ms=30 * SEC, message_id="race")])
+    answers: list[int] = []
+
+    def replace(i: int) -> None:
+        with env.running.client() as c:
+            (out,) = c.send([message("a", f"r{i}".encode(), delay_ms=20 * SEC,
+                                     message_id="race", replace=True)])
+            assert out.ok
+            answers.append(out.replaced)
+
+    threads = [threading.Thread(target=replace, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # every replace found exactly the one before it
+    assert answers == [1] * 8
+    env.tick(60 * SEC)
+    assert len(env.bodies("a")) == 1
+
+
+def test_a_replace_needs_an_id_and_is_checked_like_any_send(env: Env) -> None:
+    bad = [message("a", b"x", delay_ms=SEC), message("nope", b"x", message_id="i")]
+    bad[0].replace = True
+    bad[1].replace = True
+    outs = env.client.send(bad)
+    assert [o.error_code for o in outs] == [grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                           grpc.StatusCode.NOT_FOUND.value[0]]
+    assert "replace needs a message_id" in outs[0].error
+    with pytest.raises(ValueError):
+        message("a", b"x", replace=True)
+
+
+def test_the_producer_and_the_cli_replace(env: Env, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    with Producer(env.client) as p:
+        assert p.send("a", b"one", delay_ms=10 * SEC, message_id="job").result(10).ok
+        assert p.send("a", b"two", delay_ms=10 * SEC, message_id="job",
+                      replace=True).result(10).replaced == 1
+    target = ["--target", env.running.target]
+    assert main(["send", "a", "three", "--id", "job", "--replace", "--delay-ms", "2000",
+                 "--json", *target]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["replaced"] == 1 and out["message_id"] == "job"
+    assert main(["send", "a", "x", "--replace", *target]) == 2
+    assert "--replace needs --id" in capsys.readouterr().err
+    env.tick(2 * SEC)
+    assert env.bodies("a") == [b"three"]
+    env.tick(60 * SEC)
+    assert env.bodies("a") == []
