@@ -8,12 +8,14 @@ The answer says how many were replaced (0: none was pending, and the message is 
 as a new one).  A message already delivered, or being delivered at that moment, is not
 pending: it stays delivered, and the new one is stored as well.
 
-Order: the cancel is durable (a synced RocksDB write, and with ``tier.durable_ack`` in
-the tier) before the new message is appended.  A crash between the two leaves neither
-pending; the client had no answer and sends again, which then replaces nothing and
-stores the message.  Replaces of one (topic, id) are serialised, each waiting until the
-one before it is in the timer store: two debounced sends racing never leave two
-messages pending.  Sends without ``replace`` are not held by this.
+Order: the new message is appended (durable) first, then the others are cancelled (a
+synced RocksDB write, and with ``tier.durable_ack`` in the tier).  A crash between the
+two (crash point ``debounce.after_append``) leaves both pending: nothing answered OK is
+ever lost to a replace that was not answered; the client, which had no answer, sends
+again, and that replace finds both and leaves its own message.  Replaces of one (topic,
+id) are serialised, each waiting until the one before it is in the timer store: two
+debounced sends racing never leave two messages pending.  Sends without ``replace`` are
+not held by this.
 
 Thread-safe.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import threading
 
 from chronomq.broker import Broker, Submission
+from store.crashpoint import crashpoint
 from store.errors import InvalidArgument, StoreError
 from store.message import DispatchInfo, Draft
 
@@ -47,9 +50,11 @@ class Debouncer:
             # the last replace of this id, or any send of it before, is in the timer store
             if not broker.store.wait_visible(10.0):
                 raise StoreError("the dispatcher is behind; replace not attempted")
-            change = broker.timer.cancel(draft.message_id, draft.topic)
             broker.disk.check_send(len(draft.body))
             future = broker.send([draft])
             (info,) = broker.stored(Submission([False], future, [], None, []))
+            crashpoint("debounce.after_append")
+            change = broker.timer.cancel(draft.message_id, draft.topic,
+                                         keep=info.commit_offset)
             broker.store.wait_visible(10.0)  # the next replace of this id finds it
         return info, change.changed

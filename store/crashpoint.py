@@ -36,6 +36,8 @@ LABELS: dict[str, str] = {
     "timer.after_bucket_delete": "a preloaded TimerFlatFile bucket deleted from the tier",
     "timer.after_deliver_append": "due messages durable under their topic, timer entries kept",
     "timer.after_deliver_remove": "delivered messages' timer entries removed",
+    "debounce.after_append": "a replacing message durable, the ones it replaces not yet "
+                             "cancelled",
     "pop.after_checkpoint": "a Pop's leases durable, before the messages leave the broker",
     "pop.after_ack": "acks durable, before the consumer is answered",
     "pop.after_change_invisible": "a new lease deadline durable, before the answer",

@@ -402,14 +402,14 @@ class TimerService:
                 out.append(qo)
         return out
 
-    def _find_pending(self, message_id: str, topic: str
+    def _find_pending(self, message_id: str, topic: str, keep: int = -1
                       ) -> tuple[list[tuple[bytes, bytes]], bool]:
         """``(timer key, record)`` of every pending message with this id (of ``topic``,
         if given), and whether one is being delivered right now (then not listed).  Parked
         ones are first moved into RocksDB (all of this id: a parked record's topic is
         known only once it is read).  The caller holds ``flat_lock`` and the lock."""
         self._lot.unpark(message_id)
-        keys = [timer_key(*loc) for loc in self._timers.locate(message_id)]
+        keys = [timer_key(*loc) for loc in self._timers.locate(message_id) if loc[1] != keep]
         found: list[tuple[bytes, bytes]] = []
         delivering = False
         for key, record in zip(keys, self._timers.records(keys), strict=True):
@@ -427,10 +427,11 @@ class TimerService:
             return TimerChange(TimerOutcome.ALREADY_DELIVERED, 0)
         return TimerChange(self._not_pending(message_id, topic), 0)
 
-    def cancel(self, message_id: str, topic: str = "") -> TimerChange:
-        """Cancel every pending message with this id (only those of ``topic``, if given)."""
+    def cancel(self, message_id: str, topic: str = "", keep: int = -1) -> TimerChange:
+        """Cancel every pending message with this id (only those of ``topic``, if given;
+        not the one stored at CommitLog offset ``keep``: a debounce's new message)."""
         with self._lot.flat_lock, self._lock:
-            found, delivering = self._find_pending(message_id, topic)
+            found, delivering = self._find_pending(message_id, topic, keep)
             if found:
                 self._timers.remove([(key, message_id) for key, _ in found], sync=True)
                 for key, _ in found:

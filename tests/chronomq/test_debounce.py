@@ -14,8 +14,10 @@ import grpc
 import pytest
 
 from chronomq.cli import main
-from chronomq.client import message
+from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.producer import Producer
+from store.crashpoint import CRASH_EXIT_CODE
+from tests.chronomq.process import ServerProcess
 from tests.conftest import RunningServer, broker_config
 
 SEC = 1000
@@ -170,3 +172,36 @@ def test_the_producer_and_the_cli_replace(env: Env, capsys: pytest.CaptureFixtur
     assert env.bodies("a") == [b"three"]
     env.tick(60 * SEC)
     assert env.bodies("a") == []
+
+
+@pytest.mark.slow
+def test_a_crash_inside_a_replace_loses_nothing_answered(tmp_path: Path) -> None:
+    """kill -9 between a replacing message's append and the cancel of the one it
+    replaces: the replace had no answer; both are pending (the OK'd one is not lost), and
+    the client's retry leaves exactly its own."""
+    data = tmp_path / "data"
+    srv = ServerProcess(data, "server.crash_at=debounce.after_append:1")
+    with ChronomqClient(srv.target, timeout_s=10) as c:
+        c.create_topic("t", queue_count=1)
+        (first,) = c.send([message("t", b"v1", delay_ms=4 * SEC, message_id="job")])
+        assert first.ok
+        with pytest.raises(RpcError):  # the broker dies inside the replace
+            c.send([message("t", b"v2", delay_ms=4 * SEC, message_id="job", replace=True)])
+    assert srv.wait_exit() == CRASH_EXIT_CODE
+    srv = ServerProcess(data)
+    try:
+        with ChronomqClient(srv.target, timeout_s=10) as c:
+            # the retry finds both pending and keeps only itself
+            (again,) = c.send([message("t", b"v2", delay_ms=SEC, message_id="job",
+                                       replace=True)])
+            assert again.ok and again.replaced == 2
+            got: list[bytes] = []
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:
+                batch = c.pop("t", "g", max_messages=8, wait_ms=500)
+                got += [m.body for m in batch]
+                if batch:
+                    c.ack("g", [m.receipt_handle for m in batch])
+        assert got == [b"v2"]
+    finally:
+        assert srv.terminate() == 0
