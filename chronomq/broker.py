@@ -178,7 +178,7 @@ class Broker:
             publish_secret(self.tier, config.tier.broker_name, secret)
         self.pop = PopService(self.store, self._pop_kv, secret,
                               clock, config.pop.max_messages_cap, config.retry_policy(),
-                              config.groups)
+                              config.groups, config.key_limits)
         self._timer_store = TimerStore(os.path.join(sc.data_dir, "timer"))
         self._opened.append(("the timer database", self._timer_store.close))
         self.timer = TimerService(self.store, self._timer_store, self.flat_files,

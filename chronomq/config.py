@@ -23,9 +23,12 @@ Every duration and size carries its unit in its name.  Example ``chronomq.toml``
     retry_backoff = "1s,5s,10s,30s,1m,2m,5m,10m,30m,1h,2h"  # Nack without a delay
     retry_jitter = 0.1           # a back-off is stretched by up to 10 %, never shortened
 
-    [groups.orders-worker]       # per consumer group: any of the three above
-    max_attempts = 5
+    [groups.orders-worker]       # per consumer group: any of the three above, and
+    max_attempts = 5             # per-key flow control (0: off):
     retry_backoff = "10s,1m"
+    max_in_flight_per_key = 1    # leases held at once for one message key
+    rate_per_key = 50            # messages a second for one key (rate_burst_per_key:
+    #                              the tokens a key saves up; default max(1, rate))
 
     [timer]
     enabled = true
@@ -53,6 +56,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+from pop.flowcontrol import KeyLimits
 from pop.policy import RetryPolicy, parse_backoff
 from store.errors import InvalidArgument
 from store.names import check_name, is_name
@@ -60,6 +64,7 @@ from store.store import StoreConfig
 from tiered.config import TierConfig
 from timer.model import TimerConfig
 
+KEY_LIMITS = frozenset({"max_in_flight_per_key", "rate_per_key", "rate_burst_per_key"})
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -130,6 +135,7 @@ class BrokerConfig:
     rocketmq: RocketMQConfig = field(default_factory=RocketMQConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     groups: dict[str, RetryPolicy] = field(default_factory=dict)  # per-group retry policy
+    key_limits: dict[str, KeyLimits] = field(default_factory=dict)  # per-group, per-key
 
     def tier_local_dir(self) -> str:
         """The local-directory tier: ``tier.local_dir``, else ``chronomq-tier`` beside the
@@ -329,11 +335,13 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
     )
     pop = config.pop
     groups = {}
+    key_limits = {}
     for group, values in raw.get("groups", {}).items():
         if not isinstance(values, dict):
             raise InvalidArgument(f"[groups.{group}] must be a table of settings")
         check_name(group, "group")
-        unknown = set(values) - {"max_attempts", "retry_backoff", "retry_jitter"}
+        unknown = set(values) - {"max_attempts", "retry_backoff", "retry_jitter",
+                                 *KEY_LIMITS}
         if unknown:
             raise InvalidArgument(f"unknown setting(s) in [groups.{group}]: "
                                   f"{', '.join(sorted(unknown))}")
@@ -343,6 +351,13 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
             parse_backoff(str(values.get("retry_backoff", pop.retry_backoff))),
             _coerce(float, values.get("retry_jitter", pop.retry_jitter),
                     where + ".retry_jitter"))
-    config = dataclasses.replace(config, groups=groups)
+        if KEY_LIMITS & set(values):
+            key_limits[group] = KeyLimits(
+                _coerce(int, values.get("max_in_flight_per_key", 0),
+                        where + ".max_in_flight_per_key"),
+                _coerce(float, values.get("rate_per_key", 0), where + ".rate_per_key"),
+                _coerce(int, values.get("rate_burst_per_key", 0),
+                        where + ".rate_burst_per_key"))
+    config = dataclasses.replace(config, groups=groups, key_limits=key_limits)
     config.validate()
     return config

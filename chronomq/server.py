@@ -113,6 +113,7 @@ class BrokerServer:
         self.broker.open()
         self._opened = True
         self.broker.add_dispatch_listener(self._on_dispatched)
+        self.broker.pop.flow.add_listener(self.notifier.arrived)  # held keys with room
         self.broker.start(timer_thread=self.background)
         self.servicer = BrokerServicer(
             self.broker, self.notifier, self.config.pop.max_wait_ms,

@@ -17,7 +17,8 @@ Checkpoint value (big-endian)::
     17  2   count        entries covered: ck_start .. ck_start + count - 1
     19  n   done bitmap  ceil(count / 8) bytes, bit i = entry ck_start + i is done
     ..  2   overrides    number of per-entry deadlines set by ChangeInvisibleTime
-    ..  10  (index u16, expire_at_ms u64) per override
+    ..  10  (index u16, expire_at_ms u64) per override; 0 (``HELD``): the entry is held
+                         for its key by the group's flow control, not handed out
 
 An entry is "done" when acked, released (Nack: its retry copy is durable), revived, or
 skipped by the group's tag filter.  ChangeInvisibleTime rewrites this one value (one
@@ -45,6 +46,8 @@ _OVERRIDE = struct.Struct(">HQ")
 _QID = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
 WRITE_BUFFER_BYTES = 4 << 20  # per memtable of the POP RocksDB (RocksDB keeps at most two)
+HELD = 0  # an override deadline: leased to the broker for its key, not handed out (no
+#           revive fires it; ``pop.flowcontrol``)
 
 
 @dataclass(slots=True)
@@ -75,14 +78,19 @@ class PopCheckpoint:
     def expire_of(self, i: int) -> int:
         return self.overrides.get(i, self.expire_at_ms)
 
+    def held(self) -> list[int]:
+        """Indices of the entries held for their key (``pop.flowcontrol``)."""
+        return [i for i, e in sorted(self.overrides.items())
+                if e == HELD and not self.is_acked(i)]
+
     def open_at(self, expire_at_ms: int) -> list[int]:
         """Indices of the entries not done whose deadline is ``expire_at_ms``."""
         return [i for i in range(self.count)
                 if not self.is_acked(i) and self.expire_of(i) == expire_at_ms]
 
     def deadlines(self) -> set[int]:
-        """Every deadline an open entry has."""
-        out = {e for i, e in self.overrides.items() if not self.is_acked(i)}
+        """Every deadline an open entry has (a held entry has none)."""
+        out = {e for i, e in self.overrides.items() if not self.is_acked(i) and e != HELD}
         if any(not self.is_acked(i) and i not in self.overrides for i in range(self.count)):
             out.add(self.expire_at_ms)
         return out

@@ -29,10 +29,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Container
+from collections.abc import Callable, Container
 from typing import Literal, NamedTuple
 
 from pop.checkpoint import (
+    HELD,
     PopCheckpoint,
     checkpoint_key,
     decode_offset,
@@ -42,6 +43,7 @@ from pop.checkpoint import (
     parse_key,
     pop_offset_key,
 )
+from pop.flowcontrol import HeldEntry
 from pop.handle import HandleCodec, ReceiptHandle
 from pop.leasejournal import LeaseJournal
 from pop.model import (
@@ -98,6 +100,8 @@ class LeaseBook:
         self._commit = GroupCommit(kv)  # leases, acks and deadlines: durable before OK
         # the same writes in the journal (``attach`` one), its snapshots and the fence
         self.journal = LeaseJournal(kv, self._commit)
+        # called with (group, [(leased topic, queue id, queue offset)]) for entries done
+        self.on_done: Callable[[str, list[tuple[str, int, int]]], None] | None = None
         self._handles = HandleCodec(secret)
         self._clock = clock
         self._source = source
@@ -324,6 +328,7 @@ class LeaseBook:
         durable as that one's OK would have (and for the fencing check)."""
         errors: list[ChronomqError | None] = [None] * len(handles)
         retired: list[Deadline] = []
+        ended: list[tuple[str, int, int]] = []
         ticket = 0
         again = False
         for origin, items in by_origin(handles).items():
@@ -341,6 +346,7 @@ class LeaseBook:
                     else:
                         ck.mark(i)
                         acked += 1
+                        ended.append((h.topic, h.queue_id, h.queue_offset))
                         retired += self._finish(group, h.topic, h.queue_id, ck, ops)
                         with self._lock:
                             _remember(self._settled,
@@ -350,6 +356,8 @@ class LeaseBook:
                 self._acked += acked
         if again:
             ticket = max(ticket, self.journal.last_ticket)
+        if ended and self.on_done is not None:
+            self.on_done(group, ended)
         return Acked(errors, ticket, retired)
 
     def change_invisible_time(self, group: str, h: ReceiptHandle, expire_at_ms: int) -> int:
@@ -359,7 +367,7 @@ class LeaseBook:
             ck, i = self.lease_of(group, h)
             if ck is None:
                 raise AlreadyDone("the message was already acknowledged or released")
-            if ck.count == 1:
+            if ck.count == 1 and i not in ck.overrides:
                 ck.expire_at_ms = expire_at_ms
             else:
                 ck.overrides[i] = expire_at_ms
@@ -394,11 +402,13 @@ class LeaseBook:
         counter = self._released if outcome == "released" else self._revived
         ops: Ops = {}
         retired: list[Deadline] = []
+        ended: dict[str, list[tuple[str, int, int]]] = {}
         for r in reqs:
             ck = self._queue(r.group, r.topic, r.queue_id).checkpoints.get(r.ck_start)
             if ck is None or ck.is_acked(r.index):
                 continue
             ck.mark(r.index)
+            ended.setdefault(r.group, []).append((r.topic, r.queue_id, r.ck_start + r.index))
             retired += self._finish(r.group, r.topic, r.queue_id, ck, ops)
             key = (r.group, origin_of(r.topic))
             with self._lock:
@@ -409,7 +419,35 @@ class LeaseBook:
                 else:
                     self._dead[key] += 1
         self._write_ops(ops)
+        for group, entries in ended.items():
+            if self.on_done is not None:
+                self.on_done(group, entries)
         return retired
+
+    # ---------------------------------------------------------------- held entries
+
+    def held(self, group: str, topic: str) -> list[HeldEntry]:
+        """The entries of ``group`` held for their key in ``topic``'s queues (read back
+        after a restart or a takeover), in queue order.  Caller holds the lock."""
+        out = []
+        for (g, t, qid), leases in sorted(self._leases.items()):
+            if g == group and t == topic:
+                for start, ck in sorted(leases.checkpoints.items()):
+                    out += [HeldEntry(t, qid, start, i) for i in ck.held()]
+        return out
+
+    def hand_out(self, group: str, entry: HeldEntry, expire_at_ms: int) -> Recorded | None:
+        """Give a held entry the deadline ``expire_at_ms`` (a Pop hands it out); the
+        checkpoint's write and the new deadline, or None when the entry is no longer
+        held.  Caller holds the lock."""
+        leases = self._leases.get((group, entry.ltopic, entry.queue_id))
+        ck = leases.checkpoints.get(entry.ck_start) if leases else None
+        if ck is None or ck.is_acked(entry.slot) or ck.overrides.get(entry.slot) != HELD:
+            return None
+        ck.overrides[entry.slot] = expire_at_ms
+        return Recorded([(checkpoint_key(group, entry.ltopic, entry.queue_id, ck.ck_start),
+                          encode_checkpoint(ck))],
+                        (group, entry.ltopic, entry.queue_id, ck.ck_start, expire_at_ms))
 
     def _finish(self, group: str, topic: str, qid: int, ck: PopCheckpoint, ops: Ops
                 ) -> list[Deadline]:

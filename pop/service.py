@@ -34,7 +34,8 @@ from collections.abc import Callable, Container
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-from pop.checkpoint import PopCheckpoint
+from pop.checkpoint import HELD, PopCheckpoint
+from pop.flowcontrol import FlowControl, HeldEntry, KeyLimits
 from pop.handle import ReceiptHandle
 from pop.leasebook import LeaseBook
 from pop.leasejournal import Snapshots
@@ -72,6 +73,7 @@ from store.clock import Clock
 from store.crashpoint import crashpoint
 from store.errors import ChronomqError, InvalidArgument
 from store.kv import KV
+from store.message import Message
 from store.names import check_readable
 from store.store import MessageStore
 from tiered.journal import StateJournal
@@ -90,14 +92,17 @@ __all__ = [  # the POP API, whichever module of the package defines it
 
 class Leased(NamedTuple):
     """What a Pop leased from some queues: the messages, the writes that must be durable
-    before they leave, and the new leases' deadlines."""
+    before they leave, the new leases' deadlines, and how many entries it held for their
+    keys (``pop.flowcontrol``)."""
 
     messages: list[PoppedMessage]
     puts: list[tuple[bytes, bytes]]
     deadlines: list[Deadline]
+    held: int = 0
 
 
 _NOTHING = Leased([], [], [])
+HOLD_ROUNDS = 16  # reads of a Pop that held what it read, before it answers with less
 
 
 class PopService:
@@ -105,12 +110,15 @@ class PopService:
 
     def __init__(self, store: MessageStore, kv: KV, secret: bytes, clock: Clock,
                  max_messages_cap: int = 32, policy: RetryPolicy | None = None,
-                 group_policies: dict[str, RetryPolicy] | None = None) -> None:
+                 group_policies: dict[str, RetryPolicy] | None = None,
+                 key_limits: dict[str, KeyLimits] | None = None) -> None:
         self._store = store
         self._clock = clock
         self.max_messages_cap = max_messages_cap
         self._source = QueueSource(store)
         self._book = LeaseBook(store, kv, secret, clock, self._source)
+        self.flow = FlowControl(key_limits or {}, clock)
+        self._book.on_done = self.flow.done
         self._schedule = ReviveSchedule(clock)
         self._requeuer = Requeuer(store, kv, clock, self._book, self._source,
                                   self._schedule, policy, group_policies)
@@ -154,6 +162,7 @@ class PopService:
 
     def stop(self) -> None:
         self._requeuer.stop()
+        self.flow.stop()
 
     def policy(self, group: str) -> RetryPolicy:
         """The retry policy of ``group``."""
@@ -270,17 +279,23 @@ class PopService:
         self._store.wait_visible()
         out = _NOTHING
         with self._book.lock(group, topic):
-            # retries first up to half, then fresh messages, then retries again: a backlog
-            # of either kind never starves the other
+            # held entries whose keys have room first (``pop.flowcontrol``), then retries
+            # up to half, then fresh messages, then retries again: a backlog of either
+            # kind never starves the other
+            out = self._hand_out(group, topic, rtopic, max_messages, now, expire)
             plan = [(rtopic, 1, (max_messages + 1) // 2)] if retry else []
             plan.append((topic, queue_count, max_messages))
             if retry:
                 plan.append((rtopic, 1, max_messages))
             for ltopic, queues, limit in plan:
-                want = min(limit, max_messages) - len(out.messages)
-                if want > 0:
-                    out = _join(out, self._lease(group, ltopic, topic, queues, want, now,
-                                                 expire, tf))
+                for _ in range(HOLD_ROUNDS):  # what it held does not count: read on
+                    want = min(limit, max_messages) - len(out.messages)
+                    if want <= 0:
+                        break
+                    got = self._lease(group, ltopic, topic, queues, want, now, expire, tf)
+                    out = _join(out, got)
+                    if not got.held:
+                        break
             ticket = self._book.write(out.puts)
         self._schedule.add(out.deadlines)
         self._book.count_popped(len(out.messages))
@@ -330,19 +345,73 @@ class PopService:
                 ck.mark(i)  # filtered out: done for this group
         loaded = load(wanted)  # GoneLocally: nothing changed yet
         out: list[PoppedMessage] = []
+        flow = self.flow if self.flow.limits(group) is not None else None
+        held: list[tuple[HeldEntry, str]] = []
         for i, msg in zip(wanted, loaded, strict=True):
             if msg is None or not tf.accepts(msg.tag):  # no message there, or a tag-hash
                 ck.mark(i)  # collision: done for this group
                 continue
-            attempt = msg.delivery_attempt + 1
-            msg.topic = origin
-            msg.properties.pop(PROP_LEASE, None)  # internal: the entry a copy replaced
-            handle = self._book.encode(group, ReceiptHandle(ltopic, qid, ck.ck_start,
-                                                            rows[i][0], expire, attempt))
-            out.append(PoppedMessage(msg, handle, attempt))
+            if flow is not None and not flow.admit(group, origin, msg.key, now):
+                ck.overrides[i] = HELD  # its key is at its limit: held, the Pop reads on
+                held.append((HeldEntry(ltopic, qid, ck.ck_start, i), msg.key))
+                continue
+            out.append(self._popped(group, ltopic, origin, qid, ck.ck_start, rows[i][0],
+                                    expire, msg))
         recorded = self._book.record_lease(group, ltopic, qid, ck)
+        for entry, key in held:
+            self.flow.hold(group, origin, key, entry)
         deadlines = [recorded.deadline] if recorded.deadline is not None else []
-        return Leased(out, recorded.puts, deadlines)
+        return Leased(out, recorded.puts, deadlines, len(held))
+
+    def _popped(self, group: str, ltopic: str, origin: str, qid: int, ck_start: int,
+                offset: int, expire: int, msg: Message) -> PoppedMessage:
+        attempt = msg.delivery_attempt + 1
+        msg.topic = origin
+        msg.properties.pop(PROP_LEASE, None)  # internal: the entry a copy replaced
+        handle = self._book.encode(group, ReceiptHandle(ltopic, qid, ck_start, offset,
+                                                        expire, attempt))
+        self.flow.leased(group, origin, msg.key, ltopic, qid, offset)
+        return PoppedMessage(msg, handle, attempt)
+
+    def _hand_out(self, group: str, topic: str, rtopic: str, want: int, now: int,
+                  expire: int) -> Leased:
+        """Held entries of ``group`` whose keys have room now, handed out with this Pop's
+        deadline (``pop.flowcontrol``); after a start, first read back those held in
+        checkpoints.  Caller holds the group lock."""
+        flow = self.flow
+        if flow.needs_rebuild(group, topic):
+            entries = self._book.held(group, topic) + self._book.held(group, rtopic)
+            found = [(e, self._read_entry(e)) for e in entries]
+            flow.rebuilt(group, topic, [(e, m.key) for e, m in found if m is not None])
+        out: list[PoppedMessage] = []
+        puts: list[tuple[bytes, bytes]] = []
+        deadlines: list[Deadline] = []
+        for entry, key in flow.take_ready(group, topic, want, now):
+            recorded = self._book.hand_out(group, entry, expire)
+            msg = self._read_entry(entry) if recorded is not None else None
+            if recorded is None or msg is None:  # it ended meanwhile, or cannot be read:
+                flow.returned(group, topic, key, entry)  # (then its lease runs out)
+                if recorded is not None:
+                    puts += recorded.puts
+                    deadlines += [recorded.deadline] if recorded.deadline else []
+                continue
+            puts += recorded.puts
+            deadlines += [recorded.deadline] if recorded.deadline else []
+            out.append(self._popped(group, entry.ltopic, topic, entry.queue_id,
+                                    entry.ck_start, entry.queue_offset, expire, msg))
+        return Leased(out, puts, deadlines)
+
+    def _read_entry(self, entry: HeldEntry) -> Message | None:
+        """The message of one leased entry (None: not readable now)."""
+        try:
+            bounds = self._source.bounds(entry.ltopic, entry.queue_id)
+            rows, load = self._source.read_rows(entry.ltopic, entry.queue_id,
+                                                entry.queue_offset, 1, bounds.local_low)
+            if not rows or rows[0][0] != entry.queue_offset:
+                return None
+            return load([0])[0]
+        except (GoneLocally, ChronomqError):
+            return None
 
     def ack(self, group: str, receipt_handle: str) -> None:
         """Acknowledge one leased message.  Idempotent while the handle is valid."""
@@ -397,4 +466,5 @@ class PopService:
 def _join(a: Leased, b: Leased) -> Leased:
     if not b.messages and not b.puts:
         return a
-    return Leased(a.messages + b.messages, a.puts + b.puts, a.deadlines + b.deadlines)
+    return Leased(a.messages + b.messages, a.puts + b.puts, a.deadlines + b.deadlines,
+                  a.held + b.held)

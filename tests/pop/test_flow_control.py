@@ -1,0 +1,183 @@
+"""Per-key flow control at Pop (``pop.flowcontrol``): a key at its limit never holds up
+other keys, keeps its order, and loses nothing across restarts; real broker (store,
+RocksDB, timer), manual clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chronomq.broker import Broker
+from chronomq.config import BrokerConfig, load_config
+from pop.flowcontrol import KeyLimits
+from pop.service import PoppedMessage
+from store.clock import ManualClock
+from store.errors import InvalidArgument
+from store.message import Message, draft_of
+from store.store import StoreConfig
+from store.topics import Topic
+
+
+class Env:
+    def __init__(self, root: Path, clock: ManualClock, limits: KeyLimits) -> None:
+        self.root, self.clock, self.limits = root, clock, limits
+        cfg = BrokerConfig(store=StoreConfig(str(root / "data")), key_limits={"G": limits})
+        self.broker = Broker(cfg, clock)
+        self.broker.open()
+        self.broker.start(timer_thread=False)
+        self.pop = self.broker.pop
+        if self.broker.store.topics.get("t") is None:
+            self.broker.create_topic(Topic("t", 2))
+
+    def send(self, keyed: list[tuple[str, str]]) -> None:
+        """``(key, body)`` in this order."""
+        now = self.clock.now_ms()
+        drafts = [draft_of(Message("", "t", body.encode(), key=key, born_at_ms=now))
+                  for key, body in keyed]
+        self.broker.send(drafts).result(10)
+        assert self.broker.store.wait_visible(10)
+
+    def take(self, n: int = 32, group: str = "G") -> list[PoppedMessage]:
+        return self.pop.pop("t", group, n, 30)
+
+    def ack(self, got: list[PoppedMessage], group: str = "G") -> None:
+        for p in got:
+            self.pop.ack(group, p.receipt_handle)
+
+    def close(self) -> None:
+        self.broker.stop()
+
+
+@pytest.fixture
+def one_in_flight(tmp_path: Path, manual_clock: ManualClock) -> Iterator[Env]:
+    e = Env(tmp_path, manual_clock, KeyLimits(max_in_flight_per_key=1))
+    yield e
+    e.close()
+
+
+def _hot_and_cold(hot: int, cold_keys: int, per_cold: int) -> list[tuple[str, str]]:
+    """The hot key's messages first, then the cold keys', then unkeyed ones."""
+    out = [("hot", f"hot-{i}") for i in range(hot)]
+    out += [(f"cold-{k}", f"cold-{k}-{i}") for i in range(per_cold) for k in range(cold_keys)]
+    return out + [("", f"plain-{i}") for i in range(5)]
+
+
+def test_a_key_at_its_limit_never_holds_up_the_others(one_in_flight: Env) -> None:
+    env = one_in_flight
+    # Given a hot key's 300 messages queued before 40 cold keys' 3 each and 5 unkeyed
+    env.send(_hot_and_cold(300, 40, 3))
+    # When a consumer takes without acking the hot key's one
+    got: list[PoppedMessage] = []
+    while batch := env.take():
+        got += batch
+        env.ack([p for p in batch if p.message.key != "hot"])
+    # Then every cold and unkeyed message came, and the hot key's first only
+    keys = Counter(p.message.key for p in got)
+    assert keys["hot"] == 1 and keys[""] == 5
+    assert all(keys[f"cold-{k}"] == 3 for k in range(40))
+    assert env.pop.flow.held_count("G", "t") == 299
+    # and each ack of the hot key lets exactly the next one out, in order
+    hot = [p for p in got if p.message.key == "hot"]
+    for i in range(1, 300):
+        env.ack(hot)
+        hot = env.take()
+        assert [p.message.body for p in hot] == [f"hot-{i}".encode()]
+    env.ack(hot)
+    assert env.take() == [] and env.pop.flow.held_count("G", "t") == 0
+
+
+def test_other_groups_and_unkeyed_messages_are_not_limited(one_in_flight: Env) -> None:
+    env = one_in_flight
+    env.send([("hot", f"h{i}") for i in range(10)])
+    assert len(env.take(group="free")) == 10  # no limits for this group
+    assert len(env.take()) == 1
+
+
+def test_a_rate_per_key_hands_out_at_most_its_tokens(tmp_path: Path,
+                                                     manual_clock: ManualClock) -> None:
+    env = Env(tmp_path, manual_clock, KeyLimits(rate_per_key=5, rate_burst_per_key=5))
+    try:
+        env.send([("hot", f"h{i}") for i in range(40)] + [("cold", "c")])
+        first = env.take()
+        assert sorted(p.message.key for p in first) == ["cold"] + ["hot"] * 5  # the burst
+        env.ack(first)
+        assert env.take() == []  # no token left
+        manual_clock.advance(199)
+        assert env.take() == []  # 0.995 of a token
+        manual_clock.advance(1)
+        assert [p.message.body for p in env.take()] == [b"h5"]
+        manual_clock.advance(1_000)
+        assert [p.message.body for p in env.take()] == [b"h6", b"h7", b"h8", b"h9", b"h10"]
+        # over any second of the clock, at most burst + rate
+        counts = []
+        for _ in range(10):
+            manual_clock.advance(100)
+            counts.append(len(env.take()))
+        assert sum(counts) == 5
+    finally:
+        env.close()
+
+
+def test_held_messages_survive_a_restart_and_come_once(tmp_path: Path,
+                                                       manual_clock: ManualClock) -> None:
+    limits = KeyLimits(max_in_flight_per_key=2)
+    env = Env(tmp_path, manual_clock, limits)
+    env.send([("hot", f"h{i}") for i in range(20)] + [("cold", "c")])
+    got = env.take()
+    assert sorted(p.message.body for p in got) == [b"c", b"h0", b"h1"]
+    env.ack(got)
+    # When the broker stops with 18 held and starts again
+    env.close()
+    env = Env(tmp_path, manual_clock, limits)
+    try:
+        # Then they are read back and handed out, two at a time, in order, each once
+        seen: list[bytes] = []
+        while batch := env.take():
+            assert len(batch) <= 2
+            seen += [p.message.body for p in batch]
+            env.ack(batch)
+        assert seen == [f"h{i}".encode() for i in range(2, 20)]
+    finally:
+        env.close()
+
+
+def test_without_limits_held_messages_are_handed_out(tmp_path: Path,
+                                                     manual_clock: ManualClock) -> None:
+    env = Env(tmp_path, manual_clock, KeyLimits(max_in_flight_per_key=1))
+    env.send([("hot", f"h{i}") for i in range(5)])
+    assert len(env.take()) == 1
+    env.close()
+    env = Env(tmp_path, manual_clock, KeyLimits())  # the limit taken off
+    try:
+        assert sorted(p.message.body for p in env.take()) == [b"h1", b"h2", b"h3", b"h4"]
+    finally:
+        env.close()
+
+
+def test_a_handed_out_message_whose_lease_runs_out_comes_back_within_the_limit(
+        one_in_flight: Env, manual_clock: ManualClock) -> None:
+    env = one_in_flight
+    env.send([("hot", "h0"), ("hot", "h1")])
+    assert [p.message.body for p in env.take()] == [b"h0"]
+    manual_clock.advance(30_000)  # its lease runs out: revived to the retry topic
+    env.pop.revive_due(manual_clock.now_ms())
+    assert env.broker.store.wait_visible(10)
+    got = env.take()
+    assert [p.message.body for p in got] == [b"h1"]  # the held one, not both
+    env.ack(got)
+    (again,) = env.take()
+    assert again.message.body == b"h0" and again.delivery_attempt == 2
+
+
+def test_bad_limits_are_refused_at_load(tmp_path: Path) -> None:
+    for line in ("max_in_flight_per_key = -1", "rate_per_key = -5",
+                 "rate_per_key = \"fast\"", "rate_burst_per_key = 99999999"):
+        path = tmp_path / "c.toml"
+        path.write_text(f"[groups.g]\n{line}\n")
+        with pytest.raises(InvalidArgument):
+            load_config(str(path))
+    path.write_text("[groups.g]\nmax_in_flight_per_key = 3\nrate_per_key = 2.5\n")
+    assert load_config(str(path)).key_limits["g"] == KeyLimits(3, 2.5, 0)
