@@ -94,7 +94,8 @@ def groups(figures: dict[str, float]) -> list[dict[str, Any]]:
         if name.startswith("group."):
             group, rest = name[len("group."):].split(".", 1)
             topic, figure = rest.rsplit(".", 1)
-            rows.setdefault((group, topic), {"group": group, "topic": topic})[figure] = int(value)
+            rows.setdefault((group, topic), {"group": group, "topic": topic})[figure] = \
+                int(value) if value == int(value) else value
     return [rows[k] for k in sorted(rows)]
 
 

@@ -28,7 +28,7 @@ Every duration and size carries its unit in its name.  Example ``chronomq.toml``
     retry_backoff = "10s,1m"
     max_in_flight_per_key = 1    # leases held at once for one message key
     rate_per_key = 50            # messages a second for one key (rate_burst_per_key:
-    #                              the tokens a key saves up; default max(1, rate))
+    #                              the tokens a key saves up; default 1, smooth)
 
     [timer]
     enabled = true

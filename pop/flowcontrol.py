@@ -2,7 +2,8 @@
 
 A consumer group may limit, for each message key, how many of its messages are leased at
 once (``max_in_flight_per_key``) and how many are handed out a second (``rate_per_key``,
-a token bucket holding up to ``rate_burst_per_key`` tokens).  Unkeyed messages are not
+a token bucket holding up to ``rate_burst_per_key`` tokens, one by default: then no
+window of a second hands out more than ``rate_per_key``).  Unkeyed messages are not
 limited.  A key at its limit never holds up other keys (no head-of-line blocking): a Pop
 that reads a message whose key may not have another one now leases it to the broker
 itself instead, *held*: its PopCheckpoint entry gets the deadline ``HELD`` (0, a time no
@@ -48,7 +49,7 @@ class KeyLimits:
 
     max_in_flight_per_key: int = 0
     rate_per_key: float = 0.0  # messages a second per key
-    rate_burst_per_key: int = 0  # tokens a key saves up; 0: max(1, rate_per_key)
+    rate_burst_per_key: int = 0  # tokens a key saves up; 0: one (smooth)
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_in_flight_per_key <= 1_000_000:
@@ -66,7 +67,8 @@ class KeyLimits:
 
     @property
     def burst(self) -> float:
-        return float(self.rate_burst_per_key or max(1.0, self.rate_per_key))
+        """One token by default: then no second ever sees more than ``rate_per_key``."""
+        return float(self.rate_burst_per_key or 1)
 
 
 class HeldEntry(NamedTuple):

@@ -38,11 +38,18 @@ def broker_figures(broker: Broker, budget: CallBudget, sent: int, popped: int,
         "rpc.sent": sent, "rpc.popped": popped,
         **budget.figures("rpc"),
     })
+    flow = broker.pop.flow
     for g in broker.pop.group_statistics():
         base = f"group.{g.group}.{g.topic}."
-        out.update({base + "in_flight": g.in_flight, base + "backlog": g.backlog,
+        held = flow.held_count(g.group, g.topic)  # leased to the broker, not handed out
+        out.update({base + "in_flight": g.in_flight - held, base + "backlog": g.backlog,
                     base + "lag": g.lag, base + "redelivered": g.redelivered,
                     base + "dead_lettered": g.dead_lettered})
+        limits = flow.limits(g.group)
+        if limits is not None:  # per-key flow control (``pop.flowcontrol``)
+            out.update({base + "held_by_key": held,
+                        base + "max_in_flight_per_key": limits.max_in_flight_per_key,
+                        base + "rate_per_key": limits.rate_per_key})
     t = broker.timer.statistics()
     out.update({
         "timer.pending_wheel": t.pending_wheel, "timer.pending_rocksdb": t.pending_rocksdb,

@@ -204,10 +204,19 @@ def groups_part(d: dict[str, Any], prefix: str) -> str:
                      f'<a href="/dead-letters?{e(dlq)}">{r["dead_lettered"]:,}</a>',
                      f'{r["max_attempts"]} attempts, back-off '
                      f'{e(", ".join(f"{b / 1000:g}s" for b in r["backoff_ms"][:6]))}'
-                     f'{" …" if len(r["backoff_ms"]) > 6 else ""}'])
+                     f'{" …" if len(r["backoff_ms"]) > 6 else ""}', _per_key(r)])
     return (_table(["group", "topic", "lag", "backlog", "in flight", "redelivered",
-                    "dead-lettered", "retry policy"], rows, "groups-table") +
+                    "dead-lettered", "retry policy", "per key"], rows, "groups-table") +
             _pager("/groups", d["page"], d["page_size"], d["total"], {"q": prefix}))
+
+
+def _per_key(r: dict[str, Any]) -> str:
+    """A group's per-key flow control: its limits and how many messages wait for them."""
+    limits = ([f'{r["max_in_flight_per_key"]:,} in flight'] if r["max_in_flight_per_key"]
+              else []) + ([f'{r["rate_per_key"]:g}/s'] if r["rate_per_key"] else [])
+    if not limits:
+        return "-"
+    return ", ".join(limits) + f'; {r["held_by_key"]:,} held'
 
 
 def list_body(path: str, part: str, prefix: str, page: int, label: str,

@@ -160,8 +160,13 @@ class ConsoleViews:
             dead = dlq_topic(g.group, g.topic)
             dead_stored = sum(high - low for low, high in (
                 b.store.queue_bounds(dead, 0),)) if b.store.topics.get(dead) else 0
+            held = b.pop.flow.held_count(g.group, g.topic)
+            limits = b.pop.flow.limits(g.group)
             rows.append({"group": g.group, "topic": g.topic, "lag": g.lag,
-                         "backlog": g.backlog, "in_flight": g.in_flight,
+                         "backlog": g.backlog, "in_flight": g.in_flight - held,
+                         "held_by_key": held,
+                         "max_in_flight_per_key": limits.max_in_flight_per_key if limits
+                         else 0, "rate_per_key": limits.rate_per_key if limits else 0.0,
                          "redelivered": g.redelivered, "dead_lettered": g.dead_lettered,
                          "dead_letters_stored": dead_stored,
                          "max_attempts": policy.max_attempts,
