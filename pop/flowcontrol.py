@@ -2,8 +2,9 @@
 
 A consumer group may limit, for each message key, how many of its messages are leased at
 once (``max_in_flight_per_key``) and how many are handed out a second (``rate_per_key``,
-a token bucket holding up to ``rate_burst_per_key`` tokens, one by default: then no
-window of a second hands out more than ``rate_per_key``).  Unkeyed messages are not
+one every ``1 / rate`` s on a schedule that a late hand-out does not push back, up to
+``rate_burst_per_key`` at once; with the default burst of one, no second ever sees more
+than ``rate_per_key``: a log of the last second's hand-outs checks it).  Unkeyed messages are not
 limited.  A key at its limit never holds up other keys (no head-of-line blocking): a Pop
 that reads a message whose key may not have another one now leases it to the broker
 itself instead, *held*: its PopCheckpoint entry gets the deadline ``HELD`` (0, a time no
@@ -42,6 +43,10 @@ from store.errors import InvalidArgument
 
 __all__ = ["HELD", "FlowControl", "HeldEntry", "KeyLimits"]
 
+# the window the rate is checked over: a second, and a margin for the way to a consumer
+# (a message handed out late arrives sooner after the one before it)
+RATE_WINDOW_MS = 1025
+
 
 @dataclass(frozen=True, slots=True)
 class KeyLimits:
@@ -49,7 +54,7 @@ class KeyLimits:
 
     max_in_flight_per_key: int = 0
     rate_per_key: float = 0.0  # messages a second per key
-    rate_burst_per_key: int = 0  # tokens a key saves up; 0: one (smooth)
+    rate_burst_per_key: int = 0  # how many may go at once; 0: one (smooth)
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_in_flight_per_key <= 1_000_000:
@@ -85,13 +90,13 @@ class HeldEntry(NamedTuple):
 
 
 class _Key:
-    __slots__ = ("at_ms", "held", "in_flight", "tokens")
+    __slots__ = ("held", "in_flight", "recent", "tat")
 
-    def __init__(self, burst: float, now_ms: int) -> None:
+    def __init__(self, now_ms: int) -> None:
         self.held: deque[HeldEntry] = deque()
         self.in_flight = 0
-        self.tokens = burst
-        self.at_ms = now_ms
+        self.tat = float(now_ms)  # rate: when the next one is due (GCRA's arrival time)
+        self.recent: deque[int] = deque()  # rate: hand-outs of the last second
 
 
 class FlowControl:
@@ -144,7 +149,7 @@ class FlowControl:
             k = self._key(group, topic, key, now_ms)
             if k.held or not self._room(limits, k, now_ms):
                 return False
-            self._take(limits, k)
+            self._take(limits, k, now_ms)
             return True
 
     def hold(self, group: str, topic: str, key: str, entry: HeldEntry) -> None:
@@ -175,7 +180,7 @@ class FlowControl:
                 while k.held and len(out) < want and (
                         limits is None or self._room(limits, k, now_ms)):
                     if limits is not None:
-                        self._take(limits, k)
+                        self._take(limits, k, now_ms)
                     out.append((k.held.popleft(), key))
             self._arm(group, topic)
         return out
@@ -221,9 +226,7 @@ class FlowControl:
     def _key(self, group: str, topic: str, key: str, now_ms: int) -> _Key:
         k = self._keys.get((group, topic, key))
         if k is None:
-            limits = self._limits.get(group)
-            k = self._keys[(group, topic, key)] = _Key(
-                limits.burst if limits is not None else 1.0, now_ms)
+            k = self._keys[(group, topic, key)] = _Key(now_ms)
         return k
 
     @staticmethod
@@ -231,31 +234,45 @@ class FlowControl:
         if limits.max_in_flight_per_key and k.in_flight >= limits.max_in_flight_per_key:
             return False
         if limits.rate_per_key:
-            k.tokens = min(limits.burst,
-                           k.tokens + (now_ms - k.at_ms) * limits.rate_per_key / 1000)
-            k.at_ms = max(k.at_ms, now_ms)
-            return k.tokens >= 1.0
+            return now_ms >= FlowControl._rate_ready_ms(limits, k, now_ms)
         return True
 
     @staticmethod
-    def _take(limits: KeyLimits, k: _Key) -> None:
+    def _rate_ready_ms(limits: KeyLimits, k: _Key, now_ms: int) -> float:
+        """When the key may have its next message by its rate: on its schedule (one every
+        ``1 / rate`` s, up to ``burst - 1`` early) and with fewer than ``rate + burst - 1``
+        handed out in the last second (then exactly: never more than the rate in any
+        second with the default burst of one)."""
+        while k.recent and k.recent[0] <= now_ms - RATE_WINDOW_MS:
+            k.recent.popleft()
+        interval = 1000 / limits.rate_per_key
+        ready = k.tat - (limits.burst - 1) * interval
+        if len(k.recent) >= max(1, int(limits.rate_per_key)) + int(limits.burst) - 1:
+            ready = max(ready, k.recent[0] + RATE_WINDOW_MS)
+        return ready
+
+    @staticmethod
+    def _take(limits: KeyLimits, k: _Key, now_ms: int) -> None:
         k.in_flight += 1
         if limits.rate_per_key:
-            k.tokens -= 1.0
+            interval = 1000 / limits.rate_per_key
+            # on schedule: a hand-out a little late does not push the next ones back
+            k.tat = max(k.tat, now_ms - interval) + interval
+            k.recent.append(now_ms)
 
     def _arm(self, group: str, topic: str) -> None:
-        """Time a wake-up for when the first held key of a rate-limited group refills.
-        Caller holds the lock."""
+        """Time a wake-up for when the first held key of a rate-limited group may have
+        its next message.  Caller holds the lock."""
         limits = self._limits.get(group)
         if limits is None or not limits.rate_per_key:
             return
+        now = self._clock.now_ms()
         need = [k for (g, t, _), k in self._keys.items() if g == group and t == topic
                 and k.held and not (limits.max_in_flight_per_key
                                     and k.in_flight >= limits.max_in_flight_per_key)]
         if not need:
             return
-        at = min(k.at_ms + int((1.0 - min(k.tokens, 1.0)) * 1000 / limits.rate_per_key) + 1
-                 for k in need)
+        at = int(min(self._rate_ready_ms(limits, k, now) for k in need)) + 1
         if topic not in self._wake_at or at < self._wake_at[topic]:
             self._wake_at[topic] = at
             if self._thread is None:
