@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from chronomq.cli import main
-from chronomq.client import message
+from chronomq.client import ChronomqClient, message
 from pop.flowcontrol import KeyLimits
+from tests.chronomq.process import ServerProcess
 from tests.conftest import RunningServer, broker_config
 
 
@@ -82,3 +83,31 @@ def test_a_subscribe_consumer_gets_every_cold_key_while_the_hot_one_waits_its_tu
             assert first.body == b"hot-a" and bodies == [b"hot-b"] and seconds < 15
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_held_messages_survive_kill_9(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    srv = ServerProcess(data, "groups.G.max_in_flight_per_key=1")
+    with ChronomqClient(srv.target) as c:
+        c.create_topic("t", queue_count=2)
+        c.send([message("t", b"h%d" % i, key="hot") for i in range(30)])
+        (first,) = c.pop("t", "G", max_messages=32, invisible_time_s=2)
+        assert first.body == b"h0" and c.stats()["group.G.t.held_by_key"] == 29
+    srv.kill9()  # with 29 held and h0 leased, never acked
+    srv = ServerProcess(data, "groups.G.max_in_flight_per_key=1")
+    try:
+        with ChronomqClient(srv.target) as c:
+            seen: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(seen) < 30 and time.monotonic() < deadline:
+                batch = c.pop("t", "G", max_messages=32, invisible_time_s=30, wait_ms=500)
+                assert len(batch) <= 1
+                seen += [m.body for m in batch]
+                if batch:
+                    c.ack("G", [m.receipt_handle for m in batch])
+        # every one once: the held ones in order, h0 again once its lease ran out
+        assert sorted(seen) == sorted(b"h%d" % i for i in range(30))
+        assert [b for b in seen if b != b"h0"] == [b"h%d" % i for i in range(1, 30)]
+    finally:
+        assert srv.terminate() == 0
