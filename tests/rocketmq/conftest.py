@@ -17,6 +17,7 @@ import pytest
 
 from chronomq.config import RocketMQConfig
 from chronomq.rocketmq.pb import service_grpc
+from pop.flowcontrol import KeyLimits
 from store.clock import ManualClock
 from store.topics import Topic
 from tests.conftest import RunningServer, broker_config
@@ -24,11 +25,13 @@ from tests.conftest import RunningServer, broker_config
 
 class RocketMQEnv:
     def __init__(self, root: Path, server: dict[str, object] | None = None,
+                 key_limits: dict[str, KeyLimits] | None = None,
                  **rocketmq: object) -> None:
         config = dataclasses.replace(
             broker_config(root / "data", **(server or {})),
             rocketmq=RocketMQConfig(enabled=True, host="127.0.0.1", port=0,
-                                    **rocketmq))  # type: ignore[arg-type]
+                                    **rocketmq),  # type: ignore[arg-type]
+            key_limits=key_limits or {})
         self.clock = ManualClock(int(time.time() * 1000))
         self.running = RunningServer(config, self.clock, background=False)
         self.broker = self.running.server.broker

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,6 +18,7 @@ from chronomq.rocketmq.front import CLIENT_GONE_MS, MAX_RENEW_MS, duration_s, ti
 from chronomq.rocketmq.pb import definition as rd
 from chronomq.rocketmq.pb import service as rs
 from chronomq.rocketmq.pb import service_grpc
+from pop.flowcontrol import KeyLimits
 from store.topics import Topic
 from tests.rocketmq.conftest import RocketMQEnv
 
@@ -422,3 +424,27 @@ def test_settings_answer_waits_for_the_clients_route_queries(rmq: RocketMQEnv) -
     list(rmq.stub.Telemetry(iter([rs.TelemetryCommand(settings=settings)]), timeout=10,
                             metadata=fresh))
     assert time.monotonic() - t0 < 1.0
+
+
+def test_per_key_flow_control_through_the_rocketmq_front(tmp_path: Path) -> None:
+    """``max_in_flight_per_key`` holds a hot key for a RocketMQ consumer group too, while
+    its other keys flow; an ack lets the hot key's next one out."""
+    env = RocketMQEnv(tmp_path, key_limits={"g": KeyLimits(max_in_flight_per_key=1)})
+    try:
+        r = _send(env, *[_msg(b"hot-%d" % i, f"H{i}", keys=["hot"]) for i in range(5)],
+                  *[_msg(b"cold", f"C{i}", keys=[f"cold-{i}"]) for i in range(5)])
+        assert all(e.status.code == C.OK for e in r.entries)
+        got = [x.message for x in _receive(env) if x.WhichOneof("content") == "message"]
+        assert sorted(m.body for m in got) == [b"cold"] * 5 + [b"hot-0"]
+        assert [x.message for x in _receive(env)
+                if x.WhichOneof("content") == "message"] == []
+        (hot,) = [m for m in got if m.body == b"hot-0"]
+        ack = env.stub.AckMessage(rs.AckMessageRequest(
+            group=rd.Resource(name="g"), topic=rd.Resource(name="orders"),
+            entries=[rs.AckMessageEntry(message_id=hot.system_properties.message_id,
+                                        receipt_handle=hot.system_properties.receipt_handle)]))
+        assert ack.status.code == C.OK
+        again = [x.message for x in _receive(env) if x.WhichOneof("content") == "message"]
+        assert [m.body for m in again] == [b"hot-1"]
+    finally:
+        env.close()
