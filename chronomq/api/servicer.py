@@ -32,6 +32,8 @@ from chronomq.api.subscription import (
     STREAM_BATCH,
     STREAM_BATCH_DURABLE,
     STREAM_PIPELINE,
+    STREAM_PIPELINE_DURABLE,
+    LeaseWaiter,
     Subscription,
     ack_results,
     received_pb,
@@ -333,25 +335,37 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                          name="subscribe-reader", daemon=True).start()
         pop = self._broker.pop
         # durable-ack: each Pop waits for one tier commit, so a stream leases more per Pop,
-        # and up to STREAM_PIPELINE Pops are leased before the first is waited for (one
-        # commit confirms them all)
-        batch = STREAM_BATCH_DURABLE if self._broker.journal.durable_ack else STREAM_BATCH
+        # and its leases wait on a thread of their own (``LeaseWaiter``) while it leases
+        # what arrives meanwhile, up to STREAM_PIPELINE_DURABLE Pops; else up to
+        # STREAM_PIPELINE Pops are leased before the first is waited for (one fsync)
+        durable = self._broker.journal.durable_ack
+        batch = STREAM_BATCH_DURABLE if durable else STREAM_BATCH
+        waiter = LeaseWaiter(pop.wait_popped, wake) if durable else None
+        pipeline = STREAM_PIPELINE_DURABLE if durable else STREAM_PIPELINE
         leased: deque[tuple[list[PoppedMessage], int]] = deque()  # not durable yet
+        news = sub.has_news if waiter is None else \
+            (lambda: sub.has_news() or waiter.has_ready())
         try:
             while context.is_active() and not sub.closed:
                 room = sub.room()
                 seen = self._notifier.generation(sub.topic)
-                if room > 0 and len(leased) < STREAM_PIPELINE:
+                in_flight = len(leased) if waiter is None else waiter.pending()
+                if room > 0 and in_flight < pipeline:
                     got, ticket = pop.pop_applied(sub.topic, sub.group, min(room, batch),
                                                   sub.invisible_time_s, sub.tag_filter,
                                                   cap=batch)
                     sub.leased(got)
                     if got:
-                        leased.append((got, ticket))
-                        if room > len(got) and len(leased) < STREAM_PIPELINE:
+                        if waiter is not None:
+                            waiter.add(got, ticket)
+                        else:
+                            leased.append((got, ticket))
+                        if room > len(got) and in_flight + 1 < pipeline:
                             continue  # lease more before waiting for the first
                 got = []
-                if leased:  # the oldest leases, once durable
+                if waiter is not None:  # what is durable by now
+                    got = waiter.take()
+                elif leased:  # the oldest leases, once durable
                     got, ticket = leased.popleft()
                     pop.wait_popped(ticket)
                 report = sub.take_report()  # (taken only when it goes out now)
@@ -365,13 +379,15 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     continue
                 # nothing to send: wait for an arrival, a settlement that frees credit or
                 # needs a report, or a lease running out
-                self._notifier.wait(sub.topic, seen, sub.wait_s(), also=sub.has_news)
+                self._notifier.wait(sub.topic, seen, sub.wait_s(), also=news)
             if context.is_active():  # the client half-closed: answer its last settlements
                 sub.drain(SETTLE_DRAIN_S)
                 report = sub.take_report()
                 if report is not None:
                     yield report
         finally:
+            if waiter is not None:
+                waiter.close()
             sub.close()
             sub.give_back()
 

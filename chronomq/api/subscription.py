@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 STREAM_BATCH = 256  # messages leased per Pop on a Subscribe stream
 STREAM_BATCH_DURABLE = 1024  # ... with tier.durable_ack (each Pop waits for the tier)
 STREAM_PIPELINE = 4  # Pops leased on a stream before the first is waited for
+STREAM_PIPELINE_DURABLE = 16  # ... with tier.durable_ack (``LeaseWaiter``)
 DEFAULT_CREDIT = 256
 MAX_CREDIT = 10_000
 IDLE_WAIT_S = 15.0  # an idle Subscribe stream looks for messages at least this often
@@ -286,3 +287,72 @@ class _Settler:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+
+
+class LeaseWaiter:
+    """Durable-ack: a Subscribe stream's leased batches wait for the tier on a thread of
+    their own (``subscribe-durable``), in order, so the stream leases what arrives in the
+    meantime instead of only after the wait: a message due or sent during one tier
+    commit waits for the next commit, not for that one and then a whole one more.
+    ``take`` gives the batches that are durable, oldest first, and raises the error of a
+    failed wait (then nothing after it is given).  Thread-safe."""
+
+    def __init__(self, wait: Callable[[int], None], wake: Callable[[], None]) -> None:
+        self._wait = wait
+        self._wake = wake
+        self._cond = threading.Condition()
+        self._queued: deque[tuple[list[PoppedMessage], int]] = deque()
+        self._ready: deque[list[PoppedMessage]] = deque()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def add(self, got: list[PoppedMessage], ticket: int) -> None:
+        with self._cond:
+            self._queued.append((got, ticket))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="subscribe-durable",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        """Batches leased and not yet taken."""
+        with self._cond:
+            return len(self._queued) + len(self._ready)
+
+    def has_ready(self) -> bool:
+        return bool(self._ready) or self._error is not None
+
+    def take(self) -> list[PoppedMessage]:
+        """The durable batches, oldest first (empty: none yet)."""
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            out = [p for batch in self._ready for p in batch]
+            self._ready.clear()
+            return out
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queued or self._closed)
+                if self._closed:
+                    return
+                got, ticket = self._queued[0]
+            try:
+                self._wait(ticket)
+            except BaseException as exc:  # the stream raises it (fenced, tier down)
+                with self._cond:
+                    self._error = exc
+                self._wake()
+                return
+            with self._cond:
+                self._queued.popleft()
+                self._ready.append(got)
+            self._wake()

@@ -295,3 +295,31 @@ def test_a_consumers_acks_gather_while_its_requests_wait_for_the_tier(
             for f in futures:
                 f.result(30)
         assert c.stats()["pop.acked"] == 100
+
+
+def test_a_stream_leases_what_arrives_while_its_first_leases_wait_for_the_tier(
+        gated: tuple[RunningServer, Faulty]) -> None:
+    server, faulty = gated
+    with server.client() as c, subscribed(c, 1, 100) as stream:
+        first = stream.messages(1)
+        # Given the tier holds every write: no send or lease is confirmed (the sends'
+        # answers wait; their messages are visible here meanwhile)
+        faulty.hold()
+
+        def send(body: bytes) -> object:
+            return c.stub.Send.future(pb.SendRequest(messages=[message("t", body)]),
+                                      metadata=c.metadata, timeout=30)
+
+        sends = [send(b"a")]
+        # When more messages arrive while the lease of the first waits for the tier
+        assert _wait(lambda: c.stats()["pop.popped"] >= 2, UPLOAD_TIMEOUT_S / 2)
+        sends += [send(b"b") for _ in range(5)]
+        # Then they are leased meanwhile (not only after the wait), none sent yet
+        assert _wait(lambda: c.stats()["pop.popped"] == 7, UPLOAD_TIMEOUT_S / 2), \
+            c.stats()["pop.popped"]
+        assert stream.responses.empty()
+        # and once the tier takes the writes, all go out, in the order they were leased
+        faulty.release()
+        later = stream.messages(6)
+        assert [m.body for m in first + later] == [b"x", b"a"] + [b"b"] * 5
+        assert all(f.result().results[0].message_id for f in sends)  # type: ignore[attr-defined]
