@@ -21,6 +21,7 @@ from chronomq.dedupe import SendDedupe
 from chronomq.failover import hold_lease, start_failover
 from chronomq.handover import publish_secret
 from chronomq.providers import make_lease_provider, make_provider
+from chronomq.recurrence import open_schedules
 from chronomq.takeover import Takeover, TakeoverResult
 from cluster.layout import catalogue_path
 from cluster.lease import BrokerLease, LeaseWatch, TakenOver
@@ -181,6 +182,8 @@ class Broker:
                               config.groups, config.key_limits)
         self._timer_store = TimerStore(os.path.join(sc.data_dir, "timer"))
         self._opened.append(("the timer database", self._timer_store.close))
+        self.schedules = open_schedules(self)  # recurring schedules (chronomq.recurrence)
+        self._opened.append(("the schedules database", self.schedules.book.close))
         self.timer = TimerService(self.store, self._timer_store, self.flat_files,
                                   config.timer, clock)
         self.timer.open()
@@ -257,12 +260,14 @@ class Broker:
         if timer_thread:
             self.timer.start()
             self.pop.start()
+            self.schedules.start()
 
     def stop(self) -> None:
         """Stop and flush everything.  On a full volume the reserve file makes room first,
         and a step that still cannot write is logged and skipped (``unless_full``)."""
         self.disk.refresh(force=True)
-        unless_full(self.pop.stop, "stopping POP")  # both append to the CommitLog: first
+        unless_full(self.schedules.stop, "stopping the schedules")  # these three append to
+        unless_full(self.pop.stop, "stopping POP")  # the CommitLog: first
         unless_full(self.timer.stop, "stopping the timer")
         if self.tiered is not None:
             unless_full(self.tiered.stop, "stopping the tier upload")
@@ -270,6 +275,7 @@ class Broker:
         unless_full(self.timer.flush, "the timer's dispatch position")
         self._timer_store.close()
         self._pop_kv.close()
+        self.schedules.book.close()
         if self.lease is not None:
             self.lease.stop()
 

@@ -126,6 +126,41 @@ def _parser() -> argparse.ArgumentParser:
                          "the topic (debounce)")
     _client_args(se)
 
+    sc = sub.add_parser("schedule", help="recurring schedules: a message at each tick")
+    ssub = sc.add_subparsers(dest="schedule_command", required=True)
+    scc = ssub.add_parser("create", help="create a schedule (cron or a fixed interval)")
+    scc.add_argument("name", help="the schedule's name (its ticks' ids: NAME@<tick ms>)")
+    scc.add_argument("--topic", required=True, help="topic each tick is sent to")
+    every = scc.add_mutually_exclusive_group(required=True)
+    every.add_argument("--cron", help='five crontab fields, e.g. "0 9 * * 1-5"')
+    every.add_argument("--every-s", type=_bounded(10 * 366 * 86_400),
+                       help="a fixed interval in seconds")
+    scc.add_argument("--tz", default="UTC", help="IANA time zone, e.g. Europe/Berlin")
+    scc.add_argument("--body", default="", help="the message body (UTF-8)")
+    scc.add_argument("--key", default="", help="the message key")
+    scc.add_argument("--tag", default="", help="the message tag")
+    scc.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
+                     help="a message property (repeatable)")
+    scc.add_argument("--start-ms", type=_ms, default=0, help="no tick before (epoch ms)")
+    scc.add_argument("--end-ms", type=_ms, default=0, help="no tick after (epoch ms)")
+    scc.add_argument("--misfire", choices=("skip", "once", "all"), default="once",
+                     help="ticks missed while no broker ran: none, the latest, or all")
+    scc.add_argument("--misfire-bound", type=_bounded(10_000), default=0,
+                     help="with --misfire all: at most this many (default 100)")
+    _client_args(scc)
+    sl = ssub.add_parser("list", help="list schedules with their next fire times")
+    sl.add_argument("--prefix", default="", help="only names starting with this")
+    _client_args(sl)
+    for verb, text in (("pause", "stop sending ticks"), ("resume", "send ticks again, "
+                       "from the next one after now"), ("delete", "delete a schedule")):
+        sv = ssub.add_parser(verb, help=text)
+        sv.add_argument("name")
+        _client_args(sv)
+    sn = ssub.add_parser("next", help="the next fire times")
+    sn.add_argument("name")
+    sn.add_argument("--count", type=_bounded(1000), default=10)
+    _client_args(sn)
+
     po = sub.add_parser("pop", help="pop messages (and ack them unless --no-ack)")
     po.add_argument("topic", help="topic to pop from")
     po.add_argument("group", help="consumer group (its own position and leases)")

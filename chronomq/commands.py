@@ -134,6 +134,39 @@ def _topic(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
                     for t in c.list_topics()])
 
 
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds") \
+        if ms else ""
+
+
+def _schedule_row(s: pb.Schedule) -> dict[str, Any]:
+    return {"name": s.name, "topic": s.topic, "cron": s.cron, "every_s": s.every_s,
+            "time_zone": s.time_zone, "misfire": s.misfire, "paused": s.paused,
+            "next_fire": _iso(s.next_fire_ms), "fired": s.fired,
+            **({"last_error": s.last_error} if s.last_error else {})}
+
+
+def _schedule(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
+    verb = args.schedule_command
+    if verb == "create":
+        made, created = c.create_schedule(
+            args.name, args.topic, args.body.encode(), cron=args.cron or "",
+            every_s=args.every_s or 0, time_zone=args.tz, key=args.key, tag=args.tag,
+            properties=properties(args.property), start_ms=args.start_ms,
+            end_ms=args.end_ms, misfire=args.misfire, misfire_bound=args.misfire_bound)
+        return Outcome({**_schedule_row(made), "created": created})
+    if verb == "list":
+        return Outcome([_schedule_row(s) for s in c.list_schedules(args.prefix)])
+    if verb in ("pause", "resume"):
+        changed = c.pause_schedule(args.name) if verb == "pause" else \
+            c.resume_schedule(args.name)
+        return Outcome(_schedule_row(changed))
+    if verb == "delete":
+        c.delete_schedule(args.name)
+        return Outcome({"name": args.name, "deleted": True})
+    return Outcome([_iso(ms) for ms in c.next_fires(args.name, args.count)])
+
+
 def run_client(args: argparse.Namespace) -> Outcome:
     if args.command == "topic" and args.topic_command == "delete" and not args.yes:
         raise InvalidArgument(f"topic delete removes {args.name!r} and every message in it: "
@@ -146,6 +179,8 @@ def run_client(args: argparse.Namespace) -> Outcome:
     with ChronomqClient(args.target, args.token, args.tls_ca, args.timeout_s) as c:
         if args.command == "topic":
             return _topic(c, args)
+        if args.command == "schedule":
+            return _schedule(c, args)
         if args.command == "send":
             (out,) = c.send([message(args.topic, body, args.key, args.tag, props,
                                      args.deliver_at_ms, args.delay_ms, args.message_id,

@@ -58,6 +58,7 @@ from typing import Any, get_type_hints
 
 from pop.flowcontrol import KeyLimits
 from pop.policy import RetryPolicy, parse_backoff
+from recurring.book import ScheduleConfig
 from store.errors import InvalidArgument
 from store.names import check_name, is_name
 from store.store import StoreConfig
@@ -134,6 +135,7 @@ class BrokerConfig:
     tier: TierConfig = field(default_factory=TierConfig)
     rocketmq: RocketMQConfig = field(default_factory=RocketMQConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    schedules: ScheduleConfig = field(default_factory=ScheduleConfig)
     groups: dict[str, RetryPolicy] = field(default_factory=dict)  # per-group retry policy
     key_limits: dict[str, KeyLimits] = field(default_factory=dict)  # per-group, per-key
 
@@ -332,6 +334,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         tier=_section(TierConfig, raw.get("tier", {}), "tier"),
         rocketmq=_section(RocketMQConfig, raw.get("rocketmq", {}), "rocketmq"),
         console=_section(ConsoleConfig, raw.get("console", {}), "console"),
+        schedules=_section(ScheduleConfig, raw.get("schedules", {}), "schedules"),
     )
     pop = config.pop
     groups = {}

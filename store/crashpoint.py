@@ -38,6 +38,8 @@ LABELS: dict[str, str] = {
     "timer.after_deliver_remove": "delivered messages' timer entries removed",
     "debounce.after_append": "a replacing message durable, the ones it replaces not yet "
                              "cancelled",
+    "schedule.after_send": "a step's schedule ticks durable, the schedules not yet moved "
+                           "past them",
     "pop.after_checkpoint": "a Pop's leases durable, before the messages leave the broker",
     "pop.after_ack": "acks durable, before the consumer is answered",
     "pop.after_change_invisible": "a new lease deadline durable, before the answer",

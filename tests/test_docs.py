@@ -39,7 +39,8 @@ ALLOWED_IMPORTS = {
     "timer": {"tiered", "store"},
     "pop": {"timer", "tiered", "store"},
     "spark": {"tiered", "store"},
-    "chronomq": {"pop", "timer", "cluster", "tiered", "store", "spark"},
+    "recurring": {"store"},
+    "chronomq": {"pop", "timer", "cluster", "tiered", "store", "spark", "recurring"},
 }
 
 

@@ -23,6 +23,7 @@ from typing import NamedTuple, TypeAlias
 
 import grpc
 
+from chronomq.api import schedules
 from chronomq.api.budget import LONG_POLL, STREAM, CallBudget
 from chronomq.api.errors import code_number, status_of
 from chronomq.api.figures import broker_figures
@@ -390,6 +391,31 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 waiter.close()
             sub.close()
             sub.give_back()
+
+    # ------------------------------------------------------------------ schedules
+
+    def CreateSchedule(self, request: pb.CreateScheduleRequest,
+                       context: Context) -> pb.CreateScheduleResponse:
+        return schedules.create(self._broker, request)
+
+    def ListSchedules(self, request: pb.ListSchedulesRequest,
+                      context: Context) -> pb.ListSchedulesResponse:
+        return schedules.listing(self._broker, request)
+
+    def PauseSchedule(self, request: pb.ScheduleNameRequest,
+                      context: Context) -> pb.ScheduleResponse:
+        return schedules.pause(self._broker, request.name, True)
+
+    def ResumeSchedule(self, request: pb.ScheduleNameRequest,
+                       context: Context) -> pb.ScheduleResponse:
+        return schedules.pause(self._broker, request.name, False)
+
+    def DeleteSchedule(self, request: pb.ScheduleNameRequest,
+                       context: Context) -> pb.DeleteScheduleResponse:
+        return schedules.delete(self._broker, request.name)
+
+    def NextFires(self, request: pb.NextFiresRequest, context: Context) -> pb.NextFiresResponse:
+        return schedules.next_fires(self._broker, request)
 
     # ------------------------------------------------------------------ timer control
 

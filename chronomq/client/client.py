@@ -244,6 +244,43 @@ class ChronomqClient:
             topic=topic, group=group, invisible_time_s=invisible_time_s,
             max_outstanding=max_outstanding, tag_expression=tag_expression))
 
+    # ------------------------------------------------------------------ schedules
+
+    def create_schedule(self, name: str, topic: str, body: bytes, *, cron: str = "",
+                        every_s: int = 0, time_zone: str = "UTC", key: str = "",
+                        tag: str = "", properties: Mapping[str, str] | None = None,
+                        start_ms: int = 0, end_ms: int = 0, misfire: str = "once",
+                        misfire_bound: int = 0) -> tuple[pb.Schedule, bool]:
+        """Create a recurring schedule (``cron`` or ``every_s``); the schedule as stored
+        (with its next fire time) and whether it is new (an identical one is kept)."""
+        r = self.call("CreateSchedule", pb.CreateScheduleRequest(schedule=pb.Schedule(
+            name=name, topic=topic, body=body, cron=cron, every_s=every_s,
+            time_zone=time_zone, key=key, tag=tag, properties=dict(properties or {}),
+            start_ms=start_ms, end_ms=end_ms, misfire=misfire,
+            misfire_bound=misfire_bound)))
+        return r.schedule, r.created
+
+    def list_schedules(self, prefix: str = "", limit: int = 0) -> list[pb.Schedule]:
+        return list(self.call("ListSchedules", pb.ListSchedulesRequest(
+            prefix=prefix, limit=limit)).schedules)
+
+    def pause_schedule(self, name: str) -> pb.Schedule:
+        r: pb.ScheduleResponse = self.call("PauseSchedule", pb.ScheduleNameRequest(name=name))
+        return r.schedule
+
+    def resume_schedule(self, name: str) -> pb.Schedule:
+        r: pb.ScheduleResponse = self.call("ResumeSchedule",
+                                           pb.ScheduleNameRequest(name=name))
+        return r.schedule
+
+    def delete_schedule(self, name: str) -> None:
+        self.call("DeleteSchedule", pb.ScheduleNameRequest(name=name))
+
+    def next_fires(self, name: str, count: int = 10) -> list[int]:
+        """The schedule's next ``count`` fire times (epoch ms)."""
+        return list(self.call("NextFires", pb.NextFiresRequest(name=name,
+                                                               count=count)).fire_ms)
+
     # ------------------------------------------------------------------ timer control
 
     def cancel(self, message_id: str, topic: str = "") -> TimerResult:

@@ -440,6 +440,113 @@ class TakeoverResponse(_message.Message):
     accepting_after_seconds: float
     def __init__(self, topics: _Optional[_Iterable[str]] = ..., pending: _Optional[int] = ..., groups: _Optional[int] = ..., seconds: _Optional[float] = ..., accepting_after_seconds: _Optional[float] = ...) -> None: ...
 
+class Schedule(_message.Message):
+    __slots__ = ("name", "topic", "cron", "every_s", "time_zone", "body", "key", "tag", "properties", "start_ms", "end_ms", "misfire", "misfire_bound", "paused", "next_fire_ms", "fired", "last_error")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CRON_FIELD_NUMBER: _ClassVar[int]
+    EVERY_S_FIELD_NUMBER: _ClassVar[int]
+    TIME_ZONE_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    MISFIRE_FIELD_NUMBER: _ClassVar[int]
+    MISFIRE_BOUND_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIRE_MS_FIELD_NUMBER: _ClassVar[int]
+    FIRED_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    topic: str
+    cron: str
+    every_s: int
+    time_zone: str
+    body: bytes
+    key: str
+    tag: str
+    properties: _containers.ScalarMap[str, str]
+    start_ms: int
+    end_ms: int
+    misfire: str
+    misfire_bound: int
+    paused: bool
+    next_fire_ms: int
+    fired: int
+    last_error: str
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., cron: _Optional[str] = ..., every_s: _Optional[int] = ..., time_zone: _Optional[str] = ..., body: _Optional[bytes] = ..., key: _Optional[str] = ..., tag: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., misfire: _Optional[str] = ..., misfire_bound: _Optional[int] = ..., paused: _Optional[bool] = ..., next_fire_ms: _Optional[int] = ..., fired: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
+
+class CreateScheduleRequest(_message.Message):
+    __slots__ = ("schedule",)
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ...) -> None: ...
+
+class CreateScheduleResponse(_message.Message):
+    __slots__ = ("schedule", "created")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    created: bool
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class ListSchedulesRequest(_message.Message):
+    __slots__ = ("prefix", "limit")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    limit: int
+    def __init__(self, prefix: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListSchedulesResponse(_message.Message):
+    __slots__ = ("schedules", "total")
+    SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    schedules: _containers.RepeatedCompositeFieldContainer[Schedule]
+    total: int
+    def __init__(self, schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+
+class ScheduleNameRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ScheduleResponse(_message.Message):
+    __slots__ = ("schedule",)
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ...) -> None: ...
+
+class DeleteScheduleResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class NextFiresRequest(_message.Message):
+    __slots__ = ("name", "count")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class NextFiresResponse(_message.Message):
+    __slots__ = ("fire_ms",)
+    FIRE_MS_FIELD_NUMBER: _ClassVar[int]
+    fire_ms: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, fire_ms: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class StatsResponse(_message.Message):
     __slots__ = ("figures", "json")
     class FiguresEntry(_message.Message):

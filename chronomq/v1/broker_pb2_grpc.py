@@ -124,6 +124,36 @@ class BrokerStub:
                 request_serializer=chronomq_dot_v1_dot_broker__pb2.TakeoverRequest.SerializeToString,
                 response_deserializer=chronomq_dot_v1_dot_broker__pb2.TakeoverResponse.FromString,
                 _registered_method=True)
+        self.CreateSchedule = channel.unary_unary(
+                '/chronomq.v1.Broker/CreateSchedule',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.CreateScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/chronomq.v1.Broker/ListSchedules',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.PauseSchedule = channel.unary_unary(
+                '/chronomq.v1.Broker/PauseSchedule',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.ScheduleResponse.FromString,
+                _registered_method=True)
+        self.ResumeSchedule = channel.unary_unary(
+                '/chronomq.v1.Broker/ResumeSchedule',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.ScheduleResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/chronomq.v1.Broker/DeleteSchedule',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
+        self.NextFires = channel.unary_unary(
+                '/chronomq.v1.Broker/NextFires',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.NextFiresRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.NextFiresResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -240,6 +270,42 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def NextFires(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -332,6 +398,36 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Takeover,
                     request_deserializer=chronomq_dot_v1_dot_broker__pb2.TakeoverRequest.FromString,
                     response_serializer=chronomq_dot_v1_dot_broker__pb2.TakeoverResponse.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.CreateScheduleResponse.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'PauseSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSchedule,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.ScheduleResponse.SerializeToString,
+            ),
+            'ResumeSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSchedule,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.ScheduleResponse.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.DeleteScheduleResponse.SerializeToString,
+            ),
+            'NextFires': grpc.unary_unary_rpc_method_handler(
+                    servicer.NextFires,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.NextFiresRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.NextFiresResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -820,6 +916,168 @@ class Broker:
             '/chronomq.v1.Broker/Takeover',
             chronomq_dot_v1_dot_broker__pb2.TakeoverRequest.SerializeToString,
             chronomq_dot_v1_dot_broker__pb2.TakeoverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/CreateSchedule',
+            chronomq_dot_v1_dot_broker__pb2.CreateScheduleRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/ListSchedules',
+            chronomq_dot_v1_dot_broker__pb2.ListSchedulesRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/PauseSchedule',
+            chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.ScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/ResumeSchedule',
+            chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.ScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/DeleteSchedule',
+            chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.DeleteScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NextFires(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/NextFires',
+            chronomq_dot_v1_dot_broker__pb2.NextFiresRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.NextFiresResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,46 @@
+"""The broker's recurring schedules (``recurring``): their book in ``<data>/schedules``
+and the engine whose ticks go through ``Broker.submit`` like any Send (checked, the
+dedupe window of client-chosen ids, durable before the book moves on).
+
+Each tick is a message ``<name>@<tick ms>`` due at the tick; a tick whose message the
+broker refuses (its topic was deleted, or is owned elsewhere) is skipped and its error
+kept as the schedule's ``last_error``; a broker-wide failure (a full disk, a tier that
+does not take the change with ``tier.durable_ack``) raises, and the engine sends the same
+ticks again a second later.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from recurring.book import ScheduleBook
+from recurring.engine import ScheduleEngine
+from store.errors import ChronomqError
+from store.message import Draft
+
+if TYPE_CHECKING:
+    from chronomq.broker import Broker
+
+
+def open_schedules(broker: Broker) -> ScheduleEngine:
+    book = ScheduleBook(os.path.join(broker.config.store.data_dir, "schedules"),
+                        broker.config.schedules.max_schedules)
+
+    def send(drafts: list[Draft]) -> list[str]:
+        now = broker.clock.now_ms()
+        errors = [""] * len(drafts)
+        ok: list[Draft] = []
+        for i, d in enumerate(drafts):
+            try:
+                due, flags = broker.resolve_deliver_at(d.deliver_at_ms, 0, now)
+                d = d._replace(born_at_ms=now, deliver_at_ms=due, flags=flags)
+                broker.check(d)
+                ok.append(d)
+            except ChronomqError as exc:
+                errors[i] = str(exc)
+        if ok:
+            broker.stored(broker.submit(ok, now))  # duplicates: ticks sent before a crash
+        return errors
+
+    return ScheduleEngine(book, send, broker.clock)

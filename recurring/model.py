@@ -1,0 +1,202 @@
+"""A recurring schedule and its fire times.
+
+A schedule names a topic, a cron expression (five fields, as crontab) or a fixed
+interval in whole seconds, an IANA time zone, the message to send at each tick (body,
+key, tag, properties), an optional start and end, and a misfire policy for ticks missed
+while no broker ran: ``skip`` (none of them), ``once`` (the latest one), ``all`` (each,
+oldest first, at most ``misfire_bound``).
+
+Fire times come from APScheduler's triggers (``CronTrigger.from_crontab`` and
+``IntervalTrigger``), so time zones and daylight-saving changes follow its rules: a
+local time that does not exist (the spring gap) fires once, at the same distance after
+the gap's start (``30 2 * * *`` in Europe/Berlin on the day clocks go from 02:00 to
+03:00 fires at 03:30 CEST); a local time that happens twice (the autumn repeat) fires
+twice (``30 1 * * *`` in America/New_York fires at 01:30 EDT and at 01:30 EST); an
+interval counts real time, whatever the wall clock does.  A tick is named by its
+instant in UTC milliseconds, and its message's id is ``<name>@<tick ms>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from store.errors import InvalidArgument
+from store.message import (
+    MAX_KEY_BYTES,
+    MAX_PROPERTIES_BYTES,
+    MAX_TAG_BYTES,
+    encode_properties,
+)
+from store.names import check_name
+
+MISFIRE = ("skip", "once", "all")
+MAX_MISFIRE_BOUND = 10_000
+MAX_BODY_BYTES = 64 << 10  # a schedule's message: kept in the schedule itself
+MAX_INTERVAL_S = 10 * 366 * 86_400
+MAX_NAME_BYTES = 100  # the message id is ``<name>@<ms>``: at most 128 characters
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSpec:
+    """What a user creates (see the module docstring); validated on creation."""
+
+    name: str
+    topic: str
+    cron: str = ""
+    every_s: int = 0
+    time_zone: str = "UTC"
+    body: bytes = b""
+    key: str = ""
+    tag: str = ""
+    properties: dict[str, str] = field(default_factory=dict)
+    start_ms: int = 0  # 0: from now
+    end_ms: int = 0  # 0: no end
+    misfire: str = "once"
+    misfire_bound: int = 100
+
+    def validate(self, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        """Raise ``InvalidArgument`` naming what is wrong (builds the trigger too)."""
+        if not self.name or len(self.name) > MAX_NAME_BYTES or not _NAME.match(self.name):
+            raise InvalidArgument(
+                f"schedule name {self.name!r}: 1 to {MAX_NAME_BYTES} characters of letters, "
+                "digits, '.', '_' and '-', starting with a letter or digit")
+        check_name(self.topic, "topic")
+        if bool(self.cron) == bool(self.every_s):
+            raise InvalidArgument("give a cron expression or an interval (every_s), one of "
+                                  "them")
+        if self.every_s and not 1 <= self.every_s <= MAX_INTERVAL_S:
+            raise InvalidArgument(f"every_s must be between 1 and {MAX_INTERVAL_S} seconds")
+        if not self.body:
+            raise InvalidArgument("a schedule needs a message body")
+        if len(self.body) > max_body_bytes:
+            raise InvalidArgument(f"the body is {len(self.body)} bytes, over the maximum of "
+                                  f"{max_body_bytes} for a schedule's message")
+        if len(self.key.encode()) > MAX_KEY_BYTES or len(self.tag.encode()) > MAX_TAG_BYTES:
+            raise InvalidArgument("key or tag too long")
+        encode_properties(self.properties, MAX_PROPERTIES_BYTES)
+        if self.misfire not in MISFIRE:
+            raise InvalidArgument(f"misfire must be one of {', '.join(MISFIRE)}")
+        if not 1 <= self.misfire_bound <= MAX_MISFIRE_BOUND:
+            raise InvalidArgument(f"misfire_bound must be between 1 and {MAX_MISFIRE_BOUND}")
+        if self.start_ms < 0 or self.end_ms < 0 or (self.end_ms and
+                                                    self.end_ms <= self.start_ms):
+            raise InvalidArgument("end_ms must be after start_ms (0: none)")
+        self.trigger()
+
+    def zone(self) -> ZoneInfo:
+        try:
+            return ZoneInfo(self.time_zone)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise InvalidArgument(f"unknown time zone {self.time_zone!r} (an IANA name such "
+                                  "as Europe/Berlin)") from exc
+
+    def trigger(self) -> BaseTrigger:
+        zone = self.zone()
+        start = _dt(self.start_ms) if self.start_ms else None
+        end = _dt(self.end_ms) if self.end_ms else None
+        if self.every_s:
+            return IntervalTrigger(seconds=self.every_s, start_date=start or _dt(0),
+                                   end_date=end, timezone=zone)
+        try:
+            return CronTrigger(**_cron_fields(self.cron), start_date=start, end_date=end,
+                               timezone=zone)
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(f"bad cron expression {self.cron!r}: {exc}") from exc
+
+    def message_id(self, tick_ms: int) -> str:
+        return f"{self.name}@{tick_ms}"
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["body"] = self.body.hex()
+        return out
+
+    @staticmethod
+    def from_json(raw: dict[str, Any]) -> ScheduleSpec:
+        return ScheduleSpec(**{**raw, "body": bytes.fromhex(raw["body"])})
+
+
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def _cron_fields(expr: str) -> dict[str, str]:
+    """APScheduler's fields of a crontab expression, the weekday as crontab counts it (0
+    and 7 Sunday; APScheduler 3 counts 0 as Monday): written out as day names."""
+    parts = expr.split()
+    if len(parts) != 5:
+        raise ValueError(f"five fields (minute hour day month weekday), not {len(parts)}")
+    fields = dict(zip(("minute", "hour", "day", "month", "day_of_week"), parts, strict=True))
+    fields["day_of_week"] = _weekdays(parts[4])
+    return fields
+
+
+def _weekdays(text: str) -> str:
+    """A crontab weekday field (``*``, ``1-5``, ``0,6``, ``*/2``, ``mon-fri``) as the
+    comma-separated day names it selects."""
+    if text == "*":
+        return "*"
+    days: set[int] = set()
+    for item in text.split(","):
+        span, _, step_text = item.partition("/")
+        step = int(step_text) if step_text else 1
+        if step < 1:
+            raise ValueError(f"weekday step {step_text!r}")
+        low, _, high = span.partition("-")
+        first, last = (0, 6) if span == "*" else (_day(low), _day(high) if high else None)
+        last = first if last is None else last
+        if last < first:
+            raise ValueError(f"weekday range {span!r} runs backwards")
+        days.update(d % 7 for d in range(first, last + 1, step))
+    return ",".join(_DAYS[d] for d in sorted(days))
+
+
+def _day(text: str) -> int:
+    if text.lower()[:3] in _DAYS and len(text) == 3:
+        return _DAYS.index(text.lower())
+    if not text.isdigit() or int(text) > 7:
+        raise ValueError(f"weekday {text!r}: 0-7 (0 and 7 are Sunday) or sun..sat")
+    return int(text)
+
+
+def _dt(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def next_fire(trigger: BaseTrigger, after_ms: int) -> int | None:
+    """The first tick strictly after ``after_ms`` (None: the schedule has ended)."""
+    now = _dt(after_ms) + timedelta(milliseconds=1)
+    nxt = trigger.get_next_fire_time(None, now)
+    return _ms(nxt) if nxt is not None else None
+
+
+def fires(trigger: BaseTrigger, after_ms: int, count: int) -> list[int]:
+    """The next ``count`` ticks strictly after ``after_ms``."""
+    out: list[int] = []
+    at = after_ms
+    while len(out) < count:
+        nxt = next_fire(trigger, at)
+        if nxt is None:
+            break
+        out.append(nxt)
+        at = nxt
+    return out
+
+
+def encode_state(spec: ScheduleSpec, next_ms: int | None, paused: bool, fired: int,
+                 last_error: str) -> bytes:
+    return json.dumps({"spec": spec.to_json(), "next_ms": next_ms, "paused": paused,
+                       "fired": fired, "last_error": last_error}, sort_keys=True).encode()

@@ -1,0 +1,196 @@
+"""Recurring schedules from outside: the RPCs, the client and the CLI over real gRPC on
+127.0.0.1 with the broker's manual clock (its engine driven by hand), and kill -9 around
+a tick with a real server process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from chronomq.cli import main
+from chronomq.client import ChronomqClient, RpcError
+from recurring.book import ScheduleConfig
+from store.clock import ManualClock
+from store.crashpoint import CRASH_EXIT_CODE
+from tests.chronomq.process import ServerProcess
+from tests.conftest import RunningServer, broker_config
+
+MIN = 60_000
+
+
+class Env:
+    def __init__(self, root: Path, max_schedules: int = 100_000) -> None:
+        # a whole minute, so every-minute ticks fall on the clock's steps
+        self.clock = ManualClock((int(time.time() * 1000) // MIN + 1) * MIN)
+        config = dataclasses.replace(broker_config(root / "data"),
+                                     schedules=ScheduleConfig(max_schedules=max_schedules))
+        self.running = RunningServer(config, self.clock, background=False)
+        self.broker = self.running.server.broker
+        self.client = self.running.client()
+        self.client.create_topic("t", queue_count=2)
+
+    def tick(self, ms: int) -> int:
+        """Move the clock; do what the schedules and timer threads would do."""
+        now = self.clock.advance(ms)
+        sent = self.broker.schedules.fire_due(now)
+        timer = self.broker.timer
+        while not timer.load_due(now):
+            timer.deliver_due(now)
+        timer.deliver_due(now)
+        assert self.broker.store.wait_visible(10)
+        return sent
+
+    def ids(self) -> list[str]:
+        got: list[str] = []
+        while batch := self.client.pop("t", "g", max_messages=32):
+            got += [m.message_id for m in batch]
+            self.client.ack("g", [m.receipt_handle for m in batch])
+        return sorted(got, key=lambda i: int(i.rsplit("@", 1)[1]))
+
+    def close(self) -> None:
+        self.client.close()
+        self.running.stop()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    e = Env(tmp_path)
+    yield e
+    e.close()
+
+
+def test_every_minute_one_message_per_tick_with_its_id_and_due_time(env: Env) -> None:
+    start = env.clock.now_ms()
+    made, created = env.client.create_schedule("report", "t", b"run the report",
+                                               cron="* * * * *", key="k", tag="daily",
+                                               properties={"p": "1"})
+    assert created and made.next_fire_ms == start + MIN and made.fired == 0
+    assert env.client.create_schedule("report", "t", b"run the report", cron="* * * * *",
+                                      key="k", tag="daily", properties={"p": "1"})[1] is False
+    assert env.tick(MIN - 1) == 0  # never early
+    assert env.tick(1) == 1
+    (m,) = env.client.pop("t", "g", max_messages=32)
+    assert (m.message_id, m.body, m.key, m.tag, dict(m.properties), m.deliver_at_ms) == (
+        f"report@{start + MIN}", b"run the report", "k", "daily", {"p": "1"}, start + MIN)
+    env.client.ack("g", [m.receipt_handle])
+    for _ in range(5):
+        env.tick(MIN)
+    assert env.ids() == [f"report@{start + i * MIN}" for i in range(2, 7)]
+    (listed,) = env.client.list_schedules()
+    assert listed.fired == 6 and listed.next_fire_ms == start + 7 * MIN
+    assert env.client.next_fires("report", 3) == [start + (7 + i) * MIN for i in range(3)]
+
+
+def test_pause_resume_and_delete(env: Env) -> None:
+    start = env.clock.now_ms()
+    env.client.create_schedule("p", "t", b"x", every_s=60)
+    env.tick(MIN)
+    assert env.client.pause_schedule("p").paused
+    env.tick(3 * MIN)  # paused: nothing, and nothing owed
+    assert env.ids() == [f"p@{start + MIN}"]
+    resumed = env.client.resume_schedule("p")
+    assert not resumed.paused and resumed.next_fire_ms == start + 5 * MIN
+    env.tick(MIN)
+    assert env.ids() == [f"p@{start + 5 * MIN}"]
+    env.client.delete_schedule("p")
+    env.tick(5 * MIN)
+    assert env.ids() == [] and env.client.list_schedules() == []
+    with pytest.raises(RpcError) as err:
+        env.client.delete_schedule("p")
+    assert err.value.code == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize(("misfire", "expected"), [
+    ("skip", []), ("once", [9]), ("all", [7, 8, 9])])
+def test_ticks_missed_while_no_broker_ran_follow_the_misfire_policy(
+        env: Env, misfire: str, expected: list[int]) -> None:
+    start = env.clock.now_ms()
+    env.client.create_schedule("m", "t", b"x", every_s=60, misfire=misfire, misfire_bound=3)
+    env.tick(MIN)
+    env.ids()
+    # the engine did not run for ten minutes: ticks 2..11 came due meanwhile; 2..9 are
+    # older than the grace (a minute), 10 and 11 are sent as they are, a little late
+    env.clock.advance(10 * MIN - 1)
+    env.tick(1)
+    assert env.ids() == [f"m@{start + i * MIN}" for i in [*expected, 10, 11]]
+
+
+def test_bad_input_is_refused_and_the_limit_holds(tmp_path: Path) -> None:
+    e = Env(tmp_path, max_schedules=3)
+    try:
+        for kwargs, code in (({"cron": "0 25 * * *"}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"cron": "* * * * *", "time_zone": "Nowhere/Town"},
+                              grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"every_s": 0}, grpc.StatusCode.INVALID_ARGUMENT)):
+            with pytest.raises(RpcError) as err:
+                e.client.create_schedule("bad", "t", b"x", **kwargs)  # type: ignore[arg-type]
+            assert err.value.code == code
+        with pytest.raises(RpcError) as err:
+            e.client.create_schedule("s", "missing-topic", b"x", every_s=5)
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+        for i in range(3):
+            e.client.create_schedule(f"s{i}", "t", b"x", every_s=5)
+        with pytest.raises(RpcError) as err:
+            e.client.create_schedule("s3", "t", b"x", every_s=5)
+        assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(RpcError) as err:
+            e.client.create_schedule("s0", "t", b"other", every_s=5)
+        assert err.value.code == grpc.StatusCode.ALREADY_EXISTS
+        assert len(e.client.list_schedules()) == 3
+    finally:
+        e.close()
+
+
+def test_the_cli_creates_lists_and_shows_next_fires(
+        env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    target = ["--target", env.running.target, "--json"]
+    assert main(["schedule", "create", "nine", "--topic", "t", "--cron", "0 9 * * *",
+                 "--tz", "Europe/Berlin", "--body", "good morning", *target]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made["created"] and made["time_zone"] == "Europe/Berlin"
+    assert main(["schedule", "next", "nine", "--count", "3", *target]) == 0
+    nexts = json.loads(capsys.readouterr().out)
+    assert len(nexts) == 3 and all(n.endswith(("07:00:00.000+00:00", "08:00:00.000+00:00"))
+                                   for n in nexts)
+    assert main(["schedule", "list", *target]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["nine"]
+    assert main(["schedule", "create", "x", "--topic", "t", "--cron", "bad",
+                 *target]) == 1
+    assert "INVALID_ARGUMENT" in capsys.readouterr().err
+    assert main(["schedule", "pause", "nine", *target]) == 0
+    assert json.loads(capsys.readouterr().out)["paused"] is True
+    assert main(["schedule", "delete", "nine", *target]) == 0
+
+
+@pytest.mark.slow
+def test_a_crash_around_a_tick_sends_it_once(tmp_path: Path) -> None:
+    """kill -9 between a tick's durable send and the schedule moving past it: the
+    restart sends the same tick again, and the dedupe window stores it once."""
+    data = tmp_path / "data"
+    srv = ServerProcess(data, "server.crash_at=schedule.after_send:2")
+    with ChronomqClient(srv.target) as c:
+        c.create_topic("t", queue_count=1)
+        c.create_schedule("sec", "t", b"tick", every_s=1)
+    assert srv.wait_exit() == CRASH_EXIT_CODE  # at the second tick
+    srv = ServerProcess(data)
+    try:
+        with ChronomqClient(srv.target) as c:
+            ids: list[str] = []
+            deadline = time.monotonic() + 10
+            while len(ids) < 5 and time.monotonic() < deadline:
+                batch = c.pop("t", "g", max_messages=32, wait_ms=500)
+                ids += [m.message_id for m in batch]
+                if batch:
+                    c.ack("g", [m.receipt_handle for m in batch])
+            c.delete_schedule("sec")
+        ticks = [int(i.rsplit("@", 1)[1]) for i in ids]
+        assert len(ticks) >= 5 and len(set(ticks)) == len(ticks)  # none twice
+        assert sorted(ticks) == list(range(min(ticks), min(ticks) + 1000 * len(ticks), 1000))
+    finally:
+        assert srv.terminate() == 0
