@@ -15,10 +15,11 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
-TITLES = {"overview": "Overview", "schedule": "Schedule", "topics": "Topics",
-          "groups": "Groups", "messages": "Messages", "dead-letters": "Dead letters"}
-NAV = (("/", "Overview"), ("/schedule", "Schedule"), ("/topics", "Topics"),
-       ("/groups", "Groups"), ("/messages", "Messages"))
+TITLES = {"overview": "Overview", "schedule": "Schedule", "recurring": "Recurring schedules",
+          "topics": "Topics", "groups": "Groups", "messages": "Messages",
+          "dead-letters": "Dead letters"}
+NAV = (("/", "Overview"), ("/schedule", "Schedule"), ("/recurring", "Recurring"),
+       ("/topics", "Topics"), ("/groups", "Groups"), ("/messages", "Messages"))
 
 
 def e(value: object) -> str:
@@ -172,6 +173,19 @@ def schedule_body(s: dict[str, Any]) -> str:
             '<div class="chart" id="chart-days" data-chart="days">'
             "<h2>Due per day</h2></div></div>" +
             live("/part/schedule", schedule_part(s), "schedule"))
+
+
+# ---------------------------------------------------------------------- recurring
+
+def recurring_part(d: dict[str, Any], prefix: str) -> str:
+    rows = [[e(r["name"]), e(r["topic"]),
+             e(r["cron"] or f'every {r["every_s"]:,} s') + f' <small>{e(r["time_zone"])}</small>',
+             "paused" if r["paused"] else ("ended" if not r["next_fires"] else "active"),
+             "<br>".join(when(ms) for ms in r["next_fires"]) or "-", f'{r["fired"]:,}',
+             e(r["misfire"]), e(r["last_error"]) or "-"] for r in d["rows"]]
+    return (_table(["name", "topic", "when", "state", "next fires (UTC)", "sent", "misfire",
+                    "last error"], rows, "recurring-table") +
+            _pager("/recurring", d["page"], d["page_size"], d["total"], {"q": prefix}))
 
 
 # ---------------------------------------------------------------------- topics, groups
@@ -329,6 +343,10 @@ def render(page: str, q: dict[str, str], data: dict[str, Any] | None, csrf: str,
     if page == "schedule":
         part = schedule_part(data)
         return title, part, schedule_body(data)
+    if page == "recurring":
+        part = recurring_part(data, prefix)
+        return title, part, list_body("/recurring", part, prefix, number, "schedule",
+                                      "recurring-live")
     if page == "topics":
         part = topics_part(data, prefix)
         return title, part, list_body("/topics", part, prefix, number, "topic", "topics-live")

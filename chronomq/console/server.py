@@ -231,6 +231,8 @@ class Handler(BaseHTTPRequestHandler):
             return v.overview()
         if page == "schedule":
             return v.schedule()
+        if page == "recurring":
+            return v.recurring(page_number(q.get("page", "")), name_prefix(q.get("q", "")))
         if page == "topics":
             return v.topics(page_number(q.get("page", "")), name_prefix(q.get("q", "")))
         if page == "groups":

@@ -24,6 +24,7 @@ from typing import Any
 from chronomq.broker import Broker
 from chronomq.console.rates import RateSampler
 from pop.model import PROP_DLQ_ATTEMPTS, PROP_DLQ_REASON, PROP_ORIGIN_TOPIC, dlq_topic
+from recurring.model import fires
 from store.errors import InvalidArgument
 from store.message import Message, validate_message_id
 from store.names import check_name
@@ -112,6 +113,21 @@ class ConsoleViews:
 
     def schedule(self) -> dict[str, Any]:
         return asdict(self.broker.timer.schedule())
+
+    def recurring(self, page: int, prefix: str) -> dict[str, Any]:
+        """One page of the recurring schedules, each with its next three fire times."""
+        states = [s for s in self.broker.schedules.book.states()
+                  if s.spec.name.startswith(prefix)]
+        rows = []
+        for st in states[page * PAGE : (page + 1) * PAGE]:
+            s = st.spec
+            nexts = [] if st.next_ms is None or st.paused else \
+                [st.next_ms, *fires(s.trigger(), st.next_ms, 2)]
+            rows.append({"name": s.name, "topic": s.topic, "cron": s.cron,
+                         "every_s": s.every_s, "time_zone": s.time_zone,
+                         "paused": st.paused, "next_fires": nexts, "fired": st.fired,
+                         "misfire": s.misfire, "last_error": st.last_error})
+        return {"page": page, "page_size": PAGE, "total": len(states), "rows": rows}
 
     # ------------------------------------------------------------------ topics, groups
 

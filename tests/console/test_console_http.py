@@ -124,7 +124,8 @@ def test_hostile_requests_are_refused_without_touching_anything(
     assert outside == {"data", "chronomq-tier"} or outside == {"data"}
 
 
-PATHS = ["/", "/schedule", "/topics", "/groups", "/messages", "/dead-letters", "/part/topics",
+PATHS = ["/", "/schedule", "/recurring", "/part/recurring", "/api/recurring",
+         "/topics", "/groups", "/messages", "/dead-letters", "/part/topics",
          "/part/groups", "/part/dead-letters", "/part/overview", "/api/topics", "/api/groups",
          "/api/messages", "/api/dead-letters", "/api/schedule", "/messages/cancel",
          "/messages/reschedule", "/messages/replace", "/dead-letters/redrive", "/login",
@@ -239,3 +240,21 @@ def test_a_pending_message_is_replaced_from_its_page(console: RunningServer,
         "csrf": browser.csrf, "message_id": "reminder-7", "topic": "other", "body": "x"})
     assert status == 400 and "no message" in answer and "is pending in" in answer
     assert broker.timer.pending_due("reminder-7") == after
+
+
+def test_the_recurring_page_lists_schedules_with_their_next_fires(
+        console: RunningServer, browser: Browser) -> None:
+    with console.client(token=TOKEN) as c:
+        c.create_topic("orders", 1)
+        c.create_schedule("nightly-report", "orders", b"run", cron="0 2 * * *",
+                          time_zone="Europe/Berlin")
+        c.create_schedule("heartbeat", "orders", b"beat", every_s=30)
+        c.pause_schedule("heartbeat")
+        expected = c.next_fires("nightly-report", 3)
+    browser.login()
+    rows = json.loads(browser.get("/api/recurring")[2])["rows"]
+    assert [(r["name"], r["paused"]) for r in rows] == [("heartbeat", True),
+                                                        ("nightly-report", False)]
+    assert rows[1]["next_fires"] == expected and rows[0]["next_fires"] == []
+    page = browser.get("/recurring?q=nightly")[2]
+    assert "nightly-report" in page and "heartbeat" not in page and "Europe/Berlin" in page
