@@ -183,7 +183,6 @@ class Broker:
         self._timer_store = TimerStore(os.path.join(sc.data_dir, "timer"))
         self._opened.append(("the timer database", self._timer_store.close))
         self.schedules = open_schedules(self)  # recurring schedules (chronomq.recurrence)
-        self._opened.append(("the schedules database", self.schedules.book.close))
         self.timer = TimerService(self.store, self._timer_store, self.flat_files,
                                   config.timer, clock)
         self.timer.open()
@@ -275,7 +274,6 @@ class Broker:
         unless_full(self.timer.flush, "the timer's dispatch position")
         self._timer_store.close()
         self._pop_kv.close()
-        self.schedules.book.close()
         if self.lease is not None:
             self.lease.stop()
 

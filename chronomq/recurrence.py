@@ -1,6 +1,8 @@
-"""The broker's recurring schedules (``recurring``): their book in ``<data>/schedules``
-and the engine whose ticks go through ``Broker.submit`` like any Send (checked, the
-dedupe window of client-chosen ids, durable before the book moves on).
+"""The broker's recurring schedules (``recurring``): their book, kept in the POP
+database under ``R`` keys (journaled to the tier with the groups' state, snapshotted
+with it, adopted by a takeover: ``chronomq.takeover``), and the engine whose ticks go
+through ``Broker.submit`` like any Send (checked, the dedupe window of client-chosen
+ids, durable before the book moves on).
 
 Each tick is a message ``<name>@<tick ms>`` due at the tick; a tick whose message the
 broker refuses (its topic was deleted, or is owned elsewhere) is skipped and its error
@@ -11,7 +13,6 @@ ticks again a second later.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from recurring.book import ScheduleBook
@@ -23,9 +24,22 @@ if TYPE_CHECKING:
     from chronomq.broker import Broker
 
 
+class _PopState:
+    """The schedules' durable store: the POP database, through the state journal
+    (``PopService.write_state``)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._pop = broker.pop
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        return self._pop.state_items()
+
+    def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        self._pop.write_state(puts, deletes)
+
+
 def open_schedules(broker: Broker) -> ScheduleEngine:
-    book = ScheduleBook(os.path.join(broker.config.store.data_dir, "schedules"),
-                        broker.config.schedules.max_schedules)
+    book = ScheduleBook(_PopState(broker), broker.config.schedules.max_schedules)
 
     def send(drafts: list[Draft]) -> list[str]:
         now = broker.clock.now_ms()

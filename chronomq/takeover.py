@@ -280,6 +280,9 @@ class Takeover:
         groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
                               if origin_of(_topic_of(k)) in taken})
         self._accept_handles(origins)  # only now: the leases they name are here
+        if names := b.schedules.book.adopt(dict(journal.pop.items()), set(taken)):
+            log.info("took over %d recurring schedule(s) of %s", len(names), departed)
+            b.schedules.wake()  # they tick here from now on
         phases.mark("positions")
         crashpoint("takeover.after_positions")
         def create(topic: str) -> None:

@@ -5,6 +5,7 @@ RocksDB keys and values (``<data>/pop``, raw bytes)::
     b"c" + group + b"\\0" + topic + b"\\0" + queue_id u16 + ck_start u64  -> checkpoint value
     b"o" + group + b"\\0" + topic + b"\\0" + queue_id u16               -> ack offset u64
     b"p" + group + b"\\0" + topic + b"\\0" + queue_id u16               -> pop offset u64
+    b"R" + ...                                                      -> other broker state
 
 ``topic`` is the topic the entries were leased from: the user's topic, or the group's
 retry topic (``%RETRY%<group>%<topic>``).
@@ -46,6 +47,8 @@ _OVERRIDE = struct.Struct(">HQ")
 _QID = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
 WRITE_BUFFER_BYTES = 4 << 20  # per memtable of the POP RocksDB (RocksDB keeps at most two)
+STATE_PREFIX = b"R"  # keys of other broker state kept in the POP RocksDB and its journal
+#                    (recurring schedules: ``PopService.write_state``)
 HELD = 0  # an override deadline: leased to the broker for its key, not handed out (no
 #           revive fires it; ``pop.flowcontrol``)
 

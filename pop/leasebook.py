@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterator
 from typing import Literal, NamedTuple
 
 from pop.checkpoint import (
@@ -195,6 +195,9 @@ class LeaseBook:
         """Apply writes without a sync; the ticket to ``wait`` for (0: nothing written).
         With a journal, the same writes go to it in the same order."""
         return self.journal.write(puts, deletes or [])
+
+    def kv_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return self._kv.scan(prefix)
 
     def wait(self, ticket: int) -> None:
         """Return once the write of ``ticket`` is durable (with durable-ack: in the tier

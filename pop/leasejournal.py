@@ -35,6 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from pop.checkpoint import STATE_PREFIX
 from store.kv import KV, GroupCommit
 from store.message import DispatchInfo
 from tiered.journal import (
@@ -51,7 +52,9 @@ log = logging.getLogger(__name__)
 
 BY_TIME_RECORDS = 1_000  # a snapshot by time needs at least this many records since
 JOURNALED_MEMORY = 65_536  # journal records of writes not waited for yet (durable-ack)
-_KINDS = (b"o", b"p", b"c")  # the book's keys (pop.checkpoint)
+# the book's keys (pop.checkpoint), and the recurring schedules kept beside them
+# (``PopService.write_state``: they ride this journal, its snapshots and a takeover)
+_KINDS = (b"o", b"p", b"c", STATE_PREFIX)
 
 
 class LeaseJournal:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Container
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-from pop.checkpoint import HELD, PopCheckpoint
+from pop.checkpoint import HELD, STATE_PREFIX, PopCheckpoint
 from pop.flowcontrol import FlowControl, HeldEntry, KeyLimits
 from pop.handle import ReceiptHandle
 from pop.leasebook import LeaseBook
@@ -155,6 +155,19 @@ class PopService:
         leases ``adopt`` took from it: Ack, Nack, ChangeInvisibleTime and DeadLetter of
         them work here (``LeaseBook.adopt_secret``)."""
         self._book.adopt_secret(secret)
+
+    def write_state(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        """Write other broker state (keys starting with ``STATE_PREFIX``) into the POP
+        RocksDB through the lease journal, and return once durable (with durable-ack: in
+        the tier), then the fencing check: it is journaled, snapshotted and replayed by a
+        takeover with the groups' state."""
+        assert all(k.startswith(STATE_PREFIX) for k, _ in puts) and \
+            all(k.startswith(STATE_PREFIX) for k in deletes)
+        self._book.wait(self._book.write(puts, deletes))
+
+    def state_items(self) -> list[tuple[bytes, bytes]]:
+        """The other broker state (``write_state``) this broker holds."""
+        return list(self._book.kv_scan(STATE_PREFIX))
 
     def start(self) -> None:
         """Start the revive thread (``pop-revive``)."""

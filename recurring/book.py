@@ -1,23 +1,33 @@
-"""ScheduleBook: the recurring schedules of this broker and where each one stands, in a
-small RocksDB (``<data>/schedules``), mirrored in memory.
+"""ScheduleBook: the recurring schedules of this broker and where each one stands,
+mirrored in memory over a durable key-value store the broker gives it.
 
-Key ``b"s" + name`` -> JSON ``{"spec", "next_ms", "paused", "fired", "last_error"}``:
+Key ``b"Rs" + name`` -> JSON ``{"spec", "next_ms", "paused", "fired", "last_error"}``:
 ``next_ms`` is the next tick not yet sent (None: the schedule has ended).  Every change
-is one synced write, so a schedule answered OK, and the tick a send moved past, survive
-a crash.  Thread-safe.
+is one durable write (``StateStore.write`` returns once it is), so a schedule answered
+OK, and the tick a send moved past, survive a crash.  The broker keeps these keys in its
+POP database, whose writes go through the state journal to the tier (``chronomq.
+recurrence``): they are snapshotted with the groups' state and a broker taking this one
+over adopts them (``adopt``).  Thread-safe.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from recurring.model import ScheduleSpec, encode_state, next_fire
 from store.errors import AlreadyExists, NotFound, ResourceExhausted
-from store.kv import KV
 
-WRITE_BUFFER_BYTES = 1 << 20
+KEY_PREFIX = b"Rs"
+
+
+class StateStore(Protocol):
+    def items(self) -> Iterable[tuple[bytes, bytes]]: ...
+
+    def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,25 +56,43 @@ class ScheduleState:
 
 
 def _key(name: str) -> bytes:
-    return b"s" + name.encode()
+    return KEY_PREFIX + name.encode()
+
+
+def decode_state(raw: bytes) -> ScheduleState:
+    d = json.loads(raw)
+    return ScheduleState(ScheduleSpec.from_json(d["spec"]), d["next_ms"], d["paused"],
+                         d["fired"], d["last_error"])
 
 
 class ScheduleBook:
     """See the module docstring."""
 
-    def __init__(self, path: str, max_schedules: int) -> None:
-        self.kv = KV(path, write_buffer_bytes=WRITE_BUFFER_BYTES)
+    def __init__(self, store: StateStore, max_schedules: int) -> None:
+        self._store = store
         self.max_schedules = max_schedules
         self._lock = threading.Lock()
         self._states: dict[str, ScheduleState] = {}
-        for _, raw in self.kv.scan(b"s"):
-            d = json.loads(raw)
-            spec = ScheduleSpec.from_json(d["spec"])
-            self._states[spec.name] = ScheduleState(spec, d["next_ms"], d["paused"],
-                                                    d["fired"], d["last_error"])
+        for key, raw in store.items():
+            if key.startswith(KEY_PREFIX):
+                state = decode_state(raw)
+                self._states[state.spec.name] = state
 
-    def close(self) -> None:
-        self.kv.close()
+    def adopt(self, items: dict[bytes, bytes], topics: set[str]) -> list[str]:
+        """Take a departed broker's schedules of ``topics`` (its state keys, from its
+        journal), except those of a name this book holds already (logged by the caller);
+        returns the names taken."""
+        with self._lock:
+            taken = {}
+            for key, raw in items.items():
+                if key.startswith(KEY_PREFIX):
+                    state = decode_state(raw)
+                    if state.spec.name not in self._states and state.spec.topic in topics:
+                        taken[state.spec.name] = state
+            if taken:
+                self._store.write([(_key(n), st.encode()) for n, st in taken.items()], [])
+                self._states.update(taken)
+            return sorted(taken)
 
     def create(self, spec: ScheduleSpec, now_ms: int) -> tuple[ScheduleState, bool]:
         """Add a validated schedule; ``(state, created)``: an identical one already there
@@ -82,7 +110,7 @@ class ScheduleBook:
             # the first tick after now (at or after a later start)
             first = next_fire(spec.trigger(), max(now_ms, spec.start_ms - 1))
             state = ScheduleState(spec, first)
-            self.kv.write([(_key(spec.name), state.encode())], sync=True)
+            self._store.write([(_key(spec.name), state.encode())], [])
             self._states[spec.name] = state
             return state, True
 
@@ -105,17 +133,20 @@ class ScheduleBook:
             if state is None:
                 raise NotFound(f"no schedule named {name!r}")
             if state.paused != paused:
-                state.paused = paused
-                if not paused and state.next_ms is not None:
-                    state.next_ms = next_fire(state.spec.trigger(), now_ms)
-                self.kv.write([(_key(name), state.encode())], sync=True)
+                nxt = next_fire(state.spec.trigger(), now_ms) \
+                    if not paused and state.next_ms is not None else state.next_ms
+                changed = ScheduleState(state.spec, nxt, paused, state.fired,
+                                        state.last_error)
+                self._store.write([(_key(name), changed.encode())], [])
+                self._states[name] = state = changed
             return state
 
     def delete(self, name: str) -> None:
         with self._lock:
-            if self._states.pop(name, None) is None:
+            if name not in self._states:
                 raise NotFound(f"no schedule named {name!r}")
-            self.kv.write(deletes=[_key(name)], sync=True)
+            self._store.write([], [_key(name)])
+            del self._states[name]
 
     def advance(self, moves: list[tuple[str, int | None, int, str]]) -> None:
         """``(name, next_ms, ticks sent, error)`` after a send: one synced write.  A
@@ -132,4 +163,4 @@ class ScheduleBook:
                 state.last_error = error
                 puts.append((_key(name), state.encode()))
             if puts:
-                self.kv.write(puts, sync=True)
+                self._store.write(puts, [])

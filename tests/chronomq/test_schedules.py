@@ -13,13 +13,19 @@ from pathlib import Path
 import grpc
 import pytest
 
+from chronomq.broker import Broker
 from chronomq.cli import main
 from chronomq.client import ChronomqClient, RpcError
+from chronomq.config import BrokerConfig
 from recurring.book import ScheduleConfig
+from recurring.model import ScheduleSpec
 from store.clock import ManualClock
 from store.crashpoint import CRASH_EXIT_CODE
+from store.store import StoreConfig
+from store.topics import Topic
 from tests.chronomq.process import ServerProcess
 from tests.conftest import RunningServer, broker_config
+from tiered.config import TierConfig
 
 MIN = 60_000
 
@@ -194,3 +200,84 @@ def test_a_crash_around_a_tick_sends_it_once(tmp_path: Path) -> None:
         assert sorted(ticks) == list(range(min(ticks), min(ticks) + 1000 * len(ticks), 1000))
     finally:
         assert srv.terminate() == 0
+
+
+def _tier_broker(root: Path, name: str, clock: ManualClock) -> Broker:
+    """A durable-ack broker on a shared local-directory tier; its threads driven by hand."""
+    tier = TierConfig(provider="local", local_dir=str(root / "tier"), broker_name=name,
+                      upload=True, durable_ack=True, durable_ack_ms=1)
+    b = Broker(BrokerConfig(store=StoreConfig(str(root / name)), tier=tier), clock)
+    b.open()
+    b.start(timer_thread=False)
+    assert b.tiered is not None
+    b.tiered.start()
+    return b
+
+
+def _step(b: Broker, clock: ManualClock, ms: int) -> int:
+    now = clock.advance(ms)
+    sent = b.schedules.fire_due(now)
+    while not b.timer.load_due(now):
+        b.timer.deliver_due(now)
+    b.timer.deliver_due(now)
+    assert b.store.wait_visible(10)
+    return sent
+
+
+def test_a_takeover_between_two_ticks_fires_the_next_one_there(tmp_path: Path) -> None:
+    clock = ManualClock(1_800_000_000_000)  # a whole minute
+    a = _tier_broker(tmp_path, "a", clock)
+    try:
+        a.create_topic(Topic("t", 1))
+        a.schedules.book.create(ScheduleSpec("minutely", "t", every_s=60, body=b"tick"),
+                                clock.now_ms())
+        # Given A sent two ticks, then went away between the second and the third
+        assert _step(a, clock, MIN) == 1 and _step(a, clock, MIN) == 1
+    finally:
+        a.stop()
+    b = _tier_broker(tmp_path, "b", clock)
+    try:
+        b.takeover("a", force=True)
+        # When B has the schedule, its next tick comes due, and B steps twice at it
+        (state,) = b.schedules.book.states()
+        assert state.spec.name == "minutely" and state.fired == 2
+        assert _step(b, clock, MIN) == 1 and _step(b, clock, 0) == 0
+        # Then every tick came once: A's two from its backlog, the third from B
+        got: list[str] = []
+        while batch := b.pop.pop("t", "g", 32, 60):
+            got += [p.message.message_id for p in batch]
+            b.pop.ack_many("g", [p.receipt_handle for p in batch])
+        assert sorted(got) == [f"minutely@{1_800_000_000_000 + i * MIN}" for i in (1, 2, 3)]
+    finally:
+        b.stop()
+
+
+def test_a_tick_sent_but_not_recorded_before_a_takeover_comes_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = ManualClock(1_800_000_000_000)
+    a = _tier_broker(tmp_path, "a", clock)
+    try:
+        a.create_topic(Topic("t", 1))
+        a.schedules.book.create(ScheduleSpec("minutely", "t", every_s=60, body=b"tick"),
+                                clock.now_ms())
+        assert _step(a, clock, MIN) == 1
+        # Given A's second tick is durable but A goes away before its schedule moves on
+        monkeypatch.setattr(a.schedules.book, "advance", lambda moves: None)
+        assert _step(a, clock, MIN) == 1
+    finally:
+        a.stop()
+    b = _tier_broker(tmp_path, "b", clock)
+    try:
+        b.takeover("a", force=True)
+        # When B sends the second tick again (it is where the tier says the schedule is)
+        assert b.schedules.book.states()[0].next_ms == 1_800_000_000_000 + 2 * MIN
+        _step(b, clock, 0)
+        _step(b, clock, MIN)
+        # Then the dedupe window B took from A stores it once
+        got: list[str] = []
+        while batch := b.pop.pop("t", "g", 32, 60):
+            got += [p.message.message_id for p in batch]
+            b.pop.ack_many("g", [p.receipt_handle for p in batch])
+        assert sorted(got) == [f"minutely@{1_800_000_000_000 + i * MIN}" for i in (1, 2, 3)]
+    finally:
+        b.stop()
