@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from apscheduler.triggers.base import BaseTrigger
+
 from recurring.model import ScheduleSpec, encode_state, next_fire
 from store.errors import AlreadyExists, NotFound, ResourceExhausted
 
@@ -49,6 +51,13 @@ class ScheduleState:
     paused: bool = False
     fired: int = 0  # ticks sent
     last_error: str = ""
+    _trigger: BaseTrigger | None = None
+
+    def trigger(self) -> BaseTrigger:
+        """The spec's trigger, built once (the spec never changes)."""
+        if self._trigger is None:
+            self._trigger = self.spec.trigger()
+        return self._trigger
 
     def encode(self) -> bytes:
         return encode_state(self.spec, self.next_ms, self.paused, self.fired,
@@ -121,8 +130,10 @@ class ScheduleBook:
             raise NotFound(f"no schedule named {name!r}")
         return state
 
-    def states(self) -> list[ScheduleState]:
+    def states(self, by_name: bool = True) -> list[ScheduleState]:
         with self._lock:
+            if not by_name:
+                return list(self._states.values())
             return sorted(self._states.values(), key=lambda s: s.spec.name)
 
     def set_paused(self, name: str, paused: bool, now_ms: int) -> ScheduleState:
@@ -133,7 +144,7 @@ class ScheduleBook:
             if state is None:
                 raise NotFound(f"no schedule named {name!r}")
             if state.paused != paused:
-                nxt = next_fire(state.spec.trigger(), now_ms) \
+                nxt = next_fire(state.trigger(), now_ms) \
                     if not paused and state.next_ms is not None else state.next_ms
                 changed = ScheduleState(state.spec, nxt, paused, state.fired,
                                         state.last_error)

@@ -1,9 +1,11 @@
 """ScheduleEngine: sends each schedule's ticks when they come due.
 
-At each step (the ``schedules`` thread wakes at the earliest tick; tests call
-``fire_due`` with a manual clock) every schedule whose next tick is due has its ticks
-sent as messages through the broker's normal write path (``send``), all schedules' in one
-batch: id ``<name>@<tick ms>``, due at the tick.  Only once they are durable does the
+At each step (the ``schedules`` thread wakes ``AHEAD_MS`` before the earliest tick;
+tests call ``fire_due`` with a manual clock) every schedule whose next tick is due within
+``AHEAD_MS`` has its ticks sent as messages through the broker's normal write path
+(``send``), all schedules' in one batch: id ``<name>@<tick ms>``, due at the tick, so
+the timer delivers each at its tick, never before (a pause or delete takes effect from
+the first tick not yet sent).  Only once they are durable does the
 book move past them (one synced write).  A crash in between sends the same ticks again
 at the next start, and the broker's dedupe window of client-chosen ids
 (``store.dedupe_window_ms``) stores each id once: one message per tick, never two,
@@ -30,6 +32,8 @@ from store.message import Draft, encode_properties
 log = logging.getLogger(__name__)
 
 MISFIRE_GRACE_MS = 60_000
+AHEAD_MS = 1_000  # a tick is sent this much before it, due at it (the timer delivers it
+#                   on time, never early): lateness is the timer's, not the send's
 MAX_TICKS_PER_STEP = 10_000  # a schedule's ticks sent in one step (the rest: next step)
 
 # drafts -> one error text per draft ("" = stored, or a duplicate of a tick sent before)
@@ -50,13 +54,14 @@ class ScheduleEngine:
         self.lateness_ms: list[int] = []  # of the last step's ticks (figures)
 
     def ticks_due(self, state: ScheduleState, now_ms: int) -> tuple[list[int], int | None]:
-        """The ticks of ``state`` to send now (misfire policy applied) and the next tick
-        after them."""
+        """The ticks of ``state`` to send now, those up to ``AHEAD_MS`` ahead included
+        (misfire policy applied), and the next tick after them."""
         spec = state.spec
-        trigger = spec.trigger()
+        trigger = state.trigger()
         ticks: list[int] = []
         nxt = state.next_ms
-        while nxt is not None and nxt <= now_ms and len(ticks) < MAX_TICKS_PER_STEP:
+        while nxt is not None and nxt <= now_ms + AHEAD_MS and \
+                len(ticks) < MAX_TICKS_PER_STEP:
             ticks.append(nxt)
             nxt = next_fire(trigger, nxt)
         missed = [t for t in ticks if t < now_ms - MISFIRE_GRACE_MS]
@@ -70,8 +75,8 @@ class ScheduleEngine:
         """Send every tick due by ``now_ms``; returns how many were sent."""
         now = self._clock.now_ms() if now_ms is None else now_ms
         plan: list[tuple[ScheduleState, list[int], int | None]] = []
-        for state in self.book.states():
-            if state.paused or state.next_ms is None or state.next_ms > now:
+        for state in self.book.states(by_name=False):
+            if state.paused or state.next_ms is None or state.next_ms > now + AHEAD_MS:
                 continue
             ticks, nxt = self.ticks_due(state, now)
             plan.append((state, ticks, nxt))
@@ -124,9 +129,10 @@ class ScheduleEngine:
             with self._wake:
                 if self._stopped:
                     return
-                nexts = [s.next_ms for s in self.book.states()
+                nexts = [s.next_ms for s in self.book.states(by_name=False)
                          if not s.paused and s.next_ms is not None]
-                wait_ms = (min(nexts) - self._clock.now_ms()) if nexts else 60_000
+                wait_ms = (min(nexts) - AHEAD_MS - self._clock.now_ms()) if nexts \
+                    else 60_000
                 if wait_ms > 0:
                     self._wake.wait(min(wait_ms, 60_000) / 1000)
                     continue

@@ -79,8 +79,10 @@ def test_every_minute_one_message_per_tick_with_its_id_and_due_time(env: Env) ->
     assert created and made.next_fire_ms == start + MIN and made.fired == 0
     assert env.client.create_schedule("report", "t", b"run the report", cron="* * * * *",
                                       key="k", tag="daily", properties={"p": "1"})[1] is False
-    assert env.tick(MIN - 1) == 0  # never early
-    assert env.tick(1) == 1
+    assert env.tick(MIN - 1001) == 0
+    assert env.tick(1) == 1  # sent a second ahead, due at the tick
+    assert env.tick(999) == 0 and env.client.pop("t", "g") == []  # never early
+    env.tick(1)
     (m,) = env.client.pop("t", "g", max_messages=32)
     assert (m.message_id, m.body, m.key, m.tag, dict(m.properties), m.deliver_at_ms) == (
         f"report@{start + MIN}", b"run the report", "k", "daily", {"p": "1"}, start + MIN)
