@@ -154,11 +154,11 @@ def _parser() -> argparse.ArgumentParser:
     for verb, text in (("pause", "stop sending ticks"), ("resume", "send ticks again, "
                        "from the next one after now"), ("delete", "delete a schedule")):
         sv = ssub.add_parser(verb, help=text)
-        sv.add_argument("name")
+        sv.add_argument("name", help="the schedule's name")
         _client_args(sv)
     sn = ssub.add_parser("next", help="the next fire times")
-    sn.add_argument("name")
-    sn.add_argument("--count", type=_bounded(1000), default=10)
+    sn.add_argument("name", help="the schedule's name")
+    sn.add_argument("--count", type=_bounded(1000), default=10, help="how many (10)")
     _client_args(sn)
 
     po = sub.add_parser("pop", help="pop messages (and ack them unless --no-ack)")
