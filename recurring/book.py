@@ -21,7 +21,7 @@ from typing import Protocol
 from apscheduler.triggers.base import BaseTrigger
 
 from recurring.model import ScheduleSpec, encode_state, next_fire
-from store.errors import AlreadyExists, NotFound, ResourceExhausted
+from store.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 
 KEY_PREFIX = b"Rs"
 
@@ -118,6 +118,9 @@ class ScheduleBook:
                                        f"its maximum (setting schedules.max_schedules)")
             # the first tick after now (at or after a later start)
             first = next_fire(spec.trigger(), max(now_ms, spec.start_ms - 1))
+            if first is None:
+                raise InvalidArgument(f"schedule {spec.name!r} never fires (no tick after "
+                                      "now and before its end)")
             state = ScheduleState(spec, first)
             self._store.write([(_key(spec.name), state.encode())], [])
             self._states[spec.name] = state

@@ -135,7 +135,10 @@ def test_bad_input_is_refused_and_the_limit_holds(tmp_path: Path) -> None:
         for kwargs, code in (({"cron": "0 25 * * *"}, grpc.StatusCode.INVALID_ARGUMENT),
                              ({"cron": "* * * * *", "time_zone": "Nowhere/Town"},
                               grpc.StatusCode.INVALID_ARGUMENT),
-                             ({"every_s": 0}, grpc.StatusCode.INVALID_ARGUMENT)):
+                             ({"every_s": 0}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"cron": "0 0 30 2 *"}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"every_s": 5, "end_ms": 1000},
+                              grpc.StatusCode.INVALID_ARGUMENT)):
             with pytest.raises(RpcError) as err:
                 e.client.create_schedule("bad", "t", b"x", **kwargs)  # type: ignore[arg-type]
             assert err.value.code == code
