@@ -18,12 +18,13 @@ instant in UTC milliseconds, and its message's id is ``<name>@<tick ms>``.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
@@ -94,11 +95,14 @@ class ScheduleSpec:
         self.trigger()
 
     def zone(self) -> ZoneInfo:
+        """The time zone: only a name of the IANA database (never a path read as one)."""
+        if self.time_zone not in _zone_names():
+            raise InvalidArgument(f"unknown time zone {self.time_zone[:64]!r} (an IANA name "
+                                  "such as Europe/Berlin)")
         try:
             return ZoneInfo(self.time_zone)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise InvalidArgument(f"unknown time zone {self.time_zone!r} (an IANA name such "
-                                  "as Europe/Berlin)") from exc
+        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+            raise InvalidArgument(f"unknown time zone {self.time_zone[:64]!r}") from exc
 
     def trigger(self) -> BaseTrigger:
         zone = self.zone()
@@ -127,6 +131,11 @@ class ScheduleSpec:
 
 
 _DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+@functools.cache
+def _zone_names() -> frozenset[str]:
+    return frozenset(available_timezones())
 
 
 def _cron_fields(expr: str) -> dict[str, str]:

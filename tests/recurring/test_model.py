@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from recurring.model import ScheduleSpec, fires, next_fire
 from store.errors import InvalidArgument
@@ -104,3 +106,23 @@ def test_bad_schedules_are_refused_with_what_is_wrong(fields: dict[str, object],
                                                       says: str) -> None:
     with pytest.raises(InvalidArgument, match=says):
         _spec(**fields)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cron=st.one_of(st.text(max_size=40), st.lists(st.sampled_from(
+           ["*", "0", "59", "60", "*/5", "1-5", "5-1", "mon-fri", "7", "8", "?", "L", "-1",
+            "1,2", "*/0", "0-", "sun"]), min_size=0, max_size=7).map(" ".join)),
+       zone=st.one_of(st.sampled_from(["UTC", "Europe/Berlin", "", "../x", "Nowhere/Town",
+                                       "\x00", "Europe", "a" * 300, "/etc/passwd"]),
+                      st.text(max_size=20)),
+       every_s=st.integers(-5, 10 * 366 * 86_400 + 5))
+def test_any_cron_zone_or_interval_is_a_schedule_or_a_clear_refusal(
+        cron: str, zone: str, every_s: int) -> None:
+    for fields in ({"cron": cron}, {"every_s": every_s}):
+        try:
+            spec = _spec(time_zone=zone or "UTC", **fields)
+        except InvalidArgument as exc:
+            assert str(exc)  # a message a user can act on, never another exception
+            continue
+        nxt = next_fire(spec.trigger(), _ms(2026, 1, 1))
+        assert nxt is None or nxt > _ms(2026, 1, 1)
