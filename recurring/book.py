@@ -24,6 +24,7 @@ from recurring.model import ScheduleSpec, encode_state, next_fire
 from store.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 
 KEY_PREFIX = b"Rs"
+WRITE_CHUNK = 1_000  # schedules per write after a step (a journal record each)
 
 
 class StateStore(Protocol):
@@ -176,5 +177,5 @@ class ScheduleBook:
                 state.fired += sent
                 state.last_error = error
                 puts.append((_key(name), state.encode()))
-            if puts:
-                self._store.write(puts, [])
+            for i in range(0, len(puts), WRITE_CHUNK):  # journal records of bounded size
+                self._store.write(puts[i : i + WRITE_CHUNK], [])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from recurring.book import ScheduleBook, ScheduleState
@@ -51,7 +52,7 @@ class ScheduleEngine:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.sent = 0
-        self.lateness_ms: list[int] = []  # of the last step's ticks (figures)
+        self.last_step_s = 0.0  # how long the last step that sent something took
 
     def ticks_due(self, state: ScheduleState, now_ms: int) -> tuple[list[int], int | None]:
         """The ticks of ``state`` to send now, those up to ``AHEAD_MS`` ahead included
@@ -74,6 +75,7 @@ class ScheduleEngine:
     def fire_due(self, now_ms: int | None = None) -> int:
         """Send every tick due by ``now_ms``; returns how many were sent."""
         now = self._clock.now_ms() if now_ms is None else now_ms
+        began = time.monotonic()
         plan: list[tuple[ScheduleState, list[int], int | None]] = []
         for state in self.book.states(by_name=False):
             if state.paused or state.next_ms is None or state.next_ms > now + AHEAD_MS:
@@ -103,7 +105,7 @@ class ScheduleEngine:
             log.warning("schedule %s: a tick could not be sent: %s", plan[n][0].spec.name,
                         error)
         self.sent += len(drafts) - len(failed)
-        self.lateness_ms = [now - d.deliver_at_ms for d in drafts]
+        self.last_step_s = time.monotonic() - began
         return len(drafts) - len(failed)
 
     # ------------------------------------------------------------------ thread

@@ -50,6 +50,10 @@ def broker_figures(broker: Broker, budget: CallBudget, sent: int, popped: int,
             out.update({base + "held_by_key": held,
                         base + "max_in_flight_per_key": limits.max_in_flight_per_key,
                         base + "rate_per_key": limits.rate_per_key})
+    sched = broker.schedules
+    out.update({"schedules.total": len(sched.book.states(by_name=False)),
+                "schedules.ticks_sent": sched.sent,
+                "schedules.last_step_seconds": sched.last_step_s})
     t = broker.timer.statistics()
     out.update({
         "timer.pending_wheel": t.pending_wheel, "timer.pending_rocksdb": t.pending_rocksdb,
