@@ -112,10 +112,13 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--api", choices=["subscribe", "pop"], default="subscribe",
                     help="consumers use the Subscribe stream or unary Pop(32) + Ack")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a broker setting (e.g. tier.upload=true --set "
+                         "tier.durable_ack=true: durable-ack on a local-directory tier)")
     args = ap.parse_args()
     total = args.hot or args.rate * args.seconds
     with tempfile.TemporaryDirectory(prefix="chronomq-bench-") as tmp:
-        srv = ServerProcess(Path(tmp) / "data")
+        srv = ServerProcess(Path(tmp) / "data", *args.set)
         try:
             with ChronomqClient(srv.target) as c:
                 c.create_topic(TOPIC, queue_count=4)
