@@ -8,7 +8,9 @@ import dataclasses
 import json
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import grpc
 import pytest
@@ -31,9 +33,10 @@ MIN = 60_000
 
 
 class Env:
-    def __init__(self, root: Path, max_schedules: int = 100_000) -> None:
+    def __init__(self, root: Path, max_schedules: int = 100_000,
+                 start_ms: int | None = None) -> None:
         # a whole minute, so every-minute ticks fall on the clock's steps
-        self.clock = ManualClock((int(time.time() * 1000) // MIN + 1) * MIN)
+        self.clock = ManualClock(start_ms or (int(time.time() * 1000) // MIN + 1) * MIN)
         config = dataclasses.replace(broker_config(root / "data"),
                                      schedules=ScheduleConfig(max_schedules=max_schedules))
         self.running = RunningServer(config, self.clock, background=False)
@@ -286,3 +289,44 @@ def test_a_tick_sent_but_not_recorded_before_a_takeover_comes_once(
         assert sorted(got) == [f"minutely@{1_800_000_000_000 + i * MIN}" for i in (1, 2, 3)]
     finally:
         b.stop()
+
+
+HOUR = 3_600_000
+
+
+def _days_of_ticks(tmp_path: Path, start_ms: int, cron: str, zone: str, hours: int
+                   ) -> list[str]:
+    """Run a broker on a manual clock from ``start_ms`` for ``hours``, hour by hour,
+    with one schedule; the local times of the ticks its consumer received."""
+    e = Env(tmp_path, start_ms=start_ms)
+    try:
+        e.client.create_schedule("s", "t", b"x", cron=cron, time_zone=zone)
+        got: list[int] = []
+        for _ in range(hours):
+            e.tick(HOUR)
+            got += [int(i.rsplit("@", 1)[1]) for i in e.ids()]
+        return [datetime.fromtimestamp(ms / 1000, ZoneInfo(zone)).strftime(
+            "%m-%d %H:%M %Z") for ms in got]
+    finally:
+        e.close()
+
+
+def test_the_engine_across_the_spring_gap_in_berlin(tmp_path: Path) -> None:
+    start = int(datetime(2026, 3, 27, 12, tzinfo=ZoneInfo("Europe/Berlin")).timestamp()
+                * 1000)
+    assert _days_of_ticks(tmp_path, start, "30 2 * * *", "Europe/Berlin", 4 * 24) == [
+        "03-28 02:30 CET", "03-29 03:30 CEST", "03-30 02:30 CEST", "03-31 02:30 CEST"]
+
+
+def test_the_engine_across_the_autumn_repeat_in_new_york(tmp_path: Path) -> None:
+    start = int(datetime(2026, 10, 31, 12, tzinfo=ZoneInfo("America/New_York")).timestamp()
+                * 1000)
+    assert _days_of_ticks(tmp_path, start, "30 1 * * *", "America/New_York", 3 * 24) == [
+        "11-01 01:30 EDT", "11-01 01:30 EST", "11-02 01:30 EST", "11-03 01:30 EST"]
+
+
+def test_nine_every_morning_for_thirty_simulated_days(tmp_path: Path) -> None:
+    start = int(datetime(2026, 10, 10, tzinfo=ZoneInfo("Europe/Berlin")).timestamp() * 1000)
+    got = _days_of_ticks(tmp_path, start, "0 9 * * *", "Europe/Berlin", 30 * 24)
+    assert len(got) == 30 and {g[6:11] for g in got} == {"09:00"}
+    assert len({g[:5] for g in got}) == 30  # one a day, every day
