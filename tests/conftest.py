@@ -14,6 +14,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from chronomq.broker import Broker
 from chronomq.client import ChronomqClient
 from chronomq.config import BrokerConfig, ConsoleConfig, PopConfig, ServerConfig, TierConfig
 from chronomq.server import BrokerServer
@@ -176,6 +177,16 @@ class RunningServer:
 
     def stop(self) -> None:
         self.server.stop()
+
+
+def run_timer(broker: Broker, now_ms: int) -> None:
+    """What the timer thread does at ``now_ms`` (tests with a manual clock): load in
+    slices and deliver in between, then wait until what it appended is visible."""
+    timer = broker.timer
+    while not timer.load_due(now_ms):
+        timer.deliver_due(now_ms)
+    timer.deliver_due(now_ms)
+    assert broker.store.wait_visible(10)
 
 
 def broker_config(data_dir: Path, **server: object) -> BrokerConfig:

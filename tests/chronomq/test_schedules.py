@@ -26,10 +26,18 @@ from store.crashpoint import CRASH_EXIT_CODE
 from store.store import StoreConfig
 from store.topics import Topic
 from tests.chronomq.process import ServerProcess
-from tests.conftest import RunningServer, broker_config
+from tests.conftest import RunningServer, broker_config, run_timer
 from tiered.config import TierConfig
 
 MIN = 60_000
+
+
+def _step(b: Broker, clock: ManualClock, ms: int) -> int:
+    """Move the clock; do what the schedules and timer threads would do."""
+    now = clock.advance(ms)
+    sent = b.schedules.fire_due(now)
+    run_timer(b, now)
+    return sent
 
 
 class Env:
@@ -45,15 +53,7 @@ class Env:
         self.client.create_topic("t", queue_count=2)
 
     def tick(self, ms: int) -> int:
-        """Move the clock; do what the schedules and timer threads would do."""
-        now = self.clock.advance(ms)
-        sent = self.broker.schedules.fire_due(now)
-        timer = self.broker.timer
-        while not timer.load_due(now):
-            timer.deliver_due(now)
-        timer.deliver_due(now)
-        assert self.broker.store.wait_visible(10)
-        return sent
+        return _step(self.broker, self.clock, ms)
 
     def ids(self) -> list[str]:
         got: list[str] = []
@@ -222,14 +222,13 @@ def _tier_broker(root: Path, name: str, clock: ManualClock) -> Broker:
     return b
 
 
-def _step(b: Broker, clock: ManualClock, ms: int) -> int:
-    now = clock.advance(ms)
-    sent = b.schedules.fire_due(now)
-    while not b.timer.load_due(now):
-        b.timer.deliver_due(now)
-    b.timer.deliver_due(now)
-    assert b.store.wait_visible(10)
-    return sent
+def _drain(b: Broker) -> list[str]:
+    """The ids of every message of topic ``t`` group ``g`` takes (and acks), sorted."""
+    got: list[str] = []
+    while batch := b.pop.pop("t", "g", 32, 60):
+        got += [p.message.message_id for p in batch]
+        b.pop.ack_many("g", [p.receipt_handle for p in batch])
+    return sorted(got)
 
 
 def test_a_takeover_between_two_ticks_fires_the_next_one_there(tmp_path: Path) -> None:
@@ -251,11 +250,7 @@ def test_a_takeover_between_two_ticks_fires_the_next_one_there(tmp_path: Path) -
         assert state.spec.name == "minutely" and state.fired == 2
         assert _step(b, clock, MIN) == 1 and _step(b, clock, 0) == 0
         # Then every tick came once: A's two from its backlog, the third from B
-        got: list[str] = []
-        while batch := b.pop.pop("t", "g", 32, 60):
-            got += [p.message.message_id for p in batch]
-            b.pop.ack_many("g", [p.receipt_handle for p in batch])
-        assert sorted(got) == [f"minutely@{1_800_000_000_000 + i * MIN}" for i in (1, 2, 3)]
+        assert _drain(b) == [f"minutely@{1_800_000_000_000 + i * MIN}" for i in (1, 2, 3)]
     finally:
         b.stop()
 
@@ -282,11 +277,7 @@ def test_a_tick_sent_but_not_recorded_before_a_takeover_comes_once(
         _step(b, clock, 0)
         _step(b, clock, MIN)
         # Then the dedupe window B took from A stores it once
-        got: list[str] = []
-        while batch := b.pop.pop("t", "g", 32, 60):
-            got += [p.message.message_id for p in batch]
-            b.pop.ack_many("g", [p.receipt_handle for p in batch])
-        assert sorted(got) == [f"minutely@{1_800_000_000_000 + i * MIN}" for i in (1, 2, 3)]
+        assert _drain(b) == [f"minutely@{1_800_000_000_000 + i * MIN}" for i in (1, 2, 3)]
     finally:
         b.stop()
 
