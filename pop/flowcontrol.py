@@ -46,6 +46,7 @@ __all__ = ["HELD", "FlowControl", "HeldEntry", "KeyLimits"]
 # the window the rate is checked over: a second, and a margin for the way to a consumer
 # (a message handed out late arrives sooner after the one before it)
 RATE_WINDOW_MS = 1025
+PRUNE_KEYS = 4096  # keys remembered before the idle ones are swept (then twice as many)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,7 @@ class FlowControl:
         self._keys: dict[tuple[str, str, str], _Key] = {}  # (group, topic, key)
         self._leased: dict[tuple[str, str, int, int], tuple[str, str]] = {}  # -> topic, key
         self._rebuilt: set[tuple[str, str]] = set()
+        self._prune_at = PRUNE_KEYS
         self._listeners: list[Callable[[set[str]], None]] = []
         self._wake_at: dict[str, int] = {}  # topic -> when a held key's bucket refills
         self._thread: threading.Thread | None = None
@@ -210,7 +212,7 @@ class FlowControl:
                 k.in_flight = max(0, k.in_flight - 1)
                 if k.held:
                     woken.add(found[0])
-                elif not k.in_flight:
+                elif self._idle(k, self._clock.now_ms()):
                     del self._keys[(group, *found)]  # nothing left to remember
         self._notify(woken)
 
@@ -226,8 +228,19 @@ class FlowControl:
     def _key(self, group: str, topic: str, key: str, now_ms: int) -> _Key:
         k = self._keys.get((group, topic, key))
         if k is None:
+            if len(self._keys) >= self._prune_at:  # keys a rate still remembered
+                self._keys = {name: v for name, v in self._keys.items()
+                              if not self._idle(v, now_ms)}
+                self._prune_at = max(PRUNE_KEYS, 2 * len(self._keys))
             k = self._keys[(group, topic, key)] = _Key(now_ms)
         return k
+
+    @staticmethod
+    def _idle(k: _Key, now_ms: int) -> bool:
+        """Nothing held, leased or (for its rate) handed out within the window: the key
+        may be forgotten."""
+        return not k.held and not k.in_flight and k.tat <= now_ms and \
+            (not k.recent or k.recent[-1] <= now_ms - RATE_WINDOW_MS)
 
     @staticmethod
     def _room(limits: KeyLimits, k: _Key, now_ms: int) -> bool:

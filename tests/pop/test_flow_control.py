@@ -300,3 +300,19 @@ def test_a_takeover_hands_out_what_the_departed_broker_held(
         assert [p.message.body for p in b.pop.pop("t", "G", 32, 60)] == [b"h0"]
     finally:
         b.stop()
+
+
+def test_a_keys_rate_holds_after_its_last_lease_ended() -> None:
+    # Given rate_per_key = 1 and a key whose one leased message was acked at once
+    clock = ManualClock(1_000_000)
+    flow = FlowControl({"G": KeyLimits(rate_per_key=1)}, clock)
+    try:
+        assert flow.admit("G", "t", "k", clock.now_ms())
+        flow.leased("G", "t", "k", "t", 0, 0)
+        flow.done("G", [("t", 0, 0)])
+        # Then its next message still waits for its second
+        assert not flow.admit("G", "t", "k", clock.now_ms() + 10)
+        clock.advance(1_025)
+        assert flow.admit("G", "t", "k", clock.now_ms())
+    finally:
+        flow.stop()
