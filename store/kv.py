@@ -125,7 +125,6 @@ class KV:
             yield it.key(), it.value()
             it.next()
 
-
     def span(self, start: bytes, end: bytes, limit: int) -> tuple[dict[bytes, bytes], bytes]:
         """Items with ``start <= key < end``, at most ``limit`` of them, and the last key
         read (``end`` when the span was read to its end)."""

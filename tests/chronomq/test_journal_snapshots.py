@@ -19,6 +19,7 @@ import pytest
 import pop.leasejournal
 from chronomq.broker import Broker
 from chronomq.config import BrokerConfig, TierConfig
+from pop.flowcontrol import KeyLimits
 from store.clock import ManualClock
 from store.message import Message, draft_of
 from store.names import STATE_STREAM
@@ -32,13 +33,15 @@ from tiered.journal import SNAPSHOT_POINTER, read_snapshot_pointer, snapshot_poi
 EVERY = 40
 
 
-def _broker(root: Path, name: str, clock: ManualClock) -> Broker:
+def _broker(root: Path, name: str, clock: ManualClock,
+            key_limits: dict[str, KeyLimits] | None = None) -> Broker:
     """A broker whose every OK waits for the tier (durable-ack: what A answered is what
     B finds), the tier's dispatcher running; timer and revive driven by hand."""
     tier = TierConfig(provider="local", local_dir=str(root / "tier"), broker_name=name,
                       upload=True, durable_ack=True, durable_ack_ms=1,
                       journal_snapshot_records=EVERY)
-    b = Broker(BrokerConfig(store=StoreConfig(str(root / name)), tier=tier), clock)
+    b = Broker(BrokerConfig(store=StoreConfig(str(root / name)), tier=tier,
+                            key_limits=key_limits or {}), clock)
     b.open()
     b.start(timer_thread=False)
     assert b.tiered is not None

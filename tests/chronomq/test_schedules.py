@@ -18,16 +18,14 @@ import pytest
 from chronomq.broker import Broker
 from chronomq.cli import main
 from chronomq.client import ChronomqClient, RpcError
-from chronomq.config import BrokerConfig
 from recurring.book import ScheduleConfig
 from recurring.model import ScheduleSpec
 from store.clock import ManualClock
 from store.crashpoint import CRASH_EXIT_CODE
-from store.store import StoreConfig
 from store.topics import Topic
 from tests.chronomq.process import ServerProcess
+from tests.chronomq.test_journal_snapshots import _broker
 from tests.conftest import RunningServer, broker_config, run_timer
-from tiered.config import TierConfig
 
 MIN = 60_000
 
@@ -210,18 +208,6 @@ def test_a_crash_around_a_tick_sends_it_once(tmp_path: Path) -> None:
         assert srv.terminate() == 0
 
 
-def _tier_broker(root: Path, name: str, clock: ManualClock) -> Broker:
-    """A durable-ack broker on a shared local-directory tier; its threads driven by hand."""
-    tier = TierConfig(provider="local", local_dir=str(root / "tier"), broker_name=name,
-                      upload=True, durable_ack=True, durable_ack_ms=1)
-    b = Broker(BrokerConfig(store=StoreConfig(str(root / name)), tier=tier), clock)
-    b.open()
-    b.start(timer_thread=False)
-    assert b.tiered is not None
-    b.tiered.start()
-    return b
-
-
 def _drain(b: Broker) -> list[str]:
     """The ids of every message of topic ``t`` group ``g`` takes (and acks), sorted."""
     got: list[str] = []
@@ -233,7 +219,7 @@ def _drain(b: Broker) -> list[str]:
 
 def test_a_takeover_between_two_ticks_fires_the_next_one_there(tmp_path: Path) -> None:
     clock = ManualClock(1_800_000_000_000)  # a whole minute
-    a = _tier_broker(tmp_path, "a", clock)
+    a = _broker(tmp_path, "a", clock)
     try:
         a.create_topic(Topic("t", 1))
         a.schedules.book.create(ScheduleSpec("minutely", "t", every_s=60, body=b"tick"),
@@ -242,7 +228,7 @@ def test_a_takeover_between_two_ticks_fires_the_next_one_there(tmp_path: Path) -
         assert _step(a, clock, MIN) == 1 and _step(a, clock, MIN) == 1
     finally:
         a.stop()
-    b = _tier_broker(tmp_path, "b", clock)
+    b = _broker(tmp_path, "b", clock)
     try:
         b.takeover("a", force=True)
         # When B has the schedule, its next tick comes due, and B steps twice at it
@@ -258,7 +244,7 @@ def test_a_takeover_between_two_ticks_fires_the_next_one_there(tmp_path: Path) -
 def test_a_tick_sent_but_not_recorded_before_a_takeover_comes_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = ManualClock(1_800_000_000_000)
-    a = _tier_broker(tmp_path, "a", clock)
+    a = _broker(tmp_path, "a", clock)
     try:
         a.create_topic(Topic("t", 1))
         a.schedules.book.create(ScheduleSpec("minutely", "t", every_s=60, body=b"tick"),
@@ -269,7 +255,7 @@ def test_a_tick_sent_but_not_recorded_before_a_takeover_comes_once(
         assert _step(a, clock, MIN) == 1
     finally:
         a.stop()
-    b = _tier_broker(tmp_path, "b", clock)
+    b = _broker(tmp_path, "b", clock)
     try:
         b.takeover("a", force=True)
         # When B sends the second tick again (it is where the tier says the schedule is)

@@ -21,7 +21,9 @@ from store.errors import InvalidArgument
 from store.message import Message, draft_of
 from store.store import StoreConfig
 from store.topics import Topic
-from tiered.config import TierConfig
+from tests.chronomq.test_journal_snapshots import _broker
+
+LIMITED = {"G": KeyLimits(max_in_flight_per_key=1)}  # group G: one lease per key
 
 
 class Env:
@@ -250,25 +252,11 @@ def test_flow_control_keeps_its_limits_and_each_keys_order(
         flow.stop()
 
 
-def _tier_broker(root: Path, name: str, clock: ManualClock) -> Broker:
-    """A durable-ack broker on a shared local-directory tier, group G limited to one
-    lease per key; timer and revive driven by hand."""
-    tier = TierConfig(provider="local", local_dir=str(root / "tier"), broker_name=name,
-                      upload=True, durable_ack=True, durable_ack_ms=1)
-    b = Broker(BrokerConfig(store=StoreConfig(str(root / name)), tier=tier,
-                            key_limits={"G": KeyLimits(max_in_flight_per_key=1)}), clock)
-    b.open()
-    b.start(timer_thread=False)
-    assert b.tiered is not None
-    b.tiered.start()
-    return b
-
-
 def test_a_takeover_hands_out_what_the_departed_broker_held(
         tmp_path: Path, manual_clock: ManualClock) -> None:
     # Given A: a hot key's 20 messages and 5 cold ones; G leased the hot key's first (60 s,
     # never acked) and acked the cold ones; A held the other 19 hot ones, then went away
-    a = _tier_broker(tmp_path, "a", manual_clock)
+    a = _broker(tmp_path, "a", manual_clock, LIMITED)
     try:
         a.create_topic(Topic("t", 2))
         a.send([draft_of(Message("", "t", f"h{i}".encode(), key="hot")) for i in range(20)]
@@ -283,7 +271,7 @@ def test_a_takeover_hands_out_what_the_departed_broker_held(
     finally:
         a.stop()
     # When B takes A over
-    b = _tier_broker(tmp_path, "b", manual_clock)
+    b = _broker(tmp_path, "b", manual_clock, LIMITED)
     try:
         b.takeover("a", force=True)
         # Then B hands the held ones out one at a time, in order (A's lease of h0 is not
