@@ -432,11 +432,12 @@ class Broker:
         """Append checked drafts; resolves once they are durable."""
         return self.store.put_drafts(drafts)
 
-    def submit(self, drafts: list[Draft], now_ms: int) -> Submission:
+    def submit(self, drafts: list[Draft], now_ms: int, dedupe: bool = True) -> Submission:
         """Append checked drafts, except those whose client-chosen id their topic accepted
-        within the dedupe window (``chronomq.dedupe``).  Pass the result to ``stored``."""
+        within the dedupe window (``chronomq.dedupe``; ``dedupe=False``: all of them, as
+        a debounce's replacing message is).  Pass the result to ``stored``."""
         self.disk.check_send(sum(len(d.body) for d in drafts))
-        chosen = [(d.topic, d.message_id) for d in drafts if d.message_id]
+        chosen = [(d.topic, d.message_id) for d in drafts if d.message_id] if dedupe else []
         duplicate = [False] * len(drafts)
         end: Future[int] | None = None
         originals: list[Future[int]] = []

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 
-from chronomq.broker import Broker, Submission
+from chronomq.broker import Broker
 from store.crashpoint import crashpoint
 from store.errors import InvalidArgument, StoreError
 from store.message import DispatchInfo, Draft
@@ -50,9 +50,8 @@ class Debouncer:
             # the last replace of this id, or any send of it before, is in the timer store
             if not broker.store.wait_visible(10.0):
                 raise StoreError("the dispatcher is behind; replace not attempted")
-            broker.disk.check_send(len(draft.body))
-            future = broker.send([draft])
-            (info,) = broker.stored(Submission([False], future, [], None, []))
+            (info,) = broker.stored(broker.submit([draft], broker.clock.now_ms(),
+                                                  dedupe=False))
             crashpoint("debounce.after_append")
             change = broker.timer.cancel(draft.message_id, draft.topic,
                                          keep=info.commit_offset)
