@@ -35,7 +35,8 @@ LABELS: dict[str, str] = {
     "timer.after_preload": "a TimerFlatFile bucket's entries synced into the timer store",
     "timer.after_bucket_delete": "a preloaded TimerFlatFile bucket deleted from the tier",
     "timer.after_deliver_append": "due messages durable under their topic, timer entries kept",
-    "timer.after_deliver_remove": "delivered messages' timer entries removed",
+    "timer.after_deliver_remove": "delivered messages' timer entries removed (by the "
+                                  "dispatcher, with its position)",
     "debounce.after_append": "a replacing message durable, the ones it replaces not yet "
                              "cancelled",
     "schedule.after_send": "a step's schedule ticks durable, the schedules not yet moved "

@@ -12,11 +12,13 @@ Flow (docs/DESIGN.md, "Data flow: one write path"):
    in-memory timing wheel, so memory holds only the near future.
 4. ``deliver_due`` fires the wheel: the due messages are appended to the CommitLog again,
    under their own topic, id and due time (``FLAG_TIMER_DELIVERY``), in batches (a
-   slice's batches queued together, then awaited in order); only after a batch's append
-   is durable are its timer entries deleted.  The delivered copy deletes them again when
-   the dispatcher reaches it, in the same write as the position, so a crash in between
-   never delivers a message twice: by the key registered for it before the append
-   (``_appending``), or, for a copy replayed after a restart, found by its id.
+   slice's batches queued together, then awaited in order).  The delivered copy deletes
+   its timer entries when the dispatcher reaches it, in the same write as the position,
+   so a crash in between never delivers a message twice: by the key registered for it
+   before the append (``_appending``), or, for a copy replayed after a restart, found by
+   its id.  From firing until then the entry is ``_delivering``: never loaded again, and
+   a Cancel or Reschedule is told it is delivered (one RocksDB write a message, not two:
+   the timer thread deletes nothing itself).
 
 ``Cancel``/``Reschedule`` reach every pending message with an id (a client-chosen id sent
 to several topics, the retry copies of one message nacked by several groups), or those of
@@ -101,6 +103,8 @@ class TimerService:
                                                       start_ms=clock.now_ms())
         # Every timer entry whose key sorts before the cursor is in the wheel (or due now).
         self._load_cursor = timer_key(0, 0)
+        # fired and not yet reaped: from the wheel until the dispatcher deletes the entry
+        # of its copy (``dispatch``), or until it goes back (a failed append) or is dropped
         self._delivering: set[bytes] = set()
         # (id, topic, due) -> timer keys of the copies being appended now, in batch order:
         # the dispatcher removes a copy's entry by its key, with no read (``_delivered_keys``)
@@ -144,7 +148,7 @@ class TimerService:
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
         delayed = [r for r in records if r.flags & FLAG_DELAYED]
         delivered = [r for r in records if r.flags & FLAG_TIMER_DELIVERY]
-        done = self._delivered_keys(delivered) if delivered else []
+        done, reaped = self._delivered_keys(delivered) if delivered else ([], [])
         entries: list[tuple[str, int, int, bytes]] = []
         parked: list[tuple[int, tuple[str, int, int, bytes]]] = []
         span, first = b"", 0
@@ -170,21 +174,26 @@ class TimerService:
                 self._timers.add(entries, end_offset, parked, deletes=done)
                 self._position = end_offset
                 crashpoint("timer.after_add")
+            if reaped:  # gone from RocksDB: delivered
+                self._delivering.difference_update(reaped)
+                crashpoint("timer.after_deliver_remove")
             if parked:
                 self._lot.mirror(parked)
         if entries:
             self._admit([(timer_key(due, off), due) for _, due, off, _ in entries])
 
-    def _delivered_keys(self, delivered: list[DispatchInfo]) -> list[bytes]:
+    def _delivered_keys(self, delivered: list[DispatchInfo]
+                        ) -> tuple[list[bytes], list[bytes]]:
         """The timer entries (key and id key) of messages whose delivered copy is in the
-        CommitLog.  The timer thread removes them right after the copy is durable; this
-        removes them again from the log itself, in the same write as the position, so a
-        crash between the copy and the removal never delivers a message twice.
+        CommitLog, to delete in the same write as the position (so a crash between the
+        copy and the removal never delivers a message twice), and the timer keys of those
+        this process fired (no longer ``_delivering`` once deleted).
 
         A copy this process appended names its entry in ``_appending`` (registered before
         the append): its keys are deleted blindly.  Only a copy from before a restart,
         replayed, is looked up by its id and checked against the pending record."""
         keys: list[bytes] = []
+        reaped: list[bytes] = []
         replayed: list[DispatchInfo] = []
         with self._lock:
             for r in delivered:
@@ -196,9 +205,10 @@ class TimerService:
                 if not sent:
                     del self._appending[(r.message_id, r.topic, r.deliver_at_ms)]
                 keys += (key, id_key(r.message_id, parse_timer_key(key)[1]))
+                reaped.append(key)
         if replayed:
             keys += self._replayed_keys(replayed)
-        return keys
+        return keys, reaped
 
     def _replayed_keys(self, delivered: list[DispatchInfo]) -> list[bytes]:
         """``_delivered_keys`` of copies appended before a restart: found by their id."""
@@ -302,9 +312,11 @@ class TimerService:
             for appending in queued:
                 if appending is not None:
                     total += self._settle(appending)
-        finally:
+        except BaseException:  # what is not on its way into the log is not delivering
             with self._lock:
-                self._delivering.difference_update(keys)
+                sent = {k for ks in self._appending.values() for k in ks}
+                self._delivering.difference_update(k for k in keys if k not in sent)
+            raise
         return total
 
     def _submit(self, keys: list[bytes]) -> _Appending | None:
@@ -314,20 +326,26 @@ class TimerService:
         drafts: list[Draft] = []
         done: list[tuple[bytes, str]] = []
         orphans: list[tuple[bytes, str]] = []
+        dropped: list[bytes] = []
         for key, raw in zip(keys, records, strict=True):
             if raw is None:
-                continue  # cancelled or rescheduled meanwhile
+                dropped.append(key)  # removed meanwhile (a copy replayed after a restart)
+                continue
             due = parse_timer_key(key)[0]
             draft = draft_of_record(raw, due, FLAG_TIMER_DELIVERY)
             if self._store.topics.get(draft.topic) is None:
                 log.warning("dropping delayed message %s: topic %r was deleted",
                             draft.message_id, draft.topic)
                 orphans.append((key, draft.message_id))
+                dropped.append(key)
                 continue
             drafts.append(draft)
             done.append((key, draft.message_id))
         if orphans:
             self._timers.remove(orphans)
+        if dropped:
+            with self._lock:
+                self._delivering.difference_update(dropped)
         if not drafts:
             return None
         journal = self._journal
@@ -345,7 +363,8 @@ class TimerService:
         return _Appending(future, sent, done, marker is not None)
 
     def _settle(self, appending: _Appending) -> int:
-        """Wait for one batch's copies to be durable, then remove their timer entries."""
+        """Wait for one batch's copies to be durable and count them (the dispatcher
+        deletes their timer entries when it reaches them: ``dispatch``)."""
         if appending.future is None:
             return 0
         try:
@@ -357,8 +376,6 @@ class TimerService:
             log.exception("timer delivery failed; the entries stay and are retried")
             self._retry(appending.sent, appending.done)
             return 0
-        self._timers.remove(appending.done)  # only now: durable under their topic
-        crashpoint("timer.after_deliver_remove")
         with self._lock:
             self._delivered += len(stored)
             self._last_delivery_ms = max(self._last_delivery_ms, stored[-1].store_at_ms)
@@ -371,6 +388,7 @@ class TimerService:
         with self._lock:
             for name, (key, _) in zip(sent, done, strict=True):
                 self._unregister(name, key)  # a copy found later is looked up
+                self._delivering.discard(key)
                 self._due_now.append((key, parse_timer_key(key)[0]))  # the next round
 
     def _unregister(self, name: tuple[str, str, int], key: bytes) -> None:

@@ -1,11 +1,13 @@
 """The due path's shortcuts keep its guarantees: a delivered copy removes its own timer
-entry by key (no lookup by id) and a delivery batch reads its records as one span of the
-timer store; real store, RocksDB and CommitLog, manual clock."""
+entry by key (no lookup by id, the only removal of it), a message between its copy and
+that removal is delivered for every reader, and a delivery batch reads its records as
+one span of the timer store; real store, RocksDB and CommitLog, manual clock."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +18,7 @@ from hypothesis import strategies as st
 from chronomq.broker import Broker
 from chronomq.config import BrokerConfig
 from store.clock import ManualClock
-from store.errors import StoreError
-from store.message import Draft
+from store.message import FLAG_TIMER_DELIVERY, DispatchInfo, Draft
 from store.store import StoreConfig
 from store.topics import Topic
 from timer.model import TimerConfig, TimerOutcome
@@ -72,7 +73,7 @@ def env(tmp_path: Path, manual_clock: ManualClock) -> Iterator[Env]:
     e.broker.stop()
 
 
-def test_a_copy_removes_its_entry_by_key_when_the_timer_could_not(
+def test_a_copy_removes_its_entry_by_key_and_the_timer_thread_writes_nothing(
         env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given: one client id pending in two topics at the same instant, and others
     env.send("a", b"dup-a", 1_000, message_id="dup")
@@ -80,21 +81,19 @@ def test_a_copy_removes_its_entry_by_key_when_the_timer_could_not(
     for i in range(10):
         env.send("a", f"m{i}".encode(), 1_000)
     lookups: list[str] = []
+    removals: list[object] = []
     locate = env.broker.timer_store.locate
     monkeypatch.setattr(env.broker.timer_store, "locate",
                         lambda mid: lookups.append(mid) or locate(mid))
-
-    def refuse(*_: object, **__: object) -> None:
-        raise StoreError("injected: the timer's own removal failed")
-    monkeypatch.setattr(env.broker.timer_store, "remove", refuse)
-    # When: the copies are appended and the timer's own removal of their entries fails
+    monkeypatch.setattr(env.broker.timer_store, "remove",
+                        lambda *a, **k: removals.append(a))
+    # When: the copies are appended
     env.clock.advance(1_000)
-    with pytest.raises(StoreError):
-        env.tick()
-    assert env.broker.store.wait_visible(10)
+    assert env.tick() == 12
     monkeypatch.undo()
-    # Then: the dispatcher removed every entry by the key its copy named, with no lookup
-    assert lookups == []
+    # Then: the dispatcher removed every entry by the key its copy named, with no lookup,
+    # in its own write: the timer thread removed nothing itself
+    assert lookups == [] and removals == []
     assert env.timer_keys() == []
     assert env.timer.cancel("dup").outcome is TimerOutcome.ALREADY_DELIVERED
     assert env.bodies("a") == sorted([b"dup-a"] + [f"m{i}".encode() for i in range(10)])
@@ -108,6 +107,67 @@ def test_a_copy_removes_its_entry_by_key_when_the_timer_could_not(
         assert again.bodies("a") == [] and again.bodies("b") == []
     finally:
         env.broker = again.broker
+
+
+def test_between_its_copy_and_the_dispatcher_a_message_is_delivered_not_pending(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given: messages due, and the dispatcher held before it reaches their copies
+    env.send("a", b"x", 1_000, message_id="x")
+    env.send("a", b"y", 1_000, message_id="y")
+    gate, reached = threading.Event(), threading.Event()
+    dispatch = env.timer.dispatch
+
+    def held(records: list[DispatchInfo], end: int) -> None:
+        if any(r.flags & FLAG_TIMER_DELIVERY for r in records):
+            reached.set()
+            gate.wait(10)
+        dispatch(records, end)
+    monkeypatch.setattr(env.timer, "dispatch", held)
+    try:
+        # When: the timer appends their copies (durable), the dispatcher not there yet
+        env.clock.advance(1_000)
+        now = env.clock.now_ms()
+        env.timer.load_due(now)
+        assert env.timer.deliver_due(now) == 2
+        assert reached.wait(10)
+        assert len(env.timer_keys()) == 4  # still in RocksDB: the dispatcher deletes them
+        # Then: they are delivered for every reader meanwhile, and never fired again
+        assert env.timer.cancel("x").outcome is TimerOutcome.ALREADY_DELIVERED
+        assert env.timer.reschedule("y", now + 5_000).outcome is \
+            TimerOutcome.ALREADY_DELIVERED
+        assert env.timer.pending_due("x") is None
+        env.timer.load_due(now)
+        assert env.timer.deliver_due(now) == 0
+    finally:
+        gate.set()
+    assert env.broker.store.wait_visible(10)
+    assert env.timer_keys() == []
+    assert env.bodies("a") == [b"x", b"y"]
+    env.clock.advance(10_000)
+    assert env.tick() == 0
+
+
+def test_a_copy_of_a_broker_assigned_id_writes_no_dedupe_entry(env: Env) -> None:
+    # Given: a delayed message with a client-chosen id and one with a broker-assigned id
+    env.send("a", b"chosen", 1_000, message_id="order-1")
+    env.send("a", b"assigned", 1_000)
+    env.clock.advance(1_000)
+    assert env.tick() == 2
+    got = {p.message.body: p.message for p in env.broker.pop.pop("a", "g", 32, 60)}
+    assigned = got[b"assigned"].message_id
+    # Then: both copies are found by their id; only the client's id has a dedupe entry
+    # (as an immediate message with a broker-assigned id has none), and it still counts
+    index = env.broker.store.index
+    assert index.kv.get(b"m" + assigned.encode()) is not None
+    assert index.kv.get(b"m" + b"order-1") is not None
+    entries = index.dedupe_entries([("a", "order-1"), ("a", assigned)])
+    assert entries[0] is not None and entries[1] is None
+    found = env.broker.store.query_by_message_id(assigned)
+    assert [m.body for m in found] == [b"assigned"]
+    now = env.clock.now_ms()
+    again = env.broker.submit([Draft("order-1", "a", "", "", b"again", b"", now, now, 0, 0)],
+                              now)
+    assert again.duplicate == [True]
 
 
 @settings(max_examples=60, deadline=None)
