@@ -13,7 +13,9 @@ Keys and values (``<data>/index`` RocksDB, raw bytes)::
     b"d" + topic + b"\\0" + message_id                  -> store time ms u64 |
                                                           commit_offset u64 | size u32
                                        (every record with a client-chosen id, delayed ones
-                                        too: what the send-side de-duplication of
+                                        too, not a timer copy of a broker-assigned id
+                                        (``FLAG_ASSIGNED_ID``): what the send-side
+                                        de-duplication of
                                         ``SendDedupe.seen_recently`` looks up, per topic; the
                                         record's location lets ``MessageStore.stored_at``
                                         check it survived a torn tail.  An 8-byte value,
@@ -28,7 +30,7 @@ points at the latest record.
 
 Memory: RocksDB's memtables of this database hold at most two write buffers of
 ``WRITE_BUFFER_BYTES`` (the active one and one being flushed); a delivered delayed
-message writes two keys here (``m``, ``d``; a third, ``p``, when it has a key), so a
+message writes one key here (``m``; ``d`` too for a client-chosen id, ``k`` for a key), so a
 small buffer bounds the memory (the figures that chose it: bench/RESULTS.md, "Notes
 moved from docstrings").
 
@@ -42,13 +44,14 @@ from typing import NamedTuple
 
 from store.crashpoint import crashpoint
 from store.kv import KV
-from store.message import FLAG_DELAYED, FLAG_FOREIGN_ID, DispatchInfo
+from store.message import FLAG_ASSIGNED_ID, FLAG_DELAYED, FLAG_FOREIGN_ID, DispatchInfo
 
 _LOC = struct.Struct(">QI")
 _DEDUPE = struct.Struct(">QQI")  # store time ms, commit offset, size
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _POSITION = b"!position"
+_DEDUPED = FLAG_FOREIGN_ID | FLAG_ASSIGNED_ID  # FOREIGN alone: a client-chosen id
 WRITE_BUFFER_BYTES = 4 << 20  # per memtable (RocksDB keeps at most two)
 
 
@@ -102,10 +105,11 @@ class KeyIndex:
 
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
         puts: list[tuple[bytes, bytes]] = []
+        dedupe, pack = _dedupe_key, _DEDUPE.pack
         for r in records:
-            if r.flags & FLAG_FOREIGN_ID:
-                puts.append((_dedupe_key(r.topic, r.message_id), encode_dedupe(
-                    DedupeEntry(r.store_at_ms, r.commit_offset, r.record_size))))
+            if r.flags & _DEDUPED == FLAG_FOREIGN_ID:  # a client-chosen id
+                puts.append((dedupe(r.topic, r.message_id),
+                             pack(r.store_at_ms, r.commit_offset, r.record_size)))
             if r.flags & FLAG_DELAYED:
                 if r.key:
                     puts.append((_key_prefix(r.topic, r.key, b"p") + _U64.pack(r.commit_offset),

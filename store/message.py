@@ -50,6 +50,8 @@ FLAG_TIMER_DELIVERY = 0x0002  # re-appended by the timer when its time came
 FLAG_RETRY = 0x0004  # re-appended by the POP layer for a redelivery
 FLAG_FOREIGN_ID = 0x0008  # the id was not assigned for this record: index it by id
 FLAG_STATE = 0x0010  # a state change of the broker (``tiered.journal``), not a message
+FLAG_ASSIGNED_ID = 0x0020  # a timer copy keeping a broker-assigned id: no client chose it,
+#                             so indexed by id but with no dedupe entry (``store.index``)
 
 MAX_ID_BYTES = 128
 MAX_TOPIC_BYTES = 255
@@ -168,9 +170,13 @@ class Draft(NamedTuple):
 
 def draft_of_record(record: bytes, deliver_at_ms: int, flags: int) -> Draft:
     """A draft that appends ``record`` again with new flags and due time (a timer
-    delivery: a hot loop, so the header is unpacked once and the tuple built directly)."""
-    (_, _, _, _, _, _, born_at_ms, _, _, attempt, id_len, topic_len, key_len, tag_len, _,
+    delivery: a hot loop, so the header is unpacked once and the tuple built directly);
+    ``FLAG_ASSIGNED_ID`` added when the record's id was assigned by a broker, not chosen
+    by a client."""
+    (_, _, _, was, _, _, born_at_ms, _, _, attempt, id_len, topic_len, key_len, tag_len, _,
      _) = HEADER.unpack_from(record, 0)
+    if not was & FLAG_FOREIGN_ID:
+        flags |= FLAG_ASSIGNED_ID
     p = HEADER.size
     message_id = record[p : p + id_len].decode("ascii")
     p += id_len

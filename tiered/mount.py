@@ -43,7 +43,7 @@ from typing import NamedTuple, Protocol
 from store.clock import SystemClock
 from store.consumequeue import ENTRY
 from store.errors import FailedPrecondition, InvalidArgument
-from store.message import FLAG_FOREIGN_ID, HEADER, Message, decode_record
+from store.message import FLAG_ASSIGNED_ID, FLAG_FOREIGN_ID, HEADER, Message, decode_record
 from store.names import DELAYED_STREAM, is_name, is_system_stream, split_broker_made
 from tiered.errors import TierError, TierNotFound
 from tiered.index import (
@@ -317,7 +317,8 @@ class MountedBroker:
         found = [m.store_at_ms for m in self._found(self._lookup_since(
                      id_digest(message_id), topic, since_ms))
                  if m.topic == topic and m.message_id == message_id
-                 and m.flags & FLAG_FOREIGN_ID and m.store_at_ms >= since_ms]
+                 and m.flags & (FLAG_FOREIGN_ID | FLAG_ASSIGNED_ID) == FLAG_FOREIGN_ID
+                 and m.store_at_ms >= since_ms]
         return max(found, default=None)
 
     def messages(self) -> int:
