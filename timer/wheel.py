@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable
+from itertools import islice
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -122,6 +123,13 @@ class TimingWheel(Generic[K]):
             if level > 0:
                 self._cascade((level, expiry), bucket)
                 continue
+            if expiry + self.tick_ms <= now_ms + 1:  # the whole tick is due: take in bulk
+                take = list(islice(reversed(bucket.items()), cap - len(fired) if cap >= 0
+                                   else len(bucket)))
+                fired += take
+                where = self._where
+                for key, _ in take:
+                    del bucket[key], where[key]
             while bucket and len(fired) != cap:
                 key, due = bucket.popitem()
                 del self._where[key]
