@@ -43,6 +43,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
+from operator import itemgetter
 from typing import NamedTuple
 
 from store.clock import Clock
@@ -70,10 +71,11 @@ from timer.model import (
 )
 from timer.parking import ParkingLot
 from timer.schedule import Schedule, due_schedule
-from timer.store import TimerStore, id_key, parse_timer_key, timer_key
+from timer.store import TimerStore, id_key, id_key_of, parse_timer_key, timer_key
 from timer.wheel import TimingWheel
 
 log = logging.getLogger(__name__)
+_NAME = itemgetter(0, 1, 7)  # a draft's (message_id, topic, deliver_at_ms): ``_appending``
 
 
 class _Appending(NamedTuple):
@@ -195,16 +197,20 @@ class TimerService:
         keys: list[bytes] = []
         reaped: list[bytes] = []
         replayed: list[DispatchInfo] = []
+        appending = self._appending
         with self._lock:
             for r in delivered:
-                sent = self._appending.get((r.message_id, r.topic, r.deliver_at_ms))
+                name = (r.message_id, r.topic, r.deliver_at_ms)
+                sent = appending.get(name)
                 if not sent:
                     replayed.append(r)
                     continue
-                key = sent.pop(0)
-                if not sent:
-                    del self._appending[(r.message_id, r.topic, r.deliver_at_ms)]
-                keys += (key, id_key(r.message_id, parse_timer_key(key)[1]))
+                if len(sent) == 1:
+                    key = sent[0]
+                    del appending[name]
+                else:
+                    key = sent.pop(0)
+                keys += (key, id_key_of(r.message_id, key))
                 reaped.append(key)
         if replayed:
             keys += self._replayed_keys(replayed)
@@ -331,8 +337,7 @@ class TimerService:
             if raw is None:
                 dropped.append(key)  # removed meanwhile (a copy replayed after a restart)
                 continue
-            due = parse_timer_key(key)[0]
-            draft = draft_of_record(raw, due, FLAG_TIMER_DELIVERY)
+            draft = draft_of_record(raw, parse_timer_key(key)[0], FLAG_TIMER_DELIVERY)
             if self._store.topics.get(draft.topic) is None:
                 log.warning("dropping delayed message %s: topic %r was deleted",
                             draft.message_id, draft.topic)
@@ -350,10 +355,15 @@ class TimerService:
             return None
         journal = self._journal
         marker = journal.done_draft(self._stream_offsets(keys, records)) if journal else None
-        sent = [(d.message_id, d.topic, d.deliver_at_ms) for d in drafts]
+        sent = list(map(_NAME, drafts))
+        appending = self._appending
         with self._lock:
             for name, (key, _) in zip(sent, done, strict=True):
-                self._appending.setdefault(name, []).append(key)
+                registered = appending.get(name)
+                if registered is None:
+                    appending[name] = [key]
+                else:
+                    registered.append(key)
         future: Future[list[DispatchInfo]] | None = None
         try:
             future = self._store.put_drafts(drafts + ([marker] if marker else []))

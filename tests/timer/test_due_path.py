@@ -22,7 +22,7 @@ from store.message import FLAG_TIMER_DELIVERY, DispatchInfo, Draft
 from store.store import StoreConfig
 from store.topics import Topic
 from timer.model import TimerConfig, TimerOutcome
-from timer.store import TimerStore, timer_key
+from timer.store import TimerStore, id_key, id_key_of, parse_timer_key, timer_key
 
 
 class Env:
@@ -188,3 +188,13 @@ def test_a_span_read_returns_what_a_multi_get_does(n: int, gone: set[int], wante
             assert store.records_run(keys) == store.records(keys)
         finally:
             store.close()
+
+
+@given(message_id=st.text(min_size=1, max_size=40).filter(lambda s: "\0" not in s),
+       due=st.integers(min_value=0, max_value=2**64 - 1),
+       offset=st.integers(min_value=0, max_value=2**64 - 1))
+def test_the_id_key_of_a_timer_key_is_the_id_key_of_its_offset(message_id: str, due: int,
+                                                                offset: int) -> None:
+    key = timer_key(due, offset)
+    assert parse_timer_key(key) == (due, offset)
+    assert id_key_of(message_id, key) == id_key(message_id, offset)
