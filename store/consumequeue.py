@@ -97,16 +97,20 @@ class ConsumeQueue:
         self._dirty.add(base)
 
     def put_many(self, entries: list[tuple[int, bytes]]) -> None:
-        """``(queue_offset, packed entry)`` in offset order; each run of consecutive
-        entries within one file is written with one ``pwrite``."""
+        """``(queue_offset, packed entry)`` in ascending offset order, each offset once;
+        each run of consecutive entries within one file is written with one ``pwrite``
+        (a file's share that is one run is found without looking at each entry)."""
         i, n = 0, len(entries)
         while i < n:
             first = entries[i][0]
             base = first - first % self._per_file
             limit = min(n, i + base + self._per_file - first)  # stay inside this file
-            j = i + 1
-            while j < limit and entries[j][0] == first + (j - i):
-                j += 1
+            if entries[limit - 1][0] - first == limit - 1 - i:  # ascending: all consecutive
+                j = limit
+            else:
+                j = i + 1
+                while j < limit and entries[j][0] == first + (j - i):
+                    j += 1
             self._write(base, b"".join([e[1] for e in entries[i:j]]),
                         (first - base) * ENTRY.size)
             if first + (j - i) > self.max_offset:
