@@ -15,7 +15,7 @@ Flow (docs/DESIGN.md, "Data flow: one write path"):
    slice's batches queued together, then awaited in order).  The delivered copy deletes
    its timer entries when the dispatcher reaches it, in the same write as the position,
    so a crash in between never delivers a message twice: by the key registered for it
-   before the append (``_appending``), or, for a copy replayed after a restart, found by
+   before the append (``timer.delivery``), or, for a copy replayed after a restart, found by
    its id.  From firing until then the entry is ``_delivering``: never loaded again, and
    a Cancel or Reschedule is told it is delivered (one RocksDB write a message, not two:
    the timer thread deletes nothing itself).
@@ -43,7 +43,6 @@ import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
-from operator import itemgetter
 from typing import NamedTuple
 
 from store.clock import Clock
@@ -62,6 +61,7 @@ from store.message import (
 from store.store import MessageStore
 from tiered.journal import StateJournal
 from tiered.timerflatfile import TimerFlatFiles, is_adopted
+from timer.delivery import NAME_OF_DRAFT, DeliveredCopies
 from timer.model import (
     LATENESS_BOUNDS_MS,
     TimerChange,
@@ -71,11 +71,10 @@ from timer.model import (
 )
 from timer.parking import ParkingLot
 from timer.schedule import Schedule, due_schedule
-from timer.store import TimerStore, id_key, id_key_of, parse_timer_key, timer_key
+from timer.store import TimerStore, parse_timer_key, timer_key
 from timer.wheel import TimingWheel
 
 log = logging.getLogger(__name__)
-_NAME = itemgetter(0, 1, 7)  # a draft's (message_id, topic, deliver_at_ms): ``_appending``
 
 
 class _Appending(NamedTuple):
@@ -108,9 +107,8 @@ class TimerService:
         # fired and not yet reaped: from the wheel until the dispatcher deletes the entry
         # of its copy (``dispatch``), or until it goes back (a failed append) or is dropped
         self._delivering: set[bytes] = set()
-        # (id, topic, due) -> timer keys of the copies being appended now, in batch order:
-        # the dispatcher removes a copy's entry by its key, with no read (``_delivered_keys``)
-        self._appending: dict[tuple[str, str, int], list[bytes]] = {}
+        # the entry each copy on its way into the log stands for (``timer.delivery``)
+        self._copies = DeliveredCopies(timers)
         self._due_now: list[tuple[bytes, int]] = []  # loaded entries already due
         self._position = self._pending_position = 0  # read by ``open``
         self._wake = threading.Event()
@@ -150,7 +148,13 @@ class TimerService:
     def dispatch(self, records: list[DispatchInfo], end_offset: int) -> None:
         delayed = [r for r in records if r.flags & FLAG_DELAYED]
         delivered = [r for r in records if r.flags & FLAG_TIMER_DELIVERY]
-        done, reaped = self._delivered_keys(delivered) if delivered else ([], [])
+        done: list[bytes] = []
+        reaped: list[bytes] = []
+        if delivered:  # their entries go in the same write as the position
+            with self._lock:
+                done, reaped, replayed = self._copies.take(delivered)
+            if replayed:
+                done += self._copies.replayed_keys(replayed)
         entries: list[tuple[str, int, int, bytes]] = []
         parked: list[tuple[int, tuple[str, int, int, bytes]]] = []
         span, first = b"", 0
@@ -183,52 +187,6 @@ class TimerService:
                 self._lot.mirror(parked)
         if entries:
             self._admit([(timer_key(due, off), due) for _, due, off, _ in entries])
-
-    def _delivered_keys(self, delivered: list[DispatchInfo]
-                        ) -> tuple[list[bytes], list[bytes]]:
-        """The timer entries (key and id key) of messages whose delivered copy is in the
-        CommitLog, to delete in the same write as the position (so a crash between the
-        copy and the removal never delivers a message twice), and the timer keys of those
-        this process fired (no longer ``_delivering`` once deleted).
-
-        A copy this process appended names its entry in ``_appending`` (registered before
-        the append): its keys are deleted blindly.  Only a copy from before a restart,
-        replayed, is looked up by its id and checked against the pending record."""
-        keys: list[bytes] = []
-        reaped: list[bytes] = []
-        replayed: list[DispatchInfo] = []
-        appending = self._appending
-        with self._lock:
-            for r in delivered:
-                name = (r.message_id, r.topic, r.deliver_at_ms)
-                sent = appending.get(name)
-                if not sent:
-                    replayed.append(r)
-                    continue
-                if len(sent) == 1:
-                    key = sent[0]
-                    del appending[name]
-                else:
-                    key = sent.pop(0)
-                keys += (key, id_key_of(r.message_id, key))
-                reaped.append(key)
-        if replayed:
-            keys += self._replayed_keys(replayed)
-        return keys, reaped
-
-    def _replayed_keys(self, delivered: list[DispatchInfo]) -> list[bytes]:
-        """``_delivered_keys`` of copies appended before a restart: found by their id."""
-        pending: list[tuple[DispatchInfo, bytes]] = []
-        for r in delivered:
-            # removed already (or pending again, for another time): nothing to do
-            pending += [(r, timer_key(*loc)) for loc in self._timers.locate(r.message_id)
-                        if loc[0] == r.deliver_at_ms]
-        records = self._timers.records([key for _, key in pending])
-        keys: list[bytes] = []
-        for (r, key), record in zip(pending, records, strict=True):
-            if record is not None and decode_dispatch_infos(record, 0)[0][0].topic == r.topic:
-                keys += (key, id_key(r.message_id, parse_timer_key(key)[1]))
-        return keys
 
     def write_parked(self, force: bool = False) -> int:
         """Write parked far-future records to their TimerFlatFiles (``ParkingLot.write``);
@@ -320,7 +278,7 @@ class TimerService:
                     total += self._settle(appending)
         except BaseException:  # what is not on its way into the log is not delivering
             with self._lock:
-                sent = {k for ks in self._appending.values() for k in ks}
+                sent = self._copies.registered()
                 self._delivering.difference_update(k for k in keys if k not in sent)
             raise
         return total
@@ -355,15 +313,9 @@ class TimerService:
             return None
         journal = self._journal
         marker = journal.done_draft(self._stream_offsets(keys, records)) if journal else None
-        sent = list(map(_NAME, drafts))
-        appending = self._appending
+        sent = list(map(NAME_OF_DRAFT, drafts))
         with self._lock:
-            for name, (key, _) in zip(sent, done, strict=True):
-                registered = appending.get(name)
-                if registered is None:
-                    appending[name] = [key]
-                else:
-                    registered.append(key)
+            self._copies.register(sent, (key for key, _ in done))
         future: Future[list[DispatchInfo]] | None = None
         try:
             future = self._store.put_drafts(drafts + ([marker] if marker else []))
@@ -397,16 +349,9 @@ class TimerService:
     def _retry(self, sent: list[tuple[str, str, int]], done: list[tuple[bytes, str]]) -> None:
         with self._lock:
             for name, (key, _) in zip(sent, done, strict=True):
-                self._unregister(name, key)  # a copy found later is looked up
+                self._copies.unregister(name, key)  # a copy found later is looked up
                 self._delivering.discard(key)
                 self._due_now.append((key, parse_timer_key(key)[0]))  # the next round
-
-    def _unregister(self, name: tuple[str, str, int], key: bytes) -> None:
-        keys = self._appending.get(name)
-        if keys and key in keys:
-            keys.remove(key)
-            if not keys:
-                del self._appending[name]
 
     # ------------------------------------------------------------------ cancel / reschedule
 
