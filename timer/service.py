@@ -222,7 +222,7 @@ class TimerService:
         earliest = None
         with self._lock:
             for key, due in keyed:
-                if key < self._load_cursor:
+                if key < self._load_cursor and key not in self._delivering:
                     if not self._wheel.add(key, due):
                         self._due_now.append((key, due))
                     earliest = due if earliest is None else min(earliest, due)
@@ -266,7 +266,10 @@ class TimerService:
             del self._due_now[:limit]
             if len(fired) < limit:
                 fired += self._wheel.advance(now_ms, limit - len(fired))
-            keys = sorted(k for k, _ in fired)  # by due time, then offset
+            # by due time, then offset; each once, and none already on its way (an entry
+            # stays in RocksDB until the dispatcher reaches its copy: a key admitted again
+            # meanwhile must not make a second copy)
+            keys = sorted({k for k, _ in fired} - self._delivering)
             self._delivering.update(keys)
         try:
             # every batch is queued before the first is waited for: the CommitLog writes
