@@ -1,5 +1,5 @@
-"""DeliveredCopies: which timer entry each delivered copy stands for, so that the dispatcher
-deletes the entry by its key, with no read, when it reaches the copy.
+"""CopyRegistry: which timer entry each delivered copy stands for, so that the
+dispatcher deletes the entry by its key, with no read, when it reaches the copy.
 
 The timer fires an entry, registers its key under the copy's name (id, topic, due time)
 before the append, and deletes nothing itself; the dispatcher, on reaching a copy in the
@@ -27,7 +27,7 @@ Name = tuple[str, str, int]  # a copy's (message_id, topic, deliver_at_ms)
 NAME_OF_DRAFT = itemgetter(0, 1, 7)  # a ``store.message.Draft``'s name
 
 
-class DeliveredCopies:
+class CopyRegistry:
     def __init__(self, timers: TimerStore) -> None:
         self._timers = timers
         self._keys: dict[Name, list[bytes]] = {}

@@ -61,7 +61,7 @@ from store.message import (
 from store.store import MessageStore
 from tiered.journal import StateJournal
 from tiered.timerflatfile import TimerFlatFiles, is_adopted
-from timer.delivery import NAME_OF_DRAFT, DeliveredCopies
+from timer.delivery import NAME_OF_DRAFT, CopyRegistry
 from timer.model import (
     LATENESS_BOUNDS_MS,
     TimerChange,
@@ -108,7 +108,7 @@ class TimerService:
         # of its copy (``dispatch``), or until it goes back (a failed append) or is dropped
         self._delivering: set[bytes] = set()
         # the entry each copy on its way into the log stands for (``timer.delivery``)
-        self._copies = DeliveredCopies(timers)
+        self._copies = CopyRegistry(timers)
         self._due_now: list[tuple[bytes, int]] = []  # loaded entries already due
         self._position = self._pending_position = 0  # read by ``open``
         self._wake = threading.Event()
