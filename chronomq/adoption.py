@@ -70,6 +70,7 @@ from cluster.delivered import DeliveredCopies
 from cluster.layout import chain_prefix
 from cluster.replay import stream
 from cluster.timersnapshot import Pointer, decode_pointer, read_part, read_residual
+from pop.settle import PROP_LEASE, LeaseEntry, decode_lease
 from store.errors import FailedPrecondition
 from store.message import FLAG_DELAYED, decode_record
 from store.names import DELAYED_STREAM, TIMER_STREAM, is_name, split_broker_made
@@ -286,11 +287,29 @@ class Adoption:
             self._skipped = self._b.journal.timer_done(
                 [r[2] for r in batch if r[2] not in kept]) or self._skipped
         batch = fresh
+        if replaced := self._leases_replaced(batch):  # before the copies are placed: a
+            self._b.pop.settle_copies(replaced)  # resumed run places them, never revives
         placed_now = self._b.timer.parking.adopt(batch, in_place, self._departed, through,
                                                  sync)
         self.placed = AdoptedBatch(*(a + b for a, b in zip(self.placed, placed_now,
                                                            strict=True)))
         self._on_progress(through)
+
+    @staticmethod
+    def _leases_replaced(rows: list[Adopted]) -> list[tuple[str, LeaseEntry]]:
+        """The lease entries that delayed retry copies among ``rows`` replace: the
+        departed broker revived or released them, and its mark of the entry may not have
+        reached the tier before it was lost; adopted open, they must not come twice."""
+        at = _ID_AT
+        found: list[tuple[str, LeaseEntry]] = []
+        for mid, _, _, r in rows:
+            topic = r[at + len(mid):at + len(mid) + (r[53] << 8 | r[54])].decode()
+            if split_broker_made(topic) is None:
+                continue  # (a user topic's message: no lease to settle)
+            entry = decode_lease(decode_record(r, 0, 0).properties.get(PROP_LEASE, ""))
+            if entry is not None:
+                found.append((topic, entry))
+        return found
 
     def _topics_of(self, rows: list[Adopted]) -> None:
         """Create the topics of these messages that do not exist here."""

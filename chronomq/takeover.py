@@ -75,11 +75,14 @@ from cluster.lease import claim
 from cluster.replay import last_store_ms, replay
 from pop.checkpoint import parse_key
 from pop.model import origin_of
+from pop.settle import PROP_LEASE, LeaseEntry, decode_lease
 from store.crashpoint import crashpoint
 from store.errors import FailedPrecondition, InvalidArgument
 from store.files import write_atomic
+from store.message import decode_record
 from store.names import (
     DELAYED_STREAM,
+    RETRY_PREFIX,
     STATE_STREAM,
     TIMER_STREAM,
     is_name,
@@ -99,6 +102,7 @@ log = logging.getLogger(__name__)
 
 RECENT_MS = 60_000  # a departed broker that wrote this recently may be alive: --force
 PARALLEL_TOPICS = 16  # taken topics created, and their owner records written, at once
+READ_BATCH = 1000  # retry copies read at once from the departed broker's tier
 
 
 @dataclass
@@ -279,6 +283,7 @@ class Takeover:
         # positions before topics: no Pop here may start a taken queue from its low mark
         groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
                               if origin_of(_topic_of(k)) in taken})
+        self._settle_replaced(mounted, taken)  # before a revive here can meet them
         self._accept_handles(origins)  # only now: the leases they name are here
         if names := b.schedules.book.adopt(dict(journal.pop.items()), set(taken)):
             log.info("took over %d recurring schedule(s) of %s", len(names), departed)
@@ -307,6 +312,36 @@ class Takeover:
                               [t for t in sorted(taken) if is_name(t)]))
         phases.mark("owners")
         return groups, journal
+
+    def _settle_replaced(self, mounted: MountedBroker, taken: dict[str, int]) -> None:
+        """Mark done the adopted leases the departed broker had already replaced with a
+        retry copy when it was lost: it appends the copy, then marks the lease, and only
+        the copy may have reached the tier.  Revived here too, the message would come
+        twice, the second time after an ack of the first.  Such a copy is one its group
+        has not leased yet (a lease of it would follow the mark in the journal), so only
+        each retry queue's part past the group's position is read (``pop.settle``:
+        every copy names the lease it replaces).  A dead-letter copy is not looked for:
+        its lease, revived again here, brings a retry, not a redelivery after an ack."""
+        b = self._b
+        found: list[tuple[str, LeaseEntry]] = []
+        for topic in sorted(taken):
+            made = split_broker_made(topic)
+            bounds = mounted.bounds(topic, 0) if made is not None else None
+            if made is None or made[0] != RETRY_PREFIX or bounds is None:
+                continue
+            at = max(bounds[0], b.pop.leased_to(made[1], topic, 0))
+            while at < bounds[1]:
+                entries = mounted.read(topic, 0, at, min(READ_BATCH, bounds[1] - at))
+                if not entries:
+                    break
+                for e in entries:
+                    props = decode_record(e.record, 0, 0).properties
+                    entry = decode_lease(props.get(PROP_LEASE, ""))
+                    if entry is not None:
+                        found.append((topic, entry))
+                at = entries[-1].queue_offset + 1
+        if found:
+            b.pop.settle_copies(found)
 
     def _adopt(self, departed: str, mounted: MountedBroker, state: dict[str, Any]
                ) -> list[MountedBroker]:

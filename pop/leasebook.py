@@ -156,6 +156,17 @@ class LeaseBook:
             self.lock(group, origin_of(topic))
         return deadlines, {group for group, _, _ in queues}
 
+    def leased_to(self, group: str, topic: str, qid: int) -> int:
+        """The first queue offset ``group`` never leased in ``topic``/``qid``, as this
+        book holds it (0: it holds none)."""
+        with self._lock:
+            leases = self._leases.get((group, topic, qid))
+        if leases is not None:
+            return leases.pop_offset
+        raw = [self._kv.get(k) for k in (offset_key(group, topic, qid),
+                                          pop_offset_key(group, topic, qid))]
+        return max((decode_offset(r) for r in raw if r), default=0)
+
     def deadlines(self) -> list[Deadline]:
         """The deadlines of every open lease (to schedule at start: a lease whose
         deadline passed while the broker was down revives at once)."""

@@ -87,7 +87,7 @@ class Requeuer:
         self._thread: threading.Thread | None = None
         # the dispatch handler that settles retry/DLQ copies with their leases (the
         # broker registers it with the store)
-        self.copies = CopySettler(kv, store, self._mark_found)
+        self.copies = CopySettler(kv, store, self.mark_found)
 
     def policy(self, group: str) -> RetryPolicy:
         return self._policies.get(group, self.default_policy)
@@ -292,9 +292,10 @@ class Requeuer:
         self._schedule.remove(self._book.mark_requeued(reqs, outcome))
         crashpoint("pop.after_mark_done")
 
-    def _mark_found(self, found: list[tuple[str, LeaseEntry]]) -> None:
-        """Mark done the entries whose copies the CommitLog holds (``pop.settle``): a
-        crash fell between a copy's append and its entry's mark."""
+    def mark_found(self, found: list[tuple[str, LeaseEntry]]) -> None:
+        """Mark done the entries whose copies were found (``pop.settle``: the CommitLog
+        holds them, a crash fell between a copy's append and its entry's mark; or a
+        departed broker's, ``chronomq.adoption``); those done already are left."""
         for copy_topic, e in found:
             with self._book.lock(e.group, origin_of(e.topic)):
                 at = self._book.entry_at(e.group, e.topic, e.queue_id, e.queue_offset)
@@ -303,5 +304,5 @@ class Requeuer:
                 reason = "recovered" if copy_topic.startswith(DLQ_PREFIX) else None
                 self._mark_done([Requeue(e.group, e.topic, e.queue_id, at[0], at[1],
                                           placeholder(), 0, reason)], "revived")
-            log.info("the %s copy of %s/%s/%d at %d was in the CommitLog: lease entry done",
+            log.info("the %s copy of %s/%s/%d at %d was found: lease entry done",
                      copy_topic, e.group, e.topic, e.queue_id, e.queue_offset)

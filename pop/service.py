@@ -67,7 +67,7 @@ from pop.model import (
 from pop.policy import RetryPolicy
 from pop.requeue import Requeuer
 from pop.schedule import ReviveSchedule
-from pop.settle import PROP_LEASE
+from pop.settle import PROP_LEASE, LeaseEntry
 from pop.source import GoneLocally, Loader, QueueSource
 from store.clock import Clock
 from store.crashpoint import crashpoint
@@ -149,6 +149,16 @@ class PopService:
         deadlines, groups = self._book.adopt(items)
         self._schedule.add(deadlines)
         return groups
+
+    def leased_to(self, group: str, topic: str, qid: int) -> int:
+        """The first queue offset ``group`` never leased there (``LeaseBook.leased_to``)."""
+        return self._book.leased_to(group, topic, qid)
+
+    def settle_copies(self, found: list[tuple[str, LeaseEntry]]) -> None:
+        """Mark done the adopted lease entries that a departed broker had replaced with
+        a copy (``(copy topic, entry)``) before its mark reached the tier: the copy comes
+        here, the entry must not be revived again (``chronomq.adoption``)."""
+        self._requeuer.mark_found(found)
 
     def adopt_secret(self, secret: bytes) -> None:
         """Accept the receipt handles a departed broker signed with ``secret`` for the

@@ -265,3 +265,42 @@ def test_an_ack_at_b_of_a_lease_a_gave_back_is_not_ok(
     # Then B does not answer OK for a lease it does not hold: the message comes again
     assert not acked, "B answered OK to an ack of a lease A had given back"
     assert _pop_all(b, "g") == ["m-1"]
+
+
+@pytest.mark.parametrize("how", ["revived", "released with a delay"])
+def test_a_lease_a_replaced_just_before_it_was_lost_comes_once_at_b(
+        tmp_path: Path, manual_clock: ManualClock, monkeypatch: pytest.MonkeyPatch,
+        how: str) -> None:
+    # Given A: a message leased by g, its lease run out and revived (the retry copy in
+    # the retry queue) or given back for later (the copy pending in the timer), and A
+    # lost before the lease's mark reached the tier (the failover chaos run of
+    # 2026-11-27, cycle 2, bench/RESULTS.md)
+    p = Pair(tmp_path, manual_clock, lost=True)
+    try:
+        a, b = p.a, p.b
+        a.create_topic(Topic("t", 1))
+        assert not _send(a, "m-1")
+        (leased,) = a.pop.pop("t", "g", 1, LEASE_S)
+        monkeypatch.setattr(a.pop._requeuer, "_mark_done", lambda *_: None)  # never made
+        if how == "revived":
+            manual_clock.advance((LEASE_S + 1) * 1000)
+            assert a.pop.revive_due() == 1
+        else:
+            assert a.pop.release_many("g", [(leased.receipt_handle, 30_000)]) == [None]
+        assert a.tiered is not None
+        a.tiered.wait_durable(a.store.commitlog.confirmed_offset, 30)
+        # When B takes A over and its leases run out there
+        assert b.takeover("a", force=True).done
+        got: list[str] = []
+        for _ in range(4):
+            manual_clock.advance(3_600_000)
+            b.pop.revive_due()
+            now = manual_clock.now_ms()
+            b.timer.load_due(now)
+            b.timer.deliver_due(now)
+            assert b.store.wait_visible(10)
+            got += _pop_all(b, "g")
+        # Then the message comes once
+        assert got == ["m-1"]
+    finally:
+        p.stop()
