@@ -70,7 +70,7 @@ from cluster.delivered import DeliveredCopies
 from cluster.layout import chain_prefix
 from cluster.replay import stream
 from cluster.timersnapshot import Pointer, decode_pointer, read_part, read_residual
-from pop.settle import PROP_LEASE, LeaseEntry, decode_lease
+from pop.settle import LeaseEntry, replaced_lease
 from store.errors import FailedPrecondition
 from store.message import FLAG_DELAYED, decode_record
 from store.names import DELAYED_STREAM, TIMER_STREAM, is_name, split_broker_made
@@ -300,13 +300,12 @@ class Adoption:
         """The lease entries that delayed retry copies among ``rows`` replace: the
         departed broker revived or released them, and its mark of the entry may not have
         reached the tier before it was lost; adopted open, they must not come twice."""
-        at = _ID_AT
         found: list[tuple[str, LeaseEntry]] = []
-        for mid, _, _, r in rows:
-            topic = r[at + len(mid):at + len(mid) + (r[53] << 8 | r[54])].decode()
+        for _, _, _, r in rows:
+            topic = _topic_of(r).decode()
             if split_broker_made(topic) is None:
                 continue  # (a user topic's message: no lease to settle)
-            entry = decode_lease(decode_record(r, 0, 0).properties.get(PROP_LEASE, ""))
+            entry = replaced_lease(decode_record(r, 0, 0).properties)
             if entry is not None:
                 found.append((topic, entry))
         return found

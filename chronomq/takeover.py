@@ -75,7 +75,7 @@ from cluster.lease import claim
 from cluster.replay import last_store_ms, replay
 from pop.checkpoint import parse_key
 from pop.model import origin_of
-from pop.settle import PROP_LEASE, LeaseEntry, decode_lease
+from pop.settle import LeaseEntry, replaced_lease
 from store.crashpoint import crashpoint
 from store.errors import FailedPrecondition, InvalidArgument
 from store.files import write_atomic
@@ -335,8 +335,7 @@ class Takeover:
                 if not entries:
                     break
                 for e in entries:
-                    props = decode_record(e.record, 0, 0).properties
-                    entry = decode_lease(props.get(PROP_LEASE, ""))
+                    entry = replaced_lease(decode_record(e.record, 0, 0).properties)
                     if entry is not None:
                         found.append((topic, entry))
                 at = entries[-1].queue_offset + 1

@@ -27,7 +27,7 @@ import logging
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from store.errors import StoreError
@@ -60,6 +60,12 @@ def decode_lease(text: str) -> LeaseEntry | None:
     if len(parts) != 4 or not parts[2].isdigit() or not parts[3].isdigit():
         return None
     return LeaseEntry(parts[0], parts[1], int(parts[2]), int(parts[3]))
+
+
+def replaced_lease(properties: Mapping[str, str]) -> LeaseEntry | None:
+    """The lease entry a retry or dead-letter copy replaces (its ``PROP_LEASE``), or
+    None for any other message."""
+    return decode_lease(properties.get(PROP_LEASE, ""))
 
 
 CopyKey = tuple[str, str]  # (copy topic, message id)
@@ -131,7 +137,7 @@ class CopySettler:
                 log.error("cannot read retry copy at commitlog offset %d: %s",
                           r.commit_offset, exc)
                 continue
-            entry = decode_lease(m.properties.get(PROP_LEASE, ""))
+            entry = replaced_lease(m.properties)
             if entry is not None:
                 entries.append((r.topic, entry))
         if entries:
