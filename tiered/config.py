@@ -49,7 +49,8 @@ class TierConfig:
     durable_ack: bool = False  # answer OK only once the change is in the tier (needs
     #                            upload): what a broker acknowledged outlives its machine
     durable_ack_ms: int = 50  # durable-ack: the longest a change waits for its upload
-    #                           to start (commits run back to back meanwhile)
+    #                           to start; only under load (tiered.durable.Linger), else
+    #                           commits run back to back
     takeover: str = ""  # a departed broker's name: take over its topics at start
     #                     (chronomq/takeover.py)
     failover: bool = False  # hold a lease in the bucket (brokers/<name>.json), take over

@@ -56,7 +56,7 @@ from store.message import FLAG_DELAYED, DispatchInfo
 from store.names import DELAYED_STREAM, TIMER_STREAM, is_system_stream
 from store.store import MessageStore
 from tiered.config import TierConfig
-from tiered.durable import DurablePosition
+from tiered.durable import DurablePosition, Linger
 from tiered.health import TierStats, upload_lag
 from tiered.index import TieredIndex
 from tiered.provider import Provider
@@ -106,6 +106,7 @@ class TieredDispatcher:
         self._recent = RecentRecords()  # what the store's dispatcher decoded (``offer``)
         # what a mount can read (checkpoint and copies in), behind the lease's gate
         self.durable = DurablePosition(0, config.upload_timeout_s)
+        self.linger = Linger(config.durable_ack_ms)  # durable-ack: commits fill under load
         self.confirm_deletes: Callable[[], bool] = self.durable.confirm  # the lease held?
         # per system stream, the queue offset below which no takeover reads it any more
         self.system_floors: Callable[[], dict[str, int]] = dict
@@ -277,7 +278,7 @@ class TieredDispatcher:
                 return None
             pending = [self._queues[k] for k in self._first_unsaved]
             since = dict(self._since)
-        batch_ms = 0 if cfg.durable_ack else cfg.upload_batch_ms  # durable: back to back
+        batch_ms = self.linger.ms if cfg.durable_ack else cfg.upload_batch_ms
         if not force and sum(q.buffered_bytes for q in pending) <= cfg.upload_buffer_bytes:
             pending = [q for q in pending if q.buffered_bytes >= cfg.upload_batch_bytes
                        or now - since[(q.topic, q.queue_id)] >= batch_ms]
@@ -322,6 +323,7 @@ class TieredDispatcher:
             log.warning("upload of key-index file %s failed (%s); will retry", seal.path,
                         seal.error())
         self._save(done, failed, sealed)
+        self.linger.committed(sum(size for _, _, size in done))
         failed_copies = self._mirror.sync(deadline_s, self.position)
         with self._lock:
             self._failed += failed_copies
@@ -472,9 +474,18 @@ class TieredDispatcher:
         self.durable.stop()
         self._uploader.shutdown(wait=False, cancel_futures=True)
 
-    @property
     def _poll_s(self) -> float:
-        return self.config.durable_ack_ms / 1000 if self.config.durable_ack else 0.2
+        """The longest wait for new records: with durable-ack, until the oldest batch
+        lingering is due (``tier.durable_ack_ms`` at most)."""
+        if not self.config.durable_ack:
+            return 0.2
+        wait_ms = float(self.config.durable_ack_ms)
+        with self._lock:
+            oldest = min(self._since.values(), default=None)
+        if self.linger.ms and oldest is not None:
+            due_in = oldest + self.linger.ms - self._clock.monotonic_ms()
+            wait_ms = min(wait_ms, max(1.0, due_in))
+        return wait_ms / 1000
 
     def _run(self) -> None:
         cl = self._store.commitlog
@@ -485,7 +496,7 @@ class TieredDispatcher:
                 if self._full():  # the tier is failing: wait, read nothing more
                     self._stop.wait(0.1)
                 else:
-                    cl.wait_beyond(self._read_position, self._poll_s)
+                    cl.wait_beyond(self._read_position, self._poll_s())
             except Exception:  # keep following; the cause is logged
                 log.exception("tiered dispatch failed")
                 self._stop.wait(1.0)

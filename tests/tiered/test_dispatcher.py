@@ -11,6 +11,7 @@ from store.store import MessageStore, StoreConfig
 from store.topics import Topic
 from tiered.config import TierConfig
 from tiered.dispatcher import TieredDispatcher
+from tiered.durable import BUSY_BYTES
 from tiered.providers.local import LocalProvider
 
 
@@ -139,6 +140,46 @@ def test_a_dispatcher_behind_the_offers_decodes_itself(tmp_path: Path,
         store.wait_visible()
         assert _upload_all(tier) == _expected(300)
         assert tier.statistics().reused_records == 100
+    finally:
+        tier.stop()
+        store.stop()
+
+
+def test_durable_ack_commits_at_once_for_a_lone_writer_and_fill_under_load(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    """``tiered.durable.Linger``: back to back while commits are small; after one of at
+    least BUSY_BYTES, a batch waits until it is ``durable_ack_ms`` old; small again, at
+    once again."""
+    store = MessageStore(StoreConfig(str(tmp_path / "data")), manual_clock)
+    store.open()
+    store.start()
+    tier = TieredDispatcher(store, LocalProvider(str(tmp_path / "tier")), "b0",
+                            str(tmp_path / "data" / "tiered"),
+                            TierConfig(upload=True, durable_ack=True, durable_ack_ms=50,
+                                       upload_batch_bytes=8 << 20), manual_clock)
+    tier.open()
+    try:
+        store.create_topic(Topic("t", 1))
+
+        def send(n: int, size: int) -> int:
+            store.put([Message("", "t", b"x" * size) for _ in range(n)]).result(10)
+            tier.step()
+            return store.commitlog.confirmed_offset
+
+        end = send(1, 10)  # a lone writer: up at once
+        assert tier.durable_position() == end and tier.linger.ms == 0
+        end = send(100, BUSY_BYTES // 100)  # this commit still at once; it was busy
+        assert tier.durable_position() == end and tier.linger.ms == 50
+        end = send(1, 10)  # now the next batch fills for durable_ack_ms
+        assert tier.durable_position() < end
+        manual_clock.advance(49)
+        tier.step()
+        assert tier.durable_position() < end
+        manual_clock.advance(1)
+        tier.step()
+        assert tier.durable_position() == end and tier.linger.ms == 0  # that one was small
+        end = send(1, 10)
+        assert tier.durable_position() == end
     finally:
         tier.stop()
         store.stop()
