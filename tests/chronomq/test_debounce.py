@@ -18,50 +18,20 @@ from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.producer import Producer
 from store.crashpoint import CRASH_EXIT_CODE
 from tests.chronomq.process import ServerProcess
-from tests.conftest import RunningServer, broker_config, run_timer
+from tests.manual_broker import ManualBroker
 
 SEC = 1000
 DAY = 86_400 * SEC
 
 
-class Env:
-    def __init__(self, root: Path) -> None:
-        from store.clock import ManualClock
-
-        self.clock = ManualClock(int(time.time() * 1000))
-        self.running = RunningServer(broker_config(root / "data"), self.clock,
-                                     background=False)
-        self.broker = self.running.server.broker
-        self.client = self.running.client()
-        for name in ("a", "b"):
-            self.client.create_topic(name, queue_count=2)
-
-    def tick(self, ms: int) -> None:
-        """Move the clock and do what the timer thread and its jobs would do."""
-        now = self.clock.advance(ms)
-        self.broker.timer.write_parked(force=True)
-        self.broker.timer.preload_due(now)
-        run_timer(self.broker, now)
-
-    def bodies(self, topic: str, group: str = "g") -> list[bytes]:
-        got = self.client.pop(topic, group, max_messages=32)
-        if got:
-            assert self.client.ack(group, [m.receipt_handle for m in got]) == [""] * len(got)
-        return sorted(m.body for m in got)
-
-    def close(self) -> None:
-        self.client.close()
-        self.running.stop()
-
-
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    e = Env(tmp_path)
+def env(tmp_path: Path) -> Iterator[ManualBroker]:
+    e = ManualBroker(tmp_path, {"a": 2, "b": 2})
     yield e
     e.close()
 
 
-def test_a_replace_takes_the_place_of_the_pending_message(env: Env) -> None:
+def test_a_replace_takes_the_place_of_the_pending_message(env: ManualBroker) -> None:
     # Given an order time-out pending in 10 s
     (first,) = env.client.send([message("a", b"v1", delay_ms=10 * SEC, message_id="order-1",
                                         key="k1", properties={"p": "1"})])
@@ -85,7 +55,7 @@ def test_a_replace_takes_the_place_of_the_pending_message(env: Env) -> None:
     assert env.bodies("a", "g3") == [b"v2"] and env.client.pop("a", "g2") == []
 
 
-def test_a_replace_with_nothing_pending_is_stored_as_new(env: Env) -> None:
+def test_a_replace_with_nothing_pending_is_stored_as_new(env: ManualBroker) -> None:
     (out,) = env.client.send([message("a", b"x", delay_ms=SEC, message_id="fresh",
                                       replace=True)])
     assert out.ok and out.replaced == 0 and out.message_id == "fresh"
@@ -99,7 +69,7 @@ def test_a_replace_with_nothing_pending_is_stored_as_new(env: Env) -> None:
     assert env.bodies("a") == [b"y"]
 
 
-def test_a_replace_reaches_a_parked_message_and_only_its_topic(env: Env) -> None:
+def test_a_replace_reaches_a_parked_message_and_only_its_topic(env: ManualBroker) -> None:
     # Given one id pending in two topics, in a TimerFlatFile days ahead
     for topic in ("a", "b"):
         (out,) = env.client.send([message(topic, topic.encode(), delay_ms=3 * DAY,
@@ -117,7 +87,7 @@ def test_a_replace_reaches_a_parked_message_and_only_its_topic(env: Env) -> None
     assert env.bodies("a") == [] and env.bodies("b") == [b"b"]
 
 
-def test_racing_replaces_leave_one_message_pending(env: Env) -> None:
+def test_racing_replaces_leave_one_message_pending(env: ManualBroker) -> None:
     env.client.send([message("a", b"start", delay_ms=30 * SEC, message_id="race")])
     answers: list[int] = []
 
@@ -139,7 +109,7 @@ def test_racing_replaces_leave_one_message_pending(env: Env) -> None:
     assert len(env.bodies("a")) == 1
 
 
-def test_a_replace_needs_an_id_and_is_checked_like_any_send(env: Env) -> None:
+def test_a_replace_needs_an_id_and_is_checked_like_any_send(env: ManualBroker) -> None:
     bad = [message("a", b"x", delay_ms=SEC), message("nope", b"x", message_id="i")]
     bad[0].replace = True
     bad[1].replace = True
@@ -151,7 +121,7 @@ def test_a_replace_needs_an_id_and_is_checked_like_any_send(env: Env) -> None:
         message("a", b"x", replace=True)
 
 
-def test_the_producer_and_the_cli_replace(env: Env, capsys: pytest.CaptureFixture[str]
+def test_the_producer_and_the_cli_replace(env: ManualBroker, capsys: pytest.CaptureFixture[str]
                                           ) -> None:
     with Producer(env.client) as p:
         assert p.send("a", b"one", delay_ms=10 * SEC, message_id="job").result(10).ok

@@ -25,7 +25,8 @@ from store.crashpoint import CRASH_EXIT_CODE
 from store.topics import Topic
 from tests.chronomq.process import ServerProcess
 from tests.chronomq.test_journal_snapshots import _broker
-from tests.conftest import RunningServer, broker_config, run_timer
+from tests.conftest import broker_config, run_timer
+from tests.manual_broker import ManualBroker
 
 MIN = 60_000
 
@@ -38,41 +39,32 @@ def _step(b: Broker, clock: ManualClock, ms: int) -> int:
     return sent
 
 
-class Env:
-    def __init__(self, root: Path, max_schedules: int = 100_000,
-                 start_ms: int | None = None) -> None:
-        # a whole minute, so every-minute ticks fall on the clock's steps
-        self.clock = ManualClock(start_ms or (int(time.time() * 1000) // MIN + 1) * MIN)
-        config = dataclasses.replace(broker_config(root / "data"),
-                                     schedules=ScheduleConfig(max_schedules=max_schedules))
-        self.running = RunningServer(config, self.clock, background=False)
-        self.broker = self.running.server.broker
-        self.client = self.running.client()
-        self.client.create_topic("t", queue_count=2)
+def _env(root: Path, max_schedules: int = 100_000, start_ms: int | None = None
+         ) -> ManualBroker:
+    config = dataclasses.replace(broker_config(root / "data"),
+                                 schedules=ScheduleConfig(max_schedules=max_schedules))
+    # a whole minute, so every-minute ticks fall on the clock's steps
+    start_ms = start_ms or (int(time.time() * 1000) // MIN + 1) * MIN
+    return ManualBroker(root, {"t": 2}, config, start_ms)
 
-    def tick(self, ms: int) -> int:
-        return _step(self.broker, self.clock, ms)
 
-    def ids(self) -> list[str]:
-        got: list[str] = []
-        while batch := self.client.pop("t", "g", max_messages=32):
-            got += [m.message_id for m in batch]
-            self.client.ack("g", [m.receipt_handle for m in batch])
-        return sorted(got, key=lambda i: int(i.rsplit("@", 1)[1]))
-
-    def close(self) -> None:
-        self.client.close()
-        self.running.stop()
+def _ids(env: ManualBroker) -> list[str]:
+    """Pop and ack everything visible in ``t``; the ids by due time."""
+    got: list[str] = []
+    while batch := env.client.pop("t", "g", max_messages=32):
+        got += [m.message_id for m in batch]
+        env.client.ack("g", [m.receipt_handle for m in batch])
+    return sorted(got, key=lambda i: int(i.rsplit("@", 1)[1]))
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    e = Env(tmp_path)
+def env(tmp_path: Path) -> Iterator[ManualBroker]:
+    e = _env(tmp_path)
     yield e
     e.close()
 
 
-def test_every_minute_one_message_per_tick_with_its_id_and_due_time(env: Env) -> None:
+def test_every_minute_one_message_per_tick_with_its_id_and_due_time(env: ManualBroker) -> None:
     start = env.clock.now_ms()
     made, created = env.client.create_schedule("report", "t", b"run the report",
                                                cron="* * * * *", key="k", tag="daily",
@@ -90,26 +82,26 @@ def test_every_minute_one_message_per_tick_with_its_id_and_due_time(env: Env) ->
     env.client.ack("g", [m.receipt_handle])
     for _ in range(5):
         env.tick(MIN)
-    assert env.ids() == [f"report@{start + i * MIN}" for i in range(2, 7)]
+    assert _ids(env) == [f"report@{start + i * MIN}" for i in range(2, 7)]
     (listed,) = env.client.list_schedules()
     assert listed.fired == 6 and listed.next_fire_ms == start + 7 * MIN
     assert env.client.next_fires("report", 3) == [start + (7 + i) * MIN for i in range(3)]
 
 
-def test_pause_resume_and_delete(env: Env) -> None:
+def test_pause_resume_and_delete(env: ManualBroker) -> None:
     start = env.clock.now_ms()
     env.client.create_schedule("p", "t", b"x", every_s=60)
     env.tick(MIN)
     assert env.client.pause_schedule("p").paused
     env.tick(3 * MIN)  # paused: nothing, and nothing owed
-    assert env.ids() == [f"p@{start + MIN}"]
+    assert _ids(env) == [f"p@{start + MIN}"]
     resumed = env.client.resume_schedule("p")
     assert not resumed.paused and resumed.next_fire_ms == start + 5 * MIN
     env.tick(MIN)
-    assert env.ids() == [f"p@{start + 5 * MIN}"]
+    assert _ids(env) == [f"p@{start + 5 * MIN}"]
     env.client.delete_schedule("p")
     env.tick(5 * MIN)
-    assert env.ids() == [] and env.client.list_schedules() == []
+    assert _ids(env) == [] and env.client.list_schedules() == []
     with pytest.raises(RpcError) as err:
         env.client.delete_schedule("p")
     assert err.value.code == grpc.StatusCode.NOT_FOUND
@@ -118,20 +110,20 @@ def test_pause_resume_and_delete(env: Env) -> None:
 @pytest.mark.parametrize(("misfire", "expected"), [
     ("skip", []), ("once", [9]), ("all", [7, 8, 9])])
 def test_ticks_missed_while_no_broker_ran_follow_the_misfire_policy(
-        env: Env, misfire: str, expected: list[int]) -> None:
+        env: ManualBroker, misfire: str, expected: list[int]) -> None:
     start = env.clock.now_ms()
     env.client.create_schedule("m", "t", b"x", every_s=60, misfire=misfire, misfire_bound=3)
     env.tick(MIN)
-    env.ids()
+    _ids(env)
     # the engine did not run for ten minutes: ticks 2..11 came due meanwhile; 2..9 are
     # older than the grace (a minute), 10 and 11 are sent as they are, a little late
     env.clock.advance(10 * MIN - 1)
     env.tick(1)
-    assert env.ids() == [f"m@{start + i * MIN}" for i in [*expected, 10, 11]]
+    assert _ids(env) == [f"m@{start + i * MIN}" for i in [*expected, 10, 11]]
 
 
 def test_bad_input_is_refused_and_the_limit_holds(tmp_path: Path) -> None:
-    e = Env(tmp_path, max_schedules=3)
+    e = _env(tmp_path, max_schedules=3)
     try:
         for kwargs, code in (({"cron": "0 25 * * *"}, grpc.StatusCode.INVALID_ARGUMENT),
                              ({"cron": "* * * * *", "time_zone": "Nowhere/Town"},
@@ -160,7 +152,7 @@ def test_bad_input_is_refused_and_the_limit_holds(tmp_path: Path) -> None:
 
 
 def test_the_cli_creates_lists_and_shows_next_fires(
-        env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+        env: ManualBroker, capsys: pytest.CaptureFixture[str]) -> None:
     target = ["--target", env.running.target, "--json"]
     assert main(["schedule", "create", "nine", "--topic", "t", "--cron", "0 9 * * *",
                  "--tz", "Europe/Berlin", "--body", "good morning", *target]) == 0
@@ -275,13 +267,13 @@ def _days_of_ticks(tmp_path: Path, start_ms: int, cron: str, zone: str, hours: i
                    ) -> list[str]:
     """Run a broker on a manual clock from ``start_ms`` for ``hours``, hour by hour,
     with one schedule; the local times of the ticks its consumer received."""
-    e = Env(tmp_path, start_ms=start_ms)
+    e = _env(tmp_path, start_ms=start_ms)
     try:
         e.client.create_schedule("s", "t", b"x", cron=cron, time_zone=zone)
         got: list[int] = []
         for _ in range(hours):
             e.tick(HOUR)
-            got += [int(i.rsplit("@", 1)[1]) for i in e.ids()]
+            got += [int(i.rsplit("@", 1)[1]) for i in _ids(e)]
         return [datetime.fromtimestamp(ms / 1000, ZoneInfo(zone)).strftime(
             "%m-%d %H:%M %Z") for ms in got]
     finally:

@@ -3,7 +3,6 @@ messages share; the broker's clock is a manual one, its timer driven by hand."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,50 +12,20 @@ import pytest
 from chronomq.cli import main
 from chronomq.client import RpcError, message
 from pop.model import retry_topic
-from store.clock import ManualClock
-from tests.conftest import RunningServer, broker_config
+from tests.manual_broker import ManualBroker
 
 SEC = 1000
 MID = "order-1"  # client-chosen, used in two topics
 
 
-class Env:
-    def __init__(self, root: Path) -> None:
-        self.clock = ManualClock(int(time.time() * 1000))
-        self.running = RunningServer(broker_config(root / "data"), self.clock,
-                                     background=False)
-        self.broker = self.running.server.broker
-        self.client = self.running.client()
-        for name in ("a", "b"):
-            self.client.create_topic(name, queue_count=1)
-
-    def tick(self, ms: int) -> None:
-        """Move the clock and do what the timer thread would do."""
-        now = self.clock.advance(ms)
-        while not self.broker.timer.load_due(now):
-            pass
-        self.broker.timer.deliver_due(now)
-        assert self.broker.store.wait_visible(10)
-
-    def bodies(self, topic: str, group: str = "g") -> list[bytes]:
-        got = self.client.pop(topic, group)
-        if got:
-            assert self.client.ack(group, [m.receipt_handle for m in got]) == [""] * len(got)
-        return sorted(m.body for m in got)
-
-    def close(self) -> None:
-        self.client.close()
-        self.running.stop()
-
-
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    e = Env(tmp_path)
+def env(tmp_path: Path) -> Iterator[ManualBroker]:
+    e = ManualBroker(tmp_path, {"a": 1, "b": 1})
     yield e
     e.close()
 
 
-def _send_to_both(env: Env) -> None:
+def _send_to_both(env: ManualBroker) -> None:
     for topic in ("a", "b"):
         (out,) = env.client.send([message(topic, topic.encode(), delay_ms=10 * SEC,
                                           message_id=MID)])
@@ -64,7 +33,7 @@ def _send_to_both(env: Env) -> None:
     assert env.broker.store.wait_visible(10)
 
 
-def test_cancel_reaches_both_topics_and_says_two(env: Env) -> None:
+def test_cancel_reaches_both_topics_and_says_two(env: ManualBroker) -> None:
     _send_to_both(env)
     assert env.client.cancel(MID)[:2] == ("CANCELLED", 2)
     env.tick(60 * SEC)
@@ -72,7 +41,7 @@ def test_cancel_reaches_both_topics_and_says_two(env: Env) -> None:
     assert env.client.cancel(MID)[:2] == ("NOT_FOUND", 0)
 
 
-def test_a_topic_narrows_cancel_and_reschedule(env: Env) -> None:
+def test_a_topic_narrows_cancel_and_reschedule(env: ManualBroker) -> None:
     _send_to_both(env)
     assert env.client.cancel(MID, topic="a")[:2] == ("CANCELLED", 1)
     assert env.client.cancel(MID, topic="a")[:2] == ("NOT_FOUND", 0)
@@ -84,7 +53,7 @@ def test_a_topic_narrows_cancel_and_reschedule(env: Env) -> None:
     assert (env.bodies("a"), env.bodies("b")) == ([], [b"b"])
 
 
-def test_reschedule_moves_both(env: Env) -> None:
+def test_reschedule_moves_both(env: ManualBroker) -> None:
     _send_to_both(env)
     moved = env.client.reschedule(MID, delay_ms=20 * SEC)
     assert (moved.outcome, moved.changed) == ("RESCHEDULED", 2)
@@ -94,7 +63,7 @@ def test_reschedule_moves_both(env: Env) -> None:
     assert (env.bodies("a"), env.bodies("b")) == ([b"a"], [b"b"])
 
 
-def test_both_retry_copies_of_a_nacked_message_are_reached(env: Env) -> None:
+def test_both_retry_copies_of_a_nacked_message_are_reached(env: ManualBroker) -> None:
     # Given one message that two groups leased and nacked with a 10 s back-off
     (out,) = env.client.send([message("a", b"m")])
     for group in ("g1", "g2"):
@@ -111,7 +80,7 @@ def test_both_retry_copies_of_a_nacked_message_are_reached(env: Env) -> None:
     assert (moved.changed, cancelled.changed) == (1, 2)
 
 
-def test_a_bad_topic_is_refused_before_anything_is_done(env: Env) -> None:
+def test_a_bad_topic_is_refused_before_anything_is_done(env: ManualBroker) -> None:
     _send_to_both(env)
     for bad in ("no/slash", "%RETRY%only-group", "x" * 200):
         with pytest.raises(RpcError) as refused:
@@ -121,7 +90,8 @@ def test_a_bad_topic_is_refused_before_anything_is_done(env: Env) -> None:
     assert env.client.cancel(MID)[:2] == ("CANCELLED", 2)  # both were still pending
 
 
-def test_the_cli_prints_how_many_changed(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_prints_how_many_changed(env: ManualBroker,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     _send_to_both(env)
     target = ["--target", env.running.target]
     assert main(["reschedule", MID, "--delay-ms", "20000", "--topic", "b", *target]) == 0
