@@ -27,8 +27,9 @@ runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
 4. **Topics**: each topic it had in the tier (retry and dead-letter topics too) is
    created here with every queue continuing at the departed broker's end in the tier
    (``MessageStore.create_topic_at``); offsets below are read from its tier
-   (``MountReader.adopt``).  A local file, ``<data>/takeovers/<departed>.json``, keeps
-   those ends so a restart serves them again.
+   (``MountReader.adopt``).  Those ends are kept here and in the tier
+   (``chronomq.lineage``), so a restart serves them again and a broker taking this one
+   over finds them.
 5. **Owners**: the owner records that name the departed broker are rewritten to name this
    one (``TopicOwners.take_over``); clients that look owners up come here.  Sends are
    accepted from step 4 on.
@@ -48,13 +49,12 @@ broker has not seen): looked up in the departed broker's key index in the tier (
 the older tiers of the chain).
 
 What is lost: with ``tier.durable_ack`` nothing acknowledged; without it, what the
-departed broker had not uploaded yet (its Stats' ``tier.upload_lag_*``).  A chain is followed: the
-departed broker's own takeovers (``<broker>/takeovers/``, written by step 4) name the
-brokers whose tiers hold the older offsets of the topics it had taken, and the
-manifests of the delayed messages it had adopted (step 6).  Topics and their settings
-come from the departed broker's catalogue copy (``<broker>/topics.json``), so empty
-topics are carried too; without one, from its queues in the tier (a queue that never
-held a message counts only if a later one did).
+departed broker had not uploaded yet (its Stats' ``tier.upload_lag_*``).  A chain is
+followed (``chronomq.lineage``): the brokers the departed broker had taken over serve
+the older offsets of the topics it had taken, and what it had adopted is adopted again
+(step 6).  Topics and their settings come from the departed broker's catalogue copy
+(``<broker>/topics.json``), so empty topics are carried too; without one, from its
+queues in the tier (a queue that never held a message counts only if a later one did).
 """
 
 from __future__ import annotations
@@ -68,9 +68,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chronomq.adoption import Adoption, is_manifest, manifest_of
+from chronomq.adoption import Adoption, manifest_of
 from chronomq.handover import CLOCK_SLACK_MS, InheritedIds, read_secret
-from cluster.layout import catalogue_path, chain_path, chain_prefix, lease_path, takeover_record
+from chronomq.lineage import Lineage, ends_of
+from cluster.layout import catalogue_path, lease_path, takeover_record
 from cluster.lease import claim
 from cluster.replay import last_store_ms, replay
 from pop.checkpoint import parse_key
@@ -78,7 +79,6 @@ from pop.model import origin_of
 from pop.settle import LeaseEntry, replaced_lease
 from store.crashpoint import crashpoint
 from store.errors import FailedPrecondition, InvalidArgument
-from store.files import write_atomic
 from store.message import decode_record
 from store.names import (
     DELAYED_STREAM,
@@ -138,7 +138,7 @@ class Takeover:
 
     def __init__(self, broker: Broker) -> None:
         self._b = broker
-        self._dir = os.path.join(broker.config.store.data_dir, "takeovers")
+        self._lineage = Lineage(broker)  # what each takeover keeps, here and in the tier
         self.results: dict[str, TakeoverResult] = {}
         self.ids = InheritedIds()  # the dedupe windows of the brokers taken over
 
@@ -146,20 +146,16 @@ class Takeover:
 
     def restore(self) -> None:
         """At start: serve again the older offsets of topics taken over earlier."""
-        if not os.path.isdir(self._dir):
-            return
-        for name in sorted(os.listdir(self._dir)):
-            if not name.endswith(".json"):
-                continue
-            state = self._load(name[:-5])
+        for departed in self._lineage.departed():
+            state = self._lineage.load(departed)
             try:
-                mounted = self._mount(name[:-5])
+                mounted = self._mount(departed)
             except TierError as exc:
-                log.error("cannot read the tier of %s, taken over earlier: %s", name[:-5], exc)
+                log.error("cannot read the tier of %s, taken over earlier: %s", departed, exc)
                 continue
-            self._accept_handles(self._adopt(name[:-5], mounted, state))
-            self.results[name[:-5]] = TakeoverResult(
-                name[:-5], sorted(state.get("ends", {})), int(state.get("pending", 0)),
+            self._accept_handles(self._adopt(departed, mounted, state))
+            self.results[departed] = TakeoverResult(
+                departed, sorted(state.get("ends", {})), int(state.get("pending", 0)),
                 int(state.get("groups", 0)), float(state.get("seconds", 0.0)),
                 float(state.get("accepting_after_s", 0.0)), bool(state.get("done")))
 
@@ -177,7 +173,7 @@ class Takeover:
         b.journal.check()  # a broker taken over itself takes nothing over
         started = time.monotonic()
         phases = _Phases()
-        state = self._load(departed)
+        state = self._lineage.load(departed)
         if not state and not b.tier.list(f"{departed}/meta/"):
             return self._nothing(departed)
         if not state:
@@ -190,7 +186,7 @@ class Takeover:
                     "this broker already (their offsets would mix); take it over elsewhere")
             self._claim(departed, mounted, force)
             state = {"by": me, "ends": {}, "timers_through": 0, "at_ms": b.clock.now_ms()}
-            self._save(departed, state)
+            self._lineage.save(departed, state)
         phases.mark("claim")
         crashpoint("takeover.after_claim")
         # read only now, after the claim: everything the departed broker confirmed
@@ -204,22 +200,22 @@ class Takeover:
                  for t, n in mounted.topics().items()}
         taken.update({t: c.queue_count for t, c in catalogue.items()})
         if "chain" not in state:  # what the departed broker had itself taken over
-            state["chain"], state["adopted"] = self._chain_of(departed)
+            state["chain"], state["adopted"] = self._lineage.chain_of(departed)
             phases.mark("chain")
         # each queue continues after the departed broker's end in the tier, or after
         # its predecessor's when it never uploaded that queue (nothing sent to it there)
-        before = [_ends(link) for link in state["chain"]]
+        before = [ends_of(link) for link in state["chain"]]
         for e in before:  # a queue only the predecessor had counts too
             for t, qs in e.items():
                 if t in taken:
                     taken[t] = max([taken[t], *(q + 1 for q in qs)])
-        ends: dict[str, dict[int, int]] = _ends(state) or {
+        ends: dict[str, dict[int, int]] = ends_of(state) or {
             t: {q: max([(mounted.bounds(t, q) or (0, 0))[1],
                         *(e.get(t, {}).get(q, 0) for e in before)]) for q in range(n)}
             for t, n in taken.items()}
         state["ends"] = ends
-        self._save(departed, state)  # the ends first: a restart serves them
-        self._publish(departed, state)  # and a broker taking this one over finds them
+        self._lineage.save(departed, state)  # the ends first: a restart serves them
+        self._lineage.publish(departed, state)  # and this broker's successor finds them
         if b.pop.tier is None:
             b.pop.tier = b.mount_reader
         origins = self._adopt(departed, mounted, state)  # the taken queues readable, then:
@@ -246,7 +242,7 @@ class Takeover:
         result.done = True
         state.update(pending=result.pending, groups=result.groups, seconds=result.seconds,
                      accepting_after_s=accepting, phases=phases.seconds, done=True)
-        self._save(departed, state)
+        self._lineage.save(departed, state)
         try:
             b.tier.write(takeover_record(departed), json.dumps(
                 {"by": me, "done": True, "topics": len(taken), "pending": result.pending,
@@ -354,18 +350,18 @@ class Takeover:
         for link in state.get("chain", []):
             try:
                 link_mount = self._mount(str(link["broker"]))
-                self._b.mount_reader.adopt(link_mount, _ends(link))
+                self._b.mount_reader.adopt(link_mount, ends_of(link))
                 # its ids were resent to the broker that took it over, within the horizon
                 # after that takeover (an older record lacks the time: this one's)
                 taken = link.get("at_ms")
-                self.ids.add(link_mount, frozenset(_ends(link)),
+                self.ids.add(link_mount, frozenset(ends_of(link)),
                              int(taken) + CLOCK_SLACK_MS if isinstance(taken, int) else until)
                 mounts.append(link_mount)
             except (FailedPrecondition, TierError, KeyError, TypeError, ValueError) as exc:
                 log.error("takeover of %s: cannot serve the backlog it had taken over from "
                           "%s: %s", departed, link.get("broker"), exc)
-        self._b.mount_reader.adopt(mounted, _ends(state))
-        self.ids.add(mounted, frozenset(_ends(state)), until)
+        self._b.mount_reader.adopt(mounted, ends_of(state))
+        self.ids.add(mounted, frozenset(ends_of(state)), until)
         return [*mounts, mounted]
 
     def _accept_handles(self, mounts: list[MountedBroker]) -> None:
@@ -399,40 +395,6 @@ class Takeover:
             log.error("takeover of %s: its topic catalogue in the tier is unreadable (%s); "
                       "topics are taken from its queues", departed, exc)
             return {}
-
-    def _chain_of(self, departed: str
-                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-        """The brokers the departed broker had taken over, with their queues' ends
-        (its ``<broker>/takeovers/`` objects), flattened: a chain of any length; and the
-        manifests of the delayed messages it adopted (``chronomq.adoption``; None when
-        an object was unreadable: the timer step reads them again, or stops)."""
-        out: list[dict[str, Any]] = []
-        adopted: list[dict[str, Any]] | None = []
-        prefix = chain_prefix(departed)
-        for path in sorted(self._b.tier.list(prefix)):
-            try:
-                raw = json.loads(self._b.tier.read(path))
-                out += [{k: c[k] for k in ("broker", "ends", "at_ms") if k in c}
-                        for c in raw.get("chain", [])]
-                out.append({"broker": str(raw["from"]), "ends": raw["ends"],
-                            **({"at_ms": raw["at_ms"]} if "at_ms" in raw else {})})
-                if adopted is not None and is_manifest(raw.get("timers")):
-                    adopted.append(raw["timers"])
-            except (TierError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                log.error("takeover of %s: skipping %s: %s", departed, path, exc)
-                adopted = None
-        return out, adopted
-
-    def _publish(self, departed: str, state: dict[str, Any]) -> None:
-        """``<me>/takeovers/<departed>.json``: what a later takeover of this broker
-        needs to serve the backlog of the topics it took, and the delayed messages it
-        adopted (``timers``: ``chronomq.adoption``)."""
-        me = self._b.config.tier.broker_name
-        record = {"from": departed, "ends": state["ends"], "chain": state.get("chain", []),
-                  "at_ms": state.get("at_ms")}
-        if "timers" in state:
-            record["timers"] = state["timers"]
-        self._b.tier.write(chain_path(me, departed), json.dumps(record).encode())
 
     def _mount(self, departed: str) -> MountedBroker:
         try:
@@ -471,8 +433,8 @@ class Takeover:
         now = manifest_of(self._b.tier, mounted, journal, state.get("adopted"))
         if manifest is None:  # first run: what is adopted, in the tier before any of it
             manifest = state["timers"] = now
-            self._publish(departed, state)
-            self._save(departed, state)
+            self._lineage.publish(departed, state)
+            self._lineage.save(departed, state)
         elif manifest != now:
             replayed = None  # resumed after the departed broker's tier moved: as read then
         mounts = {departed: mounted}
@@ -504,23 +466,6 @@ class Takeover:
                  adoption.seconds_scanning, placed.written)
         return count
 
-    # ------------------------------------------------------------------ local state
-
-    def _path(self, departed: str) -> str:
-        return os.path.join(self._dir, f"{departed}.json")
-
-    def _load(self, departed: str) -> dict[str, Any]:
-        try:
-            with open(self._path(departed), encoding="utf-8") as f:
-                state = json.load(f)
-            return state if isinstance(state, dict) else {}
-        except FileNotFoundError:
-            return {}
-
-    def _save(self, departed: str, state: dict[str, Any]) -> None:
-        os.makedirs(self._dir, exist_ok=True)
-        write_atomic(self._path(departed), json.dumps(state).encode())
-
 
 def _topic_of(key: bytes) -> str:
     try:
@@ -528,7 +473,3 @@ def _topic_of(key: bytes) -> str:
     except (ValueError, UnicodeDecodeError, struct.error):
         return ""
 
-
-def _ends(state: dict[str, Any]) -> dict[str, dict[int, int]]:
-    return {t: {int(q): int(e) for q, e in qs.items()}
-            for t, qs in state.get("ends", {}).items()}
