@@ -7,10 +7,10 @@ layouts) and loaded from it when the book is built.  Writes go through a
 ``GroupCommit``: callers that answer a client wait for their ticket (``wait``), so an
 OK answer is durable, and one WAL fsync covers every consumer waiting at that moment.
 
-The book also issues and checks receipt handles (``pop.handle``) against its leases
-(those of a broker taken over too: ``adopt`` and ``adopt_secret``),
-remembers entries recently put back for redelivery (a late settle of one gets a clear
-error), and keeps the figures of every group (``statistics``, ``group_statistics``).
+The book also checks receipt handles against its leases (``lease_of``; a taken-over
+broker's too: ``adopt``).  Its ``receipts`` (``pop.receipts``) issue and read them, and
+remember why an entry is done (a late settle of one put back for redelivery gets a clear
+error).  It keeps every group's figures (``statistics``, ``group_statistics``).
 
 It knows nothing of deadlines' timing nor of copies: an operation that closes a lease
 returns the lease's deadlines (``retired``) for the caller to take off the revive
@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Container, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Literal, NamedTuple
 
 from pop.checkpoint import (
@@ -44,10 +44,9 @@ from pop.checkpoint import (
     pop_offset_key,
 )
 from pop.flowcontrol import HeldEntry
-from pop.handle import HandleCodec, ReceiptHandle
+from pop.handle import ReceiptHandle
 from pop.leasejournal import LeaseJournal
 from pop.model import (
-    REQUEUED_MEMORY,
     AlreadyDone,
     AlreadyRequeued,
     Deadline,
@@ -58,11 +57,11 @@ from pop.model import (
     ReceiptHandleExpired,
     Requeue,
     by_origin,
-    check_group,
     leases_from_keys,
     origin_of,
     retry_topic,
 )
+from pop.receipts import Receipts
 from pop.source import QueueBounds, QueueSource
 from store.clock import Clock
 from store.errors import ChronomqError, InvalidArgument
@@ -102,7 +101,7 @@ class LeaseBook:
         self.journal = LeaseJournal(kv, self._commit)
         # called with (group, [(leased topic, queue id, queue offset)]) for entries done
         self.on_done: Callable[[str, list[tuple[str, int, int]]], None] | None = None
-        self._handles = HandleCodec(secret)
+        self.receipts = Receipts(secret, clock)  # handles issued and read, done entries
         self._clock = clock
         self._source = source
         self._lock = threading.Lock()  # guards the dicts and counters below
@@ -113,11 +112,6 @@ class LeaseBook:
         self._revived: Counter[tuple[str, str]] = Counter()
         self._released: Counter[tuple[str, str]] = Counter()
         self._dead: Counter[tuple[str, str]] = Counter()
-        # entries recently put back for redelivery, so a late settle of one gets a clear
-        # error instead of a silent "done" (bounded; forgotten on restart)
-        self._requeued: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
-        # entries this process acked (an ack again is fine: ``lease_of``)
-        self._settled: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         self._load()
 
     # ---------------------------------------------------------------- state and locks
@@ -221,57 +215,19 @@ class LeaseBook:
 
     # ---------------------------------------------------------------- receipt handles
 
-    def encode(self, group: str, h: ReceiptHandle) -> str:
-        return self._handles.encode(group, h)
-
-    def adopt_secret(self, secret: bytes) -> None:
-        """Accept receipt handles a departed broker signed with ``secret``: those of the
-        leases ``adopt`` took from it name them by the same keys (``pop.handle``)."""
-        self._handles.adopt(secret)
-
-    def decode(self, group: str, text: str, now: int, verify: bool = True) -> ReceiptHandle:
-        """A receipt handle of ``group``, checked (MAC unless ``verify`` is False, and
-        expiry at ``now``)."""
-        h = self._handles.decode(group, text, verify)
-        if now >= h.expire_at_ms:
-            raise ReceiptHandleExpired(
-                f"receipt handle expired at {h.expire_at_ms} (now {now}): the lease ran out "
-                "and the message may have been redelivered")
-        return h
-
-    def decode_all(self, group: str, texts: list[str], issued: Container[str] = ()
-                   ) -> tuple[list[ReceiptHandle | None], list[ChronomqError | None]]:
-        """Decode several handles: each, or the error that rejected it.  Handles in
-        ``issued`` are known to be this broker's: their MAC is not recomputed."""
-        try:
-            check_group(group)
-        except ChronomqError as exc:
-            return [None] * len(texts), [exc] * len(texts)
-        now = self._clock.now_ms()
-        handles: list[ReceiptHandle | None] = []
-        results: list[ChronomqError | None] = []
-        for text in texts:
-            try:
-                handles.append(self.decode(group, text, now, text not in issued))
-                results.append(None)
-            except ChronomqError as exc:
-                handles.append(None)
-                results.append(exc)
-        return handles, results
-
     def lease_of(self, group: str, h: ReceiptHandle) -> tuple[PopCheckpoint | None, int]:
         """The checkpoint holding ``h`` (None once it is done) and the entry's index;
         raises for a handle that does not match or was superseded, or whose open entry
         is past its deadline now (the revive takes it; an ack of it must not be OK).
         Caller holds the lock."""
         ck = self._queue(group, h.topic, h.queue_id).checkpoints.get(h.ck_start)
-        if (group, h.topic, h.queue_id, h.queue_offset) in self._requeued:
+        entry = (group, h.topic, h.queue_id, h.queue_offset)
+        if self.receipts.was_requeued(entry):
             raise AlreadyRequeued("the message was already released for redelivery (Nack, "
                                   "revive or ChangeInvisibleTime 0): this handle is done")
         if ck is None:  # every entry of its lease is done: acked, or given back
-            with self._lock:
-                if (group, h.topic, h.queue_id, h.queue_offset) in self._settled:
-                    return None, -1  # acked here: an ack again is answered as the first
+            if self.receipts.was_acked(entry):
+                return None, -1  # acked here: an ack again is answered as the first
             raise AlreadyDone("this lease is no longer open here: acknowledged, or given "
                               "back for redelivery (then the message comes again)")
         i = h.queue_offset - ck.ck_start
@@ -362,9 +318,7 @@ class LeaseBook:
                         acked += 1
                         ended.append((h.topic, h.queue_id, h.queue_offset))
                         retired += self._finish(group, h.topic, h.queue_id, ck, ops)
-                        with self._lock:
-                            _remember(self._settled,
-                                      (group, h.topic, h.queue_id, h.queue_offset))
+                        self.receipts.remember_acked((group, h.topic, h.queue_id, h.queue_offset))
                 ticket = self._write_ops(ops) or ticket
             with self._lock:
                 self._acked += acked
@@ -425,9 +379,8 @@ class LeaseBook:
             ended.setdefault(r.group, []).append((r.topic, r.queue_id, r.ck_start + r.index))
             retired += self._finish(r.group, r.topic, r.queue_id, ck, ops)
             key = (r.group, origin_of(r.topic))
+            self.receipts.remember_requeued((r.group, r.topic, r.queue_id, r.ck_start + r.index))
             with self._lock:
-                _remember(self._requeued,
-                          (r.group, r.topic, r.queue_id, r.ck_start + r.index))
                 if r.reason is None:
                     counter[key] += 1
                 else:
@@ -545,11 +498,3 @@ class LeaseBook:
                   if origin_of(parse_key(k)[1]) == topic]
         self.write([], doomed)  # journaled: a takeover must not bring them back
 
-
-def _remember(entries: OrderedDict[tuple[str, str, int, int], None],
-              entry: tuple[str, str, int, int]) -> None:
-    """Add ``entry``, forgetting the oldest beyond ``REQUEUED_MEMORY`` (caller holds the
-    book's lock)."""
-    entries[entry] = None
-    if len(entries) > REQUEUED_MEMORY:
-        entries.popitem(last=False)

@@ -113,7 +113,7 @@ class Requeuer:
 
     def _requeue_many(self, group: str, items: list[tuple[str, int | None, str | None]]
                       ) -> list[ChronomqError | None]:
-        handles, results = self._book.decode_all(group, [t for t, _, _ in items])
+        handles, results = self._book.receipts.decode_all(group, [t for t, _, _ in items])
         now = self._clock.now_ms()
         for origin, chosen in by_origin(handles).items():
             with self._book.lock(group, origin):  # held through the append (docstring)

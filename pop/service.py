@@ -15,8 +15,8 @@ neither starves the other.
 
 This class is the facade the broker and the servicers use; it composes:
 
-- ``pop.leasebook.LeaseBook``: positions, leases, receipt handles, their durable writes
-  and the groups' figures;
+- ``pop.leasebook.LeaseBook``: positions, leases, receipt handles (its
+  ``pop.receipts.Receipts``), their durable writes and the groups' figures;
 - ``pop.schedule.ReviveSchedule``: the deadlines of open leases;
 - ``pop.requeue.Requeuer``: release, dead-letter and revive through the CommitLog
   (retry copies with back-off, dead letters), settled across crashes (``pop.settle``);
@@ -163,8 +163,8 @@ class PopService:
     def adopt_secret(self, secret: bytes) -> None:
         """Accept the receipt handles a departed broker signed with ``secret`` for the
         leases ``adopt`` took from it: Ack, Nack, ChangeInvisibleTime and DeadLetter of
-        them work here (``LeaseBook.adopt_secret``)."""
-        self._book.adopt_secret(secret)
+        them work here (``Receipts.adopt_secret``)."""
+        self._book.receipts.adopt_secret(secret)
 
     def write_state(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
         """Write other broker state (keys starting with ``STATE_PREFIX``) into the POP
@@ -391,8 +391,8 @@ class PopService:
         attempt = msg.delivery_attempt + 1
         msg.topic = origin
         msg.properties.pop(PROP_LEASE, None)  # internal: the entry a copy replaced
-        handle = self._book.encode(group, ReceiptHandle(ltopic, qid, ck_start, offset,
-                                                        expire, attempt))
+        handle = self._book.receipts.encode(
+            group, ReceiptHandle(ltopic, qid, ck_start, offset, expire, attempt))
         self.flow.leased(group, origin, msg.key, ltopic, qid, offset)
         return PoppedMessage(msg, handle, attempt)
 
@@ -455,7 +455,7 @@ class PopService:
                     issued: Container[str] = ()) -> tuple[list[ChronomqError | None], int]:
         """``ack_many`` without the wait: the outcomes, valid once ``wait_acked`` returned
         for the ticket (then the acks are durable: one fsync, or tier commit, for many)."""
-        handles, results = self._book.decode_all(group, receipt_handles, issued)
+        handles, results = self._book.receipts.decode_all(group, receipt_handles, issued)
         acked = self._book.ack(group, handles)
         self._schedule.remove(acked.retired)
         return [r or e for r, e in zip(results, acked.errors, strict=True)], acked.ticket
@@ -477,12 +477,12 @@ class PopService:
             raise InvalidArgument(
                 f"invisible_time_s must be between 0 and {MAX_INVISIBLE_TIME_S} (12 h)")
         now = self._clock.now_ms()
-        h = self._book.decode(group, receipt_handle, now)
+        h = self._book.receipts.decode(group, receipt_handle, now)
         expire = now + invisible_time_s * 1000
         self._book.wait(self._book.change_invisible_time(group, h, expire))
         crashpoint("pop.after_change_invisible")
         self._schedule.add([(group, h.topic, h.queue_id, h.ck_start, expire)])
-        return self._book.encode(group, ReceiptHandle(
+        return self._book.receipts.encode(group, ReceiptHandle(
             h.topic, h.queue_id, h.ck_start, h.queue_offset, expire, h.attempt))
 
 

@@ -58,7 +58,8 @@ class Parts:
             ticket = self.book.write(recorded.puts)
         self.book.wait(ticket)
         assert recorded.deadline == (group, "t", 0, start, expire)
-        return [self.book.encode(group, ReceiptHandle("t", 0, start, start + i, expire, 1))
+        return [self.book.receipts.encode(group,
+                                          ReceiptHandle("t", 0, start, start + i, expire, 1))
                 for i in range(count)]
 
     def close(self) -> None:
@@ -88,7 +89,7 @@ def test_leases_and_positions_are_loaded_from_rocksdb(parts: Parts) -> None:
     parts.send(5)
     first = parts.lease("G", 2)
     parts.lease("G", 2)
-    expire = parts.book.decode("G", first[0], parts.clock.now_ms()).expire_at_ms
+    expire = parts.book.receipts.decode("G", first[0], parts.clock.now_ms()).expire_at_ms
     # When a new book is built on the same RocksDB
     _reopen(parts)
     # Then it holds both leases with their deadlines, and leases on from offset 4
@@ -102,7 +103,7 @@ def test_leases_and_positions_are_loaded_from_rocksdb(parts: Parts) -> None:
 def test_an_ack_closes_the_lease_and_returns_its_deadline(parts: Parts) -> None:
     parts.send(3)
     handles = parts.lease("G", 3)
-    decoded, errors = parts.book.decode_all("G", handles)
+    decoded, errors = parts.book.receipts.decode_all("G", handles)
     assert errors == [None] * 3 and decoded[2] is not None
     expire = decoded[2].expire_at_ms
     partial = parts.book.ack("G", decoded[:2])
@@ -126,7 +127,7 @@ def test_an_ack_closes_the_lease_and_returns_its_deadline(parts: Parts) -> None:
 def test_a_handle_checks_expiry_and_supersession(parts: Parts) -> None:
     parts.send(2)
     a, b = parts.lease("G", 2, invisible_s=10)
-    ha = parts.book.decode("G", a, parts.clock.now_ms())
+    ha = parts.book.receipts.decode("G", a, parts.clock.now_ms())
     later = parts.clock.now_ms() + 60_000
     ticket = parts.book.change_invisible_time("G", ha, later)
     parts.book.wait(ticket)
@@ -139,7 +140,7 @@ def test_a_handle_checks_expiry_and_supersession(parts: Parts) -> None:
     assert ("G", "t", 0, 0, later) in parts.book.deadlines()
     parts.clock.advance(10_000)
     with pytest.raises(ReceiptHandleExpired):
-        parts.book.decode("G", b, parts.clock.now_ms())
+        parts.book.receipts.decode("G", b, parts.clock.now_ms())
     assert parts.book.entries_due(("G", "t", 0, 0, ha.expire_at_ms)) == [1]
     assert parts.book.entries_due(("G", "t", 0, 0, later)) == [0]
     parts.book.wait(parts.book.ack("G", [moved]).ticket)
@@ -150,7 +151,7 @@ def test_a_handle_checks_expiry_and_supersession(parts: Parts) -> None:
 def test_requeued_entries_are_done_and_counted_by_outcome(parts: Parts) -> None:
     parts.send(3)
     handles = parts.lease("G", 3)
-    decoded = [parts.book.decode("G", h, parts.clock.now_ms()) for h in handles]
+    decoded = [parts.book.receipts.decode("G", h, parts.clock.now_ms()) for h in handles]
     reqs = [Requeue("G", "t", 0, 0, 0, placeholder(), 0, None),
             Requeue("G", "t", 0, 0, 1, placeholder(), None, "bad payload")]
     with parts.book.lock("G", "t"):

@@ -74,7 +74,7 @@ def test_a_release_copies_the_message_then_closes_its_entry(env: Env) -> None:
     assert lease is not None and (lease.topic, lease.queue_offset) == ("t", 0)
     assert env.requeuer.release_many("G", [(a, 0)]) == [None]
     with env.book.lock("G", "t"), pytest.raises(AlreadyRequeued):
-        env.book.lease_of("G", env.book.decode("G", a, env.clock.now_ms()))
+        env.book.lease_of("G", env.book.receipts.decode("G", a, env.clock.now_ms()))
     assert len(env.messages(retry_topic("G", "t"))) == 1
     assert env.book.statistics().released == 1
     assert env.requeuer.pending_deadlines == 1  # b's lease is still open
