@@ -263,8 +263,10 @@ def test_a_producer_on_a_durable_ack_broker_widens_its_window_by_itself(
 
 
 def test_a_stream_leases_several_batches_before_the_first_is_durable_and_pushes_none_early(
-        gated: tuple[RunningServer, Faulty]) -> None:
-    server, faulty = gated
+        gated_long: tuple[RunningServer, Faulty]) -> None:
+    # (a held tier times the first lease's wait out after 30 s, not 2: leasing the
+    # three batches took longer than 2 s once on a loaded machine, and the stream failed)
+    server, faulty = gated_long
     with server.client() as c:
         _filled(c, 3_000)
         # Given the tier holds every commit
