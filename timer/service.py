@@ -20,10 +20,9 @@ Flow (docs/DESIGN.md, "Data flow: one write path"):
    a Cancel or Reschedule is told it is delivered (one RocksDB write a message, not two:
    the timer thread deletes nothing itself).
 
-``Cancel``/``Reschedule`` reach every pending message with an id (a client-chosen id sent
-to several topics, the retry copies of one message nacked by several groups), or those of
-one topic, wherever they are (RocksDB, wheel, parked, a TimerFlatFile), and say how many
-they changed.
+``Cancel``/``Reschedule`` and the lookups of pending messages by id are
+``timer.pending`` (``PendingMessages``), composed here: it shares this service's lock,
+wheel and set of delivering entries.
 
 A takeover schedules the departed broker's pending messages with ``ParkingLot.adopt``
 instead of appending them (``chronomq.adoption``): they are not in this broker's
@@ -41,7 +40,6 @@ import bisect
 import itertools
 import logging
 import threading
-from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import NamedTuple
 
@@ -54,22 +52,20 @@ from store.message import (
     DispatchInfo,
     Draft,
     Message,
-    decode_dispatch_infos,
-    decode_record,
     draft_of_record,
 )
 from store.store import MessageStore
 from tiered.journal import StateJournal
-from tiered.timerflatfile import TimerFlatFiles, is_adopted
+from tiered.timerflatfile import TimerFlatFiles
 from timer.delivery import NAME_OF_DRAFT, CopyRegistry
 from timer.model import (
     LATENESS_BOUNDS_MS,
     TimerChange,
     TimerConfig,
-    TimerOutcome,
     TimerStats,
 )
 from timer.parking import ParkingLot
+from timer.pending import PendingMessages, stream_offsets
 from timer.schedule import Schedule, due_schedule
 from timer.store import TimerStore, parse_timer_key, timer_key
 from timer.wheel import TimingWheel
@@ -115,13 +111,15 @@ class TimerService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._delivered = 0
-        self._cancelled = 0
-        self._rescheduled = 0
         self._last_delivery_ms = 0
         self._lateness = [0] * (len(LATENESS_BOUNDS_MS) + 1)
         self._schedule_lock = threading.Lock()
         self._schedule: tuple[float, Schedule] | None = None  # (made at, monotonic ms)
         self._journal: StateJournal | None = None  # set_journal
+        # Cancel, Reschedule and the lookups by id, under this lock
+        self._pending = PendingMessages(store, timers, self._lot, self._lock, self._wheel,
+                                        self._due_now, self._delivering,
+                                        lambda: self._load_cursor, self._wake)
 
     def open(self) -> None:
         """Read what the timer store and the tier hold: the dispatch position, the parked
@@ -315,7 +313,7 @@ class TimerService:
         if not drafts:
             return None
         journal = self._journal
-        marker = journal.done_draft(self._stream_offsets(keys, records)) if journal else None
+        marker = journal.done_draft(stream_offsets(journal, keys, records)) if journal else None
         sent = list(map(NAME_OF_DRAFT, drafts))
         with self._lock:
             self._copies.register(sent, (key for key, _ in done))
@@ -356,134 +354,34 @@ class TimerService:
                 self._delivering.discard(key)
                 self._due_now.append((key, parse_timer_key(key)[0]))  # the next round
 
-    # ------------------------------------------------------------------ cancel / reschedule
+    # ------------------------------------------------------------------ by id
 
     def set_journal(self, journal: StateJournal) -> None:
         """Journal deliveries, cancels and reschedules (``tiered.journal``)."""
         self._journal = journal
-
-    def _stream_offsets(self, keys: list[bytes], records: Sequence[bytes | None]
-                        ) -> list[int]:
-        """The delayed-stream queue offsets of these pending records (those in it)."""
-        journal = self._journal
-        if journal is None:
-            return []
-        out = []
-        for key, raw in zip(keys, records, strict=True):
-            offset = parse_timer_key(key)[1]
-            # an adopted message is named by its adopted offset (``chronomq.adoption``)
-            qo = offset if is_adopted(offset) else \
-                journal.stream_offset(raw, offset) if raw else None
-            if qo is not None:
-                out.append(qo)
-        return out
-
-    def _find_pending(self, message_id: str, topic: str, keep: int = -1
-                      ) -> tuple[list[tuple[bytes, bytes]], bool]:
-        """``(timer key, record)`` of every pending message with this id (of ``topic``,
-        if given), and whether one is being delivered right now (then not listed).  Parked
-        ones are first moved into RocksDB (all of this id: a parked record's topic is
-        known only once it is read).  The caller holds ``flat_lock`` and the lock."""
-        self._lot.unpark(message_id)
-        keys = [timer_key(*loc) for loc in self._timers.locate(message_id) if loc[1] != keep]
-        found: list[tuple[bytes, bytes]] = []
-        delivering = False
-        for key, record in zip(keys, self._timers.records(keys), strict=True):
-            if record is None or (topic and decode_dispatch_infos(record, 0)[0][0].topic
-                                  != topic):
-                continue
-            if key in self._delivering:
-                delivering = True
-            else:
-                found.append((key, record))
-        return found, delivering
-
-    def _none_reached(self, message_id: str, topic: str, delivering: bool) -> TimerChange:
-        if delivering:
-            return TimerChange(TimerOutcome.ALREADY_DELIVERED, 0)
-        return TimerChange(self._not_pending(message_id, topic), 0)
+        self._pending.journal = journal
 
     def cancel(self, message_id: str, topic: str = "", keep: int = -1) -> TimerChange:
-        """Cancel every pending message with this id (only those of ``topic``, if given;
-        not the one stored at CommitLog offset ``keep``: a debounce's new message)."""
-        with self._lot.flat_lock, self._lock:
-            found, delivering = self._find_pending(message_id, topic, keep)
-            if found:
-                self._timers.remove([(key, message_id) for key, _ in found], sync=True)
-                for key, _ in found:
-                    self._wheel.remove(key)
-                self._cancelled += len(found)
-                journaled = self._journal.timer_done(self._stream_offsets(
-                    [k for k, _ in found], [r for _, r in found])) if self._journal else None
-        if not found:  # asked without the lock: the store's lookup waits for the dispatcher
-            return self._none_reached(message_id, topic, delivering)
-        if self._journal is not None:  # with durable-ack in the tier; then fencing
-            self._journal.settle(journaled if self._journal.durable_ack else None)
-            self._journal.check()
-        return TimerChange(TimerOutcome.CANCELLED, len(found))
+        """``PendingMessages.cancel``."""
+        return self._pending.cancel(message_id, topic, keep)
 
     def reschedule(self, message_id: str, deliver_at_ms: int, topic: str = "") -> TimerChange:
-        """Move every pending message with this id (only those of ``topic``, if given) to
-        ``deliver_at_ms``."""
-        now = self._clock.now_ms()
-        self.check_delay(deliver_at_ms, now)
-        with self._lot.flat_lock, self._lock:
-            found, delivering = self._find_pending(message_id, topic)
-            if found:
-                new_keys = self._timers.move(message_id, found, deliver_at_ms)
-                for (old_key, _), new_key in zip(found, new_keys, strict=True):
-                    self._wheel.remove(old_key)
-                    if new_key < self._load_cursor and \
-                            not self._wheel.add(new_key, deliver_at_ms):
-                        self._due_now.append((new_key, deliver_at_ms))
-                self._rescheduled += len(found)
-                journaled = self._journal.timer_moved([(qo, deliver_at_ms) for qo in (
-                    self._stream_offsets([k for k, _ in found], [r for _, r in found]))]
-                ) if self._journal else None
-        if not found:  # asked without the lock: the store's lookup waits for the dispatcher
-            return self._none_reached(message_id, topic, delivering)
-        self._wake.set()
-        if self._journal is not None:  # with durable-ack in the tier; then fencing
-            self._journal.settle(journaled if self._journal.durable_ack else None)
-            self._journal.check()
-        return TimerChange(TimerOutcome.RESCHEDULED, len(found))
+        """``PendingMessages.reschedule``, once the delay is checked (``check_delay``)."""
+        self.check_delay(deliver_at_ms, self._clock.now_ms())
+        return self._pending.reschedule(message_id, deliver_at_ms, topic)
 
     def holds(self, message_id: str, commit_offset: int) -> bool:
-        """Whether the delayed record at ``commit_offset`` is pending here with this id
-        (in RocksDB or parked): the proof the store asks for before a delayed record found
-        by its id is served (``store.lookup``).  Two short prefix scans; no lock."""
-        return any(off == commit_offset for _, off in self._timers.locate(message_id)) or \
-            any(off == commit_offset for (_, off), _ in self._timers.locate_parked(message_id))
+        """``PendingMessages.holds``: the delayed record at ``commit_offset`` is pending
+        here with this id (``store.lookup``).  No lock."""
+        return self._pending.holds(message_id, commit_offset)
 
     def pending_messages(self, message_id: str, unpark: bool = False) -> list[Message]:
-        """The messages pending with this id, as the timer holds them (their due time the
-        one they wait for now): a client-chosen id's pending message is in no index until
-        delivered.  Those in RocksDB and those parked but not yet in a TimerFlatFile;
-        ``unpark``: parked ones in TimerFlatFiles are first moved into RocksDB
-        (``ParkingLot.unpark``, as a Cancel does), so every one is listed."""
-        if unpark:
-            with self._lot.flat_lock, self._lock:
-                self._lot.unpark(message_id)
-        with self._lock:  # not flat_lock: a look never waits for a TimerFlatFile write
-            held = self._lot.held(message_id)
-        locs = self._timers.locate(message_id)
-        found = [(due, offset, raw) for (due, offset), raw in zip(locs, self._timers.records(
-            [timer_key(*loc) for loc in locs]), strict=True) if raw is not None]
-        out = []
-        for due, offset, raw in sorted(found + held):
-            m = decode_record(raw, 0, offset)
-            m.deliver_at_ms = due
-            out.append(m)
-        return out
+        """``PendingMessages.messages``."""
+        return self._pending.messages(message_id, unpark)
 
     def pending_due(self, message_id: str) -> int | None:
-        """When the first pending message with this id is due (in RocksDB, the wheel, or
-        parked for a TimerFlatFile), or None if none is pending.  Two short scans; no
-        lock."""
-        locs = self._timers.locate(message_id)
-        locs += [loc for loc, _ in self._timers.locate_parked(message_id)]
-        due = [loc[0] for loc in locs if timer_key(*loc) not in self._delivering]
-        return min(due) if due else None
+        """``PendingMessages.first_due``.  No lock."""
+        return self._pending.first_due(message_id)
 
     def schedule(self, max_age_ms: int = 5_000) -> Schedule:
         """What is due when (``timer.schedule``), at most ``max_age_ms`` old."""
@@ -493,12 +391,6 @@ class TimerService:
                 self._schedule = (self._clock.monotonic_ms(),
                                   due_schedule(self._timers, self._clock.now_ms()))
             return self._schedule[1]
-
-    def _not_pending(self, message_id: str, topic: str = "") -> TimerOutcome:
-        for m in self._store.query_by_message_id(message_id):
-            if not m.flags & FLAG_DELAYED and (not topic or m.topic == topic):
-                return TimerOutcome.ALREADY_DELIVERED  # delivered copy, or sent as due
-        return TimerOutcome.NOT_FOUND
 
     # ------------------------------------------------------------------ thread
 
@@ -549,8 +441,8 @@ class TimerService:
                 pending_wheel=len(self._wheel) + len(self._due_now),
                 pending_rocksdb=self._timers.pending_estimate(),
                 next_due_ms=nxt if nxt is not None else 0,
-                delivered=self._delivered, cancelled=self._cancelled,
-                rescheduled=self._rescheduled, last_delivery_ms=self._last_delivery_ms,
+                delivered=self._delivered, cancelled=self._pending.cancelled,
+                rescheduled=self._pending.rescheduled, last_delivery_ms=self._last_delivery_ms,
                 flat_buckets=flat.buckets, flat_objects=flat.objects,
                 flat_damaged_objects=flat.damaged_objects,
                 parked_unwritten=self._lot.unwritten,
