@@ -10,9 +10,10 @@ stream instead:
   default the credit follows the stream by itself: it starts at ``AUTO_START`` and
   doubles whenever the loop finds nothing waiting (the broker's answers take longer
   than the loop: with ``tier.durable_ack`` every lease waits for a tier commit), up to
-  ``AUTO_MAX`` and never past what the loop handles in half an invisible time (so a
-  prefetched message is not kept past its lease); the new credit rides on the next
-  request;
+  ``AUTO_MAX``, never past what the loop handles in half an invisible time (so a
+  prefetched message is not kept past its lease) and never past ``PREFETCH_BYTES`` of
+  the bodies seen so far (so large bodies do not fill the client's memory); the new
+  credit rides on the next request;
 * **batched settlements**: ``ack`` / ``nack`` / ``dead_letter`` queue the settlement and
   return a ``Future`` at once; one request carries everything queued by the time the
   stream can take it and fewer than ``SETTLE_IN_FLIGHT`` requests are unanswered
@@ -58,7 +59,8 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
                        grpc.StatusCode.CANCELLED})
 
 _Settlement = tuple[str, pb.NackItem | None, Future[None]]  # handle, nack item or None (ack)
-AUTO_START, AUTO_MAX = 256, 4096  # the credit that follows the stream (``prefetch=None``)
+AUTO_START, AUTO_MAX = 256, 8192  # the credit that follows the stream (``prefetch=None``)
+PREFETCH_BYTES = 64 << 20  # ... never more than this of bodies ahead (by their mean size)
 SETTLE_IN_FLIGHT = 4  # settlement requests sent and not yet answered, at most
 
 
@@ -84,6 +86,7 @@ class Consumer:
         self._credit_sent = self.credit
         self._invisible_s = invisible_time_s
         self._window_start, self._window_count, self._rate = time.monotonic(), 0, 0.0
+        self._taken = self._taken_bytes = 0  # messages handed out, and their bodies' bytes
         self._opening = pb.SubscribeRequest(
             topic=topic, group=group, invisible_time_s=invisible_time_s,
             max_outstanding=self.credit, tag_expression=tag_expression)
@@ -133,11 +136,13 @@ class Consumer:
         if isinstance(item, RpcError):
             self._done = True
             raise item
-        self._count()
+        self._count(len(item.body))
         return item
 
-    def _count(self) -> None:
-        """Messages handed out per second, over windows of a second."""
+    def _count(self, body_bytes: int) -> None:
+        """Messages handed out per second, over windows of a second; their sizes."""
+        self._taken += 1
+        self._taken_bytes += body_bytes
         self._window_count += 1
         now = time.monotonic()
         if now - self._window_start >= 1.0:
@@ -148,7 +153,8 @@ class Consumer:
         # the last whole second's rate, or this second's so far (a quarter second at least)
         now = time.monotonic()
         rate = max(self._rate, self._window_count / max(now - self._window_start, 0.25))
-        grown = grown_credit(self.credit, rate, self._invisible_s)
+        mean_bytes = self._taken_bytes // self._taken if self._taken else 0
+        grown = grown_credit(self.credit, rate, self._invisible_s, mean_bytes)
         if grown != self.credit:
             with self._cond:
                 self.credit = grown
@@ -321,11 +327,16 @@ class Consumer:
             self._inbox.put(item)
 
 
-def grown_credit(credit: int, rate_per_s: float, invisible_time_s: int) -> int:
-    """The credit after the loop found nothing waiting: doubled, up to ``AUTO_MAX`` and
-    to what the loop handles (``rate_per_s``) in half an invisible time, never below
-    ``AUTO_START``; never less than ``credit``."""
-    cap = min(AUTO_MAX, max(AUTO_START, int(rate_per_s * invisible_time_s / 2)))
+def grown_credit(credit: int, rate_per_s: float, invisible_time_s: int,
+                 message_bytes: int = 0) -> int:
+    """The credit after the loop found nothing waiting: doubled, up to ``AUTO_MAX``, to
+    what the loop handles (``rate_per_s``) in half an invisible time and to
+    ``PREFETCH_BYTES`` of bodies of ``message_bytes`` (their mean so far; 0: unknown),
+    never below ``AUTO_START``; never less than ``credit``."""
+    cap = min(AUTO_MAX, int(rate_per_s * invisible_time_s / 2))
+    if message_bytes > 0:
+        cap = min(cap, PREFETCH_BYTES // message_bytes)
+    cap = max(AUTO_START, cap)
     return max(credit, min(cap, credit * 2))
 
 

@@ -32,6 +32,7 @@ from chronomq.client import ChronomqClient, message
 from chronomq.client.consumer import (
     AUTO_MAX,
     AUTO_START,
+    PREFETCH_BYTES,
     SETTLE_IN_FLIGHT,
     Consumer,
     grown_credit,
@@ -214,6 +215,13 @@ def test_the_credit_doubles_when_the_loop_waits_within_what_it_handles_in_time()
     assert grown_credit(256, rate_per_s=40, invisible_time_s=30) == 512  # 600 in 15 s
     assert grown_credit(300, rate_per_s=40, invisible_time_s=10) == 300  # never shrinks
     assert grown_credit(256, rate_per_s=100, invisible_time_s=10) == 500
+    # large bodies: never more than PREFETCH_BYTES of them ahead (1,024 of 64 KiB)
+    assert grown_credit(512, rate_per_s=10_000, invisible_time_s=30,
+                        message_bytes=64 << 10) == PREFETCH_BYTES // (64 << 10) == 1024
+    assert grown_credit(1024, rate_per_s=10_000, invisible_time_s=30,
+                        message_bytes=64 << 10) == 1024
+    assert grown_credit(4096, rate_per_s=10_000, invisible_time_s=30,
+                        message_bytes=100) == AUTO_MAX == 8192
 
 
 def test_a_consumer_on_a_durable_ack_broker_raises_its_credit_by_itself(
