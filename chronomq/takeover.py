@@ -102,7 +102,7 @@ log = logging.getLogger(__name__)
 
 RECENT_MS = 60_000  # a departed broker that wrote this recently may be alive: --force
 PARALLEL_TOPICS = 16  # taken topics created, and their owner records written, at once
-READ_BATCH = 1000  # retry copies read at once from the departed broker's tier
+READ_BATCH = 1000  # retry and dead-letter copies read at once from the departed broker's tier
 
 
 @dataclass
@@ -316,25 +316,30 @@ class Takeover:
         twice, the second time after an ack of the first.  Such a copy is one its group
         has not leased yet (a lease of it would follow the mark in the journal), so only
         each retry queue's part past the group's position is read (``pop.settle``:
-        every copy names the lease it replaces).  A dead-letter copy is not looked for:
-        its lease, revived again here, brings a retry, not a redelivery after an ack."""
+        every copy names the lease it replaces).  A dead-letter copy (a revive past the
+        last attempt, or the DeadLetter RPC) is read back from its queue's end to the
+        group's oldest open lease here: it was made after that lease was taken (what it
+        reads costs the dead letters made since, not the topic's history)."""
         b = self._b
         found: list[tuple[str, LeaseEntry]] = []
         for topic in sorted(taken):
             made = split_broker_made(topic)
             bounds = mounted.bounds(topic, 0) if made is not None else None
-            if made is None or made[0] != RETRY_PREFIX or bounds is None:
+            if made is None or bounds is None:
                 continue
-            at = max(bounds[0], b.pop.leased_to(made[1], topic, 0))
-            while at < bounds[1]:
-                entries = mounted.read(topic, 0, at, min(READ_BATCH, bounds[1] - at))
-                if not entries:
-                    break
-                for e in entries:
-                    entry = replaced_lease(decode_record(e.record, 0, 0).properties)
-                    if entry is not None:
-                        found.append((topic, entry))
-                at = entries[-1].queue_offset + 1
+            if made[0] == RETRY_PREFIX:
+                at = max(bounds[0], b.pop.leased_to(made[1], topic, 0))
+                entries = mounted.read_span(topic, 0, at, bounds[1], READ_BATCH)
+            else:  # a dead-letter topic
+                since_ms = b.pop.oldest_open_ms(made[1], made[2])
+                if since_ms is None:
+                    continue
+                # (a minute more: the departed broker's clock may have stepped back)
+                entries = mounted.read_back_to(topic, 0, since_ms - CLOCK_SLACK_MS, READ_BATCH)
+            for e in entries:
+                entry = replaced_lease(decode_record(e.record, 0, 0).properties)
+                if entry is not None:
+                    found.append((topic, entry))
         if found:
             b.pop.settle_copies(found)
 

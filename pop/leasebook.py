@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from typing import Literal, NamedTuple
 
 from pop.checkpoint import (
@@ -160,6 +160,13 @@ class LeaseBook:
         raw = [self._kv.get(k) for k in (offset_key(group, topic, qid),
                                           pop_offset_key(group, topic, qid))]
         return max((decode_offset(r) for r in raw if r), default=0)
+
+    def oldest_open_ms(self, group: str, topics: Container[str]) -> int | None:
+        """When ``group`` took its oldest open lease in ``topics`` (None: none open)."""
+        with self._lock:
+            return min((ck.pop_at_ms for (g, t, _), leases in self._leases.items()
+                        if g == group and t in topics for ck in leases.checkpoints.values()
+                        if not ck.all_acked()), default=None)
 
     def deadlines(self) -> list[Deadline]:
         """The deadlines of every open lease (to schedule at start: a lease whose

@@ -154,6 +154,11 @@ class PopService:
         """The first queue offset ``group`` never leased there (``LeaseBook.leased_to``)."""
         return self._book.leased_to(group, topic, qid)
 
+    def oldest_open_ms(self, group: str, topic: str) -> int | None:
+        """When ``group`` took its oldest open lease of ``topic``'s messages (the topic's
+        or its retry topic's; None: none open)."""
+        return self._book.oldest_open_ms(group, (topic, retry_topic(group, topic)))
+
     def settle_copies(self, found: list[tuple[str, LeaseEntry]]) -> None:
         """Mark done the adopted lease entries that a departed broker had replaced with
         a copy (``(copy topic, entry)``) before its mark reached the tier: the copy comes

@@ -267,7 +267,7 @@ def test_an_ack_at_b_of_a_lease_a_gave_back_is_not_ok(
     assert _pop_all(b, "g") == ["m-1"]
 
 
-@pytest.mark.parametrize("how", ["revived", "released with a delay"])
+@pytest.mark.parametrize("how", ["revived", "released with a delay", "dead-lettered"])
 def test_a_lease_a_replaced_just_before_it_was_lost_comes_once_at_b(
         tmp_path: Path, manual_clock: ManualClock, monkeypatch: pytest.MonkeyPatch,
         how: str) -> None:
@@ -285,6 +285,8 @@ def test_a_lease_a_replaced_just_before_it_was_lost_comes_once_at_b(
         if how == "revived":
             manual_clock.advance((LEASE_S + 1) * 1000)
             assert a.pop.revive_due() == 1
+        elif how == "dead-lettered":  # by its consumer (the DeadLetter RPC)
+            assert a.pop.dead_letter_many("g", [(leased.receipt_handle, "bad")]) == [None]
         else:
             assert a.pop.release_many("g", [(leased.receipt_handle, 30_000)]) == [None]
         assert a.tiered is not None
@@ -300,7 +302,10 @@ def test_a_lease_a_replaced_just_before_it_was_lost_comes_once_at_b(
             b.timer.deliver_due(now)
             assert b.store.wait_visible(10)
             got += _pop_all(b, "g")
-        # Then the message comes once
-        assert got == ["m-1"]
+        # Then the message comes once (dead-lettered: never again), and the dead-letter
+        # topic holds it once
+        assert got == ([] if how == "dead-lettered" else ["m-1"])
+        if how == "dead-lettered":
+            assert _pop_all(b, "d", dlq_topic("g", "t")) == ["m-1"]
     finally:
         p.stop()

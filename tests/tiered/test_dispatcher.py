@@ -12,7 +12,9 @@ from store.topics import Topic
 from tiered.config import TierConfig
 from tiered.dispatcher import TieredDispatcher
 from tiered.durable import BUSY_BYTES
+from tiered.mount import MountedBroker
 from tiered.providers.local import LocalProvider
+from tiered.queue import TieredEntry
 
 
 def _open(root: Path, clock: ManualClock) -> tuple[MessageStore, TieredDispatcher]:
@@ -180,6 +182,35 @@ def test_durable_ack_commits_at_once_for_a_lone_writer_and_fill_under_load(
         assert tier.durable_position() == end and tier.linger.ms == 0  # that one was small
         end = send(1, 10)
         assert tier.durable_position() == end
+    finally:
+        tier.stop()
+        store.stop()
+
+
+def test_a_mount_reads_a_span_and_back_from_a_queues_end_to_a_store_time(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    """``MountedBroker.read_span`` / ``read_back_to`` (what a takeover reads of the
+    departed broker's retry and dead-letter queues), in batches smaller than the span."""
+    store, tier = _open(tmp_path, manual_clock)
+    try:
+        store.create_topic(Topic("t", 1))
+        start_ms = manual_clock.now_ms()
+        for i in range(7):  # one a second: stored at start + i s
+            _send(store, 1, start=i)
+            manual_clock.advance(1000)
+        tier.step()
+        tier.commit()
+        mounted = MountedBroker(LocalProvider(str(tmp_path / "tier")), "b0",
+                                str(tmp_path / "work"))
+
+        def bodies(entries: list[TieredEntry]) -> list[bytes]:
+            return [decode_record(e.record).body for e in entries]
+
+        assert bodies(mounted.read_span("t", 0, 2, 6, batch=3)) == [b"m2", b"m3", b"m4", b"m5"]
+        assert bodies(mounted.read_back_to("t", 0, start_ms + 4000, batch=2)) == [
+            b"m5", b"m6", b"m4"]  # the last batch first, then the one before, cut at m4
+        assert mounted.read_back_to("t", 0, start_ms + 9000, batch=2) == []
+        assert len(mounted.read_back_to("t", 0, start_ms, batch=2)) == 7  # all, none twice
     finally:
         tier.stop()
         store.stop()
