@@ -108,11 +108,11 @@ def decode_properties(data: bytes | memoryview) -> dict[str, str]:
     while pos < end:
         (klen,) = _PROP_KEY.unpack_from(data, pos)
         pos += 2
-        k = bytes(data[pos : pos + klen]).decode()
+        k = str(data[pos : pos + klen], "utf-8")
         pos += klen
         (vlen,) = _PROP_VAL.unpack_from(data, pos)
         pos += 4
-        props[k] = bytes(data[pos : pos + vlen]).decode()
+        props[k] = str(data[pos : pos + vlen], "utf-8")
         pos += vlen
     if pos != end:
         raise ValueError("properties overrun their length")
@@ -224,18 +224,18 @@ def check_record(buf: bytes | memoryview, pos: int) -> int:
 
 def decode_record(buf: bytes | memoryview, pos: int = 0, commit_offset: int = -1) -> Message:
     """Decode (and CRC-check) the record at ``pos``."""
-    check_record(buf, pos)
+    view = memoryview(buf)  # slices of it copy nothing (the CRC reads it in place)
+    check_record(view, pos)
     (_, total, _, flags, queue_id, queue_offset, born, store, deliver, attempt,
      id_len, topic_len, key_len, tag_len, props_len, body_len) = HEADER.unpack_from(buf, pos)
     p = pos + HEADER.size
-    view = memoryview(buf)
-    message_id = bytes(view[p : p + id_len]).decode("ascii")
+    message_id = str(view[p : p + id_len], "ascii")
     p += id_len
-    topic = bytes(view[p : p + topic_len]).decode()
+    topic = str(view[p : p + topic_len], "utf-8")
     p += topic_len
-    key = bytes(view[p : p + key_len]).decode()
+    key = str(view[p : p + key_len], "utf-8") if key_len else ""
     p += key_len
-    tag = bytes(view[p : p + tag_len]).decode()
+    tag = str(view[p : p + tag_len], "utf-8") if tag_len else ""
     p += tag_len
     props = decode_properties(view[p : p + props_len]) if props_len else {}
     p += props_len
