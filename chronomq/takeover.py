@@ -73,7 +73,7 @@ from chronomq.handover import CLOCK_SLACK_MS, InheritedIds, read_secret
 from chronomq.lineage import Lineage, ends_of
 from cluster.layout import catalogue_path, lease_path, takeover_record
 from cluster.lease import claim
-from cluster.replay import last_store_ms, replay
+from cluster.replay import last_store_ms, replay, stream
 from pop.checkpoint import parse_key
 from pop.model import origin_of
 from pop.settle import LeaseEntry, replaced_lease
@@ -102,7 +102,6 @@ log = logging.getLogger(__name__)
 
 RECENT_MS = 60_000  # a departed broker that wrote this recently may be alive: --force
 PARALLEL_TOPICS = 16  # taken topics created, and their owner records written, at once
-READ_BATCH = 1000  # retry and dead-letter copies read at once from the departed broker's tier
 
 
 @dataclass
@@ -317,9 +316,10 @@ class Takeover:
         has not leased yet (a lease of it would follow the mark in the journal), so only
         each retry queue's part past the group's position is read (``pop.settle``:
         every copy names the lease it replaces).  A dead-letter copy (a revive past the
-        last attempt, or the DeadLetter RPC) is read back from its queue's end to the
-        group's oldest open lease here: it was made after that lease was taken (what it
-        reads costs the dead letters made since, not the topic's history)."""
+        last attempt, or the DeadLetter RPC) is read from the first one stored since the
+        group's oldest open lease here (``MountedBroker.first_stored``): it was made after
+        that lease was taken (what it reads costs the dead letters made since, not the
+        topic's history)."""
         b = self._b
         found: list[tuple[str, LeaseEntry]] = []
         for topic in sorted(taken):
@@ -328,15 +328,14 @@ class Takeover:
             if made is None or bounds is None:
                 continue
             if made[0] == RETRY_PREFIX:
-                at = max(bounds[0], b.pop.leased_to(made[1], topic, 0))
-                entries = mounted.read_span(topic, 0, at, bounds[1], READ_BATCH)
+                at = b.pop.leased_to(made[1], topic, 0)
             else:  # a dead-letter topic
                 since_ms = b.pop.oldest_open_ms(made[1], made[2])
                 if since_ms is None:
                     continue
                 # (a minute more: the departed broker's clock may have stepped back)
-                entries = mounted.read_back_to(topic, 0, since_ms - CLOCK_SLACK_MS, READ_BATCH)
-            for e in entries:
+                at = mounted.first_stored(topic, 0, *bounds, since_ms - CLOCK_SLACK_MS)
+            for e in stream(mounted, topic, at):
                 entry = replaced_lease(decode_record(e.record, 0, 0).properties)
                 if entry is not None:
                     found.append((topic, entry))

@@ -154,34 +154,6 @@ class MountedBroker:
         q = self._queues.get((topic, queue_id))
         return q.read(queue_offset, count) if q is not None else []
 
-    def read_span(self, topic: str, queue_id: int, queue_offset: int, end: int,
-                  batch: int) -> list[TieredEntry]:
-        """The entries from ``queue_offset`` to ``end``, read ``batch`` at a time."""
-        out: list[TieredEntry] = []
-        while queue_offset < end:
-            got = self.read(topic, queue_id, queue_offset, min(batch, end - queue_offset))
-            if not got:
-                break
-            out += got
-            queue_offset = got[-1].queue_offset + 1
-        return out
-
-    def read_back_to(self, topic: str, queue_id: int, since_ms: int, batch: int
-                     ) -> list[TieredEntry]:
-        """The entries stored at ``since_ms`` or later, read back from the queue's end
-        ``batch`` at a time (store times grow along a queue): what was stored lately,
-        without the queue's history."""
-        out: list[TieredEntry] = []
-        oldest, end = self.bounds(topic, queue_id) or (0, 0)
-        while end > oldest:
-            at = max(oldest, end - batch)
-            got = self.read_span(topic, queue_id, at, end, batch)
-            out += [e for e in got if e.store_at_ms >= since_ms]
-            if not got or got[0].store_at_ms < since_ms:
-                break
-            end = at
-        return out
-
     def last_stored_ms(self, topics: list[str]) -> int:
         """The store time of the latest record of ``topics`` here (0: none)."""
         last = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cluster.replay import stream
 from store.clock import ManualClock
 from store.message import FLAG_DELAYED, Message, decode_record
 from store.store import MessageStore, StoreConfig
@@ -14,7 +15,6 @@ from tiered.dispatcher import TieredDispatcher
 from tiered.durable import BUSY_BYTES
 from tiered.mount import MountedBroker
 from tiered.providers.local import LocalProvider
-from tiered.queue import TieredEntry
 
 
 def _open(root: Path, clock: ManualClock) -> tuple[MessageStore, TieredDispatcher]:
@@ -187,10 +187,11 @@ def test_durable_ack_commits_at_once_for_a_lone_writer_and_fill_under_load(
         store.stop()
 
 
-def test_a_mount_reads_a_span_and_back_from_a_queues_end_to_a_store_time(
+def test_a_mount_reads_what_was_stored_since_a_time(
         tmp_path: Path, manual_clock: ManualClock) -> None:
-    """``MountedBroker.read_span`` / ``read_back_to`` (what a takeover reads of the
-    departed broker's retry and dead-letter queues), in batches smaller than the span."""
+    """``MountedBroker.first_stored`` then ``cluster.replay.stream`` (what a takeover reads
+    of the departed broker's dead-letter queues): the records stored since a time, in
+    order, none twice, none older."""
     store, tier = _open(tmp_path, manual_clock)
     try:
         store.create_topic(Topic("t", 1))
@@ -202,15 +203,16 @@ def test_a_mount_reads_a_span_and_back_from_a_queues_end_to_a_store_time(
         tier.commit()
         mounted = MountedBroker(LocalProvider(str(tmp_path / "tier")), "b0",
                                 str(tmp_path / "work"))
+        bounds = mounted.bounds("t", 0)
+        assert bounds == (0, 7)
 
-        def bodies(entries: list[TieredEntry]) -> list[bytes]:
-            return [decode_record(e.record).body for e in entries]
+        def since(at_ms: int) -> list[bytes]:
+            first = mounted.first_stored("t", 0, *bounds, at_ms)
+            return [decode_record(e.record).body for e in stream(mounted, "t", first)]
 
-        assert bodies(mounted.read_span("t", 0, 2, 6, batch=3)) == [b"m2", b"m3", b"m4", b"m5"]
-        assert bodies(mounted.read_back_to("t", 0, start_ms + 4000, batch=2)) == [
-            b"m5", b"m6", b"m4"]  # the last batch first, then the one before, cut at m4
-        assert mounted.read_back_to("t", 0, start_ms + 9000, batch=2) == []
-        assert len(mounted.read_back_to("t", 0, start_ms, batch=2)) == 7  # all, none twice
+        assert since(start_ms + 4000) == [b"m4", b"m5", b"m6"]
+        assert since(start_ms + 9000) == []
+        assert since(start_ms) == [f"m{i}".encode() for i in range(7)]  # all, none twice
     finally:
         tier.stop()
         store.stop()
