@@ -52,7 +52,7 @@ class PendingMessages:
     def __init__(self, store: MessageStore, timers: TimerStore, lot: ParkingLot,
                  lock: threading.Lock, wheel: TimingWheel[bytes],
                  due_now: list[tuple[bytes, int]], delivering: set[bytes],
-                 load_cursor: Callable[[], bytes], wake: threading.Event) -> None:
+                 stored: Callable[[bytes, int], bool], wake: threading.Event) -> None:
         self._store = store
         self._timers = timers
         self._lot = lot
@@ -60,7 +60,7 @@ class PendingMessages:
         self._wheel = wheel
         self._due_now = due_now  # loaded entries already due
         self._delivering = delivering  # fired, their copy not yet reached by the dispatcher
-        self._load_cursor = load_cursor  # every entry whose key sorts before it is loaded
+        self._stored = stored  # a new entry to the wheel or the loader (``TimerService``)
         self._wake = wake  # wakes the timer thread
         self.journal: StateJournal | None = None  # TimerService.set_journal
         self.cancelled = 0  # under the lock
@@ -126,9 +126,7 @@ class PendingMessages:
                 new_keys = self._timers.move(message_id, found, deliver_at_ms)
                 for (old_key, _), new_key in zip(found, new_keys, strict=True):
                     self._wheel.remove(old_key)
-                    if new_key < self._load_cursor() and \
-                            not self._wheel.add(new_key, deliver_at_ms):
-                        self._due_now.append((new_key, deliver_at_ms))
+                    self._stored(new_key, deliver_at_ms)
                 self.rescheduled += len(found)
                 journaled = self.journal.timer_moved([(qo, deliver_at_ms) for qo in (
                     stream_offsets(self.journal, [k for k, _ in found], [r for _, r in found]))]

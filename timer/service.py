@@ -9,7 +9,9 @@ Flow (docs/DESIGN.md, "Data flow: one write path"):
    beyond ``rocks_horizon_ms`` is parked for its hour's TimerFlatFile instead
    (``timer.parking``), in the same write.
 3. ``load_due`` moves entries due within ``wheel_window_ms`` from RocksDB into the
-   in-memory timing wheel, so memory holds only the near future.
+   in-memory timing wheel, so memory holds only the near future.  It scans RocksDB
+   without the lock; an entry stored meanwhile (a Send, a Reschedule, a preload) in the
+   span it is scanning is handed to it (``_stored``), since its scan may not see it.
 4. ``deliver_due`` fires the wheel: the due messages are appended to the CommitLog again,
    under their own topic, id and due time (``FLAG_TIMER_DELIVERY``), in batches (a
    slice's batches queued together, then awaited in order).  The delivered copy deletes
@@ -100,6 +102,10 @@ class TimerService:
                                                       start_ms=clock.now_ms())
         # Every timer entry whose key sorts before the cursor is in the wheel (or due now).
         self._load_cursor = timer_key(0, 0)
+        # While ``load_due`` scans up to ``_loading_to``, the entries stored in its span
+        # meanwhile (its scan may have begun before their write): it adds them itself.
+        self._loading_to = self._load_cursor
+        self._stored_meanwhile: list[tuple[bytes, int]] = []
         # fired and not yet reaped: from the wheel until the dispatcher deletes the entry
         # of its copy (``dispatch``), or until it goes back (a failed append) or is dropped
         self._delivering: set[bytes] = set()
@@ -119,7 +125,7 @@ class TimerService:
         # Cancel, Reschedule and the lookups by id, under this lock
         self._pending = PendingMessages(store, timers, self._lot, self._lock, self._wheel,
                                         self._due_now, self._delivering,
-                                        lambda: self._load_cursor, self._wake)
+                                        self._stored, self._wake)
 
     def open(self) -> None:
         """Read what the timer store and the tier hold: the dispatch position, the parked
@@ -217,15 +223,24 @@ class TimerService:
 
     def _admit(self, keyed: list[tuple[bytes, int]]) -> None:
         """Put newly stored entries that fall inside the loaded window into the wheel."""
-        earliest = None
         with self._lock:
-            for key, due in keyed:
-                if key < self._load_cursor and key not in self._delivering:
-                    if not self._wheel.add(key, due):
-                        self._due_now.append((key, due))
-                    earliest = due if earliest is None else min(earliest, due)
-        if earliest is not None:
+            admitted = sum(self._stored(key, due) for key, due in keyed)
+        if admitted:
             self._wake.set()
+
+    def _stored(self, key: bytes, due: int) -> bool:
+        """A timer entry just written to RocksDB (the lock held): into the wheel if the
+        loader has passed its key; to the loader if it is scanning over the key now (its
+        scan may not see the write); else a later load reads it.  True if in the wheel."""
+        if key < self._load_cursor:
+            if key in self._delivering:
+                return False
+            if not self._wheel.add(key, due):
+                self._due_now.append((key, due))
+            return True
+        if key < self._loading_to:
+            self._stored_meanwhile.append((key, due))
+        return False
 
     # ------------------------------------------------------------------ loading
 
@@ -235,8 +250,9 @@ class TimerService:
         target = timer_key(now_ms + self.config.wheel_window_ms, 0)
         with self._lock:
             start = self._load_cursor
-        if target <= start:
-            return True
+            if target <= start:
+                return True
+            self._loading_to = target
         found = list(itertools.islice(self._timers.keys_between(start, target),
                                       self.config.load_batch))
         complete = len(found) < self.config.load_batch
@@ -249,6 +265,10 @@ class TimerService:
                     self._due_now.append((key, due))
             # past the last key read (b"\0" makes the next possible key), or the target
             self._load_cursor = target if complete else found[-1] + b"\0"
+            self._loading_to = self._load_cursor
+            meanwhile, self._stored_meanwhile = self._stored_meanwhile, []
+            for key, due in meanwhile:  # those past a partial scan's end: the next one's
+                self._stored(key, due)
         if self._due_now:
             self._wake.set()
         return complete

@@ -228,3 +228,37 @@ def test_a_backlog_loads_in_slices_without_losing_any(tmp_path: Path,
         assert e.tick() == 1 and e.bodies() == [b"later"]
     finally:
         e.close()
+
+
+@pytest.mark.parametrize("how", ["sent", "rescheduled"])
+def test_a_message_due_in_the_slice_being_loaded_is_not_skipped(
+        env: Env, how: str) -> None:
+    """The loader scans RocksDB without the lock; a message that becomes due inside the
+    slice it is scanning, written after its scan began, is in neither the scan nor the
+    wheel (it sorts past the cursor): it must still come at its time."""
+    far = env.send(b"x", delay_ms=3 * HOUR) if how == "rescheduled" else ""
+    env.tick()
+    env.clock.advance(1_000)
+    due = env.clock.now_ms() + WINDOW - 500  # inside the slice this load moves over
+    timers = env.timer._timers
+    real = timers.keys_between
+
+    def scan_then_write(start: bytes, end: bytes) -> Iterator[bytes]:
+        it = real(start, end)
+        first = next(it, None)  # the scan has begun (its RocksDB iterator is made)
+        if how == "sent":
+            env.send(b"x", deliver_at_ms=due)
+        else:
+            env.timer.reschedule(far, due)
+        if first is not None:
+            yield first
+            yield from it
+
+    timers.keys_between = scan_then_write  # type: ignore[method-assign]
+    try:
+        env.timer.load_due(env.clock.now_ms())
+    finally:
+        del timers.keys_between
+    env.clock.advance(due - env.clock.now_ms())
+    assert env.tick() == 1
+    assert env.bodies() == [b"x"]
