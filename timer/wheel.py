@@ -11,6 +11,11 @@ The wheel is pure data: no threads, no clock.  ``advance(now_ms)`` returns the e
 whose due time is ``<= now_ms``; it never returns one early.  Removal is O(1) through an
 index of where each key sits.
 
+Each key points at its bucket object (``_Bucket``: the entries and the bucket's id), not
+at the id: a bucket whose entries share one due time (a hot instant, a million messages
+due at one millisecond) cascades down the levels by changing its id, touching no key,
+and a bottom bucket that comes due fires by ``popitem`` from its end.
+
 Memory: the entries it holds, and one heap entry per bucket id (level, expiry).  A
 bucket that empties leaves its heap entry behind (skipped when it comes up); a new
 bucket with the same id reuses it instead of pushing another, so adding and removing
@@ -22,10 +27,20 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable
-from itertools import islice
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+BucketId = tuple[int, int]  # (level, expiry_ms)
+
+
+class _Bucket(dict[Any, int]):
+    """A bucket's entries (key -> due_ms) and its id, which changes when it moves whole."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, bucket_id: BucketId) -> None:
+        super().__init__()
+        self.id = bucket_id
 
 
 class TimingWheel(Generic[K]):
@@ -38,11 +53,10 @@ class TimingWheel(Generic[K]):
         self.levels = levels
         self._widths: list[int] = [tick_ms * int(slots**i) for i in range(levels)]
         self._current_ms = start_ms - start_ms % tick_ms
-        # bucket id (level, expiry_ms) -> {key: due_ms}
-        self._buckets: dict[tuple[int, int], dict[K, int]] = {}
+        self._buckets: dict[BucketId, _Bucket] = {}  # by id: every non-empty bucket
         self._heap: list[tuple[int, int]] = []  # (expiry_ms, level) of non-empty buckets
-        self._in_heap: set[tuple[int, int]] = set()  # bucket ids with a heap entry
-        self._where: dict[K, tuple[int, int]] = {}
+        self._in_heap: set[BucketId] = set()  # bucket ids with a heap entry
+        self._where: dict[K, _Bucket] = {}  # each key's bucket (holding it)
         self._overflow: dict[K, int] = {}  # beyond the top level's span
 
     def __len__(self) -> int:
@@ -66,25 +80,19 @@ class TimingWheel(Generic[K]):
             return False
         for level, width in enumerate(self._widths):
             if due_ms < self._current_ms + width * self.slots:
-                expiry = due_ms - due_ms % width
-                bucket_id = (level, expiry)
-                bucket = self._buckets.get(bucket_id)
-                if bucket is None:
-                    bucket = self._buckets[bucket_id] = {}
-                    self._push(bucket_id)
+                bucket = self._bucket((level, due_ms - due_ms % width))
                 bucket[key] = due_ms
-                self._where[key] = bucket_id
+                self._where[key] = bucket
                 return True
         self._overflow[key] = due_ms
         return True
 
     def remove(self, key: K) -> bool:
-        bucket_id = self._where.pop(key, None)
-        if bucket_id is not None:
-            bucket = self._buckets[bucket_id]
+        bucket = self._where.pop(key, None)
+        if bucket is not None:
             del bucket[key]
             if not bucket:  # the heap entry goes stale and is skipped later
-                del self._buckets[bucket_id]
+                del self._buckets[bucket.id]
             return True
         return self._overflow.pop(key, None) is not None
 
@@ -124,12 +132,7 @@ class TimingWheel(Generic[K]):
                 self._cascade((level, expiry), bucket)
                 continue
             if expiry + self.tick_ms <= now_ms + 1:  # the whole tick is due: take in bulk
-                take = list(islice(reversed(bucket.items()), cap - len(fired) if cap >= 0
-                                   else len(bucket)))
-                fired += take
-                where = self._where
-                for key, _ in take:
-                    del bucket[key], where[key]
+                self._fire_whole(bucket, fired, cap)
             while bucket and len(fired) != cap:
                 key, due = bucket.popitem()
                 del self._where[key]
@@ -142,11 +145,28 @@ class TimingWheel(Generic[K]):
                 self._pop()
         return fired
 
-    def _cascade(self, bucket_id: tuple[int, int], bucket: dict[K, int]) -> None:
+    def _fire_whole(self, bucket: _Bucket, fired: list[tuple[K, int]], cap: int) -> None:
+        """Fire a due bottom bucket's entries, up to ``cap`` in all (-1: no cap), from
+        its end (``popitem``: no search through the entries already taken)."""
+        where = self._where
+        n = len(bucket) if cap < 0 else min(len(bucket), cap - len(fired))
+        if n == len(bucket):
+            fired += bucket.items()
+            for key in bucket:
+                del where[key]
+            bucket.clear()
+            return
+        take = [bucket.popitem() for _ in range(n)]
+        for key, _ in take:
+            del where[key]
+        fired += take
+
+    def _cascade(self, bucket_id: BucketId, bucket: _Bucket) -> None:
         """Move a higher level's bucket that came due down the levels (a due entry to an
         exact bottom bucket, which ``advance`` fires next).  A bucket whose entries share
         one due time (a hot instant: a million messages due at one millisecond) moves
-        whole, by dictionary updates, not entry by entry."""
+        whole: it takes the new id, or the smaller of it and the bucket there already
+        goes into the larger."""
         del self._buckets[bucket_id]
         self._pop()
         dues = set(bucket.values())
@@ -155,17 +175,29 @@ class TimingWheel(Generic[K]):
                 if not self._place(key, due):
                     self._place_exact(key, due)
             return
-        due = dues.pop()
-        target_id = self._bucket_for(due)
+        target_id = self._bucket_for(dues.pop())
         target = self._buckets.get(target_id)
         if target is None:
-            self._buckets[target_id] = bucket  # the whole dictionary changes buckets
+            bucket.id = target_id  # the whole bucket moves; its keys point at it still
+            self._buckets[target_id] = bucket
             self._push(target_id)
-        else:
-            target.update(bucket)
-        self._where.update(dict.fromkeys(bucket, target_id))
+            return
+        if len(bucket) > len(target):
+            bucket, target = target, bucket
+            target.id = target_id
+            self._buckets[target_id] = target
+        target.update(bucket)
+        self._where.update(dict.fromkeys(bucket, target))
 
-    def _bucket_for(self, due_ms: int) -> tuple[int, int]:
+    def _bucket(self, bucket_id: BucketId) -> _Bucket:
+        """The bucket with this id, made (with its heap entry) if there is none."""
+        bucket = self._buckets.get(bucket_id)
+        if bucket is None:
+            bucket = self._buckets[bucket_id] = _Bucket(bucket_id)
+            self._push(bucket_id)
+        return bucket
+
+    def _bucket_for(self, due_ms: int) -> BucketId:
         """The bucket ``_place`` (or, for an entry due now, ``_place_exact``) picks."""
         if due_ms >= self._current_ms + self.tick_ms:
             for level, width in enumerate(self._widths):
@@ -174,15 +206,11 @@ class TimingWheel(Generic[K]):
         return (0, due_ms)
 
     def _place_exact(self, key: K, due_ms: int) -> None:
-        bucket_id = (0, due_ms)
-        bucket = self._buckets.get(bucket_id)
-        if bucket is None:
-            bucket = self._buckets[bucket_id] = {}
-            self._push(bucket_id)
+        bucket = self._bucket((0, due_ms))
         bucket[key] = due_ms
-        self._where[key] = bucket_id
+        self._where[key] = bucket
 
-    def _push(self, bucket_id: tuple[int, int]) -> None:
+    def _push(self, bucket_id: BucketId) -> None:
         """Give a new bucket a heap entry, unless an emptied namesake left one there."""
         if bucket_id not in self._in_heap:
             self._in_heap.add(bucket_id)

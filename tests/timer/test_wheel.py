@@ -137,3 +137,58 @@ def test_a_hot_instant_fires_in_slices_and_a_key_can_leave_it() -> None:
         assert len(batch) <= 4_000 and all(due == 60_000 for _, due in batch)
         fired += [k for k, _ in batch]
     assert sorted(fired) == [i for i in range(50_000) if i != 7] and len(w) == 0
+
+
+def test_buckets_of_one_instant_merge_from_two_levels_and_a_key_can_leave_either() -> None:
+    # Given one instant reached from two levels: 3 keys added far ahead (level 2), then
+    # 1 and 5 keys added once it is near (level 1)
+    for near in (1, 5):
+        w: TimingWheel[str] = TimingWheel(tick_ms=1, slots=64, levels=4, start_ms=0)
+        for k in ("a", "b", "c"):
+            w.add(k, 4_100)
+        w.advance(100)
+        for i in range(near):
+            w.add(f"n{i}", 4_100)
+        # When both buckets have cascaded into one bottom bucket (the smaller into the
+        # larger) and a key of each leaves
+        assert w.advance(4_099) == []
+        assert w.remove("a") and w.remove("n0") and not w.remove("a")
+        # Then the instant fires without them, each other key once
+        assert sorted(k for k, _ in w.advance(4_100)) == \
+            sorted(["b", "c"] + [f"n{i}" for i in range(1, near)])
+        assert len(w) == 0
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "remove", "advance"]),
+                          st.integers(0, 30),
+                          st.sampled_from([1, 5, 63, 64, 700, 4_096, 4_100, 70_000]),
+                          st.one_of(st.none(), st.integers(1, 9))),
+                min_size=1, max_size=150))
+def test_any_mix_of_adds_removes_and_advances_matches_a_plain_dictionary(
+        ops: list[tuple[str, int, int, int | None]]) -> None:
+    # Given a wheel and a plain dictionary of what it should hold, through any mix of
+    # adds (at a few shared instants, reached from any level: buckets move whole and
+    # merge), removes and advances in slices
+    w: TimingWheel[int] = TimingWheel(tick_ms=1, slots=64, levels=4, start_ms=0)
+    model: dict[int, int] = {}
+    now = 0
+    for op, key, at, limit in ops:
+        if op == "add":
+            due = at * 17 % 5 * 4_096 + 4  # 4, 4_100, 8_196, 12_292 or 16_388
+            assert w.add(key, due) == (due > now)
+            model.pop(key, None)
+            if due > now:
+                model[key] = due
+        elif op == "remove":
+            assert w.remove(key) == (key in model)
+            model.pop(key, None)
+        else:
+            now += at
+            for k, due in w.advance(now, limit):
+                # Then nothing fires early, and only what it holds, at its due time
+                assert due <= now and model.pop(k) == due
+        assert len(w) == len(model) and all(k in w for k in model)
+    # and nothing is lost
+    rest = w.advance(now + 1_000_000)
+    assert dict(rest) == model and len(w) == 0
