@@ -17,7 +17,6 @@ Not thread-safe: the owner's lock guards every call (``TimerService._lock``) but
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from operator import itemgetter
 
 from store.message import DispatchInfo, decode_dispatch_infos
@@ -30,29 +29,41 @@ NAME_OF_DRAFT = itemgetter(0, 1, 7)  # a ``store.message.Draft``'s name
 class CopyRegistry:
     def __init__(self, timers: TimerStore) -> None:
         self._timers = timers
-        self._keys: dict[Name, list[bytes]] = {}
+        # a name's key, or its keys in append order when copies share the name (rare)
+        self._keys: dict[Name, bytes | list[bytes]] = {}
 
-    def register(self, names: Iterable[Name], keys: Iterable[bytes]) -> None:
+    def register(self, names: list[Name], keys: list[bytes]) -> None:
         """Before the append: the copies named so stand for the entries at these keys."""
         registry = self._keys
+        if len(set(names)) == len(names) and registry.keys().isdisjoint(names):
+            registry.update(zip(names, keys, strict=True))  # no name twice: in one pass
+            return
         for name, key in zip(names, keys, strict=True):
-            registered = registry.get(name)
-            if registered is None:
-                registry[name] = [key]
-            else:
-                registered.append(key)
+            registered = registry.setdefault(name, key)
+            if registered is not key:
+                registry[name] = [*registered, key] if isinstance(registered, list) \
+                    else [registered, key]
 
     def unregister(self, name: Name, key: bytes) -> None:
         """The append of this copy failed: a copy found later is looked up instead."""
-        keys = self._keys.get(name)
-        if keys and key in keys:
-            keys.remove(key)
-            if not keys:
-                del self._keys[name]
+        keys = self._keys.pop(name, None)
+        if isinstance(keys, list):
+            if key in keys:
+                keys.remove(key)
+            if keys:
+                self._keys[name] = keys[0] if len(keys) == 1 else keys
+        elif keys is not None and keys != key:
+            self._keys[name] = keys
 
     def registered(self) -> set[bytes]:
         """Every key whose copy is on its way into the log (a slow path: failures)."""
-        return {k for keys in self._keys.values() for k in keys}
+        out: set[bytes] = set()
+        for keys in self._keys.values():
+            if isinstance(keys, list):
+                out.update(keys)
+            else:
+                out.add(keys)
+        return out
 
     def take(self, delivered: list[DispatchInfo]
              ) -> tuple[list[bytes], list[bytes], list[DispatchInfo]]:
@@ -62,18 +73,18 @@ class CopyRegistry:
         deletes: list[bytes] = []
         reaped: list[bytes] = []
         replayed: list[DispatchInfo] = []
-        registry = self._keys
+        pop = self._keys.pop
         for r in delivered:
             name = (r.message_id, r.topic, r.deliver_at_ms)
-            sent = registry.get(name)
-            if not sent:
+            sent = pop(name, None)
+            if sent is None:
                 replayed.append(r)
                 continue
-            if len(sent) == 1:
-                key = sent[0]
-                del registry[name]
+            if isinstance(sent, list):  # the first appended: its copy is reached first
+                key, rest = sent[0], sent[1:]
+                self._keys[name] = rest[0] if len(rest) == 1 else rest
             else:
-                key = sent.pop(0)
+                key = sent
             deletes += (key, id_key_of(r.message_id, key))
             reaped.append(key)
         return deletes, reaped, replayed

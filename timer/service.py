@@ -287,13 +287,15 @@ class TimerService:
             # by due time, then offset; each once, and none already on its way (an entry
             # stays in RocksDB until the dispatcher reaches its copy: a key admitted again
             # meanwhile must not make a second copy)
-            keys = sorted({k for k, _ in fired} - self._delivering)
+            due_of = dict(fired)
+            keys = sorted(due_of.keys() - self._delivering)
             self._delivering.update(keys)
         try:
             # every batch is queued before the first is waited for: the CommitLog writes
             # those queued together with one fsync while the next ones are prepared
             batch = self.config.delivery_batch
-            queued = [self._submit(keys[i : i + batch]) for i in range(0, len(keys), batch)]
+            queued = [self._submit(keys[i : i + batch], due_of)
+                      for i in range(0, len(keys), batch)]
             for appending in queued:
                 if appending is not None:
                     total += self._settle(appending)
@@ -304,9 +306,10 @@ class TimerService:
             raise
         return total
 
-    def _submit(self, keys: list[bytes]) -> _Appending | None:
-        """Queue the copies of these due entries for the CommitLog; None if none is left
-        to deliver (cancelled, rescheduled, or their topic deleted)."""
+    def _submit(self, keys: list[bytes], due_of: dict[bytes, int]) -> _Appending | None:
+        """Queue the copies of these due entries (``due_of``: each key's due time) for the
+        CommitLog; None if none is left to deliver (cancelled, rescheduled, or their topic
+        deleted)."""
         records = self._timers.records_run(keys)  # ascending: one span of the store
         drafts: list[Draft] = []
         done: list[tuple[bytes, str]] = []
@@ -316,7 +319,7 @@ class TimerService:
             if raw is None:
                 dropped.append(key)  # removed meanwhile (a copy replayed after a restart)
                 continue
-            draft = draft_of_record(raw, parse_timer_key(key)[0], FLAG_TIMER_DELIVERY)
+            draft = draft_of_record(raw, due_of[key], FLAG_TIMER_DELIVERY)
             if self._store.topics.get(draft.topic) is None:
                 log.warning("dropping delayed message %s: topic %r was deleted",
                             draft.message_id, draft.topic)
@@ -336,7 +339,7 @@ class TimerService:
         marker = journal.done_draft(stream_offsets(journal, keys, records)) if journal else None
         sent = list(map(NAME_OF_DRAFT, drafts))
         with self._lock:
-            self._copies.register(sent, (key for key, _ in done))
+            self._copies.register(sent, [key for key, _ in done])
         future: Future[list[DispatchInfo]] | None = None
         try:
             future = self._store.put_drafts(drafts + ([marker] if marker else []))

@@ -203,3 +203,49 @@ def test_the_id_key_of_a_timer_key_is_the_id_key_of_its_offset(message_id: str, 
     key = timer_key(due, offset)
     assert parse_timer_key(key) == (due, offset)
     assert id_key_of(message_id, key) == id_key(message_id, offset)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["register", "take", "fail"]),
+                          st.lists(st.integers(0, 5), min_size=1, max_size=6)),
+                min_size=1, max_size=30))
+def test_the_copy_registry_gives_each_copy_its_entries_in_append_order(
+        ops: list[tuple[str, list[int]]]) -> None:
+    # Given copies whose names repeat (one id pending twice in one topic at one time),
+    # registered in batches, reached by the dispatcher, or failed and unregistered
+    from timer.delivery import CopyRegistry
+    with tempfile.TemporaryDirectory() as tmp:
+        reg = CopyRegistry(TimerStore(os.path.join(tmp, "timers")))
+        model: dict[tuple[str, str, int], list[bytes]] = {}
+        n = 0
+        for op, picks in ops:
+            names = [(f"id{p}", "t", 1_000) for p in picks]
+            if op == "register":
+                keys = [timer_key(1_000, n + i) for i in range(len(names))]
+                n += len(names)
+                reg.register(names, keys)
+                for name, key in zip(names, keys, strict=True):
+                    model.setdefault(name, []).append(key)
+            elif op == "fail":  # the append of the newest copy of each name failed
+                for name in set(names) & model.keys():
+                    key = model[name].pop()
+                    reg.unregister(name, key)
+                    if not model[name]:
+                        del model[name]
+            else:
+                infos = [DispatchInfo(0, 0, FLAG_TIMER_DELIVERY, 0, 0, 0, due, mid, topic,
+                                      "", "") for mid, topic, due in names]
+                deletes, reaped, replayed = reg.take(infos)
+                # Then each copy reached takes its name's oldest entry, its key and id key
+                want_reaped, want_replayed, want_deletes = [], [], []
+                for info, name in zip(infos, names, strict=True):
+                    if model.get(name):
+                        want_reaped.append(model[name].pop(0))
+                        want_deletes += (want_reaped[-1], id_key_of(name[0], want_reaped[-1]))
+                        if not model[name]:
+                            del model[name]
+                    else:
+                        want_replayed.append(info)
+                assert (reaped, replayed, deletes) == (want_reaped, want_replayed,
+                                                       want_deletes)
+            assert reg.registered() == {k for keys in model.values() for k in keys}
