@@ -17,7 +17,8 @@ message's result) or with FAILED_PRECONDITION "broker X was taken over by Y"
 (``cluster.lease.TakenOver``: X was paused or cut off, Y took over, X came back) forgets
 the topic and is tried again at the owner found again; ``UNAVAILABLE`` forgets it too,
 and is raised (a send may have been stored: the caller decides; with client-chosen ids a
-resend is dropped as a duplicate).
+resend is dropped as a duplicate).  A topic that no broker has, every broker answering,
+is NOT_FOUND at once (``NoOwner``): nothing is under way that could bring it.
 
 ``RoutedClient`` has the typed client's calls that name a topic.  Settling calls (ack,
 nack, dead letter, ChangeInvisibleTime) take the topic too: a receipt handle is valid
@@ -62,6 +63,17 @@ def taken_over(details: str) -> bool:
     return TAKEN_OVER.search(details) is not None
 
 
+class NoOwner(RpcError):
+    """NOT_FOUND: no broker has the topic.  ``certain``: every broker asked answered
+    (or, given only the shared tier, it holds no owner record for the topic), so no
+    broker being away or failover under way explains it: a call fails at once instead of
+    looking again for ``follow_s``."""
+
+    def __init__(self, details: str, certain: bool) -> None:
+        super().__init__(grpc.StatusCode.NOT_FOUND, details)
+        self.certain = certain
+
+
 class BrokerDirectory:
     """Topic -> the broker that owns it, and one client per broker.  Thread-safe."""
 
@@ -86,19 +98,21 @@ class BrokerDirectory:
             return c
 
     def locate(self, topic: str) -> str:
-        """The address of the broker that owns ``topic`` (``RpcError`` NOT_FOUND if none
-        has it)."""
+        """The address of the broker that owns ``topic`` (``NoOwner``, a NOT_FOUND, if
+        none has it)."""
         with self._lock:
             known = self._owners.get(topic)
         if known is not None:
             return known
         address = self._from_tier(topic)
+        answered = True
         if address is None or self._refused(address):
-            address = self._from_brokers(topic) or address
+            found, answered = self._from_brokers(topic)
+            address = found or address
         if address is None:
-            raise RpcError(grpc.StatusCode.NOT_FOUND,
-                           f"no broker has topic {topic!r} (asked: "
-                           f"{', '.join(self.targets) or 'the shared tier'})")
+            away = "" if answered else "; a broker did not answer"
+            raise NoOwner(f"no broker has topic {topic!r} (asked: "
+                          f"{', '.join(self.targets) or 'the shared tier'}{away})", answered)
         with self._lock:
             self._owners[topic] = address
         return address
@@ -114,25 +128,27 @@ class BrokerDirectory:
         now = successor(self._tier, owner.broker)  # None: not taken over
         return now.address if now is not None and now.address else owner.address
 
-    def _from_brokers(self, topic: str) -> str | None:
+    def _from_brokers(self, topic: str) -> tuple[str | None, bool]:
         """The first broker listing ``topic`` as its own, not known to be taken over;
-        else the first of the others that lists it."""
+        else the first of the others that lists it; and whether every broker answered."""
         fallback: tuple[tuple[bool, bool], str] | None = None
+        answered = True
         for address in self.targets:
             try:
                 listed = [t for t in self.client(address).list_topics() if t.name == topic]
             except RpcError as exc:
                 if exc.code == grpc.StatusCode.UNAVAILABLE:
+                    answered = False
                     continue  # that broker is down: the topic may be on another
                 raise
             if not listed:
                 continue
             rank = (self._refused(address), bool(listed[0].mounted_from))
             if rank == (False, False):
-                return address
+                return address, answered
             if fallback is None or rank < fallback[0]:
                 fallback = (rank, address)
-        return fallback[1] if fallback is not None else None
+        return (fallback[1] if fallback is not None else None), answered
 
     def _refused(self, address: str) -> bool:
         with self._lock:
@@ -172,7 +188,8 @@ class RoutedClient:
     (FAILED_PRECONDITION), with back-off from 0.1 s to 1 s, while a failover moves the
     topic (``tier.failover``); 0: look once more, as before.  A FAILED_PRECONDITION is
     followed when it says the broker was taken over, else only when the owner found
-    again is another broker."""
+    again is another broker.  A topic no broker has, every broker answering, is
+    NOT_FOUND at once (``NoOwner``)."""
 
     def __init__(self, directory: BrokerDirectory, follow_s: float = 30.0) -> None:
         self.directory = directory
@@ -194,7 +211,7 @@ class RoutedClient:
                 address = self.directory.locate(topic)
                 return call(self.directory.client(address))
             except RpcError as exc:
-                if exc.code not in FOLLOW:
+                if exc.code not in FOLLOW or (isinstance(exc, NoOwner) and exc.certain):
                     raise
                 self.directory.forget(topic)
                 moved = exc.code == grpc.StatusCode.NOT_FOUND

@@ -5,6 +5,7 @@ create it and names the owner; deleting releases it; a restart keeps the claim."
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import grpc
@@ -105,9 +106,13 @@ def test_one_client_over_two_brokers(tmp_path: Path, request: pytest.FixtureRequ
                 cb.create_topic("orders")
             assert rc.send([message("orders", b"o3")])[0].ok
             assert directory.locate("orders") == b.target
+            # a topic no broker has, every broker answering, is NOT_FOUND at once (it
+            # waited out the 30 s of follow_s, as if a failover were moving it)
+            started = time.monotonic()
             with pytest.raises(RpcError) as missing:
                 rc.pop("nowhere", "g")
             assert missing.value.code == grpc.StatusCode.NOT_FOUND
+            assert time.monotonic() - started < rc.follow_s / 3
         # the RocketMQ front of a answers QueryRoute for b's topic with b's front
         with grpc.insecure_channel(f"127.0.0.1:{a.server.rocketmq_port}") as channel:
             route = service_grpc.MessagingServiceStub(channel).QueryRoute(
@@ -119,6 +124,30 @@ def test_one_client_over_two_brokers(tmp_path: Path, request: pytest.FixtureRequ
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_topic_no_answering_broker_has_is_followed_while_one_is_away(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # Given a client over a broker that answers and an address where none does (a
+    # broker down: the topic may be on it, or a failover moving it)
+    a = _broker(tmp_path, request, "broker-a", 1)
+    try:
+        with a.client() as ca:
+            ca.create_topic("orders")
+        directory = BrokerDirectory([a.target, "127.0.0.1:1"])
+        with RoutedClient(directory, follow_s=1.0) as rc:
+            # When a call names a topic neither has
+            started = time.monotonic()
+            with pytest.raises(RpcError) as missing:
+                rc.pop("payments", "g")
+            # Then it looked for the topic for follow_s before NOT_FOUND, saying why
+            assert time.monotonic() - started >= 1.0
+            assert missing.value.code == grpc.StatusCode.NOT_FOUND
+            assert "did not answer" in missing.value.details
+            # and a topic the answering broker has is still served at once
+            assert rc.pop("orders", "g") == []
+    finally:
+        a.stop()
 
 
 def test_a_mount_takes_over_a_departed_brokers_topics(tmp_path: Path,
