@@ -92,8 +92,9 @@ def test_a_consumer_waiting_on_an_idle_topic_keeps_its_stream(broker: ServerProc
     with ChronomqClient(broker.target, keepalive_s=2.0) as c:
         c.create_topic("idle")
         with Consumer(c, "idle", "G") as consumer:
-            # a dozen pings without data, two strikes being enough to be sent away
-            assert consumer.receive(timeout_s=25) is None
+            # six pings without data, two strikes being enough to be sent away (at the
+            # third ping, after 6 s)
+            assert consumer.receive(timeout_s=13) is None
             assert consumer.streams_opened == 1
             c.send_one("idle", b"at last")
             m = consumer.receive(timeout_s=10)
