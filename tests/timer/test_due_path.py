@@ -249,3 +249,17 @@ def test_the_copy_registry_gives_each_copy_its_entries_in_append_order(
                 assert (reaped, replayed, deletes) == (want_reaped, want_replayed,
                                                        want_deletes)
             assert reg.registered() == {k for keys in model.values() for k in keys}
+
+
+def test_the_due_path_benchmark_runs_in_its_short_mode() -> None:
+    # bench/bench_due_path.py (its figures are in bench/RESULTS.md) in a short run: every
+    # message of the instant delivered and dispatched, and its figures printed
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, str(root / "bench" / "bench_due_path.py"),
+                          "--messages", "3000", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "round 1: 3000 due at one instant, all dispatched in" in out
+    assert "us CPU a message" in out
