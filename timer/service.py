@@ -315,12 +315,16 @@ class TimerService:
         done: list[tuple[bytes, str]] = []
         orphans: list[tuple[bytes, str]] = []
         dropped: list[bytes] = []
+        topics: dict[str, bool] = {}  # topic -> it exists
         for key, raw in zip(keys, records, strict=True):
             if raw is None:
                 dropped.append(key)  # removed meanwhile (a copy replayed after a restart)
                 continue
             draft = draft_of_record(raw, due_of[key], FLAG_TIMER_DELIVERY)
-            if self._store.topics.get(draft.topic) is None:
+            exists = topics.get(draft.topic)
+            if exists is None:  # looked up once a batch per topic
+                exists = topics[draft.topic] = self._store.topics.get(draft.topic) is not None
+            if not exists:
                 log.warning("dropping delayed message %s: topic %r was deleted",
                             draft.message_id, draft.topic)
                 orphans.append((key, draft.message_id))
@@ -335,8 +339,9 @@ class TimerService:
                 self._delivering.difference_update(dropped)
         if not drafts:
             return None
-        journal = self._journal
-        marker = journal.done_draft(stream_offsets(journal, keys, records)) if journal else None
+        journal = self._journal  # off (no tier upload): no record of the deliveries
+        marker = journal.done_draft(stream_offsets(journal, keys, records)) \
+            if journal is not None and journal.enabled else None
         sent = list(map(NAME_OF_DRAFT, drafts))
         with self._lock:
             self._copies.register(sent, [key for key, _ in done])
