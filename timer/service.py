@@ -257,16 +257,12 @@ class TimerService:
                                       self.config.load_batch))
         complete = len(found) < self.config.load_batch
         with self._lock:
-            for key in found:
-                if key in self._delivering:
-                    continue
-                due = parse_timer_key(key)[0]
-                if not self._wheel.add(key, due):
-                    self._due_now.append((key, due))
             # past the last key read (b"\0" makes the next possible key), or the target
             self._load_cursor = target if complete else found[-1] + b"\0"
             self._loading_to = self._load_cursor
             meanwhile, self._stored_meanwhile = self._stored_meanwhile, []
+            for key in found:  # all before the cursor now: into the wheel
+                self._stored(key, parse_timer_key(key)[0])
             for key, due in meanwhile:  # those past a partial scan's end: the next one's
                 self._stored(key, due)
         if self._due_now:
