@@ -70,7 +70,7 @@ from cluster.delivered import DeliveredCopies
 from cluster.layout import chain_prefix
 from cluster.replay import stream
 from cluster.timersnapshot import Pointer, decode_pointer, read_part, read_residual
-from pop.settle import LeaseEntry, replaced_lease
+from pop.settle import LeaseEntry, lease_replaced_by
 from store.errors import FailedPrecondition
 from store.message import FLAG_DELAYED, decode_record
 from store.names import DELAYED_STREAM, TIMER_STREAM, is_name, split_broker_made
@@ -305,7 +305,7 @@ class Adoption:
             topic = _topic_of(r).decode()
             if split_broker_made(topic) is None:
                 continue  # (a user topic's message: no lease to settle)
-            entry = replaced_lease(decode_record(r, 0, 0).properties)
+            entry = lease_replaced_by(r)
             if entry is not None:
                 found.append((topic, entry))
         return found

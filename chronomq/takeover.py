@@ -76,10 +76,9 @@ from cluster.lease import claim
 from cluster.replay import last_store_ms, replay, stream
 from pop.checkpoint import parse_key
 from pop.model import origin_of
-from pop.settle import LeaseEntry, replaced_lease
+from pop.settle import LeaseEntry, lease_replaced_by
 from store.crashpoint import crashpoint
 from store.errors import FailedPrecondition, InvalidArgument
-from store.message import decode_record
 from store.names import (
     DELAYED_STREAM,
     RETRY_PREFIX,
@@ -336,7 +335,7 @@ class Takeover:
                 # (a minute more: the departed broker's clock may have stepped back)
                 at = mounted.first_stored(topic, 0, *bounds, since_ms - CLOCK_SLACK_MS)
             for e in stream(mounted, topic, at):
-                entry = replaced_lease(decode_record(e.record, 0, 0).properties)
+                entry = lease_replaced_by(e.record)
                 if entry is not None:
                     found.append((topic, entry))
         if found:

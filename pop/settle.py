@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from store.errors import StoreError
 from store.kv import KV
-from store.message import FLAG_RETRY, DispatchInfo
+from store.message import FLAG_RETRY, DispatchInfo, decode_record
 from store.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,11 @@ def replaced_lease(properties: Mapping[str, str]) -> LeaseEntry | None:
     """The lease entry a retry or dead-letter copy replaces (its ``PROP_LEASE``), or
     None for any other message."""
     return decode_lease(properties.get(PROP_LEASE, ""))
+
+
+def lease_replaced_by(record: bytes) -> LeaseEntry | None:
+    """``replaced_lease`` of a stored record (a departed broker's, read from its tier)."""
+    return replaced_lease(decode_record(record, 0, 0).properties)
 
 
 CopyKey = tuple[str, str]  # (copy topic, message id)
