@@ -7,7 +7,8 @@ cascades happen before it, as they do in a running broker), then to the instant,
 process's CPU time (every thread: timer, CommitLog writer, dispatcher) from the instant
 until the dispatcher has reached the last copy.  No gRPC, no consumer, no other process:
 an A/B of the due path's Python (run the old and the new code in turn, ``--repo``) that
-the machine's scheduling noise moves far less than ``bench_timer.py --hot``.
+the machine's scheduling noise moves far less than ``bench_timer.py --hot``.  The
+garbage collector is set as ``chronomq serve`` sets it (``chronomq.collector``).
 
     .venv/bin/python bench/bench_due_path.py --messages 500000 --rounds 3
 """
@@ -70,6 +71,11 @@ def main() -> None:
         __file__))), help="the checkout whose code runs (default: this one)")
     args = ap.parse_args()
     sys.path.insert(0, args.repo)
+    try:  # the collector as ``chronomq serve`` sets it (code before it had none)
+        from chronomq import collector
+        collector.tune()
+    except ImportError:
+        print("(this checkout leaves the garbage collector as CPython sets it)")
     for r in range(args.rounds):
         wall, cpu = run_once(args.messages)
         print(f"round {r + 1}: {args.messages} due at one instant, all dispatched in "

@@ -96,6 +96,18 @@ def _report_hot(target: str, total: int, due_ms: int) -> None:
           f"instant; all consumable {last - due_ms} ms after it "
           f"(first batch appended <= {_first_bound(stats)} ms late; delivered past "
           f"{', '.join(seen)})")
+    print(_gc_line(stats))
+
+
+def _gc_line(stats: dict[str, float]) -> str:
+    """The broker's garbage collections (Stats ``gc.*``; code before them had none)."""
+    if "gc.pause_seconds" not in stats:
+        return "  broker gc: no figures"
+    return (f"  broker gc: {int(stats['gc.collections_young'])} young, "
+            f"{int(stats['gc.collections_middle'])} middle, "
+            f"{int(stats['gc.collections_full'])} full collections; "
+            f"{stats['gc.pause_seconds']:.2f} s paused, longest "
+            f"{stats['gc.longest_pause_s'] * 1000:.1f} ms")
 
 
 def _first_bound(stats: dict[str, float]) -> int:
@@ -165,6 +177,7 @@ def main() -> None:
             hist = "  ".join(f"<={b}ms:{int(v)}" for b, v in bounds if v)
             print(f"  broker append lateness histogram: {hist}  "
                   f">5000ms:{int(stats['timer.lateness_over_5000ms'])}")
+            print(_gc_line(stats))
         finally:
             srv.terminate()
 

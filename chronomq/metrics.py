@@ -41,6 +41,8 @@ COUNTERS = frozenset({
     "tier.failed_uploads", "tier.expired_objects", "tier.reused_records",
     "tier.damaged_objects", "tier.cache_hits", "tier.cache_fetches", "tier.cache_fetched",
     "tier.cache_expired_unread", "rocketmq.sent", "rocketmq.received", "rocketmq.acked",
+    "gc.collections_young", "gc.collections_middle", "gc.collections_full",
+    "gc.pause_seconds", "gc.collected_objects",
 })
 GROUP_FIGURES = {  # group.<group>.<topic>.<figure>
     "in_flight": ("chronomq_group_in_flight_messages", "gauge",
