@@ -1,6 +1,10 @@
 """A Provider over a local directory (the default tier).  Objects are files under
-``root``; a write goes to a temporary file that is fsynced and renamed into place.
-Thread-safe."""
+``root``; a write goes to a temporary file that is fsynced and renamed (or linked) into
+place, and the directory that holds the name is fsynced before the write returns, as is
+the parent of every directory made for it: a rename alone lives in the page cache until
+the kernel writes the directory back, and a power loss before that would lose the name,
+and the object with it, after the tier had answered.  (A delete is not synced: a name
+that comes back after a power loss is one retention deletes again.)  Thread-safe."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+from store.files import fsync_dir
 from tiered.errors import TierError, TierNotFound, check_path
 
 
@@ -24,10 +29,23 @@ def _wrapped(path: str) -> Iterator[None]:
         raise TierError(f"local tier failed on {path}: {exc}") from exc
 
 
+def _durable_dir(path: str) -> None:
+    """Make ``path`` and its missing parents, each new one fsynced in its parent."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    _durable_dir(parent)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return  # made meanwhile by another writer, who syncs it
+    fsync_dir(parent)
+
+
 def _durable_temp(full: str, data: bytes) -> str:
     """``data`` in a fsynced temporary file beside ``full`` (listing skips it)."""
     tmp = f"{full}.tmp.{os.getpid()}.{threading.get_ident()}"
-    os.makedirs(os.path.dirname(full), exist_ok=True)
+    _durable_dir(os.path.dirname(full))
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -40,7 +58,7 @@ class LocalProvider:
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
-        os.makedirs(self.root, exist_ok=True)
+        _durable_dir(self.root)
 
     def _full(self, path: str) -> str:
         return os.path.join(self.root, *check_path(path).split("/"))
@@ -61,6 +79,7 @@ class LocalProvider:
         full = self._full(path)
         with _wrapped(path):
             os.replace(_durable_temp(full, data), full)
+            fsync_dir(os.path.dirname(full))
 
     def create(self, path: str, data: bytes) -> bool:
         """A fsynced temporary file linked into place: ``link(2)`` fails if the name
@@ -74,6 +93,7 @@ class LocalProvider:
                 return False
             finally:
                 os.unlink(tmp)
+            fsync_dir(os.path.dirname(full))
         return True
 
     def read_versioned(self, path: str) -> tuple[bytes, str]:
@@ -86,7 +106,7 @@ class LocalProvider:
         rename."""
         full = self._full(path)
         with _wrapped(path):
-            os.makedirs(os.path.dirname(full), exist_ok=True)
+            _durable_dir(os.path.dirname(full))
             fd = os.open(f"{full}.tmp.lock", os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -98,6 +118,7 @@ class LocalProvider:
                 if now != version:
                     return None
                 os.replace(_durable_temp(full, data), full)
+                fsync_dir(os.path.dirname(full))
                 return hashlib.sha256(data).hexdigest()
             finally:
                 os.close(fd)
