@@ -2,17 +2,21 @@
 watched.
 
 CPython's cyclic collector runs a young collection every 700 net allocations of container
-objects (its default threshold), and a full one whenever the long-lived heap has grown by
-a quarter since the last.  A broker allocates a tuple, a list or a record at nearly every
-step of every message, and many of them live on (the wheel's entries, the delivered-copy
-registry, the dispatcher's in-memory hand-off): at a hot instant it ran hundreds of young
-collections a second and full collections that walk every tracked object of the heap,
-each holding the GIL, so every thread (the timer, the writer, the dispatcher, the streams)
-waits for them.  The figures are in bench/RESULTS.md.
+objects (its default threshold), a middle one every tenth young one, and a full one every
+tenth middle one once the objects promoted since the last full one pass a quarter of the
+long-lived heap.  A broker allocates a tuple, a list or a record at nearly every step of
+every message (a delivery batch of 1,000 drafts alone passes 700), and many of them live
+on (the wheel's entries, the delivered-copy registry, the dispatcher's in-memory
+hand-off): a hot instant set off young collections by the thousand and full ones that
+walk every tracked object of the heap, each holding the GIL, so every thread (the timer,
+the writer, the dispatcher, the streams) waited for them.  The figures are in
+bench/RESULTS.md.
 
-- ``tune`` raises the young threshold to ``YOUNG``: collections run a seventieth as
-  often; the garbage that only the collector can free (reference cycles) waits longer,
-  at most ``YOUNG`` allocations' worth, which is small next to what a broker holds.
+- ``tune`` raises the young threshold to ``YOUNG`` (and the middle one to ``MIDDLE``):
+  collections run about a seventieth as often.  A reference cycle, which only the
+  collector frees, is freed later: a young one after at most ``YOUNG`` more allocations,
+  an older one at the rarer middle and full collections (``gc.collected_objects`` shows
+  whether the code makes them at all).
 - ``freeze`` moves what startup built (the configuration, the topics, the recovered
   state) into the permanent generation, which no collection walks again.
 - ``CollectorWatch`` counts collections by generation, their pauses and the objects they
