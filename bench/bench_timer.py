@@ -107,7 +107,8 @@ def _gc_line(stats: dict[str, float]) -> str:
             f"{int(stats['gc.collections_middle'])} middle, "
             f"{int(stats['gc.collections_full'])} full collections; "
             f"{stats['gc.pause_seconds']:.2f} s paused, longest "
-            f"{stats['gc.longest_pause_s'] * 1000:.1f} ms")
+            f"{stats['gc.longest_pause_s'] * 1000:.1f} ms; "
+            f"{int(stats['gc.collected_objects'])} objects freed by them")
 
 
 def _first_bound(stats: dict[str, float]) -> int:
