@@ -35,10 +35,8 @@ def _durable_dir(path: str) -> None:
         return
     parent = os.path.dirname(path)
     _durable_dir(parent)
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        return  # made meanwhile by another writer, who syncs it
+    with suppress(FileExistsError):  # made meanwhile by another writer: synced here too,
+        os.mkdir(path)  # so this write never returns before the name is on disk
     fsync_dir(parent)
 
 
