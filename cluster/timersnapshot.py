@@ -26,16 +26,20 @@ no record of the parts has it (an adoption not folded yet).
 
 Objects (under the broker's prefix):
 
-=====================================  ====================================================
-``timer-snapshot/<C>-<T>/part-<n>``     ``MAGIC``, then per pending record: u64 delayed
-                                        offset, u64 due ms, u32 length, the record as sent;
-                                        u32 CRC-32 of all before it; ascending offsets
-``timer-snapshot/<C>-<T>/residual``     ``MAGIC``, u32 count done, u64 each, u32 count
-                                        moved, (u64 offset, u64 due) each, u32 CRC-32
-``state/timer-snapshot.json``           the pointer: version, ``delayed_from`` C,
-                                        ``timer_from`` T, the parts, the residual, records;
-                                        version 2: ``folded``, ``folded_brokers``
-=====================================  ====================================================
+=========================================  ====================================================
+``timer-snapshot/<C>-<T>-<F>/part-<n>``    ``MAGIC``, then per pending record: u64 delayed
+                                           offset, u64 due ms, u32 length, the record as sent;
+                                           u32 CRC-32 of all before it; ascending offsets
+``timer-snapshot/<C>-<T>-<F>/residual``    ``MAGIC``, u32 count done, u64 each, u32 count
+                                           moved, (u64 offset, u64 due) each, u32 CRC-32
+``state/timer-snapshot.json``              the pointer: version, ``delayed_from`` C,
+                                           ``timer_from`` T, the parts, the residual, records;
+                                           version 2: ``folded``, ``folded_brokers``
+=========================================  ====================================================
+
+``F`` is the count of adoptions the snapshot has folded in (``folded``): a snapshot
+that folds one in while the streams stand still gets a prefix of its own, so writing
+it never replaces or deletes an object the current pointer names.
 
 Order of durable steps: the parts and the residual are written, then the pointer; only
 then are the previous snapshot's objects deleted (after the lease is confirmed: a
@@ -230,6 +234,11 @@ class _PartWriter:
         self._chunks, self._size = [MAGIC], len(MAGIC)
 
 
+def _named(pointer: Pointer) -> set[str]:
+    """The objects ``pointer`` names (what a takeover reading it needs)."""
+    return {*pointer.parts, pointer.residual} - {""}
+
+
 # ------------------------------------------------------------------ the compactor
 
 
@@ -279,8 +288,9 @@ class TimerCompactor:
         for e in self._entries(TIMER_STREAM, old.timer_from, t1):
             m = decode_record(e.record)
             state.apply(m.tag, m.body)
-        prefix = f"{self._broker}/timer-snapshot/{c1}-{t1}/"
-        self._clear(prefix)  # what a crash left of this very snapshot
+        folded = [*old.folded, *(f.digest for f in folds)]
+        prefix = f"{self._broker}/timer-snapshot/{c1}-{t1}-{len(folded)}/"
+        self._clear(prefix, old)  # what a crash left of this very snapshot
         writer = _PartWriter(self._tier, prefix)
         # the adopted offsets the journal names whose records are not in the parts (an
         # adoption not folded yet): kept in the residual; those of records are applied
@@ -295,8 +305,7 @@ class TimerCompactor:
         self._tier.write(residual, encode_residual(
             {o for o in state.done if keep(o)},
             {o: d for o, d in state.moved.items() if keep(o)}))
-        new = Pointer(c1, t1, writer.paths, residual, writer.records,
-                      [*old.folded, *(f.digest for f in folds)],
+        new = Pointer(c1, t1, writer.paths, residual, writer.records, folded,
                       sorted({*old.folded_brokers, *(b for f in folds for b in f.brokers)}))
         self._tier.write(f"{self._broker}/{POINTER}", new.encode())
         self.pointer = new
@@ -346,14 +355,22 @@ class TimerCompactor:
             yield from (e for e in entries if e.queue_offset < end)
             offset = entries[-1].queue_offset + 1
 
-    def _clear(self, prefix: str) -> None:
+    def _clear(self, prefix: str, current: Pointer) -> None:
+        """Delete what a crash left under ``prefix``, the new snapshot's: never an object
+        the ``current`` pointer names (a new prefix differs from its own by construction:
+        the stream ends or the count of folds moved)."""
+        named = _named(current)
+        if any(p.startswith(prefix) for p in named):
+            raise ChronomqError(f"timer snapshot prefix {prefix} is the current one's")
         for path in self._tier.list(prefix):
             self._tier.delete(path)
 
     def _drop_older(self, keep: str) -> None:
-        """Delete every earlier snapshot's objects (after the lease is confirmed)."""
+        """Delete every earlier snapshot's objects (after the lease is confirmed), never
+        one the pointer names."""
+        named = _named(self.pointer)
         doomed = [p for p in self._tier.list(f"{self._broker}/timer-snapshot/")
-                  if not p.startswith(keep)]
+                  if not p.startswith(keep) and p not in named]
         if not doomed or not self._confirm():
             return
         crashpoint("timer_snapshot.before_delete")
