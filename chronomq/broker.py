@@ -23,9 +23,10 @@ from chronomq.handover import publish_secret
 from chronomq.providers import make_lease_provider, make_provider
 from chronomq.recurrence import open_schedules
 from chronomq.takeover import Takeover, TakeoverResult
-from cluster.layout import catalogue_path
+from cluster.layout import broker_prefix, catalogue_path
 from cluster.lease import BrokerLease, LeaseWatch, TakenOver
 from cluster.ownership import Owner, TopicOwners
+from cluster.rejoin import Rejoin
 from cluster.timersnapshot import TimerCompactor
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.leasejournal import Snapshots
@@ -109,6 +110,8 @@ class Broker:
         self._opened: list[tuple[str, Callable[[], None]]] = []  # what to close, in order
         self.takeovers = Takeover(self)
         self.lease: BrokerLease | None = None  # tier.upload: held from ``open`` on
+        self.incarnation = 0  # of tier.broker_name, found with the lease (cluster.rejoin)
+        self._rejoin: Rejoin | None = None  # how it was found; retries the start's requests
         self.snapshots: Snapshots | None = None  # tier.upload: the journal's snapshots
         self.compactor: TimerCompactor | None = None  # tier.upload: the timer's snapshots
 
@@ -165,7 +168,7 @@ class Broker:
         if config.tier.upload:  # before anything is opened, written or served
             self._hold_lease()
         self.flat_files = TimerFlatFiles(self.tier, config.timer.bucket_ms,
-                                         prefix=f"{config.tier.broker_name}/timer")
+                                         prefix=f"{self.prefix}/timer")
         self.store = MessageStore(sc, clock)
         self.store.set_topic_creator(self.create_topic)  # auto-created topics are claimed
         self.dedupe = SendDedupe(self.store, sc.dedupe_window_ms, self.takeovers.ids)
@@ -176,7 +179,8 @@ class Broker:
         secret_path = config.pop.secret_file or os.path.join(sc.data_dir, "pop-secret")
         secret = load_or_create_secret(secret_path)
         if config.tier.upload:  # before any handle is given: a successor accepts them
-            publish_secret(self.tier, config.tier.broker_name, secret)
+            self._start_retry("publishing its receipt-handle secret",
+                              lambda: publish_secret(self.tier, self.prefix, secret))
         self.pop = PopService(self.store, self._pop_kv, secret,
                               clock, config.pop.max_messages_cap, config.retry_policy(),
                               config.groups, config.key_limits)
@@ -205,10 +209,26 @@ class Broker:
         self.timer.set_journal(self.journal)
 
     def _hold_lease(self) -> None:
-        """This broker's lease, before the store opens (``chronomq.failover``)."""
-        self.lease = hold_lease(self.config, make_lease_provider(self.config, self.tier),
-                                self.clock)
+        """This broker's lease, before the store opens, and the incarnation it is of
+        (``chronomq.failover``)."""
+        self.lease, rejoin = hold_lease(
+            self.config, make_lease_provider(self.config, self.tier), self.clock)
+        self.incarnation, self._rejoin = self.lease.incarnation, rejoin
         self._opened.append(("the lease", self.lease.stop))
+
+    @property
+    def prefix(self) -> str:
+        """This broker's tier prefix, lease and owner-record name: its incarnation's
+        (``cluster.layout.broker_prefix``)."""
+        return broker_prefix(self.config.tier.broker_name, self.incarnation)
+
+    def _start_retry(self, what: str, request: Callable[[], None]) -> None:
+        """A tier request of the start, retried within ``tier.start_timeout_s`` (without
+        a lease: asked once)."""
+        if self._rejoin is None:
+            request()
+        else:
+            self._rejoin.retry(what, request)
 
     def advertise(self, address: str, rocketmq_address: str) -> None:
         """Record the addresses clients reach this broker at in its lease (after the
@@ -221,7 +241,7 @@ class Broker:
     def _open_tier_upload(self) -> None:
         t = self.config.tier
         self.tiered = TieredDispatcher(
-            self.store, self.tier, t.broker_name,
+            self.store, self.tier, self.prefix,
             os.path.join(self.config.store.data_dir, "tiered"), t,
             self.clock)
         if self.lease is not None:
@@ -229,7 +249,7 @@ class Broker:
             if t.durable_ack:  # the bucket's fence on every tier commit
                 durable.durable.gate = self.lease.commit
             self.lease.on_taken_over = lambda by: durable.durable.fence(TakenOver(
-                f"broker {t.broker_name} was taken over by {by}: its topics are served "
+                f"broker {self.prefix} was taken over by {by}: its topics are served "
                 "there now"))
         self.tiered.open()
         cache = None
@@ -250,7 +270,7 @@ class Broker:
             self.snapshots = self.pop.journal_snapshots(
                 self.journal, self.config.tier.journal_snapshot_records,
                 self.tiered.durable_position, self.tiered.publish,
-                self.config.tier.broker_name, self.config.tier.journal_snapshot_s,
+                self.prefix, self.config.tier.journal_snapshot_s,
                 self.clock.monotonic_ms)
             self.snapshots.started(started)
             self.compactor = attach_compaction(self)
@@ -324,7 +344,7 @@ class Broker:
                    "retention_ms": t.retention_ms, "retention_bytes": t.retention_bytes,
                    "tier_retention_ms": t.tier_retention_ms}
                   for t in self.store.topics.list() if not is_system_stream(t.name)]
-        self.tiered.publish(catalogue_path(self.config.tier.broker_name), json.dumps(
+        self.tiered.publish(catalogue_path(self.prefix), json.dumps(
             {"version": 1, "topics": topics}, sort_keys=True).encode())
 
     def topics(self) -> list[Topic]:
@@ -358,7 +378,7 @@ class Broker:
         """Serve ``broker``'s topics read-only from the shared tier (``tiered.mount``);
         returns them.  Pop, Subscribe and group figures work on them with this broker's
         own checkpoints; sends are refused (``FailedPrecondition``)."""
-        if broker == self.config.tier.broker_name:
+        if broker == self.prefix:
             raise InvalidArgument(f"{broker} is this broker: its topics are served already")
         mounted = MountedBroker(self.tier, broker, os.path.join(
             self.config.store.data_dir, "mounts", broker))
@@ -391,7 +411,7 @@ class Broker:
         broker at ``address``: claim every local topic, and take over the topics of the
         brokers mounted here; returns the ones another broker owns (served here only by
         this broker's clients; logged)."""
-        self.owners = TopicOwners(self.tier, Owner(self.config.tier.broker_name, address,
+        self.owners = TopicOwners(self.tier, Owner(self.prefix, address,
                                                    rocketmq_address))
         now = self.clock.now_ms()
         elsewhere = [t.name for t in self.store.topics.list()
@@ -402,7 +422,7 @@ class Broker:
             owner = self.owners.owner(name)
             log.warning("topic %s is owned by broker %s in the shared tier, not by this one "
                         "(%s): its clients may be sent elsewhere", name,
-                        owner.broker if owner else "?", self.config.tier.broker_name)
+                        owner.broker if owner else "?", self.prefix)
         return elsewhere
 
     # ------------------------------------------------------------------ send
@@ -482,7 +502,8 @@ class Broker:
     # ------------------------------------------------------------------ queries
 
     def query_by_message_id(self, message_id: str) -> list[Message]:
-        """The message with this id: from local disk, else from the tier."""
+        """The message with this id: from local disk, else from the tier; and the pending
+        ones only the timer holds (adopted in a takeover: ``timer.lookup``)."""
         found = self.store.query_by_message_id(message_id)
         if not found and self.tier_reader is not None:
             found = self.tier_reader.query_by_message_id(message_id,
@@ -491,7 +512,9 @@ class Broker:
             found = mounted.query_by_message_id(message_id)
             if found:
                 break
-        return found
+        topics = {m.topic for m in found}
+        return found + [m for m in self.timer.pending_messages(
+            message_id, known={m.commit_offset for m in found}) if m.topic not in topics]
 
     def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
         """The newest ``limit`` messages of ``topic`` with ``key`` (oldest first): local

@@ -42,6 +42,7 @@ import bisect
 import itertools
 import logging
 import threading
+from collections.abc import Container
 from concurrent.futures import Future
 from typing import NamedTuple
 
@@ -60,6 +61,7 @@ from store.store import MessageStore
 from tiered.journal import StateJournal
 from tiered.timerflatfile import TimerFlatFiles
 from timer.delivery import NAME_OF_DRAFT, CopyRegistry
+from timer.lookup import PendingLookup
 from timer.model import (
     LATENESS_BOUNDS_MS,
     TimerChange,
@@ -126,6 +128,7 @@ class TimerService:
         self._pending = PendingMessages(store, timers, self._lot, self._lock, self._wheel,
                                         self._due_now, self._delivering,
                                         self._stored, self._wake)
+        self._lookup = PendingLookup(timers, self._lot, flat, self._lock)  # reads by id
 
     def open(self) -> None:
         """Read what the timer store and the tier hold: the dispatch position, the parked
@@ -399,9 +402,14 @@ class TimerService:
         here with this id (``store.lookup``).  No lock."""
         return self._pending.holds(message_id, commit_offset)
 
-    def pending_messages(self, message_id: str, unpark: bool = False) -> list[Message]:
-        """``PendingMessages.messages``."""
-        return self._pending.messages(message_id, unpark)
+    def pending_messages(self, message_id: str, unpark: bool = False,
+                         known: Container[int] = ()) -> list[Message]:
+        """The messages pending with this id: read where they wait
+        (``PendingLookup.messages``, none at an offset in ``known``), or, ``unpark``,
+        first moved into RocksDB (``PendingMessages.messages``)."""
+        if unpark:
+            return self._pending.messages(message_id, unpark)
+        return self._lookup.messages(message_id, known)
 
     def pending_due(self, message_id: str) -> int | None:
         """``PendingMessages.first_due``.  No lock."""
