@@ -41,7 +41,7 @@ def attach_compaction(broker: Broker) -> TimerCompactor:
     retention told where the system streams may be cut and when deletes are safe."""
     tiered, lease = broker.tiered, broker.lease
     assert tiered is not None, "compaction needs tier.upload"
-    name = broker.config.tier.broker_name
+    name = broker.prefix
     if lease is not None:
         def confirm() -> bool:
             try:

@@ -51,11 +51,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import types
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+from cluster.layout import INCARNATION_SEP
 from pop.flowcontrol import KeyLimits
 from pop.policy import RetryPolicy, parse_backoff
 from recurring.book import ScheduleConfig
@@ -196,6 +198,15 @@ class BrokerConfig:
                                   "or more")
         if self.tier.lease_s < 1:
             raise InvalidArgument("tier.lease_s must be at least 1 (second)")
+        if self.tier.start_timeout_s < 0 or self.tier.rejoin_timeout_s < 0:
+            raise InvalidArgument("tier.start_timeout_s and tier.rejoin_timeout_s must not "
+                                  "be negative (seconds)")
+        if not is_name(self.tier.broker_name) or len(self.tier.broker_name) > 100 or \
+                re.search(f"{INCARNATION_SEP}[0-9]+$", self.tier.broker_name):
+            raise InvalidArgument(
+                f"tier.broker_name {self.tier.broker_name[:140]!r} is invalid: use 1-100 "
+                "characters from A-Z a-z 0-9 _ -, not ending in --<number> (the tier "
+                "prefix of a later incarnation: cluster/layout.py)")
         if self.tier.claim_topics and self.store.auto_create_topics:
             raise InvalidArgument("tier.claim_topics cannot be combined with "
                                   "store.auto_create_topics: a topic is claimed in the "

@@ -2,10 +2,13 @@
 (``cluster.lease``), composed into a broker at start.
 
 Every broker with ``tier.upload`` holds its lease from ``Broker.open`` on, before the
-store opens: no OK, no timer, no port before it (``hold_lease``).  A broker taken over
-refuses to start there; so does one whose data directory holds nothing of what its name
-holds in the tier (a lost machine started again under its old name would strand its
-topics and, holding the lease, keep every survivor away).  With ``tier.failover`` the
+store opens: no OK, no timer, no port before it (``hold_lease``).  Which lease is
+decided first (``cluster.rejoin``): a broker taken over, or one whose data directory
+holds nothing of what its name holds in the tier (a lost machine started again under its
+old name), waits for the takeover of its old incarnation, sets its old data aside and
+serves again under its name as a new incarnation, with a tier prefix of its own; it
+never holds a lease whose state it lacks (that would strand its topics and keep every
+survivor away).  With ``tier.failover`` the
 lease is watched and renewed; ``start_failover`` publishes its addresses and builds the
 watch.  A lease the watch wins is
 taken over in a thread of its own (``Broker.takeover``), so the watch goes on meanwhile;
@@ -20,10 +23,10 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from cluster.layout import catalogue_path
-from cluster.lease import BrokerLease, LeaseWatch, read_lease
+from cluster.layout import broker_prefix
+from cluster.lease import BrokerLease, LeaseWatch
+from cluster.rejoin import KEPT, Rejoin
 from store.clock import Clock
-from store.errors import FailedPrecondition
 from tiered.provider import Provider
 
 if TYPE_CHECKING:
@@ -33,34 +36,35 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def hold_lease(config: BrokerConfig, tier: Provider, clock: Clock) -> BrokerLease:
-    """Acquire this broker's lease (see the module docstring) and start renewing it."""
+def hold_lease(config: BrokerConfig, tier: Provider, clock: Clock
+               ) -> tuple[BrokerLease, Rejoin]:
+    """Find the incarnation this broker runs as (``cluster.rejoin``: waiting for the
+    takeover of its old self, its old data set aside), acquire its lease and start
+    renewing it.  Returns the lease and the rejoin, whose ``retry`` asks the tier again
+    within ``tier.start_timeout_s`` (the other requests of the start)."""
     t = config.tier
-    view, _ = read_lease(tier, t.broker_name)
-    if view is None or not view.taken_by:  # (taken over: the lease says so, below)
-        check_not_reborn(config, tier)
-    lease = BrokerLease(tier, t.broker_name, "", "", t.lease_s, clock, watched=t.failover)
-    lease.acquire()
+    data_dir = config.store.data_dir
+    rejoin = Rejoin(tier, t.broker_name, data_dir, clock, t.start_timeout_s,
+                    t.rejoin_timeout_s, keep=_kept(config))
+    incarnation = rejoin.resolve()
+    lease = BrokerLease(tier, broker_prefix(t.broker_name, incarnation), "", "", t.lease_s,
+                        clock, watched=t.failover, name=t.broker_name,
+                        incarnation=incarnation)
+    lease.acquire(rejoin.remaining_s())
     lease.start()  # renewing from now on: a long recovery does not let it lapse
-    return lease
+    return lease, rejoin
 
 
-def check_not_reborn(config: BrokerConfig, tier: Provider) -> None:
-    """Refuse a data directory that holds nothing of what this broker's name holds in
-    the tier (its topic catalogue there says it uploaded before)."""
-    name, data_dir = config.tier.broker_name, config.store.data_dir
-    if os.path.isdir(os.path.join(data_dir, "tiered", "queues")):
-        return
-    catalogue = catalogue_path(name)
-    if tier.exists(catalogue):
-        raise FailedPrecondition(
-            f"broker {name} has data in the tier ({catalogue}) but its data directory "
-            f"{data_dir} holds none of it (a lost machine started again under its old "
-            "name?): starting would strand what it holds. Start it with its data "
-            "directory; or start this broker under a new tier.broker_name with "
-            f"tier.takeover = \"{name}\" (or run `chronomq takeover {name}` at another "
-            f"broker); with tier.failover a survivor takes {name} over by itself once its "
-            "lease expires")
+def _kept(config: BrokerConfig) -> frozenset[str]:
+    """What stays in the data directory when an old incarnation's data moves aside: the
+    disk guard's reserve, earlier incarnations, and a local tier kept inside it."""
+    kept = set(KEPT)
+    if config.tier.provider == "local":
+        data = os.path.realpath(config.store.data_dir)
+        tier = os.path.realpath(config.tier_local_dir())
+        if os.path.commonpath([data, tier]) == data and tier != data:
+            kept.add(os.path.relpath(tier, data).split(os.sep)[0])
+    return frozenset(kept)
 
 
 def start_failover(broker: Broker, address: str, rocketmq_address: str) -> LeaseWatch:

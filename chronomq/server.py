@@ -271,7 +271,7 @@ class BrokerServer:
                                         ("rocketmq", front, rmq.advertise_address)):
             why = "" if given or not address else unreachable(address)
             if why == "loopback" and not others:
-                others = _other_owner(self.broker.tier, self.config.tier.broker_name) or "-"
+                others = _other_owner(self.broker.tier, self.broker.prefix) or "-"
             if why == "any":
                 log.warning("tier.claim_topics records %s in the shared tier for clients "
                             "of other brokers, but %s.host %s is no address they can "

@@ -19,6 +19,15 @@ object                             written by                      read by
                                                                    handles)
 =================================  ==============================  =========================
 
+``<broker>`` is a broker's *tier prefix*, ``broker_prefix(tier.broker_name, incarnation)``:
+the name itself for incarnation 0 (every bucket written before incarnations), then
+``<name>--<n>``.  A broker restarted after it was taken over serves again under its name
+as a new incarnation (``cluster.rejoin``), under a prefix of its own: its old
+incarnation's objects stay as they were, read by its successor and the successor's
+successors (``chronomq.lineage``).  The lease, the owner records, ``taken_by`` and every
+takeover name the prefix; ``tier.broker_name`` alone is the name people and clients
+know.
+
 The data a broker uploads lives under its prefix too (``<broker>/meta/``, ``/data/``,
 ``/index/``, ``/timer/``, ``/state/snapshot.json``): the tier's own layout
 (``tiered.dispatcher``, ``tiered.journal``).  The JSON codecs of the lease and the owner
@@ -30,6 +39,15 @@ from __future__ import annotations
 LEASES = "brokers/"
 OWNERS = "owners/"
 TAKEOVERS = "takeovers/"
+
+
+INCARNATION_SEP = "--"  # <name>--<n>: a broker name never ends so (chronomq.config)
+
+
+def broker_prefix(name: str, incarnation: int) -> str:
+    """The tier prefix (and lease, and owner-record name) of incarnation ``incarnation``
+    of the broker called ``name``: ``name`` for 0, ``<name>--<incarnation>`` after."""
+    return name if incarnation == 0 else f"{name}{INCARNATION_SEP}{incarnation}"
 
 
 def lease_path(broker: str) -> str:

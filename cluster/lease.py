@@ -1,8 +1,10 @@
 """Broker leases in the shared tier: who is alive, who takes a lost broker over, and the
 fence that keeps a broker taken over from answering OK.
 
-Every broker that uploads (``tier.upload``) holds ``brokers/<broker_name>.json`` (JSON:
-broker, address, RocketMQ address, epoch, renewal count, a random nonce per process,
+Every broker that uploads (``tier.upload``) holds ``brokers/<broker>.json`` (JSON:
+broker (its tier prefix, ``cluster.layout.broker_prefix``), name (``tier.broker_name``)
+and incarnation, address, RocketMQ address, epoch (one per start), renewal count, a
+random nonce per process,
 wall time of the last write (for people: never used to judge expiry), load, lease length
 (0: not watched, the broker runs without ``tier.failover``), ``taken_by``).  Every write
 to it is a conditional put on the version this broker last wrote (``Provider.swap``:
@@ -61,6 +63,8 @@ from tiered.provider import Provider
 log = logging.getLogger(__name__)
 
 CLAIM_ATTEMPTS = 50  # a claim races the departed broker's own writes this many times
+START_BACKOFF_S = 0.2  # at start, a failed lease write is tried again after this, ...
+START_BACKOFF_MAX_S = 5.0  # ... doubled each time up to this
 
 
 def margin_s(lease_s: float) -> float:
@@ -79,6 +83,8 @@ class LeaseView:
     lease_s: float = 0.0  # 0: not watched (a broker without tier.failover)
     nonce: str = ""
     renewals: int = 0
+    name: str = ""  # tier.broker_name ("" in a lease written before incarnations)
+    incarnation: int = 0
 
 
 def _parse(raw: bytes) -> LeaseView:
@@ -87,7 +93,8 @@ def _parse(raw: bytes) -> LeaseView:
                      str(d.get("rocketmq_address", "")), int(d.get("epoch", 0)),
                      int(d.get("load", 0)), str(d.get("taken_by", "")),
                      float(d.get("lease_s", 0.0)), str(d.get("nonce", "")),
-                     int(d.get("renewals", 0)))
+                     int(d.get("renewals", 0)), str(d.get("name", "")),
+                     int(d.get("incarnation", 0)))
 
 
 def read_lease(provider: Provider, broker: str) -> tuple[LeaseView | None, str]:
@@ -161,12 +168,16 @@ class TakenOver(FailedPrecondition):
 class BrokerLease:
     """This broker's lease: acquire, renew, the bucket-fenced ``commit``, the timing
     ``check``.  ``watched`` (``tier.failover``): renewed every ``lease_s`` / 3 by its own
-    thread (``start``), watched by the other brokers, fenced by time too."""
+    thread (``start``), watched by the other brokers, fenced by time too.  ``broker`` is
+    the tier prefix of the incarnation ``incarnation`` of the broker called ``name``
+    (``cluster.rejoin``; both "" and 0 name a broker by its prefix alone)."""
 
     def __init__(self, provider: Provider, broker: str, address: str, rocketmq_address: str,
-                 lease_s: float, clock: Clock, watched: bool = True) -> None:
+                 lease_s: float, clock: Clock, watched: bool = True, name: str = "",
+                 incarnation: int = 0) -> None:
         self._provider = provider
         self.broker = broker
+        self.name, self.incarnation = name or broker, incarnation
         self.address, self.rocketmq_address = address, rocketmq_address
         self.lease_s = lease_s
         self.watched = watched
@@ -198,34 +209,63 @@ class BrokerLease:
 
     def _content(self) -> bytes:
         return json.dumps({
-            "broker": self.broker, "address": self.address,
+            "broker": self.broker, "name": self.name, "incarnation": self.incarnation,
+            "address": self.address,
             "rocketmq_address": self.rocketmq_address, "epoch": self._epoch,
             "renewals": self._renewals, "renewed_ms": self._clock.now_ms(),
             "load": self.load(), "lease_s": self.lease_s if self.watched else 0,
             "nonce": self._nonce, "taken_by": ""}, sort_keys=True).encode()
 
-    def acquire(self) -> None:
+    def acquire(self, timeout_s: float = 0.0,
+                sleep: Callable[[float], None] = time.sleep) -> None:
         """Hold the lease at start: create it, or take our own earlier one (a new
-        epoch).  ``TakenOver`` when another broker took this one over."""
+        epoch).  ``TakenOver`` when another broker took this one over.  A tier that
+        fails or does not answer (a slow S3 making its first volume) is asked again
+        with back-off for ``timeout_s`` (``tier.start_timeout_s``), then ``Unavailable``."""
+        deadline = self.monotonic() + timeout_s
+        delay_s = START_BACKOFF_S
+        while True:
+            try:
+                if self._acquire_once():
+                    return
+                why = "it changed while this broker wrote it"
+            except TierError as exc:
+                why = str(exc)
+            if self.monotonic() + delay_s > deadline:
+                raise Unavailable(f"could not write the lease {lease_path(self.broker)} "
+                                  f"within tier.start_timeout_s ({timeout_s:g} s): {why}")
+            log.warning("writing the lease %s at start: %s; again in %.1f s",
+                        lease_path(self.broker), why, delay_s)
+            sleep(delay_s)
+            delay_s = min(delay_s * 2, START_BACKOFF_MAX_S)
+
+    def _acquire_once(self) -> bool:
+        """One read and conditional write of the lease at start; False when it changed
+        meanwhile (or the answer was lost and it is not ours): read it again."""
         with self._lock:
             start = self.monotonic()
             view, version = read_lease(self._provider, self.broker)
-            if view is not None:
-                if view.taken_by:
-                    raise TakenOver(
-                        f"broker {self.broker} was taken over by {view.taken_by} (its lease "
-                        f"{lease_path(self.broker)} in the tier says so): its topics live "
-                        "there now; start this broker with an empty data directory under a "
-                        "new tier.broker_name")
-                self._epoch = view.epoch + 1
-            self._version = version
-            if self._write(start) != "ok":
-                if self.taken_by:
-                    raise TakenOver(f"broker {self.broker} was taken over by "
-                                    f"{self.taken_by} while it started")
-                raise Unavailable(f"could not write the lease {lease_path(self.broker)}: "
-                                  "the tier failed or another process runs as "
-                                  f"{self.broker}")
+            if view is not None and view.taken_by:
+                raise TakenOver(
+                    f"broker {self.broker} was taken over by {view.taken_by} (its lease "
+                    f"{lease_path(self.broker)} in the tier says so): its topics live "
+                    "there now")
+            self._epoch = view.epoch + 1 if view is not None else 0
+            self._renewals += 1
+            content = self._content()
+            path = lease_path(self.broker)
+            try:
+                new = self._provider.swap(path, content, version)
+            except TierError as exc:
+                new = None
+                log.warning("writing the lease %s failed (%s): reading it back", path, exc)
+            if new is None:  # refused, or its answer lost: ours if it reads back ours
+                raw, new = self._provider.read_versioned(path)
+                if raw != content:
+                    return False
+            self._version = new
+            self._valid_until = start + self.lease_s - margin_s(self.lease_s)
+            return True
 
     def _write(self, start: float) -> str:
         """One conditional write of the lease (the caller holds ``_lock``): "ok",
@@ -379,6 +419,12 @@ class LeaseWatch:
         for name, (view, _, _, _) in views.items():  # claimed by us before (a lost
             if view.taken_by == self._me.broker and name not in self._resumed:  # answer,
                 self._resumed.add(name)  # a restart): the takeover finishes or is done
+                self._take_over(name)
+        for name, (view, _, _, _) in views.items():  # claimed by a broker we took over:
+            holder = views.get(view.taken_by)  # its takeover may be unfinished, ours to
+            if (holder is not None and holder[0].taken_by == self._me.broker  # finish
+                    and name not in self._resumed and name != self._me.broker):
+                self._resumed.add(name)
                 self._take_over(name)
         lease_s = self._me.lease_s
         expired: list[str] = []

@@ -57,6 +57,11 @@ class TierConfig:
     #                         brokers whose lease expired, fence this one when its own
     #                         cannot be renewed (cluster/lease.py)
     lease_s: float = 10.0  # a lease's length; renewed every lease_s / 3
+    start_timeout_s: float = 60.0  # at start, the lease and the first tier requests are
+    #                                retried with back-off this long before giving up
+    rejoin_timeout_s: float = 600.0  # a broker taken over, started again: how long it
+    #                                  waits for the takeover of its old incarnation
+    #                                  (cluster/rejoin.py)
     journal_snapshot_records: int = 100_000  # a snapshot of the groups' state in the
     #                                          journal after this many records (0: only
     #                                          at start): what a takeover replays

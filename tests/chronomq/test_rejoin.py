@@ -1,0 +1,123 @@
+"""A broker taken over serves again under its name (``cluster.rejoin``), on real brokers in
+one process, a real local-directory tier and RocksDB, with ``tier.durable_ack``.
+
+Broker A answers OK to sends, then B takes it over (A paused or partitioned, or its
+machine lost).  Restarted with its data directory, or with an empty one, A used to exit
+("start this broker with an empty data directory under a new tier.broker_name"; "holds
+none of it"): a crash loop under a supervisor with fixed names.  Now it starts as a new
+incarnation (tier prefix ``a--1``), its old data set aside, and serves again; every send
+it answered OK, in either life, is at the broker that took that life over.  The slow
+tier at start and the whole story on SeaweedFS with broker processes are in
+``tests/chronomq/test_restart_taken_over.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chronomq.broker import Broker
+from chronomq.config import BrokerConfig
+from cluster.layout import catalogue_path, lease_path
+from cluster.lease import read_lease
+from cluster.rejoin import read_incarnation
+from store.clock import ManualClock
+from store.errors import FailedPrecondition
+from store.message import Draft
+from store.store import StoreConfig
+from store.topics import Topic
+from tests.tiered.test_tiered_pop import _pop_all
+from tiered.config import TierConfig
+
+
+def _broker(root: Path, name: str, clock: ManualClock, data: str = "") -> Broker:
+    tier = TierConfig(provider="local", local_dir=str(root / "tier"), broker_name=name,
+                      upload=True, durable_ack=True, durable_ack_ms=1, upload_timeout_s=10,
+                      rejoin_timeout_s=5)
+    b = Broker(BrokerConfig(store=StoreConfig(str(root / (data or name))), tier=tier), clock)
+    b.open()
+    b.start(timer_thread=False)
+    assert b.tiered is not None
+    b.tiered.start()
+    return b
+
+
+def _send(b: Broker, topic: str, mids: list[str]) -> None:
+    """Sends as the gRPC front makes them: submitted, then ``stored`` (the OK)."""
+    now = b.clock.now_ms()
+    b.stored(b.submit([Draft(m, topic, "", "", m.encode(), b"", now, now, 0)
+                       for m in mids], now))
+
+
+@pytest.mark.parametrize("disk", ["its data directory", "an empty data directory"])
+def test_a_broker_taken_over_restarts_under_its_name_and_serves_again(
+        disk: str, tmp_path: Path, manual_clock: ManualClock) -> None:
+    # Given A answered OK to sends of t, then B took it over while A was away
+    a = _broker(tmp_path, "a", manual_clock)
+    a.create_topic(Topic("t", 1))
+    first = [f"first-{i}" for i in range(5)]
+    _send(a, "t", first)
+    a.stop()
+    b = _broker(tmp_path, "b", manual_clock)
+    again: Broker | None = None
+    try:
+        assert b.takeover("a", force=True).done
+        # When A starts again under its name
+        again = _broker(tmp_path, "a", manual_clock,
+                        data="a" if disk == "its data directory" else "a-new-machine")
+        # Then it runs as incarnation 1 under a prefix of its own, and serves
+        assert again.incarnation == 1 and again.prefix == "a--1"
+        view, _ = read_lease(again.tier, "a--1")
+        assert view is not None and (view.name, view.incarnation) == ("a", 1)
+        old, _ = read_lease(again.tier, "a")
+        assert old is not None and old.taken_by == "b"  # its old life stays B's
+        assert again.topic("t") is None  # t is B's now
+        again.create_topic(Topic("t2", 1))
+        second = [f"second-{i}" for i in range(5)]
+        _send(again, "t2", second)
+        assert again.tier.exists(catalogue_path("a--1"))
+        assert not again.tier.list("a/meta/t2/")  # nothing written under the old prefix
+        data = tmp_path / ("a" if disk == "its data directory" else "a-new-machine")
+        assert read_incarnation(str(data)) == 1
+        if disk == "its data directory":  # set aside, not deleted
+            assert (data / "incarnations" / "0" / "commitlog").is_dir()
+        # and every OK of its first life is at B
+        assert sorted(_pop_all(b, "g")) == sorted(first)
+        # When its second life is taken over too, by B: nothing of it is lost either
+        again.stop()
+        again = None
+        assert sorted(b.takeover("a--1", force=True).topics) == ["t2"]
+        got = []
+        while batch := b.pop.pop("t2", "g", 32, 60):
+            got += [p.message.message_id for p in batch]
+            b.pop.ack_many("g", [p.receipt_handle for p in batch])
+        assert sorted(got) == sorted(second)
+    finally:
+        b.stop()
+        if again is not None:
+            again.stop()
+
+
+def test_an_empty_broker_under_a_name_nobody_took_over_says_what_to_run(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    """Without tier.failover nobody takes a lost broker over by itself: an empty broker
+    under its name refuses, names the command, and leaves the lease alone; once the
+    takeover ran it starts (was: refused for good under that name)."""
+    a = _broker(tmp_path, "a", manual_clock)
+    a.create_topic(Topic("t", 1))
+    _send(a, "t", ["m"])
+    a.stop()
+    lease_before = a.tier.read_versioned(lease_path("a"))
+    with pytest.raises(FailedPrecondition, match="`chronomq takeover a`"):
+        _broker(tmp_path, "a", manual_clock, data="a-new-machine")
+    assert a.tier.read_versioned(lease_path("a")) == lease_before
+    b = _broker(tmp_path, "b", manual_clock)
+    try:
+        b.takeover("a", force=True)
+        again = _broker(tmp_path, "a", manual_clock, data="a-new-machine")
+        assert again.prefix == "a--1"
+        again.stop()
+        assert _pop_all(b, "g") == ["m"]
+    finally:
+        b.stop()
