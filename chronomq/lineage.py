@@ -83,7 +83,7 @@ class Lineage:
         adopted (``timers``: ``chronomq.adoption``)."""
         me = self._b.config.tier.broker_name
         record = {"from": departed, "ends": state["ends"], "chain": state.get("chain", []),
-                  "at_ms": state.get("at_ms")}
+                  "at_ms": state.get("at_ms"), "done": bool(state.get("done"))}
         if "timers" in state:
             record["timers"] = state["timers"]
         self._b.tier.write(chain_path(me, departed), json.dumps(record).encode())
@@ -100,6 +100,8 @@ class Lineage:
         for path in sorted(self._b.tier.list(prefix)):
             try:
                 raw = json.loads(self._b.tier.read(path))
+                if raw.get("done") is False:  # begun, not finished: not a link
+                    continue  # (``unfinished``: taken from its first broker instead)
                 out += [{k: c[k] for k in ("broker", "ends", "at_ms") if k in c}
                         for c in raw.get("chain", [])]
                 out.append({"broker": str(raw["from"]), "ends": raw["ends"],
@@ -110,6 +112,28 @@ class Lineage:
                 log.error("takeover of %s: skipping %s: %s", departed, path, exc)
                 adopted = None
         return out, adopted
+
+
+    def unfinished(self, departed: str) -> dict[str, dict[str, Any]]:
+        """The takeovers ``departed`` had begun and not finished, by the broker it was
+        taking over: its records in the tier that say ``done: false`` (an older record,
+        without the field, was written once the takeover had its ends: a link)."""
+        out: dict[str, dict[str, Any]] = {}
+        for path in sorted(self._b.tier.list(chain_prefix(departed))):
+            try:
+                raw = json.loads(self._b.tier.read(path))
+                if isinstance(raw, dict) and raw.get("done") is False:
+                    out[str(raw["from"])] = raw
+            except (TierError, ValueError, KeyError, TypeError) as exc:
+                log.error("cannot read the takeover record %s: %s", path, exc)
+        return out
+
+    def withdraw(self, departed: str) -> None:
+        """Remove the intent to take ``departed`` over (its claim was refused)."""
+        try:
+            self._b.tier.delete(chain_path(self._b.config.tier.broker_name, departed))
+        except TierError as exc:
+            log.warning("could not withdraw the intent to take %s over: %s", departed, exc)
 
 
 def ends_of(record: dict[str, Any]) -> dict[str, dict[int, int]]:

@@ -72,7 +72,7 @@ from chronomq.adoption import Adoption, manifest_of
 from chronomq.handover import CLOCK_SLACK_MS, InheritedIds, read_secret
 from chronomq.lineage import Lineage, ends_of
 from cluster.layout import catalogue_path, lease_path, takeover_record
-from cluster.lease import claim
+from cluster.lease import claim, inherit, read_lease
 from cluster.replay import last_store_ms, replay, stream
 from pop.checkpoint import parse_key
 from pop.model import origin_of
@@ -101,6 +101,7 @@ log = logging.getLogger(__name__)
 
 RECENT_MS = 60_000  # a departed broker that wrote this recently may be alive: --force
 PARALLEL_TOPICS = 16  # taken topics created, and their owner records written, at once
+DURABLE_WAIT_S = 120.0  # a takeover is done once what it wrote here is in the tier
 
 
 @dataclass
@@ -151,7 +152,11 @@ class Takeover:
             except TierError as exc:
                 log.error("cannot read the tier of %s, taken over earlier: %s", departed, exc)
                 continue
-            self._accept_handles(self._adopt(departed, mounted, state))
+            origins = self._adopt(departed, mounted, state)
+            if state.get("done"):
+                self._accept_handles(origins)
+            else:  # cut short: nothing of it answers before it is done (run again)
+                self._b.store.holds.hold(ends_of(state), departed)
             self.results[departed] = TakeoverResult(
                 departed, sorted(state.get("ends", {})), int(state.get("pending", 0)),
                 int(state.get("groups", 0)), float(state.get("seconds", 0.0)),
@@ -172,18 +177,37 @@ class Takeover:
         started = time.monotonic()
         phases = _Phases()
         state = self._lineage.load(departed)
+        if state.get("done"):  # run again (by hand, or a watch that saw it late)
+            self._inherit(departed)
+            return self.results.get(departed) or TakeoverResult(departed, done=True)
         if not state and not b.tier.list(f"{departed}/meta/"):
             return self._nothing(departed)
         if not state:
-            mounted = self._mount(departed)
-            clash = sorted(t for t in {*mounted.topics(), *self._catalogue(departed)}
-                           if b.store.topics.get(t) is not None)
-            if clash:
+            holder = self._holder(departed)
+            if holder not in ("", me) and not self._inheritable(departed, holder):
                 raise FailedPrecondition(
-                    f"cannot take over {departed}: topic(s) {', '.join(clash[:10])} exist on "
-                    "this broker already (their offsets would mix); take it over elsewhere")
-            self._claim(departed, mounted, force)
+                    f"broker {departed} is taken over by {holder} already (its lease "
+                    f"{lease_path(departed)} says so); if {holder} is gone before it "
+                    f"finished, take {holder} over: that finishes the takeover of {departed} "
+                    "too")
+            mounted = self._mount(departed)
+            taken_here = self._taken_here(departed, mounted)
+            if taken_here:
+                raise FailedPrecondition(
+                    f"cannot take over {departed}: topic(s) {', '.join(taken_here[:10])} "
+                    "exist on this broker already (their offsets would mix); take it over "
+                    "elsewhere")
             state = {"by": me, "ends": {}, "timers_through": 0, "at_ms": b.clock.now_ms()}
+            # the intent, in the tier before the claim: a broker that takes this one over
+            # while this takeover runs finds it unfinished and finishes it
+            # (``Lineage.unfinished``, ``_inherit``)
+            self._lineage.publish(departed, state)
+            crashpoint("takeover.after_intent")
+            try:
+                self._claim(departed, mounted, force)
+            except FailedPrecondition:
+                self._lineage.withdraw(departed)
+                raise
             self._lineage.save(departed, state)
         phases.mark("claim")
         crashpoint("takeover.after_claim")
@@ -197,6 +221,11 @@ class Takeover:
         taken = {t: catalogue[t].queue_count if t in catalogue else n
                  for t, n in mounted.topics().items()}
         taken.update({t: c.queue_count for t, c in catalogue.items()})
+        # the topics of a takeover the departed broker had begun and not finished are
+        # not its own yet: they are taken from their first broker (``_inherit``)
+        unfinished = self._lineage.unfinished(departed)
+        for t in [t for t in taken if _origin(t) in unfinished]:
+            del taken[t]
         if "chain" not in state:  # what the departed broker had itself taken over
             state["chain"], state["adopted"] = self._lineage.chain_of(departed)
             phases.mark("chain")
@@ -214,6 +243,8 @@ class Takeover:
         state["ends"] = ends
         self._lineage.save(departed, state)  # the ends first: a restart serves them
         self._lineage.publish(departed, state)  # and this broker's successor finds them
+        # made here from now on, answering no client before the takeover is done
+        b.store.holds.hold(taken, departed)
         if b.pop.tier is None:
             b.pop.tier = b.mount_reader
         origins = self._adopt(departed, mounted, state)  # the taken queues readable, then:
@@ -223,23 +254,36 @@ class Takeover:
         # ``MountedBroker``'s lock): both read many small objects of the departed broker's
         with ThreadPoolExecutor(1, "takeover-ids") as warmer:
             warming = warmer.submit(self.ids.warm, b.clock.now_ms())
-            groups, journal = self._positions(departed, mounted, taken, origins, catalogue,
-                                              ends, phases)
+            groups, journal = self._positions(departed, mounted, taken, catalogue, ends,
+                                              phases)
             warming.result()
         phases.mark("ids")  # (what indexing took beyond the rest)
-        accepting = time.monotonic() - started
-        crashpoint("takeover.after_owners")
-        result = TakeoverResult(departed, sorted(taken), 0, len(groups), 0.0, accepting,
+        result = TakeoverResult(departed, sorted(taken), 0, len(groups), 0.0, 0.0,
                                 journal_records=journal.records,
                                 journal_seconds=journal.seconds, phases=phases.seconds)
         self.results[departed] = result
         result.pending = self._timers(departed, mounted, journal, state)
         phases.mark("timers")
         crashpoint("takeover.after_timers")
+        schedules = self._schedules(departed, journal, taken)  # their topics exist now
+        self._durable()  # what was adopted here is in this broker's tier, then: done
+        phases.mark("durable")
         result.seconds = time.monotonic() - started
         result.done = True
         state.update(pending=result.pending, groups=result.groups, seconds=result.seconds,
-                     accepting_after_s=accepting, phases=phases.seconds, done=True)
+                     phases=phases.seconds, done=True)
+        self._lineage.save(departed, state)
+        self._lineage.publish(departed, state)  # a successor reads it as a link now
+        crashpoint("takeover.after_done")
+        self._own(departed, taken, state)
+        phases.mark("owners")
+        crashpoint("takeover.after_owners")
+        self._accept_handles(origins)  # only now: every lease they name is here
+        b.store.holds.release(taken)
+        result.accepting_after_s = accepting = time.monotonic() - started
+        if schedules:
+            b.schedules.wake()  # they tick here from now on (owed ticks by their misfire)
+        state.update(accepting_after_s=accepting)
         self._lineage.save(departed, state)
         try:
             b.tier.write(takeover_record(departed), json.dumps(
@@ -251,7 +295,66 @@ class Takeover:
                  "(sends accepted after %.1f s; steps: %s)", departed, len(taken),
                  result.groups, result.pending, result.seconds, accepting,
                  ", ".join(f"{k} {v:.2f} s" for k, v in phases.seconds.items()))
+        self._inherit(departed)
         return result
+
+    def _taken_here(self, departed: str, mounted: MountedBroker) -> list[str]:
+        """The departed broker's topics this broker has already (a takeover would mix
+        their offsets), except those it holds for a takeover of the same broker."""
+        held = self._b.store.holds.held()
+        return sorted(t for t in {*mounted.topics(), *self._catalogue(departed)}
+                      if self._b.store.topics.get(t) is not None and held.get(t) != departed)
+
+    def _inherit(self, departed: str) -> None:
+        """Finish the takeovers the departed broker had begun and not finished (its
+        intent in the tier, the lease it claimed): each is taken over from its first
+        broker here, as if the departed broker had never begun it."""
+        for first in sorted(self._lineage.unfinished(departed)):
+            try:
+                view, _ = read_lease(self._b.tier, first)
+            except TierError as exc:
+                log.error("cannot read the lease of %s, whose takeover %s began: %s", first,
+                          departed, exc)
+                continue
+            if view is None or view.taken_by != departed:
+                continue  # never claimed: its own lease decides (the watch, or a person)
+            log.warning("%s had begun to take %s over and did not finish: taking %s over "
+                        "here", departed, first, first)
+            self.run(first, force=True)
+
+    def _schedules(self, departed: str, journal: JournalState, taken: dict[str, int]
+                   ) -> list[str]:
+        """The departed broker's recurring schedules of the taken topics, adopted once the
+        topics exist (woken when the takeover is done)."""
+        names = self._b.schedules.book.adopt(dict(journal.pop.items()), set(taken))
+        if names:
+            log.info("took over %d recurring schedule(s) of %s", len(names), departed)
+        return names
+
+    def _durable(self) -> None:
+        """Wait until what this takeover wrote here (positions and leases in the journal,
+        topics, settled copies) is in this broker's tier: a broker that takes this one
+        over once the takeover is marked done reads it there."""
+        tiered = self._b.tiered
+        if tiered is not None:
+            tiered.wait_durable(self._b.store.commitlog.confirmed_offset, DURABLE_WAIT_S)
+
+    def _own(self, departed: str, taken: dict[str, int], state: dict[str, Any]) -> None:
+        """Owner records of the taken topics: those naming the departed broker, or a
+        broker of its chain (one that had taken them over before), name this one now."""
+        owners = self._b.owners
+        if owners is None:
+            return
+        names = [departed, *(str(link["broker"]) for link in reversed(state.get("chain", []))
+                             if isinstance(link, dict) and "broker" in link)]
+        now = self._b.clock.now_ms()
+
+        def own(topic: str) -> None:
+            for name in names:
+                if owners.take_over(topic, name, now):
+                    return
+        with ThreadPoolExecutor(PARALLEL_TOPICS, "takeover-owners") as pool:
+            list(pool.map(own, [t for t in sorted(taken) if is_name(t)]))
 
     def _nothing(self, departed: str) -> TakeoverResult:
         """A departed broker that never uploaded a queue (it died at its first start):
@@ -263,10 +366,11 @@ class Takeover:
                                      f"(its lease {lease_path(departed)} says so)")
         log.info("took over %s: it had nothing in the tier", departed)
         result = self.results[departed] = TakeoverResult(departed, done=True)
+        self._inherit(departed)  # what it had begun to take over
         return result
 
     def _positions(self, departed: str, mounted: MountedBroker, taken: dict[str, int],
-                   origins: list[MountedBroker], catalogue: dict[str, Topic],
+                   catalogue: dict[str, Topic],
                    ends: dict[str, dict[int, int]], phases: _Phases
                    ) -> tuple[set[str], JournalState]:
         """Replay the departed broker's journal, adopt its groups' positions and leases,
@@ -278,10 +382,6 @@ class Takeover:
         groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
                               if origin_of(_topic_of(k)) in taken})
         self._settle_replaced(mounted, taken)  # before a revive here can meet them
-        self._accept_handles(origins)  # only now: the leases they name are here
-        if names := b.schedules.book.adopt(dict(journal.pop.items()), set(taken)):
-            log.info("took over %d recurring schedule(s) of %s", len(names), departed)
-            b.schedules.wake()  # they tick here from now on
         phases.mark("positions")
         crashpoint("takeover.after_positions")
         def create(topic: str) -> None:
@@ -296,15 +396,9 @@ class Takeover:
         # fsyncs, and the owner records' reads and writes overlap (one round trip each)
         with ThreadPoolExecutor(PARALLEL_TOPICS, "takeover-topics") as pool:
             list(pool.map(create, sorted(taken)))
-            b.publish_topics()
-            phases.mark("topics")
-            crashpoint("takeover.after_topics")
-            owners = b.owners
-            if owners is not None:
-                now = b.clock.now_ms()
-                list(pool.map(lambda t: owners.take_over(t, departed, now),
-                              [t for t in sorted(taken) if is_name(t)]))
-        phases.mark("owners")
+        b.publish_topics()
+        phases.mark("topics")
+        crashpoint("takeover.after_topics")
         return groups, journal
 
     def _settle_replaced(self, mounted: MountedBroker, taken: dict[str, int]) -> None:
@@ -418,14 +512,38 @@ class Takeover:
                 f"broker {departed} wrote to the tier {age / 1000:.0f} s ago: it may still be "
                 "running; take it over only once it is gone (--force to insist)")
         holder = claim(b.tier, departed, me, b.clock.now_ms())
-        if holder != me:
-            raise FailedPrecondition(f"broker {departed} is taken over by {holder} already "
-                                     f"(its lease {lease_path(departed)} says so)")
+        if holder != me and not self._inherits(departed, holder):
+            raise FailedPrecondition(
+                f"broker {departed} is taken over by {holder} already (its lease "
+                f"{lease_path(departed)} says so); if {holder} is gone before it finished, "
+                f"take {holder} over: that finishes the takeover of {departed} too")
         try:  # a record for people; the decision is the lease's ``taken_by``
             b.tier.write(takeover_record(departed), json.dumps(
                 {"by": me, "at_ms": b.clock.now_ms()}).encode())
         except TierError as exc:
             log.warning("could not record the takeover of %s: %s", departed, exc)
+
+    def _holder(self, departed: str) -> str:
+        """The broker ``departed``'s lease names as taking it over ("" : none)."""
+        try:
+            view, _ = read_lease(self._b.tier, departed)
+        except TierError:
+            return ""  # the claim reads it again, and decides
+        return view.taken_by if view is not None else ""
+
+    def _inheritable(self, departed: str, holder: str) -> bool:
+        """Whether ``holder``, which claimed ``departed``, was taken over by this broker
+        before it finished that takeover (``_inherit``)."""
+        me = self._b.config.tier.broker_name
+        if self._holder(holder) != me:
+            return False
+        return departed in self._lineage.unfinished(holder)  # else its topics came with it
+
+    def _inherits(self, departed: str, holder: str) -> bool:
+        """Claim ``departed``'s lease from ``holder`` when ``_inheritable``."""
+        b, me = self._b, self._b.config.tier.broker_name
+        return self._inheritable(departed, holder) and inherit(
+            b.tier, departed, holder, me, b.clock.now_ms())
 
     def _timers(self, departed: str, mounted: MountedBroker, journal: JournalState,
                 state: dict[str, Any]) -> int:
@@ -468,6 +586,12 @@ class Takeover:
                  "written into new ones", departed, count, placed.rocksdb, placed.in_place,
                  adoption.seconds_scanning, placed.written)
         return count
+
+
+def _origin(topic: str) -> str:
+    """The user's topic a retry or dead-letter topic belongs to; a topic itself."""
+    made = split_broker_made(topic)
+    return made[2] if made is not None else topic
 
 
 def _topic_of(key: bytes) -> str:

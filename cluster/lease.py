@@ -161,6 +161,33 @@ def claim(provider: Provider, departed: str, me: str, wall_ms: int) -> str:
                           f"while {me} tried (is {departed} running?)")
 
 
+def inherit(provider: Provider, departed: str, holder: str, me: str, wall_ms: int) -> bool:
+    """Move ``departed``'s claim from ``holder`` (a broker that claimed it and was itself
+    taken over by ``me`` before it finished: ``chronomq.takeover``) to ``me``, by a
+    conditional put; True when the claim is ``me``'s now."""
+    path = lease_path(departed)
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            raw, version = provider.read_versioned(path)
+            old = json.loads(raw)
+        except (TierNotFound, ValueError):
+            return False
+        if not isinstance(old, dict):
+            return False
+        if old.get("taken_by") == me:
+            return True
+        if old.get("taken_by") != holder:
+            return False
+        content = json.dumps({**old, "taken_by": me, "claimed_ms": wall_ms,
+                              "inherited_from": holder}, sort_keys=True).encode()
+        try:
+            if provider.swap(path, content, version) is not None:
+                return True
+        except TierUnavailable:  # the outcome may be ours: read it back
+            pass
+    raise TierUnavailable(f"could not move the claim of {path} from {holder} to {me}")
+
+
 class TakenOver(FailedPrecondition):
     """Raised when this broker's lease was taken over by another broker."""
 

@@ -54,11 +54,13 @@ LABELS: dict[str, str] = {
     "tier_retention.after_metadata": "segments below retention or a floor gone from the tier "
                                      "queues' metadata, their objects not yet deleted",
     "tier_retention.mid_delete": "the lease confirmed, some of the doomed objects deleted",
+    "takeover.after_intent": "the intent to take a broker over in the tier, not claimed yet",
     "takeover.after_claim": "a takeover won (the departed lease's taken_by), nothing taken yet",
     "takeover.after_positions": "the departed broker's positions and leases written here",
-    "takeover.after_topics": "its topics created here, continuing its offsets",
+    "takeover.after_topics": "its topics created here (held), continuing its offsets",
+    "takeover.after_timers": "its pending delayed messages adopted here",
+    "takeover.after_done": "the takeover recorded done in the tier, topics still held",
     "takeover.after_owners": "its topics' owner records name this broker",
-    "takeover.after_timers": "its pending delayed messages appended here",
 }
 
 _lock = threading.Lock()

@@ -45,6 +45,7 @@ from store.consumequeue import CqEntry
 from store.disk import unless_full
 from store.dispatcher import Dispatcher, DispatchHandler, LogReader
 from store.errors import DamagedRecord, FailedPrecondition, TopicNotFound
+from store.holds import TopicHolds
 from store.idfloor import IdFloor
 from store.index import KeyIndex
 from store.lookup import DelayedWitness, RecordLookup
@@ -119,6 +120,7 @@ class MessageStore:
         self._log_dir = log_dir = os.path.join(config.data_dir, "commitlog")
         self.open_files = plan_open_files(config.max_open_files, log_dir)
         self.topics = TopicCatalogue(config.data_dir)
+        self.holds = TopicHolds()  # topics a takeover is still adopting (store.holds)
         self.commitlog = CommitLog(log_dir, clock, config.segment_bytes,
                                    config.flush == "sync", config.flush_interval_ms)
         self.queues = ConsumeQueueTable(config.data_dir, self.topics, config.cq_entries_per_file,
@@ -282,6 +284,7 @@ class MessageStore:
                                 self.config.max_body_bytes)
         validate_times(m.born_at_ms, m.deliver_at_ms)
         check_name(m.topic)  # never a retry or dead-letter topic: the broker writes those
+        self.holds.check(m.topic)  # a topic a takeover is still adopting answers no send
         if self.topics.get(m.topic) is None and self.topics.mounted(m.topic) is not None:
             raise FailedPrecondition(f"topic {m.topic!r} is mounted read-only from another "
                                      "broker's tier: it can be consumed here, not sent to")
@@ -481,7 +484,11 @@ class MessageStore:
         )
 
     def require_topic(self, name: str) -> Topic:
-        return self.topics.require(name)
+        """The topic a client reads (Pop, Subscribe): ``TopicNotFound``, or
+        ``Unavailable`` while a takeover holds it (``store.holds``)."""
+        topic = self.topics.require(name)
+        self.holds.check(name)
+        return topic
 
 
 def _log_end_on_disk(log_dir: str) -> int:

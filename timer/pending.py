@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
+from store.errors import Unavailable
 from store.message import FLAG_DELAYED, Message, decode_dispatch_infos, decode_record
 from store.store import MessageStore
 from tiered.journal import StateJournal
@@ -84,12 +85,24 @@ class PendingMessages:
                 delivering = True
             else:
                 found.append((key, record))
+        if found and self._store.holds.active():  # a topic a takeover still adopts
+            for _, record in found:  # answers no Cancel or Reschedule (``store.holds``)
+                self._store.holds.check(decode_dispatch_infos(record, 0)[0][0].topic)
         return found, delivering
 
     def _none_reached(self, message_id: str, topic: str, delivering: bool) -> TimerChange:
         if delivering:
             return TimerChange(TimerOutcome.ALREADY_DELIVERED, 0)
-        return TimerChange(self._not_pending(message_id, topic), 0)
+        outcome = self._not_pending(message_id, topic)
+        if outcome is TimerOutcome.NOT_FOUND and self._store.holds.active():
+            # a takeover is adopting pending messages: this one may be among them
+            if topic:
+                self._store.holds.check(topic)
+            else:
+                raise Unavailable("a takeover is adopting another broker's pending messages "
+                                  f"here: {message_id!r} may be one of them; retry in a "
+                                  "moment")
+        return TimerChange(outcome, 0)
 
     def _not_pending(self, message_id: str, topic: str = "") -> TimerOutcome:
         for m in self._store.query_by_message_id(message_id):
