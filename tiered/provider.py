@@ -3,9 +3,9 @@
 Objects are immutable once written (S3 has no append): a writer that grows a file writes
 it as a sequence of objects (see ``tiered.segment`` when it lands).  Reads are ranged.
 Every method raises ``TierNotFound``/``TierUnavailable``/``TierError``, never a foreign
-exception; the conditional writes (``create``, ``swap``) also ``TierOutcomeUnknown`` (a
-``TierUnavailable``) when the write may have been applied unseen.  Implementations are
-thread-safe.
+exception; the conditional writes (``create``, ``swap``, ``delete_if``) also
+``TierOutcomeUnknown`` (a ``TierUnavailable``) when the write may have been applied
+unseen.  Implementations are thread-safe.
 """
 
 from __future__ import annotations
@@ -63,4 +63,13 @@ class Provider(Protocol):
         when this write may have been applied without an answer saying so (S3: a lost
         response, and the retry found the object changed, perhaps by this very write):
         read it back and compare; None is only ever a write that was not applied."""
+        ...
+
+    def delete_if(self, path: str, version: str) -> bool:
+        """Remove the object only if it is still at ``version`` (from ``read_versioned``
+        or ``swap``), atomically: True when this call removed it, False when it changed
+        or went meanwhile.  S3's conditional DeleteObject (``If-Match``): what releases a
+        claim without removing one another broker made since (``cluster.ownership``).
+        ``TierOutcomeUnknown`` as for ``swap`` (a lost answer, and the retry found the
+        object gone, perhaps by this very delete): read it back and compare."""
         ...

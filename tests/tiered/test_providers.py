@@ -148,6 +148,44 @@ def test_of_racing_swaps_from_one_version_one_wins(provider: Provider,
         assert provider.read("brokers/b.json") in [b"%d by %d" % (r, n) for n in won]
 
 
+def test_delete_if_removes_only_the_version_it_read(provider: Provider) -> None:
+    """The conditional delete an owner's release is made of (``cluster.ownership``):
+    a claim another broker made meanwhile is never removed."""
+    provider.write("owners/t.json", b"mine")
+    _, mine = provider.read_versioned("owners/t.json")
+    # Given another writer replaced the object since it was read
+    provider.write("owners/t.json", b"theirs")
+    # Then a delete at the version read removes nothing
+    assert provider.delete_if("owners/t.json", mine) is False
+    assert provider.read("owners/t.json") == b"theirs"
+    # and one at the current version removes it, once
+    _, theirs = provider.read_versioned("owners/t.json")
+    assert provider.delete_if("owners/t.json", theirs) is True
+    assert not provider.exists("owners/t.json")
+    assert provider.delete_if("owners/t.json", theirs) is False  # gone: not at it
+    assert provider.delete_if("owners/none.json", "") is False
+    assert provider.list("owners/") == []  # no lock files listed
+    # a version a swap returned is one too
+    new = provider.swap("owners/t.json", b"again", "")
+    assert new is not None and provider.delete_if("owners/t.json", new) is True
+
+
+def test_of_a_racing_delete_if_and_swap_from_one_version_one_wins(
+        provider: Provider, request: pytest.FixtureRequest) -> None:
+    for r in range(3):
+        provider.write("owners/r.json", b"base %d" % r)
+        _, version = provider.read_versioned("owners/r.json")
+
+        def attempt(n: int, version: str = version) -> bool:
+            if n % 2:
+                return provider.delete_if("owners/r.json", version)
+            return provider.swap("owners/r.json", b"by %d" % n, version) is not None
+        won = _race(6, attempt)
+        assert len(won) == 1 if _atomic(request) else len(won) >= 1
+        if _atomic(request):
+            assert provider.exists("owners/r.json") == (won[0] % 2 == 0)
+
+
 def test_of_racing_creates_one_wins(provider: Provider, request: pytest.FixtureRequest) -> None:
     """What topic ownership is made of (``cluster.ownership``)."""
     for r in range(3):

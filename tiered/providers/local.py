@@ -3,8 +3,9 @@
 place, and the directory that holds the name is fsynced before the write returns, as is
 the parent of every directory made for it: a rename alone lives in the page cache until
 the kernel writes the directory back, and a power loss before that would lose the name,
-and the object with it, after the tier had answered.  (A delete is not synced: a name
-that comes back after a power loss is one retention deletes again.)  Thread-safe."""
+and the object with it, after the tier had answered.  (A plain delete is not synced: a
+name that comes back after a power loss is one retention deletes again; a conditional
+one, a released claim, is.)  Thread-safe."""
 
 from __future__ import annotations
 
@@ -49,6 +50,15 @@ def _durable_temp(full: str, data: bytes) -> str:
         f.flush()
         os.fsync(f.fileno())
     return tmp
+
+
+def _version(full: str) -> str:
+    """The version of the object at ``full`` (its SHA-256; "" when there is none)."""
+    try:
+        with open(full, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except FileNotFoundError:
+        return ""
 
 
 class LocalProvider:
@@ -103,23 +113,36 @@ class LocalProvider:
         object (processes on this machine share the directory), then an atomic
         rename."""
         full = self._full(path)
-        with _wrapped(path):
-            _durable_dir(os.path.dirname(full))
-            fd = os.open(f"{full}.tmp.lock", os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                try:
-                    with open(full, "rb") as f:
-                        now = hashlib.sha256(f.read()).hexdigest()
-                except FileNotFoundError:
-                    now = ""
-                if now != version:
-                    return None
-                os.replace(_durable_temp(full, data), full)
-                fsync_dir(os.path.dirname(full))
-                return hashlib.sha256(data).hexdigest()
-            finally:
-                os.close(fd)
+        with _wrapped(path), self._locked(full):
+            if _version(full) != version:
+                return None
+            os.replace(_durable_temp(full, data), full)
+            fsync_dir(os.path.dirname(full))
+            return hashlib.sha256(data).hexdigest()
+
+    def delete_if(self, path: str, version: str) -> bool:
+        """Compare and unlink under the lock ``swap`` takes; the directory is fsynced (a
+        released claim must not come back after a power loss)."""
+        full = self._full(path)
+        with _wrapped(path), self._locked(full):
+            if not version or _version(full) != version:
+                return False
+            os.unlink(full)
+            fsync_dir(os.path.dirname(full))
+            return True
+
+    @staticmethod
+    @contextmanager
+    def _locked(full: str) -> Iterator[None]:
+        """An exclusive ``flock`` of ``<object>.tmp.lock`` (listing skips it) while the
+        object is compared and changed."""
+        _durable_dir(os.path.dirname(full))
+        fd = os.open(f"{full}.tmp.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def delete(self, path: str) -> None:
         with _wrapped(path), suppress(FileNotFoundError):

@@ -47,6 +47,15 @@ class MemoryProvider:
         with self._lock:
             self._objects.pop(check_path(path), None)
 
+    def delete_if(self, path: str, version: str) -> bool:
+        with self._lock:
+            key = check_path(path)
+            current = self._objects.get(key)
+            if current is None or hashlib.sha256(current).hexdigest() != version:
+                return False
+            del self._objects[key]
+            return True
+
     def list(self, prefix: str = "") -> list[str]:
         with self._lock:
             return sorted(p for p in self._objects if p.startswith(prefix))

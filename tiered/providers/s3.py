@@ -14,8 +14,9 @@ call against a stalled S3 gives up after about ``max_attempts`` x ``read_timeout
 PUT's attempt also waits up to 1 s for S3's "100 Continue" before it sends the body:
 botocore); the tiered dispatcher bounds its own wait further (``upload_timeout_s``).
 
-Conditional writes (``swap``, ``create``: ``If-Match`` / ``If-None-Match``) have three
-outcomes besides success, told apart in ``_put_if`` only: the object is not at that
+Conditional writes (``swap``, ``create``: ``If-Match`` / ``If-None-Match``; ``delete_if``:
+a DeleteObject with ``If-Match``) have three outcomes besides success, told apart in
+``_conditional`` only: the object is not at that
 version (None / False); the outcome is unknown (``TierOutcomeUnknown``: an attempt may
 have been applied, its answer lost, so botocore's retry met the object changed by it);
 an error.  409 ConditionalRequestConflict (two conditional writes at once) is retried
@@ -190,9 +191,25 @@ class S3Provider:
         version)."""
         return self._put_if(path, data, version)
 
+    def delete_if(self, path: str, version: str) -> bool:
+        """A conditional DeleteObject (``If-Match: <etag>``): 412 when the object changed,
+        404 (AWS, moto) or 412 (SeaweedFS) when it is gone."""
+        if not version:
+            return False
+
+        def delete() -> str:
+            self._s3.delete_object(Bucket=self._bucket, Key=self._key(path), IfMatch=version)
+            return version
+        return self._conditional(path, delete) is not None
+
     def _put_if(self, path: str, data: bytes, version: str) -> str | None:
         """The one conditional PutObject (``If-Match: <version>``; ``If-None-Match: *``
-        for ``""``), its outcomes mapped here once: the new ETag; None when the object
+        for ``""``): the new ETag, or None (``_conditional``)."""
+        return self._conditional(path, lambda: self._put_once(path, data, version))
+
+    def _conditional(self, path: str, once: Callable[[], str]) -> str | None:
+        """One conditional request (``once``: a PutObject or DeleteObject with its
+        condition), its outcomes mapped here once: ``once``'s answer; None when the object
         is not at that version (412 PreconditionFailed; 404
         NoSuchKey for ``If-Match`` on a missing key at AWS); 409
         ConditionalRequestConflict (a concurrent conditional write) is retried after a
@@ -203,7 +220,7 @@ class S3Provider:
         attempt, maybe_applied = 1, False
         while True:
             try:
-                return self._put_once(path, data, version)
+                return once()
             except ClientError as exc:
                 maybe_applied |= exc.response.get("ResponseMetadata", {}).get(
                     "RetryAttempts", 0) > 0
