@@ -81,7 +81,7 @@ class Lineage:
         """``<me>/takeovers/<departed>.json``: what a later takeover of this broker
         needs to serve the backlog of the topics it took, and the delayed messages it
         adopted (``timers``: ``chronomq.adoption``)."""
-        me = self._b.config.tier.broker_name
+        me = self._b.prefix
         record = {"from": departed, "ends": state["ends"], "chain": state.get("chain", []),
                   "at_ms": state.get("at_ms"), "done": bool(state.get("done"))}
         if "timers" in state:
@@ -131,7 +131,7 @@ class Lineage:
     def withdraw(self, departed: str) -> None:
         """Remove the intent to take ``departed`` over (its claim was refused)."""
         try:
-            self._b.tier.delete(chain_path(self._b.config.tier.broker_name, departed))
+            self._b.tier.delete(chain_path(self._b.prefix, departed))
         except TierError as exc:
             log.warning("could not withdraw the intent to take %s over: %s", departed, exc)
 

@@ -166,7 +166,7 @@ class Takeover:
 
     def run(self, departed: str, force: bool = False) -> TakeoverResult:
         b = self._b
-        me = b.config.tier.broker_name
+        me = b.prefix
         if not is_name(departed):
             raise InvalidArgument(f"broker name {departed[:140]!r} is invalid")
         if departed == me:
@@ -359,7 +359,7 @@ class Takeover:
     def _nothing(self, departed: str) -> TakeoverResult:
         """A departed broker that never uploaded a queue (it died at its first start):
         its lease claimed, nothing to carry."""
-        me = self._b.config.tier.broker_name
+        me = self._b.prefix
         holder = claim(self._b.tier, departed, me, self._b.clock.now_ms())
         if holder != me:
             raise FailedPrecondition(f"broker {departed} is taken over by {holder} already "
@@ -502,7 +502,7 @@ class Takeover:
 
     def _claim(self, departed: str, mounted: MountedBroker, force: bool) -> None:
         """Become the one broker taking ``departed`` over (or refuse)."""
-        b, me = self._b, self._b.config.tier.broker_name
+        b, me = self._b, self._b.prefix
         last = max((last_store_ms(mounted, s) for s in (STATE_STREAM, TIMER_STREAM,
                                                          DELAYED_STREAM)),
                    default=0)
@@ -534,14 +534,14 @@ class Takeover:
     def _inheritable(self, departed: str, holder: str) -> bool:
         """Whether ``holder``, which claimed ``departed``, was taken over by this broker
         before it finished that takeover (``_inherit``)."""
-        me = self._b.config.tier.broker_name
+        me = self._b.prefix
         if self._holder(holder) != me:
             return False
         return departed in self._lineage.unfinished(holder)  # else its topics came with it
 
     def _inherits(self, departed: str, holder: str) -> bool:
         """Claim ``departed``'s lease from ``holder`` when ``_inheritable``."""
-        b, me = self._b, self._b.config.tier.broker_name
+        b, me = self._b, self._b.prefix
         return self._inheritable(departed, holder) and inherit(
             b.tier, departed, holder, me, b.clock.now_ms())
 

@@ -20,7 +20,7 @@ import pytest
 from chronomq.broker import Broker
 from chronomq.config import BrokerConfig
 from cluster.layout import catalogue_path, lease_path
-from cluster.lease import read_lease
+from cluster.lease import read_lease, successor
 from cluster.rejoin import read_incarnation
 from store.clock import ManualClock
 from store.errors import FailedPrecondition
@@ -121,3 +121,35 @@ def test_an_empty_broker_under_a_name_nobody_took_over_says_what_to_run(
         assert _pop_all(b, "g") == ["m"]
     finally:
         b.stop()
+
+
+def test_a_broker_in_a_later_life_takes_over_under_its_prefix(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    """A broker's later incarnation that takes another over claims it, records the chain
+    and is followed under its prefix (``a--1``), not its name (whose lease and tier are
+    its first life's): a broker taking the later life over finds what it had taken."""
+    a = _broker(tmp_path, "a", manual_clock)
+    a.stop()
+    b = _broker(tmp_path, "b", manual_clock)
+    c = _broker(tmp_path, "c", manual_clock)
+    c.create_topic(Topic("t", 1))
+    _send(c, "t", ["from-c"])
+    c.stop()
+    again: Broker | None = None
+    try:
+        b.takeover("a", force=True)
+        again = _broker(tmp_path, "a", manual_clock)
+        assert again.prefix == "a--1"
+        again.takeover("c", force=True)
+        view = successor(again.tier, "c")
+        assert view is not None and view.broker == "a--1"  # clients of c come to a--1
+        assert again.tier.list("a--1/takeovers/")  # the chain, under its own prefix
+        _send(again, "t", ["at-a--1"])
+        again.stop()
+        again = None
+        b.takeover("a--1", force=True)  # its successor serves c's backlog too
+        assert sorted(_pop_all(b, "g")) == ["at-a--1", "from-c"]
+    finally:
+        b.stop()
+        if again is not None:
+            again.stop()
