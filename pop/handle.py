@@ -2,7 +2,7 @@
 
 Payload (big-endian), then a 16-byte MAC, all base64url without padding::
 
-    0   1   version          1
+    0   1   version          1; bit 7 set: renewable (below)
     1   2   queue_id
     3   8   ck_start         queue offset where the lease's PopCheckpoint starts
     11  8   queue_offset     the message's queue offset
@@ -14,6 +14,13 @@ Payload (big-endian), then a 16-byte MAC, all base64url without padding::
 
 The group is bound into the MAC but not stored, so a handle issued to one group fails
 verification in any other.
+
+A *renewable* handle (``renewable``: what the RocketMQ front gives a push consumer, whose
+leases it renews while the client works) names its lease entry at whatever deadline the
+entry has now: ``expire_at_ms`` is the deadline it was issued with, and a renewal, which
+moves the deadline, does not supersede it.  It settles the entry while the entry is open
+and before its current deadline (``LeaseBook.lease_of``), here or at a successor,
+with nothing remembered beside the lease.
 
 A broker that takes another over (``chronomq.takeover``) adopts its leases under the
 same keys (group, topic, queue, checkpoint start) and its secret (``adopt``): a handle
@@ -33,6 +40,7 @@ from typing import NamedTuple
 from store.errors import InvalidArgument
 
 _VERSION = 1
+_RENEWABLE = 0x80  # bit of the version byte
 _FIXED = struct.Struct(">BHQQQHB")
 _MAC_BYTES = 16
 
@@ -44,6 +52,7 @@ class ReceiptHandle(NamedTuple):
     queue_offset: int
     expire_at_ms: int
     attempt: int
+    renewable: bool = False  # settles its entry at the entry's current deadline
 
 
 class InvalidReceiptHandle(InvalidArgument):
@@ -76,7 +85,8 @@ class HandleCodec:
 
     def encode(self, group: str, h: ReceiptHandle) -> str:
         tb = h.topic.encode()
-        payload = _FIXED.pack(_VERSION, h.queue_id, h.ck_start, h.queue_offset,
+        version = _VERSION | (_RENEWABLE if h.renewable else 0)
+        payload = _FIXED.pack(version, h.queue_id, h.ck_start, h.queue_offset,
                               h.expire_at_ms, h.attempt, len(tb)) + tb
         raw = payload + self._mac(group, payload)
         return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
@@ -99,7 +109,8 @@ class HandleCodec:
                 "or issued to another group"
             )
         version, qid, ck_start, qo, expire, attempt, tlen = _FIXED.unpack_from(payload)
-        if version != _VERSION or len(payload) != _FIXED.size + tlen:
+        if version & ~_RENEWABLE != _VERSION or len(payload) != _FIXED.size + tlen:
             raise InvalidReceiptHandle("receipt handle has an unknown version or layout")
         topic = payload[_FIXED.size :].decode()
-        return ReceiptHandle(topic, qid, ck_start, qo, expire, attempt)
+        return ReceiptHandle(topic, qid, ck_start, qo, expire, attempt,
+                             bool(version & _RENEWABLE))

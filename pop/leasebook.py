@@ -240,15 +240,16 @@ class LeaseBook:
         i = h.queue_offset - ck.ck_start
         if not 0 <= i < ck.count:
             raise InvalidArgument("receipt handle does not match its lease")
-        if ck.expire_of(i) != h.expire_at_ms:
+        expire = ck.expire_of(i)
+        if expire != h.expire_at_ms and not (h.renewable and h.expire_at_ms < expire):
             raise HandleSuperseded("receipt handle was replaced by ChangeInvisibleTime: "
                                    "use the handle it returned")
         if ck.is_acked(i):
             return None, i
-        if self._clock.now_ms() >= h.expire_at_ms:  # checked before its deadline, reached
-            # after it (it waited for the lock): the revive has the entry, maybe copying it
+        if self._clock.now_ms() >= expire:  # checked before its deadline, reached after
+            # it (it waited for the lock): the revive has the entry, maybe copying it
             raise ReceiptHandleExpired(
-                f"receipt handle expired at {h.expire_at_ms} while the request waited: the "
+                f"receipt handle expired at {expire} while the request waited: the "
                 "lease ran out and the message may have been redelivered")
         return ck, i
 

@@ -60,7 +60,8 @@ class Receipts:
         """A receipt handle of ``group``, checked (MAC unless ``verify`` is False, and
         expiry at ``now``)."""
         h = self._codec.decode(group, text, verify)
-        if now >= h.expire_at_ms:
+        if now >= h.expire_at_ms and not h.renewable:  # (renewed since, maybe: the book
+            #                                               checks its current deadline)
             raise ReceiptHandleExpired(
                 f"receipt handle expired at {h.expire_at_ms} (now {now}): the lease ran out "
                 "and the message may have been redelivered")

@@ -472,6 +472,16 @@ class PopService:
             self._book.wait(ticket)
             crashpoint("pop.after_ack")
 
+    def renewable(self, group: str, got: list[PoppedMessage]) -> list[PoppedMessage]:
+        """``got``, just popped for ``group``, with renewable handles (``pop.handle``):
+        each settles its entry at whatever deadline the entry has then, so renewing the
+        lease (``change_invisible_time``) does not supersede it, here or at a broker
+        that takes this one over."""
+        receipts = self._book.receipts
+        return [p._replace(receipt_handle=receipts.encode(group, receipts.decode(
+                    group, p.receipt_handle, 0, verify=False)._replace(renewable=True)))
+                for p in got]
+
     def change_invisible_time(self, group: str, receipt_handle: str,
                               invisible_time_s: int) -> str:
         """Move the deadline of one leased message to now + ``invisible_time_s`` (0: visible

@@ -383,7 +383,8 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 "timeout"))
             return
         self._count(received=len(got))
-        if request.auto_renew:
+        if request.auto_renew:  # handles that survive their renewals and a failover
+            got = self._broker.pop.renewable(request.group.name, got)
             self.leases.track(request.group.name, client_id(context), got,
                               self._broker.clock.now_ms(), invisible_s)
         yield rs.ReceiveMessageResponse(status=ok_status())

@@ -1,12 +1,17 @@
 """Lease renewal for the RocketMQ front's push consumers (``auto_renew`` receives).
 
 A push consumer hands a message to its listener and acks when the listener returns, which
-may be long after the receive's invisible duration.  ``LeaseRenewer`` remembers each such
-lease by the handle the client was given and, shortly before it runs out
-(``RENEW_AHEAD_MS``), extends it by the receive's invisible duration through the POP
-service's ChangeInvisibleTime, for at most ``MAX_RENEW_MS`` after the receive and only
-while the client is alive (heard of within the front's ``CLIENT_GONE_MS``).  Settling
-calls translate the issued handle to the current one and end the renewing.
+may be long after the receive's invisible duration.  Its messages carry renewable
+receipt handles (``PopService.renewable``, ``pop.handle``): a handle settles its lease
+entry at whatever deadline the entry has now, so what an Ack needs is the handle and the
+lease, both of which a broker taking this one over adopts; nothing here has to survive
+a failover for the client's acks to be accepted.  ``LeaseRenewer`` remembers, in memory,
+which leases to renew: shortly before one runs out (``RENEW_AHEAD_MS``) it is extended
+by the receive's invisible duration through the POP service's ChangeInvisibleTime, for
+at most ``MAX_RENEW_MS`` after the receive and only while the client is alive (heard of
+within the front's ``CLIENT_GONE_MS``).  Settling calls end the renewing.  After a
+failover the successor does not renew them: each lease then runs out at the deadline
+its last renewal gave it (at most the receive's invisible duration later).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ MAX_RENEW_MS = 3_600_000  # ... for at most this long after its receive
 class _Lease:
     group: str
     client: str
-    handle: str  # the current handle (renewing replaces it)
+    handle: str  # renewable: the one the client holds
     received_ms: int
     expire_ms: int
     invisible_s: int
@@ -37,9 +42,9 @@ class LeaseRenewer:
     """Keeps the messages of ``auto_renew`` receives (push consumers) invisible while the
     client works on them: shortly before a lease runs out it is extended by the receive's
     invisible duration, for at most ``MAX_RENEW_MS`` and while the client is alive.  The
-    client keeps the handle it was given; Ack, ChangeInvisibleDuration and
-    ForwardMessageToDeadLetterQueue translate it to the current one, which ends the
-    renewing.  Thread-safe: settling and renewing a handle are serialised."""
+    client keeps the (renewable) handle it was given; Ack, ChangeInvisibleDuration and
+    ForwardMessageToDeadLetterQueue with it end the renewing.  Thread-safe: settling and
+    renewing a handle are serialised."""
 
     def __init__(self, pop: PopService, alive: Callable[[str], bool]) -> None:
         self._pop = pop
@@ -61,11 +66,11 @@ class LeaseRenewer:
 
     @contextmanager
     def settling(self, handles: list[str]) -> Iterator[list[str]]:
-        """The current handles for ``handles`` while they are settled; they stop being
-        renewed."""
+        """``handles`` while they are settled; they stop being renewed."""
         with self._lock:
-            yield [lease.handle if (lease := self._leases.pop(h, None)) else h
-                   for h in handles]
+            for h in handles:
+                self._leases.pop(h, None)
+            yield handles
 
     def renew_due(self, now_ms: int) -> int:
         """Renew the leases within ``RENEW_AHEAD_MS`` of their deadline; returns how many."""
@@ -78,9 +83,9 @@ class LeaseRenewer:
                         or not self._alive(lease.client)):
                     del self._leases[issued]  # left to run out: revive redelivers it
                     continue
-                try:
-                    lease.handle = self._pop.change_invisible_time(
-                        lease.group, lease.handle, lease.invisible_s)
+                try:  # (the handle stays valid: renewable)
+                    self._pop.change_invisible_time(lease.group, lease.handle,
+                                                    lease.invisible_s)
                 except ChronomqError:  # acknowledged or dead-lettered meanwhile
                     del self._leases[issued]
                     continue

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pop.handle import HandleCodec, InvalidReceiptHandle, ReceiptHandle
+from pop.model import AlreadyRequeued, HandleSuperseded
 from pop.service import PopService, ReceiptHandleExpired, TagFilter
 from store.clock import ManualClock
 from store.consumequeue import ENTRY
@@ -83,6 +84,36 @@ def test_ack_after_the_lease_expired_is_refused(env: Env) -> None:
     env.clock.advance(10_000)
     with pytest.raises(ReceiptHandleExpired, match="expired"):
         env.pop.ack("G", p.receipt_handle)
+
+
+def test_a_renewable_handle_settles_its_entry_at_the_deadline_it_has_now(env: Env) -> None:
+    # Given two messages leased for 30 s with renewable handles (a push consumer's),
+    # each lease renewed twice (ChangeInvisibleTime: the plain handle it returns
+    # supersedes only plain ones)
+    env.send(2)
+    kept, released = env.pop.renewable("G", env.pop.pop("t", "G", 2, 30))
+    plain = ""
+    for _ in range(2):
+        env.clock.advance(25_000)
+        for p in (kept, released):
+            plain = env.pop.change_invisible_time("G", p.receipt_handle, 30)
+    env.clock.advance(1_000)
+    env.pop.change_invisible_time("G", plain, 30)
+    with pytest.raises(HandleSuperseded):  # a plain handle is replaced as before
+        env.pop.ack("G", plain)
+    # Then the renewable handles, 50 s past their first deadline, still work: one acks
+    env.pop.ack("G", kept.receipt_handle)
+    assert env.pop.statistics().acked == 1
+    # and none settles an entry once it is released, or past its current deadline
+    env.pop.change_invisible_time("G", released.receipt_handle, 0)
+    env.pop.revive_due(env.clock.now_ms())
+    with pytest.raises(AlreadyRequeued):
+        env.pop.ack("G", released.receipt_handle)
+    env.send(1)
+    (late,) = env.pop.renewable("G", env.pop.pop("t", "G", 1, 10))
+    env.clock.advance(10_000)
+    with pytest.raises(ReceiptHandleExpired):
+        env.pop.ack("G", late.receipt_handle)
 
 
 def test_forged_altered_and_cross_group_handles_are_refused(env: Env) -> None:

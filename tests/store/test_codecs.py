@@ -107,7 +107,7 @@ def test_pop_checkpoint_round_trip(start: int, pop_at: int, expire: int, count: 
 
 handles = st.builds(ReceiptHandle, topic=st.text(min_size=1, max_size=50), queue_id=u16,
                     ck_start=u64, queue_offset=u64, expire_at_ms=u64,
-                    attempt=st.integers(0, 2**16 - 1))
+                    attempt=st.integers(0, 2**16 - 1), renewable=st.booleans())
 
 
 @given(handles, st.text(min_size=1, max_size=20))
