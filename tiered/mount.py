@@ -37,7 +37,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from store.clock import SystemClock
@@ -140,6 +140,17 @@ class MountedBroker:
             if not is_system_stream(topic):  # the broker's own streams: read by a takeover
                 out[topic] = max(out.get(topic, 0), qid + 1)
         return out
+
+    def keep(self, live: Callable[[str, int], bool]) -> list[tuple[str, int]]:
+        """Serve from now on only the queues of its topics for which ``live(topic,
+        generation)`` (a takeover: those of topics the departed broker did not delete,
+        ``cluster.catalogue``); its system streams are kept.  Returns the queues
+        dropped."""
+        dropped = [key for key, q in self._queues.items()
+                   if not is_system_stream(key[0]) and not live(key[0], q.generation)]
+        for key in dropped:
+            del self._queues[key]
+        return dropped
 
     def bounds(self, topic: str, queue_id: int) -> tuple[int, int] | None:
         """``(oldest, end)`` queue offsets of a mounted queue; None if not mounted here."""
