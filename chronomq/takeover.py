@@ -69,7 +69,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chronomq.adoption import Adoption, manifest_of
-from chronomq.handover import CLOCK_SLACK_MS, InheritedIds, read_secret
+from chronomq.handover import (
+    CLOCK_SLACK_MS,
+    InheritedIds,
+    adopt_leases,
+    handle_shift,
+    read_secret,
+)
 from chronomq.lineage import Lineage, ends_of
 from cluster.layout import catalogue_path, lease_path, takeover_record
 from cluster.lease import claim, inherit, read_lease
@@ -338,6 +344,8 @@ class Takeover:
         tiered = self._b.tiered
         if tiered is not None:
             tiered.wait_durable(self._b.store.commitlog.confirmed_offset, DURABLE_WAIT_S)
+            tiered.wait_published(catalogue_path(self._b.prefix),
+                                  DURABLE_WAIT_S)
 
     def _own(self, departed: str, taken: dict[str, int], state: dict[str, Any]) -> None:
         """Owner records of the taken topics: those naming the departed broker, or a
@@ -379,8 +387,9 @@ class Takeover:
         journal = replay(b.tier, mounted)
         phases.mark("journal")
         # positions before topics: no Pop here may start a taken queue from its low mark
-        groups = b.pop.adopt({k: v for k, v in journal.pop.items()  # retry topics too
-                              if origin_of(_topic_of(k)) in taken})
+        groups = adopt_leases(b.pop, b.clock.now_ms(), mounted, journal,  # on my clock
+                              {k: v for k, v in journal.pop.items()  # retry topics too
+                               if origin_of(_topic_of(k)) in taken})
         self._settle_replaced(mounted, taken)  # before a revive here can meet them
         phases.mark("positions")
         crashpoint("takeover.after_positions")
@@ -470,7 +479,7 @@ class Takeover:
             if secret is None:
                 continue
             try:
-                self._b.pop.adopt_secret(secret)
+                self._b.pop.adopt_secret(secret, handle_shift(self._b.pop, mounted.broker))
             except ValueError as exc:  # too short: not one a broker made
                 log.error("the receipt-handle secret of %s in the tier is unusable: %s",
                           mounted.broker, exc)
