@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from recurring.book import ScheduleBook
 from recurring.engine import ScheduleEngine
-from store.errors import ChronomqError
+from store.errors import ChronomqError, Unavailable
 from store.message import Draft
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ def open_schedules(broker: Broker) -> ScheduleEngine:
                 d = d._replace(born_at_ms=now, deliver_at_ms=due, flags=flags)
                 broker.check(d)
                 ok.append(d)
+            except Unavailable:  # a topic a takeover still adopts: the step, retried,
+                raise  # sends every owed tick then (a refused tick would be skipped)
             except ChronomqError as exc:
                 errors[i] = str(exc)
         if ok:

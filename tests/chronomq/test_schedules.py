@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 import grpc
 import pytest
 
+import chronomq.takeover
 from chronomq.broker import Broker
 from chronomq.cli import main
 from chronomq.client import ChronomqClient, RpcError
@@ -22,6 +23,7 @@ from recurring.book import ScheduleConfig
 from recurring.model import ScheduleSpec
 from store.clock import ManualClock
 from store.crashpoint import CRASH_EXIT_CODE
+from store.errors import Unavailable
 from store.topics import Topic
 from tests.chronomq.process import ServerProcess
 from tests.chronomq.test_journal_snapshots import _broker
@@ -229,6 +231,46 @@ def test_a_takeover_between_two_ticks_fires_the_next_one_there(tmp_path: Path) -
         assert _step(b, clock, MIN) == 1 and _step(b, clock, 0) == 0
         # Then every tick came once: A's two from its backlog, the third from B
         assert _drain(b) == [f"minutely@{1_800_000_000_000 + i * MIN}" for i in (1, 2, 3)]
+    finally:
+        b.stop()
+
+
+def test_ticks_owed_for_an_outage_come_after_a_takeover_while_the_engine_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = ManualClock(1_800_000_000_000)
+    a = _broker(tmp_path, "a", clock)
+    try:
+        a.create_topic(Topic("t", 1))
+        a.schedules.book.create(ScheduleSpec("secondly", "t", every_s=1, body=b"tick",
+                                             misfire="all"), clock.now_ms())
+        assert _step(a, clock, 1000) >= 1
+    finally:
+        a.stop()
+    # Given A gone for 10 s (its schedule owes ten ticks, within the misfire policy), and
+    # B's schedule engine firing at every step of B's takeover of A (its thread runs
+    # meanwhile: issue 51, finding 3)
+    clock.advance(10_000)
+    b = _broker(tmp_path, "b", clock)
+    real = chronomq.takeover.crashpoint
+    refused: list[str] = []
+
+    def engine_runs(label: str) -> None:
+        real(label)
+        try:
+            b.schedules.fire_due(clock.now_ms())
+        except Unavailable as exc:  # held: the tick waits, the step is retried
+            refused.append(str(exc))
+    monkeypatch.setattr(chronomq.takeover, "crashpoint", engine_runs)
+    try:
+        b.takeover("a", force=True)
+        monkeypatch.setattr(chronomq.takeover, "crashpoint", real)
+        # When B's engine steps once the takeover is done
+        _step(b, clock, 0)
+        # Then every owed tick came, once, none dropped while the topic was being taken
+        # (each sent up to a second ahead of its time)
+        assert _drain(b) == sorted(f"secondly@{1_800_000_000_000 + i * 1000}"
+                                   for i in range(1, 12))
+        assert refused  # (the engine did meet the held topic)
     finally:
         b.stop()
 
