@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chronomq.client import ChronomqClient, RpcError
+from cluster.layout import broker_prefix
 from cluster.lease import successor
 from cluster.ownership import owner_of
+from cluster.rejoin import read_incarnation
 from tests.chronomq.process import ServerProcess
 from tests.seaweed import free_ports
 from tests.tiered.proxy import FaultProxy
@@ -52,10 +54,16 @@ class Broker:
     process: ServerProcess | None = None
     retired: bool = False  # taken over or reborn empty: this name never serves again
     logs: list[list[str]] = field(default_factory=list)  # each start's output (evidence)
+    incarnation: int = 0  # the life its last start runs as (cluster.rejoin)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def prefix(self) -> str:
+        """Its name in the bucket now: its lease, owner records (``broker_prefix``)."""
+        return broker_prefix(self.name, self.incarnation)
 
     @property
     def alive(self) -> bool:
@@ -102,6 +110,7 @@ class Cluster:
             b.logs.append([str(exc)])
             raise
         b.process = p
+        b.incarnation = read_incarnation(str(b.data_dir)) or 0
         b.logs.append(p.output)  # the process's drainer goes on appending to it
         return p
 

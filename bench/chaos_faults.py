@@ -8,11 +8,13 @@ what happened, and violations of the restart rules:
 * ``kill9-restart-now``: kill -9, started again at once with its data directory (it
   resumes its topics: its lease has not expired);
 * ``kill9-restart-late``: kill -9, started again with its data directory after 1-2
-  leases: it must refuse ("taken over by") once a survivor claimed its lease, else
-  resumes;
+  leases: once a survivor claimed its lease it must never resume that life: it rejoins
+  as a new incarnation (``cluster.rejoin``: a lease and tier prefix ``<name>--<n>``),
+  which this harness retires; else it resumes;
 * ``kill9-wipe``: kill -9, data directory deleted, started again under its old name: it
-  must refuse ("holds none of it", or "taken over by"); a survivor takes it over once
-  its lease expired; a new name joins (``heal``);
+  must not resume its old life: it waits for a survivor to take that over (once its
+  lease expired) and rejoins as a new incarnation, or refuses; retired; a new name joins
+  (``heal``);
 * ``sigstop``: SIGSTOP for 1-3 leases, SIGCONT; taken over meanwhile, it must answer no
   OK (the probers ask it for one lease more) and is then retired;
 * ``cut-s3``: its proxy stalls (or resets) every S3 request for 1.5-3 leases, then
@@ -23,8 +25,9 @@ what happened, and violations of the restart rules:
   (holding nothing, or its topics move); its slow look at the leases must claim nobody
   alive.  Its unavailability is measured on every topic.
 
-A restart that starts although the broker was taken over, or although its data
-directory is gone, is a violation (RESTARTED_TAKEN_OVER, REBORN_EMPTY_STARTED).
+A restart that resumes a life taken over, or one whose data directory is gone, or a
+rejoin whose old life was not taken over, is a violation (RESTARTED_TAKEN_OVER,
+REBORN_EMPTY_STARTED, REJOINED_UNTAKEN).
 """
 
 from __future__ import annotations
@@ -57,7 +60,10 @@ class Fault:
 
 
 def _restart(cluster: Cluster, b: Broker, f: Fault) -> None:
-    """Start ``b`` again with its data directory; refused only if it was taken over."""
+    """Start ``b`` again with its data directory: as the same life unless it was taken
+    over, else as a new incarnation (``cluster.rejoin``), which this harness then
+    retires (it does not follow a name into its next life)."""
+    before = b.prefix
     try:
         cluster.start(b)
     except RuntimeError as exc:
@@ -68,7 +74,15 @@ def _restart(cluster: Cluster, b: Broker, f: Fault) -> None:
             f.notes.append(f"restart refused: {_reason(str(exc))}")
         cluster.retire(b)
         return
-    by = cluster.taken_by(b.name)
+    by = cluster.taken_by(before)
+    if b.prefix != before:
+        if by:
+            f.notes.append(f"rejoined as {b.prefix} after its takeover by {by}; retired")
+        else:
+            f.violations.append(f"REJOINED_UNTAKEN {b.name} started as {b.prefix} although "
+                                f"its lease {before} was not taken over")
+        cluster.retire(b)
+        return
     if by:
         f.violations.append(f"RESTARTED_TAKEN_OVER {b.name} started again although its lease "
                             f"says taken_by {by}")
@@ -101,14 +115,19 @@ def kill9_wipe(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> Non
     f.mark()
     cluster.kill9(b)
     shutil.rmtree(b.data_dir)
-    try:
+    before = b.prefix
+    try:  # it waits for a survivor to take its old life over, then rejoins
         cluster.start(b)
     except RuntimeError as exc:
         why = "holds none of it" if "holds none" in str(exc) else _reason(str(exc))
         f.notes.append(f"reborn empty: refused ({why})")
     else:
-        f.violations.append(f"REBORN_EMPTY_STARTED {b.name} started with an empty data "
-                            "directory under its old name")
+        by = cluster.taken_by(before)
+        if b.prefix != before and by:
+            f.notes.append(f"reborn empty: rejoined as {b.prefix} after its takeover by {by}")
+        else:
+            f.violations.append(f"REBORN_EMPTY_STARTED {b.name} started with an empty data "
+                                f"directory as {b.prefix}, its lease {before} not taken over")
     cluster.retire(b)
 
 

@@ -3,17 +3,17 @@ processes with ``tier.failover`` and ``tier.durable_ack`` on SeaweedFS, one topi
 on each, producers and consumers through the client library with a ledger, and four
 faults of different kinds at the brokers serving the topics (``tier.lease_s`` = 3):
 
-- kill -9 and a restart with the data directory after 1-2 leases (refused once taken
-  over, else it resumes);
-- kill -9 with the data directory deleted (its old name refuses to start; a survivor
-  takes it over);
+- kill -9 and a restart with the data directory after 1-2 leases (once taken over it
+  rejoins as a new incarnation, never resuming the old life; else it resumes);
+- kill -9 with the data directory deleted (a survivor takes it over; its old name
+  rejoins as a new incarnation once that is done);
 - SIGSTOP for 1-3 leases, then SIGCONT;
 - the owner cut off from S3 by a fault proxy.
 
 Then every topic is drained and the ledger checked (``bench/chaos_check.py``): nothing
 answered OK lost, nothing delivered again after an OK ack, nothing early, every message
 left unsettled delivered again, no OK from a broker after its successor claimed its
-lease, restarts refused where they must be, every topic served again and by one broker.
+lease, no life taken over resumed, every topic served again and by one broker.
 """
 
 from __future__ import annotations
