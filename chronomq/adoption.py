@@ -65,7 +65,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from chronomq.handover import CLOCK_SLACK_MS
 from cluster.delivered import DeliveredCopies
 from cluster.layout import chain_prefix
 from cluster.replay import stream
@@ -236,7 +235,7 @@ class Adoption:
         self._on_topic = on_topic
         self._topics: set[bytes] = set()  # topics known to exist here
         self.seconds_scanning = 0.0
-        self.delivered = _Delivered(mount, [], 0)
+        self.delivered = _Delivered(mount, [])
         self.placed = AdoptedBatch(0, 0, 0)  # where this run scheduled them
         self._skipped: Future[Any] | None = None  # the last journal record of those found
         self.journaled_through = 0  # delivered: this broker's timer stream holds it below
@@ -253,8 +252,7 @@ class Adoption:
         in_place = self._in_place(m)
         legacy = None if legacy_through is None else \
             _Legacy(b, adopted_offset(departed, 0), legacy_through)
-        self.delivered = _Delivered(self._mount, brokers_of(m, folded=False),
-                                    b.clock.now_ms() + CLOCK_SLACK_MS)
+        self.delivered = _Delivered(self._mount, brokers_of(m, folded=False))
         batch: list[Adopted] = []
         count = 0  # messages of the set passed so far
         for chunk in pending(b.tier, m, self._mount, journal):
@@ -359,32 +357,40 @@ class Adoption:
 
 
 class _Delivered:
-    """Of the messages due by ``risk_ms`` (this broker's clock, plus the slack of the
-    departed brokers' clocks), those a broker of the manifest delivered before it was
-    gone, the copy in its topic queue in the tier but not the timer stream's record of
-    it (``cluster.delivered``): the copy decides, they are not scheduled again."""
+    """Of the messages a broker of the manifest may have delivered (due by the latest
+    time it stored anything in the tier, by its own clock: ``delivered_until_ms``; never
+    this broker's clock), those it did deliver before it was gone, the copy in its topic
+    queue in the tier but not the timer stream's record of it (``cluster.delivered``):
+    the copy decides, they are not scheduled again."""
 
-    def __init__(self, mount: Mount, brokers: list[str], risk_ms: int) -> None:
+    def __init__(self, mount: Mount, brokers: list[str]) -> None:
         self._mount = mount
         self._brokers = list(dict.fromkeys(brokers))
-        self._risk_ms = risk_ms
         self._copies: dict[str, DeliveredCopies | None] = {}
         self.skipped = 0
+        self._risk_ms = -1
+        for name in self._brokers:
+            copies = self._copies_of(name)
+            if copies is not None:
+                self._risk_ms = max(self._risk_ms, copies.delivered_until_ms)
 
     def fresh(self, rows: list[Adopted]) -> list[Adopted]:
         out = [r for r in rows if r[1] > self._risk_ms or not self._delivered(r)]
         self.skipped += len(rows) - len(out)
         return out
 
+    def _copies_of(self, name: str) -> DeliveredCopies | None:
+        if name not in self._copies:
+            try:
+                self._copies[name] = DeliveredCopies(self._mount(name))
+            except FailedPrecondition:  # no queue of it in the tier: no copy either
+                self._copies[name] = None
+        return self._copies[name]
+
     def _delivered(self, row: Adopted) -> bool:
         topic = _topic_of(row[3]).decode()
         for name in self._brokers:
-            if name not in self._copies:
-                try:
-                    self._copies[name] = DeliveredCopies(self._mount(name))
-                except FailedPrecondition:  # no queue of it in the tier: no copy either
-                    self._copies[name] = None
-            copies = self._copies[name]
+            copies = self._copies_of(name)
             if copies is not None and copies.has(topic, row[0], row[1]):
                 return True
         return False

@@ -25,6 +25,11 @@ what the departed broker promised its clients holds at the successor too.
   minutes by default), and the departed broker's unsealed tail indexed in memory once,
   at the first lookup.  The horizon bounds what a send to a taken topic costs: a few
   reads, for ten minutes; an older id, or one sent again later, is stored again.
+- **Leases on this broker's clock.**  The adopted leases keep their remaining time,
+  counted from the adoption here, never judged by the departed broker's wall clock
+  (``adopt_leases``, ``pop.leaseclock``): their deadlines, and those of the handles
+  the departed broker signed (``handle_shift``), move by the shift from its own latest
+  time in the tier (``cluster.replay.latest_ms``) to this broker's clock at adoption.
 """
 
 from __future__ import annotations
@@ -36,8 +41,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from cluster.layout import secret_path
+from cluster.replay import latest_ms
+from pop.checkpoint import ck_start_of_key
+from pop.leaseclock import encode_shift, lease_clock, move_checkpoint, shift_key, shifts_in
+from pop.service import PopService
 from store.names import DELAYED_STREAM
 from tiered.errors import TierError, TierNotFound, TierUnavailable
+from tiered.journal import JournalState
 from tiered.mount import MountedBroker
 from tiered.provider import Provider
 
@@ -79,6 +89,40 @@ def read_secret(tier: Provider, broker: str) -> bytes | None:
         log.error("cannot read the receipt-handle secret of %s (%s): the handles its "
                   "consumers hold are refused here (their messages come back)", broker, exc)
     return None
+
+
+def adopt_leases(pop: PopService, now_ms: int, mounted: MountedBroker,
+                 journal: JournalState, items: dict[bytes, bytes]) -> set[str]:
+    """``PopService.adopt`` of the departed broker's positions and leases (``items``,
+    from its ``journal``), their deadlines moved onto this broker's clock (``now_ms``):
+    each keeps its remaining time from the departed broker's own latest time in the tier
+    (``pop.leaseclock``).  The shift is written first (journaled, durable) and a resumed
+    takeover keeps it.  Returns the groups taken."""
+    departed = mounted.broker
+    shift_ms = _kept_shift(pop, departed)
+    clock = lease_clock(departed, latest_ms(mounted), journal.pop.items())
+    if shift_ms is None:
+        shift_ms = now_ms - clock.departed_ms
+        pop.write_state([(shift_key(b), encode_shift(s))
+                         for b, s in clock.shifts(shift_ms).items()], [])
+    adopted_at_ms = clock.departed_ms + shift_ms
+    log.info("takeover of %s: its leases keep their remaining time from its latest "
+             "record (%d ms by its clock), %+d ms off this broker's clock at the "
+             "adoption", departed, clock.departed_ms, -shift_ms)
+    return pop.adopt({k: move_checkpoint(ck_start_of_key(k), v, shift_ms, adopted_at_ms)
+                      if k[:1] == b"c" else v for k, v in items.items()})
+
+
+def handle_shift(pop: PopService, broker: str) -> int:
+    """How far the deadlines of the handles ``broker`` signed move onto this broker's
+    clock (``adopt_leases`` kept it); 0 when none is kept (a takeover by an older
+    release: read as they are)."""
+    return _kept_shift(pop, broker) or 0
+
+
+def _kept_shift(pop: PopService, broker: str) -> int | None:
+    key = shift_key(broker)
+    return shifts_in((k, v) for k, v in pop.state_items() if k == key).get(broker)
 
 
 @dataclass

@@ -8,9 +8,14 @@ tier in different queues.  The record never gets there before the copy: the time
 stream's metadata copy in the tier waits until every queue is in the tier up to its
 records (``tiered.uploads.Mirror``, ``after``).  But the copy may get there and the
 broker die before the record does: its successor would deliver the message again.  So
-a takeover asks ``DeliveredCopies.has`` for every pending message already due (by the
-departed broker's clock, give or take the clock slack: ``chronomq.adoption``) and
-leaves out those whose copy the tier holds.
+a takeover asks ``DeliveredCopies.has`` for every pending message the broker may have
+delivered (``chronomq.adoption``) and leaves out those whose copy the tier holds.
+
+Which may have been: a copy is stored at or after its due time by the clock of the
+broker that delivered it, so none is due after the latest store time of that broker's
+topic queues in the tier (their metadata holds it) plus ``SLACK_MS``
+(``delivered_until_ms``).  That broker's clock only: no wall clock of another machine
+(the successor's) decides which messages are looked for.
 
 A copy is stored at or after its due time by the clock of the broker that delivered it
 (a timer never fires early), so looking for the copy of a message due at ``d`` reads only
@@ -39,6 +44,8 @@ class DeliveredCopies:
         self._copies: set[tuple[str, bytes, int]] = set()  # (topic, id, due)
         self._from: dict[str, dict[int, int]] = {}  # topic -> queue -> first offset read
         self._since: dict[str, int] = {}  # topic -> the earliest store time read from
+        # no message due later can have a copy here (module docstring)
+        self.delivered_until_ms = mounted.latest_stored_ms() + SLACK_MS
 
     def has(self, topic: str, message_id: bytes, due_ms: int) -> bool:
         """Whether the broker delivered the message with this id, due at ``due_ms``, into

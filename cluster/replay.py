@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from cluster.timersnapshot import Pointer, read_pointer, read_residual
 from store.message import decode_record
-from store.names import STATE_STREAM, TIMER_STREAM
+from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM
 from tiered.errors import TierError, TierNotFound
 from tiered.journal import POP_RESET, SNAPSHOT_POINTER, JournalState, read_snapshot_pointer
 from tiered.mount import MountedBroker
@@ -134,6 +134,14 @@ def stream(mounted: MountedBroker, name: str, start: int = 0) -> Iterator[Tiered
             return
         yield from entries
         offset = entries[-1].queue_offset + 1
+
+
+def latest_ms(mounted: MountedBroker) -> int:
+    """The departed broker's own latest time in the tier: the store time of the last
+    record of its state, timer and delayed streams, by its clock (0: none).  Its clock
+    read at least this when it was lost (``pop.leaseclock``)."""
+    return max(last_store_ms(mounted, s) for s in (STATE_STREAM, TIMER_STREAM,
+                                                    DELAYED_STREAM))
 
 
 def last_store_ms(mounted: MountedBroker, stream: str) -> int:

@@ -68,20 +68,26 @@ def _check_secret(secret: bytes) -> bytes:
 class HandleCodec:
     def __init__(self, secret: bytes) -> None:
         self._secret = _check_secret(secret)
-        self._adopted: tuple[bytes, ...] = ()  # departed brokers' secrets (``adopt``)
+        # departed brokers' secrets, each with how far its handles' deadlines move onto
+        # this broker's clock (``adopt``)
+        self._adopted: tuple[tuple[bytes, int], ...] = ()
 
-    def adopt(self, secret: bytes) -> None:
-        """Accept handles signed with ``secret`` too: a broker taken over signed them."""
-        if secret != self._secret and secret not in self._adopted:
-            self._adopted = (*self._adopted, _check_secret(secret))
+    def adopt(self, secret: bytes, shift_ms: int = 0) -> None:
+        """Accept handles signed with ``secret`` too: a broker taken over signed them.
+        Their ``expire_at_ms`` is read ``shift_ms`` later: the deadline of the lease
+        they name moved so far onto this broker's clock (``pop.leaseclock``)."""
+        if secret != self._secret:
+            self._adopted = (*((s, m) for s, m in self._adopted if s != secret),
+                             (_check_secret(secret), shift_ms))
 
     def _mac(self, group: str, payload: bytes, secret: bytes | None = None) -> bytes:
         return hmac.digest(secret or self._secret, group.encode() + b"\0" + payload,
                            "sha256")[:_MAC_BYTES]
 
-    def _verified(self, group: str, payload: bytes, mac: bytes) -> bool:
-        return any(hmac.compare_digest(mac, self._mac(group, payload, secret))
-                   for secret in (self._secret, *self._adopted))
+    def _verified(self, group: str, payload: bytes, mac: bytes) -> int | None:
+        """The shift of the secret that signed it (0: this broker's); None: none did."""
+        return next((shift for secret, shift in ((self._secret, 0), *self._adopted)
+                     if hmac.compare_digest(mac, self._mac(group, payload, secret))), None)
 
     def encode(self, group: str, h: ReceiptHandle) -> str:
         tb = h.topic.encode()
@@ -103,7 +109,8 @@ class HandleCodec:
         if len(raw) < _FIXED.size + _MAC_BYTES:
             raise InvalidReceiptHandle("receipt handle is malformed (too short)")
         payload, mac = raw[:-_MAC_BYTES], raw[-_MAC_BYTES:]
-        if verify and not self._verified(group, payload, mac):
+        shift_ms = self._verified(group, payload, mac) if verify else 0
+        if shift_ms is None:
             raise InvalidReceiptHandle(
                 f"receipt handle is not valid for group {group!r}: it was altered, forged, "
                 "or issued to another group"
@@ -112,5 +119,5 @@ class HandleCodec:
         if version & ~_RENEWABLE != _VERSION or len(payload) != _FIXED.size + tlen:
             raise InvalidReceiptHandle("receipt handle has an unknown version or layout")
         topic = payload[_FIXED.size :].decode()
-        return ReceiptHandle(topic, qid, ck_start, qo, expire, attempt,
+        return ReceiptHandle(topic, qid, ck_start, qo, expire + shift_ms, attempt,
                              bool(version & _RENEWABLE))

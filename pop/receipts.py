@@ -50,11 +50,11 @@ class Receipts:
     def encode(self, group: str, h: ReceiptHandle) -> str:
         return self._codec.encode(group, h)
 
-    def adopt_secret(self, secret: bytes) -> None:
+    def adopt_secret(self, secret: bytes, shift_ms: int = 0) -> None:
         """Accept receipt handles a departed broker signed with ``secret``: those of the
         leases ``LeaseBook.adopt`` took from it name them by the same keys
-        (``pop.handle``)."""
-        self._codec.adopt(secret)
+        (``pop.handle``), their deadlines ``shift_ms`` on (``pop.leaseclock``)."""
+        self._codec.adopt(secret, shift_ms)
 
     def decode(self, group: str, text: str, now: int, verify: bool = True) -> ReceiptHandle:
         """A receipt handle of ``group``, checked (MAC unless ``verify`` is False, and

@@ -165,11 +165,12 @@ class PopService:
         here, the entry must not be revived again (``chronomq.adoption``)."""
         self._requeuer.mark_found(found)
 
-    def adopt_secret(self, secret: bytes) -> None:
+    def adopt_secret(self, secret: bytes, shift_ms: int = 0) -> None:
         """Accept the receipt handles a departed broker signed with ``secret`` for the
         leases ``adopt`` took from it: Ack, Nack, ChangeInvisibleTime and DeadLetter of
-        them work here (``Receipts.adopt_secret``)."""
-        self._book.receipts.adopt_secret(secret)
+        them work here (``Receipts.adopt_secret``; their deadlines ``shift_ms`` on, as
+        the leases' moved: ``pop.leaseclock``)."""
+        self._book.receipts.adopt_secret(secret, shift_ms)
 
     def write_state(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
         """Write other broker state (keys starting with ``STATE_PREFIX``) into the POP

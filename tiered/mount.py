@@ -176,6 +176,22 @@ class MountedBroker:
                     last = max(last, got[-1].store_at_ms)
         return last
 
+    def latest_stored_ms(self) -> int:
+        """The store time of the latest record of its topics' queues in the tier (0:
+        none), by its clock, from their metadata (a queue whose metadata predates the
+        store times is read)."""
+        last = 0
+        for (topic, _), q in self._queues.items():
+            end = q.committed_queue_offset
+            if is_system_stream(topic) or end <= q.min_queue_offset:
+                continue
+            at = max((seg.last_at_ms for seg in q.cq.meta.segments if seg.length), default=0)
+            if not at:
+                got = q.read(end - 1, 1)
+                at = got[-1].store_at_ms if got else 0
+            last = max(last, at)
+        return last
+
     def first_stored(self, topic: str, queue_id: int, lo: int, hi: int, at_ms: int) -> int:
         """The first queue offset in ``[lo, hi)`` of a mounted queue stored at or after
         ``at_ms``; ``hi`` if none (or not mounted)."""
