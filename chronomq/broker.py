@@ -6,28 +6,30 @@ Thread-safe.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import NamedTuple
 
 from chronomq.compaction import attach_compaction
 from chronomq.config import BrokerConfig
 from chronomq.dedupe import SendDedupe
 from chronomq.failover import hold_lease, start_failover
-from chronomq.handover import publish_secret
+from chronomq.handover import adopted_delayed_ends, publish_secret
 from chronomq.providers import make_lease_provider, make_provider
 from chronomq.recurrence import open_schedules
 from chronomq.takeover import Takeover, TakeoverResult
-from cluster.layout import broker_prefix, catalogue_path
+from cluster.catalogue import CatalogueCopy
+from cluster.layout import broker_prefix
 from cluster.lease import BrokerLease, LeaseWatch, TakenOver
 from cluster.ownership import Owner, TopicOwners
 from cluster.rejoin import Rejoin
 from cluster.timersnapshot import TimerCompactor
+from cluster.topics import TopicChanges, bucket_fence
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.leasejournal import Snapshots
 from pop.service import PopService
@@ -36,7 +38,7 @@ from store.disk import DiskGuard, unless_full
 from store.errors import ChronomqError, FailedPrecondition, InvalidArgument, TopicNotFound
 from store.kv import KV
 from store.message import FLAG_DELAYED, DispatchInfo, Draft, Message
-from store.names import SYSTEM_STREAMS, check_name, is_name, is_system_stream
+from store.names import SYSTEM_STREAMS, is_name, is_system_stream
 from store.store import MessageStore
 from store.topics import Topic
 from tiered.dispatcher import TieredDispatcher
@@ -172,6 +174,8 @@ class Broker:
         self.store = MessageStore(sc, clock)
         self.store.set_topic_creator(self.create_topic)  # auto-created topics are claimed
         self.dedupe = SendDedupe(self.store, sc.dedupe_window_ms, self.takeovers.ids)
+        self.takeovers.ids.delayed_ends = partial(  # (kept by chronomq.lineage)
+            adopted_delayed_ends, os.path.join(sc.data_dir, "takeovers"))
         self._opened.append(("the store", self.store.close))  # not opened: writes nothing
         self._pop_kv = KV(os.path.join(sc.data_dir, "pop"),
                           write_buffer_bytes=POP_WRITE_BUFFER_BYTES)
@@ -201,12 +205,27 @@ class Broker:
             self.add_dispatch_listener(self.tiered.offer)
             for stream in SYSTEM_STREAMS:  # the timer's pending set and the journal
                 self.store.create_topic(Topic(stream, 1), system=True)
-            self.publish_topics()
         self.journal = StateJournal(self.store, self.tiered, self.config.tier.durable_ack)
         if self.lease is not None:
             self.lease.load = lambda: len(self.topics())
             self.journal.fence = self.lease.check
         self.timer.set_journal(self.journal)
+        self.topic_changes = self._topic_changes()
+        self._start_retry("writing its topic catalogue's copy", self.topic_changes.open)
+
+    def _topic_changes(self) -> TopicChanges:
+        """CreateTopic and DeleteTopic through the fence (``cluster.topics``); with
+        ``tier.upload`` each waits for the catalogue's copy in the tier."""
+        catalogue = confirm = None
+        if self.tiered is not None:
+            durable = self.tiered.durable
+            catalogue = CatalogueCopy(
+                self.tier, self.prefix, self.topics,
+                lambda: self.store.commitlog.confirmed_offset, lambda: durable.fenced)
+            if self.journal.durable_ack:
+                confirm = bucket_fence(durable)
+        return TopicChanges(self.store, self.clock, self.pop.forget_topics,
+                            self.journal.check, lambda: self.owners, catalogue, confirm)
 
     def _hold_lease(self) -> None:
         """This broker's lease, before the store opens, and the incarnation it is of
@@ -317,35 +336,15 @@ class Broker:
 
     def create_topic(self, topic: Topic) -> tuple[Topic, bool]:
         """Create ``topic`` here; with ``tier.claim_topics`` only once this broker owns it
-        in the shared tier (``FailedPrecondition`` naming the owner when another does)."""
-        self.journal.check()  # fencing (tier.failover): a broker taken over creates nothing
-        if self.store.topics.mounted(topic.name) is not None:
-            raise FailedPrecondition(f"topic {topic.name!r} is mounted read-only from "
-                                     "another broker's tier: unmount it first")
-        if self.owners is not None:
-            check_name(topic.name)
-            if self.store.topics.get(topic.name) is None and \
-                    not self.owners.claim(topic.name, self.clock.now_ms()):
-                owner = self.owners.owner(topic.name)
-                where = f"broker {owner.broker} at {owner.address}" if owner else "another broker"
-                raise FailedPrecondition(f"topic {topic.name!r} is owned by {where} (recorded "
-                                         "in the shared tier): send and consume there")
-        created = self.store.create_topic(topic)
-        self.publish_topics()
-        return created
+        in the shared tier (``FailedPrecondition`` naming the owner when another does);
+        returns once durable, in the tier's copy, and past the fence (``cluster.topics``)."""
+        return self.topic_changes.create(topic)
 
     def publish_topics(self) -> None:
-        """With ``tier.upload``: the topic catalogue's copy in the tier,
-        ``<broker>/topics.json`` (names and settings; a broker taking this one over
-        creates them alike: ``chronomq.takeover``), written with the next upload."""
-        if self.tiered is None:
-            return
-        topics = [{"name": t.name, "queue_count": t.queue_count,
-                   "retention_ms": t.retention_ms, "retention_bytes": t.retention_bytes,
-                   "tier_retention_ms": t.tier_retention_ms}
-                  for t in self.store.topics.list() if not is_system_stream(t.name)]
-        self.tiered.publish(catalogue_path(self.prefix), json.dumps(
-            {"version": 1, "topics": topics}, sort_keys=True).encode())
+        """With ``tier.upload``: returns once the topic catalogue's copy in the tier,
+        ``<broker>/topics.json`` (``cluster.catalogue``), names every topic made here (a
+        broker taking this one over takes them)."""
+        self.topic_changes.publish()
 
     def topics(self) -> list[Topic]:
         """This broker's own topics (mounted ones: ``mount_reader``; its system streams
@@ -368,11 +367,9 @@ class Broker:
         return self.create_topic(Topic(name, self.config.store.default_queue_count))[0]
 
     def delete_topic(self, name: str) -> None:
-        self.store.delete_topic(name)
-        self.publish_topics()
-        self.pop.forget_topic(name)
-        if self.owners is not None:
-            self.owners.release(name)
+        """Delete topic ``name`` and what this broker keeps of it; returns once that is
+        durable, in the tier's copy, and past the fence (``cluster.topics``)."""
+        self.topic_changes.delete(name)
 
     def mount(self, broker: str) -> list[str]:
         """Serve ``broker``'s topics read-only from the shared tier (``tiered.mount``);
@@ -456,6 +453,9 @@ class Broker:
         """Append checked drafts, except those whose client-chosen id their topic accepted
         within the dedupe window (``chronomq.dedupe``; ``dedupe=False``: all of them, as
         a debounce's replacing message is).  Pass the result to ``stored``."""
+        if self.store.holds.active():  # a topic a takeover still adopts takes no send,
+            for d in drafts:  # nor a debounce's replace (``store.holds``)
+                self.store.holds.check(d.topic)
         self.disk.check_send(sum(len(d.body) for d in drafts))
         chosen = [(d.topic, d.message_id) for d in drafts if d.message_id] if dedupe else []
         duplicate = [False] * len(drafts)
