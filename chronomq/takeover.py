@@ -77,6 +77,7 @@ from chronomq.handover import (
     read_secret,
 )
 from chronomq.lineage import Lineage, ends_of
+from cluster.catalogue import departed_topics, read_catalogue
 from cluster.layout import catalogue_path, lease_path, takeover_record
 from cluster.lease import claim, inherit, read_lease
 from cluster.replay import last_store_ms, replay, stream
@@ -186,7 +187,8 @@ class Takeover:
         if state.get("done"):  # run again (by hand, or a watch that saw it late)
             self._inherit(departed)
             return self.results.get(departed) or TakeoverResult(departed, done=True)
-        if not state and not b.tier.list(f"{departed}/meta/"):
+        if not state and not b.tier.list(f"{departed}/meta/") and \
+                not b.tier.exists(catalogue_path(departed)):  # (topics, never a message)
             return self._nothing(departed)
         if not state:
             holder = self._holder(departed)
@@ -220,13 +222,11 @@ class Takeover:
         # read only now, after the claim: everything the departed broker confirmed
         # (``cluster.lease``: its commits' lease writes) is in the tier before the claim
         mounted = self._mount(departed)
-        catalogue = self._catalogue(departed)
+        catalogue = departed_topics(b.tier, mounted)  # its deleted topics' queues dropped
         if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
             b.unmount(departed)
         phases.mark("mount")
-        taken = {t: catalogue[t].queue_count if t in catalogue else n
-                 for t, n in mounted.topics().items()}
-        taken.update({t: c.queue_count for t, c in catalogue.items()})
+        taken = {t: c.queue_count for t, c in catalogue.items()}
         # the topics of a takeover the departed broker had begun and not finished are
         # not its own yet: they are taken from their first broker (``_inherit``)
         unfinished = self._lineage.unfinished(departed)
@@ -363,6 +363,10 @@ class Takeover:
                     return
         with ThreadPoolExecutor(PARALLEL_TOPICS, "takeover-owners") as pool:
             list(pool.map(own, [t for t in sorted(taken) if is_name(t)]))
+        # the names it claimed and never made, or deleted but kept: usable again
+        if released := owners.release_departed(departed, set(taken)):
+            log.info("takeover of %s: released its claims of topic(s) it did not have: %s",
+                     departed, ", ".join(released[:10]))
 
     def _nothing(self, departed: str) -> TakeoverResult:
         """A departed broker that never uploaded a queue (it died at its first start):
@@ -486,26 +490,19 @@ class Takeover:
 
     def _catalogue(self, departed: str) -> dict[str, Topic]:
         """The departed broker's topics and their settings, from its catalogue's copy
-        (``<broker>/topics.json``: ``Broker.publish_topics``); {} when it has none."""
+        (``cluster.catalogue``); {} when it has none or it is unreadable."""
         try:
-            raw = json.loads(self._b.tier.read(catalogue_path(departed)))
-            return {str(t["name"]): Topic(str(t["name"]), int(t["queue_count"]),
-                                          int(t.get("retention_ms", 0)),
-                                          int(t.get("retention_bytes", 0)),
-                                          tier_retention_ms=int(t.get("tier_retention_ms", 0)))
-                    for t in raw.get("topics", [])
-                    if is_name(str(t["name"])) or split_broker_made(str(t["name"]))}
-        except TierNotFound:
-            return {}
-        except (TierError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            found = read_catalogue(self._b.tier, departed)
+        except TierError as exc:
             log.error("takeover of %s: its topic catalogue in the tier is unreadable (%s); "
                       "topics are taken from its queues", departed, exc)
             return {}
+        return found.topics if found is not None else {}
 
     def _mount(self, departed: str) -> MountedBroker:
         try:
-            return MountedBroker(self._b.tier, departed,
-                                 os.path.join(self._b.config.store.data_dir, "mounts", departed))
+            return MountedBroker(self._b.tier, departed, os.path.join(
+                self._b.config.store.data_dir, "mounts", departed), empty=True)
         except TierNotFound as exc:
             raise FailedPrecondition(f"cannot take over {departed}: {exc}") from None
 

@@ -496,13 +496,18 @@ class LeaseBook:
     def forget_topic(self, topic: str) -> None:
         """Drop every group's leases and positions of a deleted user topic and of its
         retry topics (memory and RocksDB)."""
+        self.forget_topics({topic})
+
+    def forget_topics(self, topics: set[str]) -> None:
+        """``forget_topic`` of each of ``topics``, the book read once."""
         with self._lock:
-            doomed_keys = [k for k in self._leases if origin_of(k[1]) == topic]
+            doomed_keys = [k for k in self._leases if origin_of(k[1]) in topics]
             for key in doomed_keys:
                 del self._leases[key]
-            for pair in [k for k in self._group_locks if k[1] == topic]:
+            for pair in [k for k in self._group_locks if k[1] in topics]:
                 del self._group_locks[pair]
         doomed = [k for kind in (b"c", b"o", b"p") for k, _ in self._kv.scan(kind)
-                  if origin_of(parse_key(k)[1]) == topic]
-        self.write([], doomed)  # journaled: a takeover must not bring them back
+                  if origin_of(parse_key(k)[1]) in topics]
+        if doomed:
+            self.write([], doomed)  # journaled: a takeover must not bring them back
 

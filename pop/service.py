@@ -259,10 +259,15 @@ class PopService:
     def forget_topic(self, topic: str) -> None:
         """Drop every group's leases and offsets of a deleted topic (memory and RocksDB)
         and the groups' retry topics."""
-        self._book.forget_topic(topic)
+        self.forget_topics({topic})
+
+    def forget_topics(self, topics: set[str]) -> None:
+        """``forget_topic`` of each of ``topics``, the book read once (a start finishing
+        the deletions a crash cut short: ``cluster.topics``)."""
+        self._book.forget_topics(topics)
         for t in self._store.topics.list():
-            if t.name.startswith(RETRY_PREFIX) and origin_of(t.name) == topic:
-                self._store.delete_topic(t.name)
+            if t.name.startswith(RETRY_PREFIX) and origin_of(t.name) in topics:
+                self._store.delete_topic(t.name, system=True)
 
     def validate(self, topic: str, group: str, max_messages: int, invisible_time_s: int,
                  cap: int | None = None) -> None:

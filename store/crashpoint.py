@@ -54,6 +54,13 @@ LABELS: dict[str, str] = {
     "tier_retention.after_metadata": "segments below retention or a floor gone from the tier "
                                      "queues' metadata, their objects not yet deleted",
     "tier_retention.mid_delete": "the lease confirmed, some of the doomed objects deleted",
+    "topic.after_claim": "a topic's owner record claimed in the tier, the topic not created",
+    "topic.after_create": "a topic created here (its log fsynced), not in the tier's copy",
+    "topic.after_catalogue": "the catalogue's copy naming a topic change in the tier, the "
+                             "fence not passed",
+    "topic.after_delete": "a topic deleted here (its log fsynced), the copy not written",
+    "topic.after_forget": "a deleted topic's positions and retry topics dropped, its owner "
+                          "record not released",
     "takeover.after_intent": "the intent to take a broker over in the tier, not claimed yet",
     "takeover.after_claim": "a takeover won (the departed lease's taken_by), nothing taken yet",
     "takeover.after_positions": "the departed broker's positions and leases written here",

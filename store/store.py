@@ -64,7 +64,7 @@ from store.message import (
     validate_message_fields,
     validate_times,
 )
-from store.names import DELAYED_STREAM, check_name
+from store.names import DELAYED_STREAM, check_broker_made, check_name
 from store.openfiles import plan_open_files
 from store.queues import ConsumeQueueTable, NextOffsets
 from store.reader import RecordReader
@@ -267,8 +267,14 @@ class MessageStore:
                     self._next_queue_offset.pop((topic.name, qid), None)
         return self.create_topic(topic, system)
 
-    def delete_topic(self, name: str) -> None:
-        check_name(name)  # the broker's own topics go with their user's topic
+    def delete_topic(self, name: str, system: bool = False) -> None:
+        """Delete topic ``name``; returns once that is durable.  ``system``: a retry
+        topic the broker made, going with its user's topic (``PopService.forget``);
+        a user never deletes one."""
+        if system:
+            check_broker_made(name)
+        else:
+            check_name(name)
         with self._topic_changes.of(name):
             self.topics.delete(name)
             self.queues.drop_topic(name)

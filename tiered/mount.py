@@ -103,9 +103,12 @@ class OwnTierReader(Protocol):
 class MountedBroker:
     """The queues of broker ``broker`` in the tier on ``provider``, read-only."""
 
-    def __init__(self, provider: Provider, broker: str, work_dir: str) -> None:
+    def __init__(self, provider: Provider, broker: str, work_dir: str,
+                 empty: bool = False) -> None:
         """``work_dir``: a local directory of the serving broker's for this mount's
-        index slot caches."""
+        index slot caches.  ``empty``: a broker with no queue in the tier is mounted too
+        (a takeover of one that made topics and never uploaded a message), else
+        ``TierNotFound``."""
         if not is_name(broker):
             raise InvalidArgument(f"broker name {broker[:140]!r} is invalid")
         self.broker = broker
@@ -129,7 +132,7 @@ class MountedBroker:
             except (TierNotFound, UnicodeDecodeError, ValueError, KeyError,
                     TierError) as exc:
                 log.error("mount of %s: skipping %s: %s", broker, path, exc)
-        if not self._queues:
+        if not self._queues and not empty:
             raise TierNotFound(f"broker {broker!r} has no queues in the tier (nothing "
                                f"under {prefix}: was tier.upload on?)")
 

@@ -2,7 +2,8 @@
 
 For each label of ``store.crashpoint.LABELS`` (the takeover's: test_takeover_crashpoints.py;
 the timer snapshot's and tier retention's: test_timer_snapshot_crashpoints.py; the
-debounce's: test_debounce.py; the schedules': test_schedules.py),
+debounce's: test_debounce.py; the schedules': test_schedules.py; CreateTopic's and
+DeleteTopic's: test_topic_changes.py),
 at its first hit and at its third, a broker
 process armed with ``server.crash_at=<label>:<N>`` runs one scripted, ledgered workload
 that reaches every label: immediate sends (unary and streamed, keyed, enough bytes to
@@ -138,7 +139,7 @@ def crash_run(data: Path, ledgers: Path, label: str, nth: int) -> CrashRun:
                                          if not la.startswith(("takeover.", "timer_snapshot.",
                                                                "tier_retention.",
                                                                "debounce.",
-                                                               "schedule."))))
+                                                               "schedule.", "topic."))))
 def test_crash_point_keeps_the_durability_contract(tmp_path: Path, label: str,
                                                    nth: int) -> None:
     data, ledgers = tmp_path / "data", tmp_path / "ledger"
