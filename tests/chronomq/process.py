@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
@@ -12,12 +13,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Debian's libfaketime (package faketime), preloaded into the server itself: the
+# ``faketime`` command forks and waits, so a kill -9 of it would leave the server running
+LIBFAKETIME = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))), "")
+
+
+def _clock_ahead(seconds: int) -> dict[str, str]:
+    """The environment that sets a process's wall clock ``seconds`` ahead."""
+    if not seconds:
+        return {}
+    if not LIBFAKETIME:
+        raise RuntimeError("libfaketime is missing (apt-get install faketime)")
+    return {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": f"{seconds:+d}s",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
 
 class ServerProcess:
     def __init__(self, data_dir: Path, *settings: str, nofile: int | None = None,
-                 log_level: str = "WARNING") -> None:
+                 log_level: str = "WARNING", clock_ahead_s: int = 0) -> None:
         """``nofile``: the server runs with RLIMIT_NOFILE set to it (soft and hard), as
-        under ``ulimit -n``; ``log_level``: the server's ``--log-level``."""
+        under ``ulimit -n``; ``log_level``: the server's ``--log-level``;
+        ``clock_ahead_s``: its wall clock runs this far ahead of the machine's (Debian's
+        libfaketime preloaded, ``LIBFAKETIME``; its monotonic clocks are the machine's)."""
         # The limit is set by a tiny Python that then execs the server, not by a
         # preexec_fn: with one, Popen forks (not vfork), gRPC's fork handlers restart its
         # poller in the child, and close_fds closes the poller's epoll fd under it, so the
@@ -27,12 +44,14 @@ class ServerProcess:
             sys.executable, "-c", "import os, resource, sys; resource.setrlimit("
             f"resource.RLIMIT_NOFILE, ({nofile}, {nofile})); "
             "os.execv(sys.argv[1], sys.argv[1:])"]
-        args = [*limit, sys.executable, "-m", "chronomq.cli", "serve", "--log-level", log_level,
+        args = [*limit, sys.executable, "-m", "chronomq.cli", "serve",
+                "--log-level", log_level,
                 "--set", f"store.data_dir={data_dir}", "--set", "server.port=0",
                 "--set", "server.metrics_port=0", "--set", "console.port=0",
                 *[a for s in settings for a in ("--set", s)]]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                     **_clock_ahead(clock_ahead_s)})
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 60
         self.output: list[str] = []
