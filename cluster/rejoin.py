@@ -21,8 +21,10 @@ the leases of the name's incarnations (``brokers/<name>.json``, ``brokers/<name>
   catalogue) and is not taken over: a lost machine under its old name.  Holding that
   lease would strand what it holds, so the broker leaves it alone and waits up to
   ``tier.rejoin_timeout_s`` for a survivor to take it over (``tier.failover``: once the
-  lease expires), then goes on as above; without failover nobody will, and it says
-  what to run.
+  lease expires), then goes on as above.  Unchanged for ``SELF_CLAIM_LEASES`` leases and
+  claimed by nobody (no survivor: a lone broker), the new life claims its old self
+  (``cluster.lease.claim``) and takes it over once it runs (its lease watch finds the
+  claim its own).  Without failover nobody claims it, and it says what to run.
 
 **Set aside, never deleted**: everything in the data directory (but ``disk-reserve``
 and earlier incarnations) moves into ``<data>/incarnations/<n>/`` (through
@@ -43,10 +45,11 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeVar
 
 from cluster.layout import broker_prefix, catalogue_path, takeover_record
-from cluster.lease import LeaseView, read_lease
+from cluster.lease import LeaseView, claim, read_lease
 from store.clock import Clock
 from store.errors import FailedPrecondition, Unavailable
 from store.files import write_atomic
@@ -63,6 +66,9 @@ KEPT = frozenset({ASIDE_DIR, "disk-reserve"})  # stay in place when the rest mov
 BACKOFF_S, BACKOFF_MAX_S = 0.2, 5.0  # a failed tier request at start: again after ...
 POLL_S = 0.5  # waiting for a takeover: how often the tier is read
 PROGRESS_S = 10.0  # ... and how often the wait is logged
+SELF_CLAIM_LEASES = 2  # an old life's lease unchanged this many leases, claimed by no
+#                        survivor (the last of three tries 1 2/3 leases in): its new life
+#                        claims it (a lone broker replaced with an empty disk)
 
 
 def read_incarnation(data_dir: str) -> int | None:
@@ -164,7 +170,8 @@ class Rejoin:
             if not held:  # nothing of it in the tier: the lease is ours to take
                 return self._begin(newest)
             view = self._wait_claimed(newest, view)
-        self._wait_done(newest, view)
+        if view.taken_by != self.prefix(newest + 1):  # (else: the takeover is ours to run)
+            self._wait_done(newest, view)
         return self._begin(newest + 1, aside=newest)
 
     def _begin(self, incarnation: int, aside: int | None = None) -> int:
@@ -207,10 +214,26 @@ class Rejoin:
                     "holds state in the tier: waiting for a survivor to take it over "
                     "(once its lease expires, %.0f s)", self._name, incarnation, prefix,
                     view.lease_s)
+        me = self.prefix(incarnation + 1)
+        seen: list[tuple[str, float]] = []  # the version seen, and since when
 
         def claimed() -> LeaseView | None:
-            now, _ = read_lease(self._tier, prefix)
-            return now if now is not None and now.taken_by else None
+            now, version = read_lease(self._tier, prefix)
+            at = self._now()  # (after the read: never earlier than the version's write)
+            if now is None or now.taken_by:
+                return now
+            if not seen or seen[0][0] != version:
+                seen[:] = [(version, at)]
+                return None
+            if at - seen[0][1] < SELF_CLAIM_LEASES * now.lease_s:
+                return None
+            # expired, and no survivor claimed it (there is none): take our old self
+            # over ourselves; the lease watch of the new life runs the takeover it finds
+            # claimed by it (``cluster.lease.LeaseWatch``)
+            holder = claim(self._tier, prefix, me, self._clock.now_ms())
+            log.warning("broker %s: no survivor took over its incarnation %d (%s); %s "
+                        "claimed it", self._name, incarnation, prefix, holder)
+            return replace(now, taken_by=holder)
         found = self._wait(f"a survivor to take over {prefix}", claimed)
         if found is None:
             raise FailedPrecondition(

@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from chronomq.client import ChronomqClient, RpcError, message
@@ -149,3 +150,34 @@ def test_a_broker_started_while_s3_does_not_answer_starts_once_it_does(
                 assert all(o.ok for o in c.send([message("t", b"x")]))
         finally:
             a.kill9()
+
+
+@pytest.mark.slow
+def test_a_lone_broker_replaced_with_an_empty_disk_takes_its_old_self_over(
+        tmp_path: Path, seaweed_endpoint: str, seaweed_bucket: str) -> None:
+    """One broker, no survivor to take it over: started again with an empty data
+    directory it claims its old life once that lease expired (two leases unchanged) and
+    takes it over itself (was: it refused, and with no survivor nothing ever took the old
+    life over: a crash loop, its topics stranded)."""
+    settings = _settings(seaweed_endpoint, seaweed_bucket, "broker-a")
+    a = ServerProcess(tmp_path / "a", *settings)
+    with ChronomqClient(a.target) as c:
+        c.create_topic("pay", queue_count=1)
+        sent = [o.message_id for o in c.send([message("pay", b"before")]) if o.ok]
+    a.kill9()
+    again = ServerProcess(tmp_path / "a-new-disk", *settings)
+    try:
+        with ChronomqClient(again.target) as c:
+            wait_until(lambda: "pay" in {t.name for t in c.list_topics()}, 60,
+                       "broker-a--1 to take its old life over")
+
+            def popped() -> list[str] | None:
+                try:
+                    return [m.message_id for m in _drain(c, "pay")]
+                except RpcError as exc:  # UNAVAILABLE while its leases are adopted
+                    if exc.code != grpc.StatusCode.UNAVAILABLE:
+                        raise
+                    return None
+            assert wait_until(popped, 60, "the takeover's adoption") == sent
+    finally:
+        again.kill9()

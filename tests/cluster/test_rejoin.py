@@ -92,7 +92,7 @@ def test_an_empty_broker_under_a_name_with_state_waits_for_a_survivor(
     lease_before = tier.read_versioned(lease_path("a"))
 
     def survivor() -> None:  # the watch claims a's expired lease, then finishes
-        if clock.monotonic_ms() > 30_000 + ManualClock().monotonic_ms():
+        if clock.monotonic_ms() > 12_000 + ManualClock().monotonic_ms():
             claim(tier, "a", "b", clock.now_ms())
             _done(tier, "a")
     # the lease is left alone while it waits: a survivor must be able to claim it
@@ -104,6 +104,8 @@ def test_an_empty_broker_under_a_name_with_state_waits_for_a_survivor(
         survivor()
     assert _rejoin(tier, data, clock, check_then_survive).resolve() == 1
     assert checked == [True]
+    view, _ = read_lease(tier, "a")
+    assert view is not None and view.taken_by == "b"  # the survivor's claim, not its own
     assert read_incarnation(str(data)) == 1
 
 
@@ -115,9 +117,33 @@ def test_an_empty_broker_whose_old_self_nobody_takes_over_says_what_to_run(
     with pytest.raises(FailedPrecondition, match="chronomq takeover a`"):
         _rejoin(tier, tmp_path / "new", clock).resolve()
     assert tier.read_versioned(lease_path("a")) == lease_before
-    _started(tier, tmp_path / "lost2", clock, incarnation=0)  # watched now: it waits ...
-    with pytest.raises(FailedPrecondition, match="rejoin_timeout_s"):  # ... up to 120 s
-        _rejoin(tier, tmp_path / "new", clock).resolve()
+
+
+def test_a_lone_broker_replaced_empty_claims_its_old_self_once_its_lease_expired(
+        tmp_path: Path) -> None:
+    """No survivor (a one-broker cluster): after two leases of an unchanged lease the
+    new life claims the old one itself; its lease watch runs the takeover."""
+    tier, clock = LocalProvider(str(tmp_path / "tier")), ManualClock()
+    _started(tier, tmp_path / "lost", clock)
+    start = clock.monotonic_ms()
+    assert _rejoin(tier, tmp_path / "new", clock).resolve() == 1
+    assert clock.monotonic_ms() - start >= 2 * LEASE_S * 1000  # survivors went first
+    view, _ = read_lease(tier, "a")
+    assert view is not None and view.taken_by == "a--1"
+
+
+def test_an_empty_broker_never_claims_an_old_self_that_still_renews(
+        tmp_path: Path) -> None:
+    """Another process still runs under the name (a duplicate pod): its lease keeps
+    changing, so nobody claims it; the empty one gives up after the rejoin time-out."""
+    tier, clock = LocalProvider(str(tmp_path / "tier")), ManualClock()
+    _started(tier, tmp_path / "lost", clock)
+    alive = BrokerLease(tier, "a", "", "", LEASE_S, clock, True, "a", 0)
+    alive.acquire()
+    with pytest.raises(FailedPrecondition, match="rejoin_timeout_s"):
+        _rejoin(tier, tmp_path / "new", clock, alive.renew).resolve()
+    view, _ = read_lease(tier, "a")
+    assert view is not None and not view.taken_by
 
 
 def test_incarnations_follow_each_other(tmp_path: Path) -> None:
