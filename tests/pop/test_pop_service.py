@@ -186,6 +186,19 @@ def test_deleting_a_topic_forgets_its_offsets(env: Env) -> None:
     assert os.path.isdir(env.kv.path)
 
 
+def test_deleting_a_topic_deletes_its_retry_topics(env: Env) -> None:
+    """A Nack made a retry topic (``%RETRY%G%t``); deleting ``t`` deletes it too (the
+    store's delete refused the broker's own name: DeleteTopic failed INVALID_ARGUMENT
+    half done)."""
+    env.send(1)
+    (p,) = env.pop.pop("t", "G", 32, 30)
+    assert env.pop.release_many("G", [(p.receipt_handle, 1000)]) == [None]
+    assert env.store.topics.get("%RETRY%G%t") is not None
+    env.store.delete_topic("t")
+    env.pop.forget_topic("t")
+    assert [t.name for t in env.store.topics.list()] == []
+
+
 def test_a_pop_racing_local_retention_leases_nothing_it_cannot_read(
         tmp_path: Path, manual_clock: ManualClock) -> None:
     # Given a queue whose oldest CommitLog segment local retention has just deleted,
