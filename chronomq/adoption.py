@@ -40,8 +40,14 @@ brokers the manifest names (``brokers_of`` still names them for their TimerFlatF
 Messages found delivered (``_Delivered``) are journaled done here, so the fold leaves
 them out.
 
-Not here: the adopted messages are not in this broker's key index, so while pending
-QueryMessages and the console find them by id through the timer only (not by key).
+Found by id: the adopted messages are in no CommitLog or key index here; QueryMessages
+and the console find them by the timer's own id keys (``timer.lookup``), so adopting
+writes nothing more for them.  By key, only once delivered.
+
+No other machine's wall clock decides anything: a message a broker of the manifest may
+have delivered is looked for by that broker's own latest store time
+(``cluster.delivered``), and the leases adopted beside keep their remaining time
+(``pop.leaseclock``).
 
 **Crashes.**  Each batch is one atomic RocksDB write holding its keys and the count of
 messages adopted so far (``!adopted/<broker>``); a TimerFlatFile object is written
