@@ -10,7 +10,9 @@ Real broker processes on SeaweedFS's S3 (``tier.upload``, ``tier.durable_ack``,
 - each named crash point of a create and a delete (``topic.*``): the broker dies there,
   the successor takes it over, and whatever it holds is consistent: a topic it has is
   owned by it and brings back no acked message; a topic it has not is owned by nobody,
-  so its name can be used again.
+  so its name can be used again;
+- a delete cut short before the group's positions were dropped, then a restart (no
+  takeover): the start finishes it, so the topic created again is read from its start.
 """
 
 from __future__ import annotations
@@ -195,3 +197,33 @@ def test_a_topic_change_cut_short_is_consistent_at_the_successor(
             assert c.create_topic(TOPIC)
         assert not _popped(c) & acked
     b.terminate()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label, nth", [("topic.after_delete", 1),
+                                        ("topic.after_catalogue", 2)])
+def test_a_delete_cut_short_is_finished_at_restart(
+        tmp_path: Path, seaweed_endpoint: str, seaweed_bucket: str, label: str,
+        nth: int) -> None:
+    endpoint, bucket = seaweed_endpoint, seaweed_bucket
+    settings = _settings(endpoint, bucket, "broker-a", 1)
+    # Given A died in a DeleteTopic of a topic whose 20 messages were acked, before it
+    # dropped the group's positions
+    a = ServerProcess(tmp_path / "a", *settings, f"server.crash_at={label}:{nth}")
+    with ChronomqClient(a.target, timeout_s=30) as c, pytest.raises(RpcError):
+        c.create_topic(TOPIC, queue_count=2)
+        _send_and_ack(c)
+        c.delete_topic(TOPIC)
+    assert a.wait_exit() == CRASH_EXIT_CODE
+    # When it restarts: the topic is gone, and so is what the group kept of it, so the
+    # topic created again gives the group every message sent to it (the old positions
+    # would skip the first 20)
+    a = ServerProcess(tmp_path / "a", *settings)
+    with ChronomqClient(a.target) as c:
+        assert TOPIC not in _topics(c)
+        assert c.create_topic(TOPIC, queue_count=2)
+        sent = {c.send_one(TOPIC, b"again%d" % i) for i in range(20)}
+        assert _popped(c) == sent
+    raw = s3_client(endpoint).get_object(Bucket=bucket, Key="broker-a/topics.json")
+    assert TOPIC in [t["name"] for t in json.loads(raw["Body"].read())["topics"]]
+    assert a.terminate() == 0
