@@ -9,10 +9,10 @@ object                             written by                      read by
                                    (``taken_by``)                  following a chain
 ``owners/<topic>.json``            the topic's owner (created      clients and brokers
                                    with ``If-None-Match``)         looking an owner up
-``takeovers/<departed>.json``      the broker taking it over       people (a record of the
-                                                                   takeover and its figures)
+``takeovers/<departed>.json``      the broker taking it over       people; a rejoin of
+                                                                   ``<departed>`` (done)
 ``<broker>/topics.json``           its broker (topic catalogue)    a takeover; a start
-                                                                   (``check_not_reborn``)
+                                                                   (``cluster.rejoin``)
 ``<broker>/takeovers/<d>.json``    a broker that took ``d`` over   a takeover of it (the
                                                                    chain of older tiers)
 ``<broker>/pop-secret``            its broker at start             its successor (receipt

@@ -5,8 +5,9 @@ Broker A runs with ``tier.durable_ack`` and no timing fence at all (no ``tier.fa
 its clock never tells it anything).  A successor claims A's lease in the bucket while A
 goes on serving: from that claim on, A's tier commits fail, so A answers no OK (Send,
 Pop, Ack), writes nothing more to the tier, and every OK it gave is at the successor.
-A broker started under a name whose data its directory does not hold refuses to start
-and leaves its lease alone (a survivor takes the name over instead).
+A broker started under a name whose data its directory does not hold, with nobody to
+take that name over (no ``tier.failover``), refuses to start and leaves its lease alone;
+once taken over it rejoins (``tests/chronomq/test_rejoin.py``).
 """
 
 from __future__ import annotations
