@@ -29,7 +29,7 @@ from cluster.lease import BrokerLease, LeaseWatch, TakenOver
 from cluster.ownership import Owner, TopicOwners
 from cluster.rejoin import Rejoin
 from cluster.timersnapshot import TimerCompactor
-from cluster.topics import TopicChanges, bucket_fence
+from cluster.topics import BucketFence, TopicChanges
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.leasejournal import Snapshots
 from pop.service import PopService
@@ -223,7 +223,7 @@ class Broker:
                 self.tier, self.prefix, self.topics,
                 lambda: self.store.commitlog.confirmed_offset, lambda: durable.fenced)
             if self.journal.durable_ack:
-                confirm = bucket_fence(durable)
+                confirm = BucketFence(durable)
         return TopicChanges(self.store, self.clock, self.pop.forget_topics,
                             self.journal.check, lambda: self.owners, catalogue, confirm)
 

@@ -38,6 +38,7 @@ Thread-safe (each step is; two changes of one name are ordered by the store).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from cluster.catalogue import CatalogueCopy
@@ -52,11 +53,33 @@ from tiered.durable import DurablePosition
 from tiered.errors import TierUnavailable
 
 
-def bucket_fence(durable: DurablePosition) -> Callable[[], None]:
+class BucketFence:
     """The bucket's fence for a change that is in the tier: a conditional write of the
-    lease now (``DurablePosition.confirm``); raises the fence's error once taken over,
-    ``TierUnavailable`` when the lease cannot be written."""
-    def confirm() -> None:
+    lease begun after the call (``DurablePosition.confirm``); raises the fence's error
+    once taken over, ``TierUnavailable`` when the lease cannot be written.  Callers at
+    once share one write (a group commit, as the catalogue's copy does): a write begun
+    after a call was made covers it.  Thread-safe."""
+
+    def __init__(self, durable: DurablePosition) -> None:
+        self._durable = durable
+        self._lock = threading.Lock()  # the counts
+        self._write_lock = threading.Lock()  # one lease write at a time
+        self._asked = self._confirmed = 0
+
+    def __call__(self) -> None:
+        with self._lock:
+            self._asked += 1
+            ticket = self._asked
+        with self._write_lock:
+            if self._confirmed >= ticket:
+                return
+            with self._lock:
+                covers = self._asked
+            self._confirm()
+            self._confirmed = covers
+
+    def _confirm(self) -> None:
+        durable = self._durable
         if durable.confirm():
             return
         if durable.fenced is not None:
@@ -64,7 +87,6 @@ def bucket_fence(durable: DurablePosition) -> Callable[[], None]:
         raise TierUnavailable("the topic change is stored here and in the tier, but this "
                               "broker's lease could not be written to confirm it: the "
                               "tier is slow or failing")
-    return confirm
 
 
 class TopicChanges:
@@ -72,7 +94,7 @@ class TopicChanges:
 
     ``forget(names)`` drops what the broker keeps of deleted topics (group positions,
     leases, retry topics); ``check()`` is the lease's check (raises while no OK may be
-    given); ``confirm`` the bucket's fence (``bucket_fence``; None: none, no
+    given); ``confirm`` the bucket's fence (``BucketFence``; None: none, no
     ``tier.durable_ack``); ``owners()`` the topic owners (None: no ``tier.claim_topics``);
     ``catalogue`` the copy in the tier (None: no ``tier.upload``)."""
 
