@@ -96,21 +96,21 @@ def adopt_leases(pop: PopService, now_ms: int, mounted: MountedBroker,
     """``PopService.adopt`` of the departed broker's positions and leases (``items``,
     from its ``journal``), their deadlines moved onto this broker's clock (``now_ms``):
     each keeps its remaining time from the departed broker's own latest time in the tier
-    (``pop.leaseclock``).  The shift is written first (journaled, durable) and a resumed
-    takeover keeps it.  Returns the groups taken."""
+    (``pop.leaseclock``).  The shift is written with the leases (one durable, journaled
+    write), and a resumed takeover keeps it.  Returns the groups taken."""
     departed = mounted.broker
     shift_ms = _kept_shift(pop, departed)
     clock = lease_clock(departed, latest_ms(mounted), journal.pop.items())
+    kept: list[tuple[bytes, bytes]] = []  # written with the leases (a resumed run has it)
     if shift_ms is None:
         shift_ms = now_ms - clock.departed_ms
-        pop.write_state([(shift_key(b), encode_shift(s))
-                         for b, s in clock.shifts(shift_ms).items()], [])
+        kept = [(shift_key(b), encode_shift(s)) for b, s in clock.shifts(shift_ms).items()]
     adopted_at_ms = clock.departed_ms + shift_ms
     log.info("takeover of %s: its leases keep their remaining time from its latest "
              "record (%d ms by its clock), %+d ms off this broker's clock at the "
              "adoption", departed, clock.departed_ms, -shift_ms)
     return pop.adopt({k: move_checkpoint(ck_start_of_key(k), v, shift_ms, adopted_at_ms)
-                      if k[:1] == b"c" else v for k, v in items.items()})
+                      if k[:1] == b"c" else v for k, v in items.items()}, kept)
 
 
 def handle_shift(pop: PopService, broker: str) -> int:

@@ -34,6 +34,7 @@ from typing import Literal, NamedTuple
 
 from pop.checkpoint import (
     HELD,
+    STATE_PREFIX,
     PopCheckpoint,
     checkpoint_key,
     decode_offset,
@@ -123,11 +124,14 @@ class LeaseBook:
         for group, topic, _ in queues:
             self.lock(group, origin_of(topic))  # known to statistics
 
-    def adopt(self, items: dict[bytes, bytes]) -> tuple[list[Deadline], set[str]]:
+    def adopt(self, items: dict[bytes, bytes], state: list[tuple[bytes, bytes]] | None = None
+              ) -> tuple[list[Deadline], set[str]]:
         """Take a departed broker's positions and open leases (its POP RocksDB keys,
         rebuilt from its journal: ``chronomq.takeover``), except for queues this book
         already knows (their state here is newer); written and synced (journaled) before
-        it returns.  Returns the deadlines of the adopted leases and the groups."""
+        it returns, with ``state`` (``STATE_PREFIX`` keys: the lease clocks of
+        ``pop.leaseclock``) in the same write.  Returns the deadlines of the adopted
+        leases and the groups."""
         mine = {parse_key(k)[:3] for p in (b"o", b"p", b"c") for k, _ in self._kv.scan(p)}
         with self._lock:
             mine |= set(self._leases)
@@ -135,7 +139,8 @@ class LeaseBook:
                  and parse_key(k)[:3] not in mine]
         if not taken:
             return [], set()
-        self.wait(self.write(taken))
+        assert all(k.startswith(STATE_PREFIX) for k, _ in state or [])
+        self.wait(self.write(taken + (state or [])))
         adopted, queues = leases_from_keys(taken)
         deadlines: list[Deadline] = []
         for (group, topic, qid), leases in adopted.items():

@@ -143,10 +143,12 @@ class PopService:
         return Snapshots(self._book.journal, journal, every, tier_position, publish,
                          broker, every_s, monotonic_ms)
 
-    def adopt(self, items: dict[bytes, bytes]) -> set[str]:
-        """Take a departed broker's positions and leases (``LeaseBook.adopt``) and
-        schedule the leases' deadlines; returns the groups taken."""
-        deadlines, groups = self._book.adopt(items)
+    def adopt(self, items: dict[bytes, bytes], state: list[tuple[bytes, bytes]] | None = None
+              ) -> set[str]:
+        """Take a departed broker's positions and leases (``LeaseBook.adopt``; ``state``:
+        keys of ``write_state`` written with them) and schedule the leases' deadlines;
+        returns the groups taken."""
+        deadlines, groups = self._book.adopt(items, state)
         self._schedule.add(deadlines)
         return groups
 
