@@ -159,7 +159,8 @@ class Rejoin:
             mine = leases[local] if local <= newest else None
             if mine is None or not mine.taken_by:
                 return self._begin(local)
-            self._wait_done(local, mine)
+            if mine.taken_by != self.prefix(newest + 1):  # (else: ours to run, below)
+                self._wait_done(local, mine)
             return self._begin(newest + 1, aside=local)
         if newest < 0:
             return self._begin(0)
@@ -170,7 +171,9 @@ class Rejoin:
             if not held:  # nothing of it in the tier: the lease is ours to take
                 return self._begin(newest)
             view = self._wait_claimed(newest, view)
-        if view.taken_by != self.prefix(newest + 1):  # (else: the takeover is ours to run)
+        # claimed by the life this broker becomes now (its own claim below, or one a
+        # crash cut short before that life's lease): its lease watch runs the takeover
+        if view.taken_by != self.prefix(newest + 1):
             self._wait_done(newest, view)
         return self._begin(newest + 1, aside=newest)
 

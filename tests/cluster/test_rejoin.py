@@ -215,3 +215,18 @@ def test_a_lease_acquired_at_start_rides_out_a_slow_tier_within_its_deadline(
     claim(tier.inner, "a", "b", clock.now_ms())
     with pytest.raises(TakenOver):  # taken over: never retried
         BrokerLease(tier, "a", "", "", LEASE_S, clock).acquire(60.0, sleep)  # type: ignore[arg-type]
+
+
+def test_a_claim_of_its_old_self_cut_short_by_a_crash_is_not_waited_for(
+        tmp_path: Path) -> None:
+    """The new life claimed its old self, then crashed before its own lease: started
+    again it becomes that life at once (its watch runs the takeover), instead of waiting
+    out ``tier.rejoin_timeout_s`` for a takeover nobody else runs."""
+    tier, clock = LocalProvider(str(tmp_path / "tier")), ManualClock()
+    _started(tier, tmp_path / "old-disk", clock)
+    assert claim(tier, "a", "a--1", clock.now_ms()) == "a--1"
+    start = clock.monotonic_ms()
+    assert _rejoin(tier, tmp_path / "new", clock).resolve() == 1
+    # and so does the old life's disk, attached again meanwhile
+    assert _rejoin(tier, tmp_path / "old-disk", clock).resolve() == 1
+    assert clock.monotonic_ms() == start
