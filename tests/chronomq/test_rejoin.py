@@ -153,3 +153,35 @@ def test_a_broker_in_a_later_life_takes_over_under_its_prefix(
         b.stop()
         if again is not None:
             again.stop()
+
+
+def test_a_local_tier_inside_the_data_directory_stays_where_it_is(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    """Setting a broker's old data aside moves nothing of a local tier kept inside its
+    data directory (the other brokers' too): only the broker's own files."""
+    def broker(name: str, data: str) -> Broker:
+        tier = TierConfig(provider="local", local_dir=str(tmp_path / "a" / "tier"),
+                          broker_name=name, upload=True, durable_ack=True,
+                          durable_ack_ms=1, upload_timeout_s=10)
+        b = Broker(BrokerConfig(store=StoreConfig(str(tmp_path / data)), tier=tier),
+                   manual_clock)
+        b.open()
+        b.start(timer_thread=False)
+        assert b.tiered is not None
+        b.tiered.start()
+        return b
+    a = broker("a", "a")
+    a.create_topic(Topic("t", 1))
+    _send(a, "t", ["m"])
+    a.stop()
+    b = broker("b", "b")
+    try:
+        b.takeover("a", force=True)
+        again = broker("a", "a")
+        assert again.prefix == "a--1"
+        again.stop()
+        assert (tmp_path / "a" / "tier" / "brokers" / "b.json").exists()
+        assert not (tmp_path / "a" / "incarnations" / "0" / "tier").exists()
+        assert _pop_all(b, "g") == ["m"]
+    finally:
+        b.stop()
