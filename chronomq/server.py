@@ -133,6 +133,7 @@ class BrokerServer:
         self._server = server
         for name in ("", names[0]):
             health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._unhealthy_once_taken_over(health_servicer, ("", names[0]))
         if self.config.rocketmq.enabled:
             self._start_rocketmq()
         if self.config.tier.claim_topics:  # after binding: the owner records the addresses
@@ -189,6 +190,28 @@ class BrokerServer:
         log.info("chronomq serving on %s:%d (data in %s)", cfg.host, self.port,
                  self.config.store.data_dir)
         return self.port
+
+    def _unhealthy_once_taken_over(self, servicer: health.HealthServicer,
+                                   names: tuple[str, ...]) -> None:
+        """Once this broker is taken over its health check answers NOT_SERVING, so a
+        liveness probe (a Kubernetes gRPC probe) restarts it and it rejoins under its
+        name as a new incarnation (``cluster.rejoin``); until then it answers "taken
+        over by" to the clients that still come to it."""
+        lease = self.broker.lease
+        if lease is None:
+            return
+        fence = lease.on_taken_over
+
+        def unhealthy() -> None:
+            for name in names:
+                servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+        def taken_over(by: str) -> None:
+            fence(by)
+            unhealthy()
+        lease.on_taken_over = taken_over
+        if lease.taken_by:  # (fenced before this was set)
+            unhealthy()
 
     def _addresses(self) -> tuple[str, str]:
         """The addresses clients reach this broker's API and RocketMQ front at."""

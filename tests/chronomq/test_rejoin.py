@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chronomq.broker import Broker
-from chronomq.config import BrokerConfig
+from chronomq.client import ChronomqClient, RpcError
+from chronomq.config import BrokerConfig, load_config
+from chronomq.server import BrokerServer
 from cluster.layout import catalogue_path, lease_path
-from cluster.lease import read_lease, successor
+from cluster.lease import claim, read_lease, successor
 from cluster.rejoin import read_incarnation
 from store.clock import ManualClock
 from store.errors import FailedPrecondition
@@ -185,3 +189,30 @@ def test_a_local_tier_inside_the_data_directory_stays_where_it_is(
         assert _pop_all(b, "g") == ["m"]
     finally:
         b.stop()
+
+
+def test_a_running_broker_taken_over_says_not_serving_so_a_probe_restarts_it(
+        tmp_path: Path) -> None:
+    """A broker paused or partitioned, then resumed, is taken over but still runs: no
+    supervisor restarts a live process.  Its gRPC health check answers NOT_SERVING from
+    the moment it finds itself taken over (a liveness probe restarts it, and it
+    rejoins); was: SERVING for good, fenced until a person restarted it."""
+    config = load_config(None, [
+        f"store.data_dir={tmp_path / 'a'}", "server.port=0", "server.metrics_port=0",
+        "console.port=0", "tier.provider=local", f"tier.local_dir={tmp_path / 'tier'}",
+        "tier.broker_name=a", "tier.upload=true", "tier.durable_ack=true"])
+    server = BrokerServer(config)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            check = health_pb2_grpc.HealthStub(channel).Check
+            assert check(health_pb2.HealthCheckRequest(service=""), timeout=10).status == \
+                health_pb2.HealthCheckResponse.SERVING
+            assert claim(server.broker.tier, "a", "b", 0) == "b"
+            with ChronomqClient(f"127.0.0.1:{server.port}") as c, \
+                    pytest.raises(RpcError, match="taken over by b"):
+                c.create_topic("t", queue_count=1)  # its lease write finds the claim
+            assert check(health_pb2.HealthCheckRequest(service=""), timeout=10).status == \
+                health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        server.stop()
