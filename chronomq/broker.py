@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from chronomq.compaction import attach_compaction
 from chronomq.config import BrokerConfig
@@ -52,6 +52,8 @@ from timer.service import TimerService
 from timer.store import TimerStore
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Submission(NamedTuple):
@@ -183,7 +185,7 @@ class Broker:
         secret_path = config.pop.secret_file or os.path.join(sc.data_dir, "pop-secret")
         secret = load_or_create_secret(secret_path)
         if config.tier.upload:  # before any handle is given: a successor accepts them
-            self._start_retry("publishing its receipt-handle secret",
+            self.start_retry("publishing its receipt-handle secret",
                               lambda: publish_secret(self.tier, self.prefix, secret))
         self.pop = PopService(self.store, self._pop_kv, secret,
                               clock, config.pop.max_messages_cap, config.retry_policy(),
@@ -211,7 +213,7 @@ class Broker:
             self.journal.fence = self.lease.check
         self.timer.set_journal(self.journal)
         self.topic_changes = self._topic_changes()
-        self._start_retry("writing its topic catalogue's copy", self.topic_changes.open)
+        self.start_retry("writing its topic catalogue's copy", self.topic_changes.open)
 
     def _topic_changes(self) -> TopicChanges:
         """CreateTopic and DeleteTopic through the fence (``cluster.topics``); with
@@ -241,13 +243,10 @@ class Broker:
         (``cluster.layout.broker_prefix``)."""
         return broker_prefix(self.config.tier.broker_name, self.incarnation)
 
-    def _start_retry(self, what: str, request: Callable[[], None]) -> None:
+    def start_retry(self, what: str, request: Callable[[], T]) -> T:
         """A tier request of the start, retried within ``tier.start_timeout_s`` (without
         a lease: asked once)."""
-        if self._rejoin is None:
-            request()
-        else:
-            self._rejoin.retry(what, request)
+        return request() if self._rejoin is None else self._rejoin.retry(what, request)
 
     def advertise(self, address: str, rocketmq_address: str) -> None:
         """Record the addresses clients reach this broker at in its lease (after the

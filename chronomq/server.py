@@ -288,7 +288,8 @@ class BrokerServer:
         are sent to; warn when those addresses cannot reach it from another machine."""
         cfg, rmq = self.config.server, self.config.rocketmq
         api, front = self._addresses()
-        self.broker.claim_topics(api, front)
+        self.broker.start_retry("claiming its topics",  # (a slow tier at start)
+                                lambda: self.broker.claim_topics(api, front))
         others = ""
         for setting, address, given in (("server", api, cfg.advertise_address),
                                         ("rocketmq", front, rmq.advertise_address)):
