@@ -19,7 +19,11 @@ what the departed broker promised its clients holds at the successor too.
   minutes) after the takeover (``InheritedIds.stored_earlier``, which
   ``SendDedupe.seen_recently`` asks about ids it has not seen itself): looked up in the
   departed broker's key index in the tier (and in the older brokers' of a chain, each for
-  the horizon after its own takeover), for the taken topics only, in the index files
+  the horizon after its own takeover), of what this broker serves only (the queue offsets
+  below the ends its takeover took, the delayed records below the end its adoption read,
+  ``adopted_delayed_ends``: a commit the departed broker had on its way when it was
+  fenced may land in the tier after, served by no broker; ``MountedBroker.serve_below``),
+  for the taken topics only, in the index files
   of those last minutes only (``tiered.mount.MountedBroker.stored_since``: one ranged
   read per such file that lists the topic, one sealed every ``tier.index_ms``, 5
   minutes by default), and the departed broker's unsealed tail indexed in memory once,
@@ -36,7 +40,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -135,6 +141,29 @@ class _Origin:
     first_ms: int | None = None  # ids stored from then on count (``_first``: read once)
 
 
+def adopted_delayed_ends(takeovers_dir: str) -> dict[str, int]:
+    """Per broker, the end of its delayed stream this broker's takeovers adopted from:
+    the adoption manifests (``chronomq.adoption``, the tree of a chain's) in the local
+    takeover records, ``<data>/takeovers/<departed>.json`` field ``timers``."""
+    out: dict[str, int] = {}
+
+    def walk(m: object) -> None:
+        if isinstance(m, dict) and m.get("version") == 1:
+            broker, end = m.get("broker"), m.get("delayed_end")
+            if isinstance(broker, str) and isinstance(end, int):
+                out[broker] = max(out.get(broker, 0), end)
+            for sub in m.get("adopted") or []:
+                walk(sub)
+    names = os.listdir(takeovers_dir) if os.path.isdir(takeovers_dir) else []
+    for name in sorted(n for n in names if n.endswith(".json")):
+        try:
+            with open(os.path.join(takeovers_dir, name), encoding="utf-8") as f:
+                walk(json.load(f).get("timers"))
+        except (OSError, ValueError, AttributeError) as exc:
+            log.warning("cannot read the takeover record %s: %s", name, exc)
+    return out
+
+
 class InheritedIds:
     """The dedupe windows of the brokers this one took over (see the module docstring).
     Thread-safe: ``add`` from a takeover, ``stored_earlier`` from the sends."""
@@ -142,10 +171,17 @@ class InheritedIds:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._origins: dict[str, _Origin] = {}  # broker -> its tier
+        # per broker, the delayed-stream end its adoption read (``adopted_delayed_ends``,
+        # set by the broker's wiring; a takeover not that far yet: the mount's own end)
+        self.delayed_ends: Callable[[], dict[str, int]] = dict
 
     def add(self, mounted: MountedBroker, topics: frozenset[str], until_ms: int | None
             ) -> None:
-        """Count the ids ``mounted`` stored for ``topics`` (before ``until_ms``)."""
+        """Count the ids ``mounted`` stored for ``topics`` (before ``until_ms``), of
+        what this broker serves of it (``MountReader.adopt`` told the mount the ends)."""
+        end = self.delayed_ends().get(mounted.broker)
+        if end is not None:
+            mounted.serve_below({DELAYED_STREAM: {0: end}})
         with self._lock:
             self._origins[mounted.broker] = _Origin(mounted, topics, until_ms)
 

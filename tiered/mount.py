@@ -24,7 +24,10 @@ kept packed in memory, 36 bytes per id or key (``tiered.index.scan``), for at mo
 written before it kept those offsets: the tail starts at the first segment holding data
 stored after that file ends (less a minute of clock slack).  ``stored_since`` is the
 same lookup for a broker that took the topics over (its send dedupe), limited to the
-files of a time window that list the topic.
+files of a time window that list the topic, and to what that broker serves of this one
+(``serve_below``: the ends its takeover took, not what landed in the tier since: a
+commit this broker had on its way when it was fenced still lands, with plain PUTs, and
+no broker serves it).
 
 ``MountReader`` is the POP service's tier reader with the mounts in front: a mounted
 queue is read from the tier entirely; any other queue goes to the broker's own tiered
@@ -117,6 +120,7 @@ class MountedBroker:
         self._index_lock = threading.Lock()  # the first query builds the index
         self._mount_index: _MountIndex | None = None
         self._recent_index: tuple[int, _MountIndex] | None = None  # (since ms, index)
+        self._served: dict[tuple[str, int], int] | None = None  # (``serve_below``)
         self._queues: dict[tuple[str, int], TieredQueue] = {}
         prefix = f"{broker}/meta/"
         for path in provider.list(prefix):
@@ -200,6 +204,25 @@ class MountedBroker:
         ``at_ms``; ``hi`` if none (or not mounted)."""
         q = self._queues.get((topic, queue_id))
         return hi if q is None else _first_stored(q, lo, hi, at_ms)
+
+    def serve_below(self, ends: dict[str, dict[int, int]]) -> None:
+        """What a broker that took this one over serves of it: queue offsets below
+        ``ends[topic][queue]``, and of the delayed stream (the pending messages it
+        adopted) those below ``ends[DELAYED_STREAM][0]``, else below this mount's end at
+        the first call (a takeover adopts from the mount it serves).  ``stored_since``
+        counts only these.  Called again, it adds to what it was told."""
+        with self._index_lock:
+            if self._served is None:
+                bounds = self.bounds(DELAYED_STREAM, 0)
+                self._served = {(DELAYED_STREAM, 0): bounds[1] if bounds else 0}
+            for topic, queues in ends.items():
+                self._served.update(((topic, q), end) for q, end in queues.items())
+
+    def _served_only(self, hits: list[IndexHit]) -> list[IndexHit]:
+        served = self._served
+        if served is None:
+            return hits
+        return [h for h in hits if h.queue_offset < served.get((h.topic, h.queue_id), 0)]
 
     # ------------------------------------------------------------------ queries
 
@@ -342,10 +365,11 @@ class MountedBroker:
     def stored_since(self, topic: str, message_id: str, since_ms: int) -> int | None:
         """When this broker last stored a message of ``topic`` with the client-chosen id
         ``message_id`` (a delayed one too, wherever it was since) at or after
-        ``since_ms``; None: the tier holds none.  What a broker that took ``topic`` over
+        ``since_ms``, of what the broker asking serves (``serve_below``); None: the tier
+        holds none.  What a broker that took ``topic`` over
         asks to drop a resend (``chronomq.takeover``).  Raises ``TierError``."""
-        found = [m.store_at_ms for m in self._found(self._lookup_since(
-                     id_digest(message_id), topic, since_ms))
+        found = [m.store_at_ms for m in self._found(self._served_only(self._lookup_since(
+                     id_digest(message_id), topic, since_ms)))
                  if m.topic == topic and m.message_id == message_id
                  and m.flags & (FLAG_FOREIGN_ID | FLAG_ASSIGNED_ID) == FLAG_FOREIGN_ID
                  and m.store_at_ms >= since_ms]
@@ -410,6 +434,7 @@ class MountReader:
         offsets from there on are this broker's own.  Called once per broker of a chain
         (a broker that had itself taken the topics over from another): each serves the
         offsets below its end and from the previous broker's end on."""
+        mounted.serve_below(ends)  # and only these count as its ids (``stored_since``)
         with self._lock:
             for topic, queues in ends.items():
                 chain = [b for b in self._before.get(topic, []) if b[0].broker != mounted.broker]
