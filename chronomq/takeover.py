@@ -77,7 +77,7 @@ from chronomq.handover import (
     read_secret,
 )
 from chronomq.lineage import Lineage, ends_of
-from cluster.catalogue import departed_topics, read_catalogue
+from cluster.catalogue import departed_topics
 from cluster.layout import catalogue_path, lease_path, takeover_record
 from cluster.lease import claim, inherit, read_lease
 from cluster.replay import last_store_ms, replay, stream
@@ -308,7 +308,7 @@ class Takeover:
         """The departed broker's topics this broker has already (a takeover would mix
         their offsets), except those it holds for a takeover of the same broker."""
         held = self._b.store.holds.held()
-        return sorted(t for t in {*mounted.topics(), *self._catalogue(departed)}
+        return sorted(t for t in departed_topics(self._b.tier, mounted)  # not its deleted
                       if self._b.store.topics.get(t) is not None and held.get(t) != departed)
 
     def _inherit(self, departed: str) -> None:
@@ -487,17 +487,6 @@ class Takeover:
             except ValueError as exc:  # too short: not one a broker made
                 log.error("the receipt-handle secret of %s in the tier is unusable: %s",
                           mounted.broker, exc)
-
-    def _catalogue(self, departed: str) -> dict[str, Topic]:
-        """The departed broker's topics and their settings, from its catalogue's copy
-        (``cluster.catalogue``); {} when it has none or it is unreadable."""
-        try:
-            found = read_catalogue(self._b.tier, departed)
-        except TierError as exc:
-            log.error("takeover of %s: its topic catalogue in the tier is unreadable (%s); "
-                      "topics are taken from its queues", departed, exc)
-            return {}
-        return found.topics if found is not None else {}
 
     def _mount(self, departed: str) -> MountedBroker:
         try:

@@ -109,6 +109,31 @@ def test_a_deleted_topic_never_comes_back_at_a_takeover(
 
 
 @pytest.mark.slow
+def test_a_name_deleted_and_taken_by_the_successor_does_not_block_the_takeover(
+        tmp_path: Path, seaweed_endpoint: str, seaweed_bucket: str) -> None:
+    endpoint, bucket = seaweed_endpoint, seaweed_bucket
+    a = ServerProcess(tmp_path / "a", *_settings(endpoint, bucket, "broker-a", 1))
+    b = ServerProcess(tmp_path / "b", *_settings(endpoint, bucket, "broker-b", 2))
+    # Given A deleted a topic (OK) whose name B then created, and A had another topic
+    with ChronomqClient(a.target) as ca, ChronomqClient(b.target) as cb:
+        ca.create_topic(TOPIC, queue_count=2)
+        acked = _send_and_ack(ca)
+        ca.delete_topic(TOPIC)
+        assert cb.create_topic(TOPIC)
+        ca.create_topic("payments")
+        kept = ca.send_one("payments", b"p")
+    a.kill9()
+    # When B takes A over, it is not refused for the name it has
+    _take_over(b, "broker-a")
+    # Then B has A's other topic, and its own of the deleted name without A's messages
+    with ChronomqClient(b.target) as cb:
+        assert {"payments", TOPIC} <= set(_topics(cb))
+        assert [m.message_id for m in cb.pop("payments", GROUP, 32, 30, 1000)] == [kept]
+        assert not _popped(cb) & acked
+    b.terminate()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sent_after", [0, 3])
 def test_a_topic_deleted_and_created_again_comes_back_as_the_new_one(
         tmp_path: Path, seaweed_endpoint: str, seaweed_bucket: str, sent_after: int) -> None:
