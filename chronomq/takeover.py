@@ -53,8 +53,11 @@ departed broker had not uploaded yet (its Stats' ``tier.upload_lag_*``).  A chai
 followed (``chronomq.lineage``): the brokers the departed broker had taken over serve
 the older offsets of the topics it had taken, and what it had adopted is adopted again
 (step 6).  Topics and their settings come from the departed broker's catalogue copy
-(``<broker>/topics.json``), so empty topics are carried too; without one, from its
-queues in the tier (a queue that never held a message counts only if a later one did).
+(``<broker>/topics.json``, ``cluster.catalogue.departed_topics``), so empty topics are
+carried too, and topics it deleted are not, nor their queues left in its tier; a topic
+the copy does not name yet is taken when its queues in the tier are live (the copy of an
+older broker, or none: every queue).  Owner records naming it for topics not taken are
+released (``TopicOwners.release_departed``): names it claimed and never made.
 """
 
 from __future__ import annotations
