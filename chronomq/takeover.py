@@ -1,63 +1,34 @@
 """Takeover: this broker keeps a departed broker's promises, from the shared tier alone.
 
 A broker that uploads (``tier.upload``) keeps in the tier its topic queues, every pending
-delayed record (the delayed stream) and every change of its consumer positions, leases
-and timers (the journal, ``tiered.journal``).  When its machine is lost another broker
-runs ``takeover(name)`` (the ``chronomq takeover`` command, the Takeover RPC, or
-``tier.takeover`` at start) and becomes the owner of its topics:
+delayed record (the delayed stream) and every change of its positions, leases and timers
+(the journal).  When it is lost, another broker runs ``takeover(name)`` (the lease
+watch, the ``chronomq takeover`` command, the Takeover RPC, ``tier.takeover``) and
+becomes the owner of its topics.  The steps, each a named crash point and idempotent
+(the protocol and its argument: docs/DESIGN.md, "Takeover" and "Failover by
+construction"):
 
-1. **One winner.**  ``taken_by: <this broker>`` is written into the departed broker's
-   lease, ``brokers/<departed>.json``, by a conditional put (``cluster.lease.claim``); a
-   broker that finds another's name there is refused, its own name resumes an
-   interrupted takeover.  From then on the departed broker's commits fail (with
-   ``tier.durable_ack`` every OK it gives needs one), so what it confirmed is in the tier
-   before the claim, and everything below is read after it.  ``takeovers/<departed>.json``
-   records the takeover for people.  A departed broker whose journal or delayed stream
-   was written within ``RECENT_MS`` may still be alive: refused unless ``force``.
-2. **The journal** is read from the departed broker's tier and replayed
-   (``JournalState``): its POP RocksDB contents (the state stream from the latest
-   snapshot the tier's ``<broker>/state/snapshot.json`` points at) and the delayed
-   records done or moved (the timer stream, whole).
-3. **Positions**: its groups' ack and pop offsets and open leases of the taken topics
-   are written into this broker's lease book (``PopService.adopt``) under the same keys;
-   leases come back after their invisible time.  Its receipt-handle secret, which it
-   put in the tier at start (``chronomq.handover``), is adopted
-   too (``PopService.adopt_secret``), so the handles its consumers hold settle their
-   leases here: Ack, Nack, ChangeInvisibleTime, DeadLetter.
-4. **Topics**: each topic it had in the tier (retry and dead-letter topics too) is
-   created here with every queue continuing at the departed broker's end in the tier
-   (``MessageStore.create_topic_at``); offsets below are read from its tier
-   (``MountReader.adopt``).  Those ends are kept here and in the tier
-   (``chronomq.lineage``), so a restart serves them again and a broker taking this one
-   over finds them.
-5. **Owners**: the owner records that name the departed broker are rewritten to name this
-   one (``TopicOwners.take_over``); clients that look owners up come here.  Sends are
-   accepted from step 4 on.
-6. **Timers**: every pending delayed message is scheduled here in bulk, straight into
-   this broker's timer, under an adopted offset (``chronomq.adoption``): the near future
-   into RocksDB, the far future left in the departed broker's TimerFlatFiles, which this
-   broker reads as its own (only what they lack is written, once, into its own), so
-   Cancel and Reschedule by id work here and nothing is appended to the CommitLog.  What
-   is adopted (a manifest) is put in the tier first; progress goes with each batch in one
-   RocksDB write, so a run that resumes schedules nothing twice.
-7. **Done**: the tier's ``takeovers/<departed>.json`` says so, with the figures.
+1. **Intent, then claim.**  ``<me>/takeovers/<departed>.json`` with ``done: false`` is
+   in the tier (``chronomq.lineage``), then ``taken_by: <me>`` goes into the departed
+   broker's lease by a conditional put (``cluster.lease.claim``): one winner, and
+   nothing of the departed broker's is read before it.  A claim held by a broker this
+   one took over before it finished is moved here (``cluster.lease.inherit``).
+2. **Ends, positions, topics**: each taken queue continues at the departed broker's end
+   in the tier (published with the intent); the journal is replayed and its groups'
+   positions and leases adopted (``PopService.adopt``); the topics are created here and
+   *held* (``store.holds``): no client is answered on them yet.
+3. **Timers** (``chronomq.adoption``) and **schedules** adopted.
+4. **Done**: once what it wrote is in this broker's tier, ``done: true`` in the tier;
+   then owner records name this broker, the departed broker's receipt handles are
+   accepted, the topics released and the schedules woken.  Then the takeovers the
+   departed broker had begun and not finished are finished here (``_inherit``).
 
-**Sends after the takeover** with a client-chosen id the departed broker accepted for
-that topic within ``store.dedupe_window_ms`` are duplicates here, as they were there
-(``chronomq.handover.InheritedIds``, asked by ``SendDedupe.seen_recently`` for ids this
-broker has not seen): looked up in the departed broker's key index in the tier (and
-the older tiers of the chain).
-
-What is lost: with ``tier.durable_ack`` nothing acknowledged; without it, what the
-departed broker had not uploaded yet (its Stats' ``tier.upload_lag_*``).  A chain is
-followed (``chronomq.lineage``): the brokers the departed broker had taken over serve
-the older offsets of the topics it had taken, and what it had adopted is adopted again
-(step 6).  Topics and their settings come from the departed broker's catalogue copy
-(``<broker>/topics.json``, ``cluster.catalogue.departed_topics``), so empty topics are
-carried too, and topics it deleted are not, nor their queues left in its tier; a topic
-the copy does not name yet is taken when its queues in the tier are live (the copy of an
-older broker, or none: every queue).  Owner records naming it for topics not taken are
-released (``TopicOwners.release_departed``): names it claimed and never made.
+Sends with a client-chosen id the departed broker accepted within
+``store.dedupe_window_ms`` are duplicates here too (``chronomq.handover``).  Topics come
+from the departed broker's catalogue copy (``cluster.catalogue.departed_topics``): not
+the ones it deleted; owner records naming it for topics not taken are released.  A
+chain is followed: the brokers it had taken over serve the older offsets of the topics
+it had taken (``chronomq.lineage``).
 """
 
 from __future__ import annotations
