@@ -5,7 +5,8 @@ broker takes it over from the shared tier (``chronomq takeover``).
 Prints the seconds until the first send to a taken topic is accepted (the takeover's
 ``accepting_after_seconds``, and a client's own first OK measured from the call), until
 every pending message is scheduled (the takeover's ``seconds``), the peak RSS of the
-taking broker, and a check that the pending count matches.
+taking broker, a check that the pending count matches, and how long QueryMessages takes
+to find an adopted pending message by id (20 of them, near and far).
 
     .venv/bin/python bench/bench_takeover.py --topics 1000 --groups 100 --pending 1000000
     .venv/bin/python bench/bench_takeover.py --quick        # 100 topics, 10k pending
@@ -155,7 +156,12 @@ def main() -> None:
                     yield [message(topics[rnd.randrange(len(topics))], b"p" * 100,
                                    delay_ms=rnd.randrange(HOUR_MS, 6 * HOUR_MS))
                            for _ in range(n)]
-            sent = sum(sum(o.ok for o in out) for out in c.send_stream(batches()))
+            sent = 0
+            sample: list[str] = []  # ids of pending messages, looked up after the takeover
+            for n, out in enumerate(c.send_stream(batches())):  # type: ignore[no-untyped-call]
+                sent += sum(o.ok for o in out)
+                if n % 97 == 0 and len(sample) < 20 and out and out[0].ok:
+                    sample.append(out[0].message_id)
             # every group reads a few topics: positions to carry over
             for g in range(args.groups):
                 for t in topics[g % len(topics)::max(1, len(topics) // 10)][:10]:
@@ -213,6 +219,11 @@ def main() -> None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(30)
             stats = c.stats()
+            looks = []  # QueryMessages by id of adopted pending messages (RocksDB or a
+            for mid in sample:  # TimerFlatFile object): seconds, found
+                t1 = time.monotonic()
+                got = c.query(message_id=mid)
+                looks.append((time.monotonic() - t1, [m.message_id for m in got] == [mid]))
         print(f"takeover of {len(r.topics)} topics, {r.groups} groups, {r.pending} pending "
               f"({args.tier} tier)")
         print(f"  sends accepted after   {r.accepting_after_seconds:8.2f} s (takeover's own "
@@ -230,6 +241,11 @@ def main() -> None:
         print(f"  pending check: sent {sent}, scheduled {r.pending}; on B's timer: "
               f"{stats.get('timer.pending_rocksdb', 0):.0f} in RocksDB (estimate), "
               f"{stats.get('timer.flat_objects', 0):.0f} TimerFlatFile objects")
+        if looks:
+            secs = sorted(t for t, _ in looks)
+            print(f"  QueryMessages by id of {len(looks)} adopted pending messages: "
+                  f"{sum(ok for _, ok in looks)} found, p50 {secs[len(secs) // 2] * 1000:.0f} "
+                  f"ms, max {secs[-1] * 1000:.0f} ms")
         b.terminate()
     finally:
         shutil.rmtree(root, ignore_errors=True)
