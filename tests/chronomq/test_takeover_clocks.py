@@ -5,6 +5,9 @@ apart by a fixed skew that move together (``SkewedClock`` over one ``ManualClock
 - The successor 30 s ahead: the leases it adopts keep their remaining time, counted from
   the adoption (was: judged by the departed broker's deadlines on its own clock, they
   ended 30 s early: revived, their handles refused as expired).
+- A chain (A, then B 30 s ahead, then C 20 s behind): the handles A gave settle their
+  leases at C (each takeover's shift composed: ``pop.leaseclock``), and the leases end
+  no earlier than A gave them.
 - The departed broker 90 s ahead (more than the minute of slack there was): a message it
   delivered just before it was lost (the copy in the tier, the timer stream's record
   not) is not scheduled again (was: not looked for, as due after the successor's clock
@@ -119,3 +122,45 @@ def test_a_delivery_by_a_departed_broker_far_ahead_is_not_delivered_again(
 
     # Then each message comes once: the copy A delivered, never scheduled again
     assert dict(got) == dict.fromkeys(["early", *ids], 1), got
+
+
+def test_a_chain_of_takeovers_on_three_clocks_keeps_the_first_brokers_leases(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    # Given A: 4 messages leased for 120 s; A lost 5 s later
+    a = _broker(tmp_path, "a", manual_clock)
+    try:
+        a.create_topic(Topic("t", 1))
+        a.send([draft_of(Message("", "t", f"m{i}".encode())) for i in range(4)]).result(10)
+        leased = a.pop.pop("t", "g", 4, 2 * INVISIBLE_S)
+        handles = {p.message.message_id: p.receipt_handle for p in leased}
+    finally:
+        a.stop()
+    manual_clock.advance(5 * SECOND_MS)
+    # and B, 30 s ahead, took A over and was lost 5 s later
+    b = _broker(tmp_path, "b", SkewedClock(manual_clock, 30 * SECOND_MS))
+    try:
+        assert b.takeover("a", force=True).done
+    finally:
+        b.stop()
+    manual_clock.advance(5 * SECOND_MS)
+
+    # When C, 20 s behind, takes B over
+    c = _broker(tmp_path, "c", SkewedClock(manual_clock, -20 * SECOND_MS))
+    try:
+        assert c.takeover("b", force=True).done
+
+        # Then 60 s after the Pop the handles A gave settle their leases at C
+        manual_clock.advance(50 * SECOND_MS)
+        acked = sorted(handles)[:2]
+        assert c.pop.ack_many("g", [handles[m] for m in acked]) == [None, None]
+        # and none of the 120 s leases ends before its time
+        manual_clock.advance(55 * SECOND_MS)
+        assert c.pop.revive_due() == 0
+        assert _pop_all(c, "g") == []
+        # and after it the two others come back, once
+        manual_clock.advance(2 * INVISIBLE_S * SECOND_MS)
+        c.pop.revive_due()
+        manual_clock.advance(SECOND_MS)
+        assert sorted(_pop_all(c, "g")) == sorted(set(handles) - set(acked))
+    finally:
+        c.stop()
