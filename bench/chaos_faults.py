@@ -25,6 +25,12 @@ what happened, and violations of the restart rules:
   (holding nothing, or its topics move); its slow look at the leases must claim nobody
   alive.  Its unavailability is measured on every topic.
 
+* ``kill9-taker``: kill -9 of the owner, and the moment its lease shows ``taken_by``,
+  kill -9 of the taker too, its data directory deleted (its machine lost): a third
+  broker takes the taker over and finishes what it had begun (``chronomq.takeover``:
+  the intent in the tier, the claim inherited); both retired.  Measured on both
+  brokers' topics.
+
 A restart that resumes a life taken over, or one whose data directory is gone, or a
 rejoin whose old life was not taken over, is a violation (RESTARTED_TAKEN_OVER,
 REBORN_EMPTY_STARTED, REJOINED_UNTAKEN).
@@ -42,7 +48,7 @@ from dataclasses import dataclass, field
 from bench.chaos_cluster import Broker, Cluster
 
 KINDS = ("kill9-restart-now", "kill9-restart-late", "kill9-wipe", "sigstop", "cut-s3",
-         "slow-s3-watcher")
+         "slow-s3-watcher", "kill9-taker")
 
 
 @dataclass
@@ -190,7 +196,35 @@ def slow_s3_watcher(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -
     _after_resume(cluster, watcher, f)
 
 
+def kill9_taker(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
+    f.mark()
+    cluster.kill9(b)
+    deadline = time.monotonic() + 10 * cluster.lease_s
+    taker = ""
+    while not taker and time.monotonic() < deadline:
+        taker = cluster.taken_by(b.prefix)
+        if not taker:
+            time.sleep(0.01)
+    if not taker:
+        f.violations.append(f"NOT_CLAIMED {b.name}: no survivor claimed its lease in "
+                            f"{10 * cluster.lease_s:g} s")
+        cluster.retire(b)
+        return
+    s = next((w for w in cluster.brokers.values() if w.prefix == taker), None)
+    if s is None or not s.alive:
+        f.notes.append(f"claimed by {taker}, not a live broker of the harness")
+        cluster.retire(b)
+        return
+    cluster.kill9(s)  # at its claim: what it had begun is in the bucket alone
+    shutil.rmtree(s.data_dir)
+    f.topics = sorted({*f.topics, *(t for t in cluster.topics if cluster.owner(t) in
+                                    (s.name, s.prefix))})
+    f.notes.append(f"its taker {s.name} killed at its claim, its data gone")
+    cluster.retire(b)
+    cluster.retire(s)
+
+
 FAULTS: dict[str, Callable[[Cluster, Broker, random.Random, Fault], None]] = {
     "kill9-restart-now": kill9_restart_now, "kill9-restart-late": kill9_restart_late,
     "kill9-wipe": kill9_wipe, "sigstop": sigstop, "cut-s3": cut_s3,
-    "slow-s3-watcher": slow_s3_watcher}
+    "slow-s3-watcher": slow_s3_watcher, "kill9-taker": kill9_taker}

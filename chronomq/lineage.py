@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from chronomq.adoption import is_manifest
 from cluster.layout import chain_path, chain_prefix
 from store.files import write_atomic
-from tiered.errors import TierError
+from tiered.errors import TierError, TierNotFound
 
 if TYPE_CHECKING:
     from chronomq.broker import Broker
@@ -127,6 +127,19 @@ class Lineage:
             except (TierError, ValueError, KeyError, TypeError) as exc:
                 log.error("cannot read the takeover record %s: %s", path, exc)
         return out
+
+    def finished(self, holder: str, departed: str) -> bool:
+        """Whether ``holder``'s record in the tier says its takeover of ``departed`` is
+        done (an older record, without the field, was written once it had its ends:
+        done).  No record: it claimed and began nothing the tier knows of.  Raises
+        ``TierError`` when the record cannot be read."""
+        try:
+            raw = json.loads(self._b.tier.read(chain_path(holder, departed)))
+        except TierNotFound:
+            return False
+        except ValueError:  # damaged: what it holds cannot be followed
+            return False
+        return not (isinstance(raw, dict) and raw.get("done") is False)
 
     def withdraw(self, departed: str) -> None:
         """Remove the intent to take ``departed`` over (its claim was refused)."""

@@ -52,7 +52,7 @@ from chronomq.handover import (
 )
 from chronomq.lineage import Lineage, ends_of
 from cluster.catalogue import departed_topics
-from cluster.layout import catalogue_path, lease_path, takeover_record
+from cluster.layout import LEASES, catalogue_path, lease_path, takeover_record
 from cluster.lease import claim, inherit, read_lease
 from cluster.replay import last_store_ms, replay, stream
 from pop.checkpoint import parse_key
@@ -203,8 +203,9 @@ class Takeover:
         taken = {t: c.queue_count for t, c in catalogue.items()}
         # the topics of a takeover the departed broker had begun and not finished are
         # not its own yet: they are taken from their first broker (``_inherit``)
-        unfinished = self._lineage.unfinished(departed)
-        for t in [t for t in taken if _origin(t) in unfinished]:
+        begun = {t for rec in self._lineage.unfinished(departed).values()
+                 for t in rec.get("ends", {})}
+        for t in [t for t in taken if t in begun or _origin(t) in begun]:
             del taken[t]
         if "chain" not in state:  # what the departed broker had itself taken over
             state["chain"], state["adopted"] = self._lineage.chain_of(departed)
@@ -286,21 +287,30 @@ class Takeover:
                       if self._b.store.topics.get(t) is not None and held.get(t) != departed)
 
     def _inherit(self, departed: str) -> None:
-        """Finish the takeovers the departed broker had begun and not finished (its
-        intent in the tier, the lease it claimed): each is taken over from its first
-        broker here, as if the departed broker had never begun it."""
-        for first in sorted(self._lineage.unfinished(departed)):
-            try:
-                view, _ = read_lease(self._b.tier, first)
-            except TierError as exc:
-                log.error("cannot read the lease of %s, whose takeover %s began: %s", first,
-                          departed, exc)
-                continue
-            if view is None or view.taken_by != departed:
-                continue  # never claimed: its own lease decides (the watch, or a person)
+        """Finish the takeovers the departed broker had begun and not finished: each
+        lease it claimed without a record of that takeover done
+        (``Lineage.finished``) is taken over from its first broker here, as if the
+        departed broker had never begun it."""
+        for first in sorted(self._claimed_by(departed)):
+            if self._lineage.finished(departed, first):
+                continue  # its topics came with the departed broker's
             log.warning("%s had begun to take %s over and did not finish: taking %s over "
                         "here", departed, first, first)
             self.run(first, force=True)
+
+    def _claimed_by(self, holder: str) -> list[str]:
+        """The brokers whose leases name ``holder`` as taking them over."""
+        out = []
+        for path in self._b.tier.list(LEASES):
+            name = path[len(LEASES):].removesuffix(".json")
+            try:
+                view, _ = read_lease(self._b.tier, name)
+            except TierError as exc:
+                log.error("cannot read the lease %s: %s", path, exc)
+                continue
+            if view is not None and view.taken_by == holder:
+                out.append(name)
+        return out
 
     def _schedules(self, departed: str, journal: JournalState, taken: dict[str, int]
                    ) -> list[str]:
@@ -347,7 +357,7 @@ class Takeover:
         its lease claimed, nothing to carry."""
         me = self._b.prefix
         holder = claim(self._b.tier, departed, me, self._b.clock.now_ms())
-        if holder != me:
+        if holder != me and not self._inherits(departed, holder):
             raise FailedPrecondition(f"broker {departed} is taken over by {holder} already "
                                      f"(its lease {lease_path(departed)} says so)")
         log.info("took over %s: it had nothing in the tier", departed)
@@ -506,7 +516,7 @@ class Takeover:
         me = self._b.prefix
         if self._holder(holder) != me:
             return False
-        return departed in self._lineage.unfinished(holder)  # else its topics came with it
+        return not self._lineage.finished(holder, departed)  # else its topics came with it
 
     def _inherits(self, departed: str, holder: str) -> bool:
         """Claim ``departed``'s lease from ``holder`` when ``_inheritable``."""
