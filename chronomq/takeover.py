@@ -409,8 +409,10 @@ class Takeover:
         last attempt, or the DeadLetter RPC) is read from the first one stored since the
         group's oldest open lease here (``MountedBroker.first_stored``): it was made after
         that lease was taken (what it reads costs the dead letters made since, not the
-        topic's history)."""
+        topic's history), a time moved back onto the departed broker's clock
+        (``pop.leaseclock``: compared with its store times, never this broker's)."""
         b = self._b
+        shift_ms = handle_shift(b.pop, mounted.broker)
         found: list[tuple[str, LeaseEntry]] = []
         for topic in sorted(taken):
             made = split_broker_made(topic)
@@ -424,7 +426,8 @@ class Takeover:
                 if since_ms is None:
                     continue
                 # (a minute more: the departed broker's clock may have stepped back)
-                at = mounted.first_stored(topic, 0, *bounds, since_ms - CLOCK_SLACK_MS)
+                at = mounted.first_stored(topic, 0, *bounds,
+                                          since_ms - shift_ms - CLOCK_SLACK_MS)
             for e in stream(mounted, topic, at):
                 entry = lease_replaced_by(e.record)
                 if entry is not None:

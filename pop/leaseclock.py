@@ -14,7 +14,8 @@ leases (``LeaseBook.adopt``), each keeps its *remaining time*::
 ``departed_ms`` is the departed broker's own latest time in its journal (the store time
 of the last record of its streams in the tier, ``cluster.replay.latest_ms``): its clock
 read at least that when it was lost, so ``remaining`` is at least what the lease had left
-then.  ``adopted_at_ms`` is this broker's clock at the adoption.  Counted from there the
+then.  ``adopted_at_ms`` is this broker's clock at the adoption.  When the lease was taken
+(``pop_at_ms``) moves by the shift alone.  Counted from there the
 lease never ends early (it may last longer: the outage and the journal's lag are added,
 a safe over-estimate).  Once here, the deadline is one of this broker's own, revived
 and checked on its clock like any lease it gave (a lease outlives a restart, so it is
@@ -113,10 +114,12 @@ def moved(deadline_ms: int, shift_ms: int, adopted_at_ms: int) -> int:
 
 
 def move_checkpoint(ck_start: int, raw: bytes, shift_ms: int, adopted_at_ms: int) -> bytes:
-    """A departed broker's PopCheckpoint value with every deadline moved (``moved``);
-    ``pop_at_ms`` stays as it was (when the lease was taken, by the clock of the broker
-    whose stored copies it is compared with: ``chronomq.takeover``)."""
+    """A departed broker's PopCheckpoint value with every deadline moved (``moved``), and
+    ``pop_at_ms`` by the shift alone: a takeover compares it with the departed broker's
+    store times after moving it back (``chronomq.takeover``: its dead-letter copies),
+    and along a chain each broker's with its own."""
     ck = decode_checkpoint(ck_start, raw)
+    ck.pop_at_ms = max(0, ck.pop_at_ms + shift_ms)
     ck.expire_at_ms = moved(ck.expire_at_ms, shift_ms, adopted_at_ms)
     ck.overrides = {i: moved(e, shift_ms, adopted_at_ms) for i, e in ck.overrides.items()}
     return encode_checkpoint(ck)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from chronomq.broker import Broker
 from store.clock import ManualClock
 from store.message import Message, draft_of
@@ -162,5 +164,42 @@ def test_a_chain_of_takeovers_on_three_clocks_keeps_the_first_brokers_leases(
         c.pop.revive_due()
         manual_clock.advance(SECOND_MS)
         assert sorted(_pop_all(c, "g")) == sorted(set(handles) - set(acked))
+    finally:
+        c.stop()
+
+
+def test_a_dead_letter_at_the_successor_of_a_broker_far_ahead_is_not_revived_later(
+        tmp_path: Path, manual_clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given A, 90 s ahead of B and C: a message leased for 10 min; A lost
+    a = _broker(tmp_path, "a", SkewedClock(manual_clock, 90 * SECOND_MS))
+    try:
+        a.create_topic(Topic("t", 1))
+        a.send([draft_of(Message("", "t", b"m"))]).result(10)
+        (leased,) = a.pop.pop("t", "g", 1, 10 * INVISIBLE_S)
+    finally:
+        a.stop()
+    # and B took A over, dead-lettered the message with A's handle, and was lost before
+    # the mark of its lease reached the tier (the dead-letter copy did)
+    b = _broker(tmp_path, "b", manual_clock)
+    try:
+        assert b.takeover("a", force=True).done
+        manual_clock.advance(5 * SECOND_MS)
+        monkeypatch.setattr(b.pop._requeuer, "_mark_done", lambda *_: None)  # never made
+        assert b.pop.dead_letter_many("g", [(leased.receipt_handle, "bad")]) == [None]
+    finally:
+        b.stop()
+
+    # When C takes B over and the lease's time runs out there
+    c = _broker(tmp_path, "c", manual_clock)
+    try:
+        assert c.takeover("b", force=True).done
+        got: list[str] = []
+        for _ in range(3):
+            manual_clock.advance(3_600_000)
+            c.pop.revive_due()
+            got += _pop_all(c, "g")
+        # Then the message never comes to g again: C found B's dead-letter copy (read
+        # from the lease's time by B's clock, not A's)
+        assert got == []
     finally:
         c.stop()

@@ -53,13 +53,14 @@ def test_a_moved_deadline_keeps_the_time_left(deadline: int, departed_ms: int,
     assert got - here_ms == max(0, deadline - departed_ms)  # the time it had left
 
 
-@given(expire=MS, over=st.lists(MS, max_size=3), shift=SHIFT, here=MS)
+@given(expire=MS, over=st.lists(MS, max_size=3), shift=SHIFT, here=MS, pop_at=MS)
 def test_a_checkpoint_moves_every_deadline_but_held_ones(expire: int, over: list[int],
-                                                         shift: int, here: int) -> None:
+                                                         shift: int, here: int,
+                                                         pop_at: int) -> None:
     overrides = {i: e for i, e in enumerate(over)} | {len(over): HELD}
-    ck = PopCheckpoint(40, 123, expire, len(overrides) + 1, bytearray(1), overrides)
+    ck = PopCheckpoint(40, pop_at, expire, len(overrides) + 1, bytearray(1), overrides)
     got = decode_checkpoint(40, move_checkpoint(40, encode_checkpoint(ck), shift, here))
-    assert got.pop_at_ms == 123  # when it was leased, by the clock that leased it
+    assert got.pop_at_ms == pop_at + shift  # when it was leased: moved back, exact
     assert got.expire_at_ms == moved(expire, shift, here)
     assert got.overrides == {i: moved(e, shift, here) for i, e in overrides.items()}
     assert got.overrides[len(over)] == HELD
