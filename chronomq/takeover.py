@@ -5,8 +5,9 @@ delayed record (the delayed stream) and every change of its positions, leases an
 (the journal).  When it is lost, another broker runs ``takeover(name)`` (the lease
 watch, the ``chronomq takeover`` command, the Takeover RPC, ``tier.takeover``) and
 becomes the owner of its topics.  The steps, each a named crash point and idempotent
-(the protocol and its argument: docs/DESIGN.md, "Takeover" and "Failover by
-construction"):
+(the protocol and its argument in docs/DESIGN.md:
+"Takeover: a broker's promises in the tier",
+"Failover by construction: the bucket fences, clocks only time"):
 
 1. **Intent, then claim.**  ``<me>/takeovers/<departed>.json`` with ``done: false`` is
    in the tier (``chronomq.lineage``), then ``taken_by: <me>`` goes into the departed
