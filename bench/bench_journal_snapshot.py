@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pop.leasejournal import LeaseJournal
 from store.clock import SystemClock
+from store.journal import StateJournal
 from store.kv import KV, GroupCommit
 from store.names import SYSTEM_STREAMS
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
-from tiered.journal import StateJournal
 
 
 def run(entries: int, root: Path) -> None:

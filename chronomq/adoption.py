@@ -77,11 +77,11 @@ from cluster.replay import stream
 from cluster.timersnapshot import Pointer, decode_pointer, read_part, read_residual
 from pop.settle import LeaseEntry, lease_replaced_by
 from store.errors import FailedPrecondition
+from store.journal import JournalState
 from store.message import FLAG_DELAYED, decode_record
 from store.names import DELAYED_STREAM, TIMER_STREAM, is_name, split_broker_made
 from store.topics import Topic
 from tiered.errors import TierError
-from tiered.journal import JournalState
 from tiered.mount import MountedBroker
 from tiered.provider import Provider
 from tiered.timerflatfile import (

@@ -36,13 +36,13 @@ from pop.service import PopService
 from store.clock import Clock
 from store.disk import DiskGuard, unless_full
 from store.errors import ChronomqError, FailedPrecondition, InvalidArgument, TopicNotFound
+from store.journal import StateJournal
 from store.kv import KV
 from store.message import FLAG_DELAYED, DispatchInfo, Draft, Message
 from store.names import SYSTEM_STREAMS, is_name, is_system_stream
 from store.store import MessageStore
 from store.topics import Topic
 from tiered.dispatcher import TieredDispatcher
-from tiered.journal import StateJournal
 from tiered.mount import MountedBroker, MountReader
 from tiered.provider import Provider
 from tiered.readahead import ReadAheadCache

@@ -51,9 +51,9 @@ from cluster.replay import latest_ms
 from pop.checkpoint import ck_start_of_key
 from pop.leaseclock import encode_shift, lease_clock, move_checkpoint, shift_key, shifts_in
 from pop.service import PopService
+from store.journal import JournalState
 from store.names import DELAYED_STREAM
 from tiered.errors import TierError, TierNotFound, TierUnavailable
-from tiered.journal import JournalState
 from tiered.mount import MountedBroker
 from tiered.provider import Provider
 

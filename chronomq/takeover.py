@@ -61,6 +61,9 @@ from pop.model import origin_of
 from pop.settle import LeaseEntry, lease_replaced_by
 from store.crashpoint import crashpoint
 from store.errors import FailedPrecondition, InvalidArgument
+from store.journal import (
+    JournalState,
+)
 from store.names import (
     DELAYED_STREAM,
     RETRY_PREFIX,
@@ -71,9 +74,6 @@ from store.names import (
 )
 from store.topics import Topic
 from tiered.errors import TierError, TierNotFound
-from tiered.journal import (
-    JournalState,
-)
 from tiered.mount import MountedBroker
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ know.
 
 The data a broker uploads lives under its prefix too (``<broker>/meta/``, ``/data/``,
 ``/index/``, ``/timer/``, ``/state/snapshot.json``): the tier's own layout
-(``tiered.dispatcher``, ``tiered.journal``).  The JSON codecs of the lease and the owner
+(``tiered.dispatcher``, ``store.journal``).  The JSON codecs of the lease and the owner
 records are next to their code (``cluster.lease``, ``cluster.ownership``).
 """
 

@@ -5,7 +5,7 @@ groups and its timer.
 ``<broker>/state/snapshot.json`` points at (the whole stream when the pointer names no
 readable snapshot: a snapshot must start with its ``pop-reset`` record) and the timer
 stream from its latest timer snapshot (``cluster.timersnapshot``; whole without one), and
-applies them in order to a ``JournalState`` (``tiered.journal`` has the records' format).
+applies them in order to a ``JournalState`` (``store.journal`` has the records' format).
 ``stream`` reads any of the departed broker's streams (``chronomq.adoption`` reads its
 delayed records: the snapshot's pending ones, then the delayed stream past it).
 """
@@ -17,10 +17,10 @@ import time
 from collections.abc import Iterator
 
 from cluster.timersnapshot import Pointer, read_pointer, read_residual
+from store.journal import POP_RESET, SNAPSHOT_POINTER, JournalState, read_snapshot_pointer
 from store.message import decode_record
 from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM
 from tiered.errors import TierError, TierNotFound
-from tiered.journal import POP_RESET, SNAPSHOT_POINTER, JournalState, read_snapshot_pointer
 from tiered.mount import MountedBroker
 from tiered.provider import Provider
 from tiered.queue import TieredEntry

@@ -2,7 +2,7 @@
 broker holds now (its pending delayed messages), not every delayed message it ever took.
 
 The delayed stream holds every delayed record as sent, the timer stream a record per
-delivery batch, Cancel and Reschedule (``tiered.journal``): both grow with the broker's
+delivery batch, Cancel and Reschedule (``store.journal``): both grow with the broker's
 history.  Every ``tier.journal_snapshot_records`` records (or half as many as the latest
 snapshot holds, if more: a snapshot costs at most twice what it saves, and the streams
 past it stay under half its size) the broker that owns
@@ -65,10 +65,10 @@ from typing import NamedTuple
 
 from store.crashpoint import crashpoint
 from store.errors import ChronomqError
+from store.journal import SNAPSHOT_POINTER, JournalState, read_snapshot_pointer
 from store.message import FLAG_DELAYED, decode_dispatch_infos, decode_record
 from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM
 from tiered.errors import TierError, TierNotFound
-from tiered.journal import SNAPSHOT_POINTER, JournalState, read_snapshot_pointer
 from tiered.provider import Provider
 from tiered.queue import TieredEntry
 from tiered.timerflatfile import is_adopted

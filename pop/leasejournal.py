@@ -3,7 +3,7 @@
 With ``tier.upload`` the lease book's state (positions, open PopCheckpoints) must reach
 the tier so that another broker can take its consumers over (``chronomq.takeover``).
 Every write of the book goes to its RocksDB (``store.kv.GroupCommit``) and, as the same
-keys and values, to the journal (``tiered.journal``: a ``pop`` record), under the
+keys and values, to the journal (``store.journal``: a ``pop`` record), under the
 journal's ``ordered`` lock, so the journal holds the writes of a key in the order the
 RocksDB got them.  ``attach`` first writes a snapshot of the whole book (``pop-reset``,
 then ``pop`` chunks), so that a write a crash kept out of the journal is in it again.
@@ -14,7 +14,7 @@ at most what it saves), and every ``tier.journal_snapshot_s`` once that many cam
 least ``BY_TIME_RECORDS``): with durable-ack the stream is many small objects, one per
 commit, and a takeover reads them one request each) and, once the tier holds it,
 points ``<broker>/state/snapshot.json`` at its first record: a takeover replays the
-state stream from there (``tiered.journal``), so its time follows the book's size, not
+state stream from there (``store.journal``), so its time follows the book's size, not
 the broker's history.
 The snapshot is written under the journal's ``ordered`` lock, so it is a consistent cut:
 replaying it and every record after it gives the book (Pops and Acks wait meanwhile:
@@ -36,9 +36,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from pop.checkpoint import STATE_PREFIX
-from store.kv import KV, GroupCommit
-from store.message import DispatchInfo
-from tiered.journal import (
+from store.journal import (
     POP,
     POP_RESET,
     SNAPSHOT_CHUNK,
@@ -47,6 +45,8 @@ from tiered.journal import (
     encode_ops,
     snapshot_pointer,
 )
+from store.kv import KV, GroupCommit
+from store.message import DispatchInfo
 
 log = logging.getLogger(__name__)
 

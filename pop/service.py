@@ -72,11 +72,11 @@ from pop.source import GoneLocally, Loader, QueueSource
 from store.clock import Clock
 from store.crashpoint import crashpoint
 from store.errors import ChronomqError, InvalidArgument
+from store.journal import StateJournal
 from store.kv import KV
 from store.message import Message
 from store.names import check_readable
 from store.store import MessageStore
-from tiered.journal import StateJournal
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class PopService:
     # ---------------------------------------------------------------- delegated
 
     def set_journal(self, journal: StateJournal) -> list[Future[Any]]:
-        """Journal every change of the lease book (``tiered.journal``); returns the
+        """Journal every change of the lease book (``store.journal``); returns the
         futures of the snapshot written first (``pop.leasejournal``)."""
         return self._book.journal.attach(journal)
 

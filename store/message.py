@@ -49,7 +49,7 @@ FLAG_DELAYED = 0x0001  # deliver_at_ms was in the future when the record was wri
 FLAG_TIMER_DELIVERY = 0x0002  # re-appended by the timer when its time came
 FLAG_RETRY = 0x0004  # re-appended by the POP layer for a redelivery
 FLAG_FOREIGN_ID = 0x0008  # the id was not assigned for this record: index it by id
-FLAG_STATE = 0x0010  # a state change of the broker (``tiered.journal``), not a message
+FLAG_STATE = 0x0010  # a state change of the broker (``store.journal``), not a message
 FLAG_ASSIGNED_ID = 0x0020  # a timer copy keeping a broker-assigned id: no client chose it,
 #                             so indexed by id but with no dedupe entry (``store.index``)
 

@@ -26,7 +26,7 @@ DLQ_PREFIX = "%DLQ%"
 # The broker's system streams, kept only when it uploads to the tier: every delayed
 # record (in its own queue offsets, so the tier holds the timer's pending set), the
 # journal of the consumer groups' state and the journal of the timer's changes
-# (``tiered.journal``).  Never read or written by a client.
+# (``store.journal``).  Never read or written by a client.
 DELAYED_STREAM = "%SYS%delayed"
 STATE_STREAM = "%SYS%state"
 TIMER_STREAM = "%SYS%timer"

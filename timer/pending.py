@@ -25,9 +25,9 @@ import threading
 from collections.abc import Callable, Sequence
 
 from store.errors import Unavailable
+from store.journal import StateJournal
 from store.message import FLAG_DELAYED, Message, decode_dispatch_infos, decode_record
 from store.store import MessageStore
-from tiered.journal import StateJournal
 from tiered.timerflatfile import is_adopted
 from timer.model import TimerChange, TimerOutcome
 from timer.parking import ParkingLot

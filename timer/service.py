@@ -49,6 +49,7 @@ from typing import NamedTuple
 from store.clock import Clock
 from store.crashpoint import crashpoint
 from store.errors import ChronomqError, InvalidArgument
+from store.journal import StateJournal
 from store.message import (
     FLAG_DELAYED,
     FLAG_TIMER_DELIVERY,
@@ -58,7 +59,6 @@ from store.message import (
     draft_of_record,
 )
 from store.store import MessageStore
-from tiered.journal import StateJournal
 from tiered.timerflatfile import TimerFlatFiles
 from timer.delivery import NAME_OF_DRAFT, CopyRegistry
 from timer.lookup import PendingLookup
@@ -384,7 +384,7 @@ class TimerService:
     # ------------------------------------------------------------------ by id
 
     def set_journal(self, journal: StateJournal) -> None:
-        """Journal deliveries, cancels and reschedules (``tiered.journal``)."""
+        """Journal deliveries, cancels and reschedules (``store.journal``)."""
         self._journal = journal
         self._pending.journal = journal
 

@@ -21,6 +21,7 @@ from chronomq.broker import Broker
 from chronomq.config import BrokerConfig, TierConfig
 from pop.flowcontrol import KeyLimits
 from store.clock import ManualClock
+from store.journal import SNAPSHOT_POINTER, read_snapshot_pointer, snapshot_pointer
 from store.message import Message, draft_of
 from store.names import STATE_STREAM
 from store.store import StoreConfig
@@ -28,7 +29,6 @@ from store.topics import Topic
 from tests.conftest import wait_until
 from tests.tiered.test_tiered_pop import _pop_all
 from tiered.errors import TierNotFound
-from tiered.journal import SNAPSHOT_POINTER, read_snapshot_pointer, snapshot_pointer
 
 EVERY = 40
 

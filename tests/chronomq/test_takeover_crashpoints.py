@@ -18,6 +18,7 @@ import pytest
 
 from chronomq.client import ChronomqClient, RpcError
 from store.crashpoint import CRASH_EXIT_CODE, LABELS
+from store.journal import SNAPSHOT_POINTER
 from tests.chronomq.checker import check_ledgers
 from tests.chronomq.ledger import Ledger, LedgeredClient, drain, now_ms
 from tests.chronomq.process import ServerProcess
@@ -30,7 +31,6 @@ from tests.chronomq.test_crashpoints import (
     scripted_workload,
 )
 from tests.conftest import wait_until
-from tiered.journal import SNAPSHOT_POINTER
 
 SETTINGS = (*CRASHPOINT_SETTINGS, "tier.durable_ack=true")
 

@@ -15,6 +15,14 @@ from pathlib import Path
 import pytest
 
 from store.clock import ManualClock
+from store.journal import (
+    POP,
+    POP_RESET,
+    JournalState,
+    StateJournal,
+    decode_ops,
+    encode_ops,
+)
 from store.message import FLAG_DELAYED, Message, decode_record
 from store.names import DELAYED_STREAM, SYSTEM_STREAMS
 from store.store import MessageStore, StoreConfig
@@ -23,14 +31,6 @@ from tests.tiered.faults import FaultyProvider
 from tiered.config import TierConfig
 from tiered.dispatcher import TieredDispatcher
 from tiered.errors import TierUnavailable
-from tiered.journal import (
-    POP,
-    POP_RESET,
-    JournalState,
-    StateJournal,
-    decode_ops,
-    encode_ops,
-)
 from tiered.providers.local import LocalProvider
 
 
