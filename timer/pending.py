@@ -5,9 +5,9 @@ to several topics, the retry copies of one message nacked by several groups), or
 one topic, wherever they are (RocksDB, wheel, parked, a TimerFlatFile), and say how many
 they changed.  Parked ones are first moved into RocksDB (``ParkingLot.unpark``); one the
 timer has fired and whose copy the dispatcher has not reached yet (``delivering``) is not
-changed: the caller is told it is delivered.  The lookups (``holds``, ``messages``,
-``first_due``) serve a client-chosen id's pending message, which is in no index until
-delivered (``store.lookup``).
+changed: the caller is told it is delivered.  The lookups (``holds``, ``first_due``)
+serve a client-chosen id's pending message, which is in no index until delivered
+(``store.lookup``); its record is read by ``timer.lookup``.
 
 Cancels and reschedules are journaled by delayed-stream queue offset
 (``stream_offsets``, as ``TimerService`` journals its deliveries), and with durable-ack
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from store.errors import Unavailable
 from store.journal import StateJournal
-from store.message import FLAG_DELAYED, Message, decode_dispatch_infos, decode_record
+from store.message import FLAG_DELAYED, decode_dispatch_infos
 from store.store import MessageStore
 from tiered.timerflatfile import is_adopted
 from timer.model import TimerChange, TimerOutcome
@@ -159,26 +159,11 @@ class PendingMessages:
         return any(off == commit_offset for _, off in self._timers.locate(message_id)) or \
             any(off == commit_offset for (_, off), _ in self._timers.locate_parked(message_id))
 
-    def messages(self, message_id: str, unpark: bool = False) -> list[Message]:
-        """The messages pending with this id, as the timer holds them (their due time the
-        one they wait for now): a client-chosen id's pending message is in no index until
-        delivered.  Those in RocksDB and those parked but not yet in a TimerFlatFile;
-        ``unpark``: parked ones in TimerFlatFiles are first moved into RocksDB
-        (``ParkingLot.unpark``, as a Cancel does), so every one is listed."""
-        if unpark:
-            with self._lot.flat_lock, self._lock:
-                self._lot.unpark(message_id)
-        with self._lock:  # not flat_lock: a look never waits for a TimerFlatFile write
-            held = self._lot.held(message_id)
-        locs = self._timers.locate(message_id)
-        found = [(due, offset, raw) for (due, offset), raw in zip(locs, self._timers.records(
-            [timer_key(*loc) for loc in locs]), strict=True) if raw is not None]
-        out = []
-        for due, offset, raw in sorted(found + held):
-            m = decode_record(raw, 0, offset)
-            m.deliver_at_ms = due
-            out.append(m)
-        return out
+    def unpark(self, message_id: str) -> None:
+        """Move the parked messages with this id out of their TimerFlatFiles into RocksDB
+        (``ParkingLot.unpark``, as a Cancel does)."""
+        with self._lot.flat_lock, self._lock:
+            self._lot.unpark(message_id)
 
     def first_due(self, message_id: str) -> int | None:
         """When the first pending message with this id is due (in RocksDB, the wheel, or

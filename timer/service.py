@@ -404,11 +404,11 @@ class TimerService:
 
     def pending_messages(self, message_id: str, unpark: bool = False,
                          known: Container[int] = ()) -> list[Message]:
-        """The messages pending with this id: read where they wait
-        (``PendingLookup.messages``, none at an offset in ``known``), or, ``unpark``,
-        first moved into RocksDB (``PendingMessages.messages``)."""
+        """The messages pending with this id, read where they wait
+        (``PendingLookup.messages``, none at an offset in ``known``); ``unpark``: first
+        moved into RocksDB (``PendingMessages.unpark``)."""
         if unpark:
-            return self._pending.messages(message_id, unpark)
+            self._pending.unpark(message_id)
         return self._lookup.messages(message_id, known)
 
     def pending_due(self, message_id: str) -> int | None:
