@@ -24,8 +24,9 @@ from chronomq.providers import make_lease_provider, make_provider
 from chronomq.recurrence import open_schedules
 from chronomq.takeover import Takeover, TakeoverResult
 from cluster.catalogue import CatalogueCopy
+from cluster.fence import Fence
 from cluster.layout import broker_prefix
-from cluster.lease import BrokerLease, LeaseWatch, TakenOver
+from cluster.lease import BrokerLease, LeaseWatch
 from cluster.ownership import Owner, TopicOwners
 from cluster.rejoin import Rejoin
 from cluster.timersnapshot import TimerCompactor
@@ -200,17 +201,18 @@ class Broker:
         self.store.add_dispatch_handler(self.timer)
         self.store.add_delayed_witness(self.timer.holds)  # pending ones are found by id
         self.store.add_dispatch_handler(self.pop.copies)
+        self.fence = Fence(self.lease)  # the gate of every OK (cluster.fence)
         if config.tier.upload:
-            self._open_tier_upload()
+            self._open_tier_upload()  # (with the tier's durable position)
         self.store.open()
         if self.tiered is not None:  # reuses the records the store's dispatcher decoded
             self.add_dispatch_listener(self.tiered.offer)
             for stream in SYSTEM_STREAMS:  # the timer's pending set and the journal
                 self.store.create_topic(Topic(stream, 1), system=True)
-        self.journal = StateJournal(self.store, self.tiered, self.config.tier.durable_ack)
+        self.journal = StateJournal(self.store, self.tiered, self.config.tier.durable_ack,
+                                    self.fence)
         if self.lease is not None:
             self.lease.load = lambda: len(self.topics())
-            self.journal.fence = self.lease.check
         self.timer.set_journal(self.journal)
         self.topic_changes = self._topic_changes()
         self.start_retry("writing its topic catalogue's copy", self.topic_changes.open)
@@ -262,13 +264,7 @@ class Broker:
             self.store, self.tier, self.prefix,
             os.path.join(self.config.store.data_dir, "tiered"), t,
             self.clock)
-        if self.lease is not None:
-            durable = self.tiered
-            if t.durable_ack:  # the bucket's fence on every tier commit
-                durable.durable.gate = self.lease.commit
-            self.lease.on_taken_over = lambda by: durable.durable.fence(TakenOver(
-                f"broker {self.prefix} was taken over by {by}: its topics are served "
-                "there now"))
+        self.fence = Fence(self.lease, self.tiered.durable, t.durable_ack, self.prefix)
         self.tiered.open()
         cache = None
         if t.read_ahead_bytes > 0:

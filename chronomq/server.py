@@ -197,21 +197,10 @@ class BrokerServer:
         liveness probe (a Kubernetes gRPC probe) restarts it and it rejoins under its
         name as a new incarnation (``cluster.rejoin``); until then it answers "taken
         over by" to the clients that still come to it."""
-        lease = self.broker.lease
-        if lease is None:
-            return
-        fence = lease.on_taken_over
-
-        def unhealthy() -> None:
+        def unhealthy(_by: str) -> None:
             for name in names:
                 servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-
-        def taken_over(by: str) -> None:
-            fence(by)
-            unhealthy()
-        lease.on_taken_over = taken_over
-        if lease.taken_by:  # (fenced before this was set)
-            unhealthy()
+        self.broker.fence.on_taken(unhealthy)  # (at once when fenced before)
 
     def _addresses(self) -> tuple[str, str]:
         """The addresses clients reach this broker's API and RocketMQ front at."""

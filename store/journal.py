@@ -47,7 +47,7 @@ from __future__ import annotations
 import json
 import struct
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -113,17 +113,23 @@ def decode_ops(body: bytes) -> Iterator[tuple[bytes, bytes | None]]:
             raise ValueError("a journal record ends inside an op")
 
 
+class Gate(Protocol):
+    """What an OK passes once its change is durable (``cluster.fence.Fence``)."""
+
+    def check(self) -> None: ...
+
+
 class StateJournal:
     """Appends state records and waits for them (see the module docstring).  Off (every
     call a no-op) unless the store has the state stream.  Thread-safe."""
 
     def __init__(self, store: MessageStore, tier: DurableTier | None = None,
-                 durable_ack: bool = False) -> None:
+                 durable_ack: bool = False, gate: Gate | None = None) -> None:
         self._store = store
         self._tier = tier
         self.durable_ack = durable_ack and tier is not None
         self.ordered = threading.Lock()  # a view's write and its record, in one order
-        self.fence: Callable[[], None] | None = None  # raises while no OK may be given
+        self._gate = gate  # raises while no OK may be given
 
     @property
     def enabled(self) -> bool:
@@ -164,10 +170,10 @@ class StateJournal:
         self.check()
 
     def check(self) -> None:
-        """Raise unless this broker may answer OK to a change now (``cluster.lease``:
-        checked after the change is durable, just before the answer)."""
-        if self.fence is not None:
-            self.fence()
+        """Raise unless this broker may answer OK to a change now (the gate,
+        ``cluster.fence``: checked after the change is durable, just before the answer)."""
+        if self._gate is not None:
+            self._gate.check()
 
     def may_change(self) -> bool:
         """Whether background work that changes state (timer deliveries, revives) may
