@@ -40,6 +40,7 @@ def create(broker: Broker, request: pb.CreateScheduleRequest) -> pb.CreateSchedu
     broker.store.topics.require(spec.topic)  # NOT_FOUND now, not at the first tick
     state, created = broker.schedules.book.create(spec, broker.clock.now_ms())
     broker.schedules.wake()
+    broker.fence.confirm()  # (a create that found it there wrote nothing: the gate still)
     return pb.CreateScheduleResponse(schedule=schedule_pb(state), created=created)
 
 
@@ -54,6 +55,7 @@ def listing(broker: Broker, request: pb.ListSchedulesRequest) -> pb.ListSchedule
 def pause(broker: Broker, name: str, paused: bool) -> pb.ScheduleResponse:
     state = broker.schedules.book.set_paused(name, paused, broker.clock.now_ms())
     broker.schedules.wake()
+    broker.fence.confirm()  # (already so: nothing written, the gate still)
     return pb.ScheduleResponse(schedule=schedule_pb(state))
 
 
