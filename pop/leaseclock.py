@@ -17,7 +17,8 @@ read at least that when it was lost, so ``remaining`` is at least what the lease
 then.  ``adopted_at_ms`` is this broker's clock at the adoption.  When the lease was taken
 (``pop_at_ms``) moves by the shift alone.  Counted from there the
 lease never ends early (it may last longer: the outage and the journal's lag are added,
-a safe over-estimate).  Once here, the deadline is one of this broker's own, revived
+a safe over-estimate, never more than its invisible time since ``remaining`` is at most
+that).  Once here, the deadline is one of this broker's own, revived
 and checked on its clock like any lease it gave (a lease outlives a restart, so it is
 kept as a wall-clock time here, not on the monotonic clock).
 
