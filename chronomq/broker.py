@@ -229,7 +229,8 @@ class Broker:
             if self.journal.durable_ack:
                 confirm = BucketFence(durable)
         return TopicChanges(self.store, self.clock, self.pop.forget_topics,
-                            self.journal.check, lambda: self.owners, catalogue, confirm)
+                            self.journal.check, lambda: self.owners, catalogue, confirm,
+                            self.takeovers.forget_topic)
 
     def _hold_lease(self) -> None:
         """This broker's lease, before the store opens, and the incarnation it is of

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from chronomq.adoption import is_manifest
 from cluster.layout import chain_path, chain_prefix
 from store.files import write_atomic
+from store.names import split_broker_made
 from tiered.errors import TierError, TierNotFound
 
 if TYPE_CHECKING:
@@ -147,6 +148,20 @@ class Lineage:
             self._b.tier.delete(chain_path(self._b.prefix, departed))
         except TierError as exc:
             log.warning("could not withdraw the intent to take %s over: %s", departed, exc)
+
+
+def drop_topic(record: dict[str, Any], topic: str) -> bool:
+    """Remove ``topic`` and its retry and dead-letter topics from a record's ends and
+    from its chain's (the name is created anew here: nothing taken over under it before
+    is served again); whether anything was removed."""
+    dropped = False
+    for r in [record, *record.get("chain", [])]:
+        ends = r.get("ends", {}) if isinstance(r, dict) else {}
+        for t in [t for t in ends if t == topic or
+                  (split_broker_made(t) or ("", "", ""))[2] == topic]:
+            del ends[t]
+            dropped = True
+    return dropped
 
 
 def ends_of(record: dict[str, Any]) -> dict[str, dict[int, int]]:

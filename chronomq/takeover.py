@@ -51,7 +51,7 @@ from chronomq.handover import (
     handle_shift,
     read_secret,
 )
-from chronomq.lineage import Lineage, ends_of
+from chronomq.lineage import Lineage, drop_topic, ends_of
 from cluster.catalogue import departed_topics
 from cluster.layout import LEASES, catalogue_path, lease_path, takeover_record
 from cluster.lease import claim, inherit, read_lease
@@ -143,6 +143,18 @@ class Takeover:
                 departed, sorted(state.get("ends", {})), int(state.get("pending", 0)),
                 int(state.get("groups", 0)), float(state.get("seconds", 0.0)),
                 float(state.get("accepting_after_s", 0.0)), bool(state.get("done")))
+
+    def forget_topic(self, topic: str) -> None:
+        """``topic`` is created anew here (it was deleted): the older offsets of a topic
+        of that name taken over before are served no more, here or by a broker taking
+        this one over (``lineage.drop_topic``, each record in the tier first)."""
+        for departed in self._lineage.departed():
+            state = self._lineage.load(departed)
+            if drop_topic(state, topic):
+                if "ends" in state:
+                    self._lineage.publish(departed, state)
+                self._lineage.save(departed, state)
+        self._b.mount_reader.forget(topic)
 
     # ------------------------------------------------------------------ takeover
 

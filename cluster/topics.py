@@ -96,14 +96,17 @@ class TopicChanges:
     leases, retry topics); ``check()`` is the lease's check (raises while no OK may be
     given); ``confirm`` the bucket's fence (``BucketFence``; None: none, no
     ``tier.durable_ack``); ``owners()`` the topic owners (None: no ``tier.claim_topics``);
-    ``catalogue`` the copy in the tier (None: no ``tier.upload``)."""
+    ``catalogue`` the copy in the tier (None: no ``tier.upload``); ``renew(name)``
+    makes sure nothing older is served under a name about to be created (a topic of
+    that name taken over, then deleted: ``Takeover.forget_topic``)."""
 
     def __init__(self, store: MessageStore, clock: Clock, forget: Callable[[set[str]], None],
                  check: Callable[[], None], owners: Callable[[], TopicOwners | None],
                  catalogue: CatalogueCopy | None = None,
-                 confirm: Callable[[], None] | None = None) -> None:
+                 confirm: Callable[[], None] | None = None,
+                 renew: Callable[[str], None] = lambda _: None) -> None:
         self._store, self._clock, self._forget = store, clock, forget
-        self._check, self._owners = check, owners
+        self._check, self._owners, self._renew = check, owners, renew
         self.catalogue, self._confirm = catalogue, confirm
 
     def open(self) -> None:
@@ -136,6 +139,8 @@ class TopicChanges:
                                          "(recorded in the shared tier): send and consume "
                                          "there")
             crashpoint("topic.after_claim")
+        if store.topics.get(topic.name) is None:
+            self._renew(topic.name)
         created = store.create_topic(topic)
         crashpoint("topic.after_create")
         self._publish()

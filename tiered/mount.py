@@ -441,6 +441,14 @@ class MountReader:
                 chain.append((mounted, dict(queues)))
                 self._before[topic] = chain
 
+    def forget(self, topic: str) -> None:
+        """Serve no older offsets of ``topic`` (and its retry and dead-letter topics)
+        from the brokers it was taken over from: the name is created anew here."""
+        with self._lock:
+            for t in [t for t in self._before
+                      if t == topic or (split_broker_made(t) or ("", "", ""))[2] == topic]:
+                del self._before[t]
+
     def adopted(self) -> dict[str, str]:
         """Topic -> the broker it was taken over from (the last of a chain)."""
         with self._lock:

@@ -54,13 +54,17 @@ def _send_and_ack(c: ChronomqClient, count: int = 20, prefix: str = "m") -> set[
     return acked
 
 
-def _popped(c: ChronomqClient) -> set[str]:
-    """Every message a Pop of ``TOPIC`` gives the group now (acked at once)."""
+def _popped(c: ChronomqClient, most: int = 200) -> set[str]:
+    """Every message a Pop of ``TOPIC`` gives the group now (acked at once; at most
+    ``most`` Pops, so a broker that keeps giving fails the test, not its time-out)."""
     seen: set[str] = set()
-    while got := c.pop(TOPIC, GROUP, 32, 30, 500):
+    for _ in range(most):
+        got = c.pop(TOPIC, GROUP, 32, 30, 500)
+        if not got:
+            return seen
         seen |= {m.message_id for m in got}
         c.ack(GROUP, [m.receipt_handle for m in got])
-    return seen
+    raise AssertionError(f"Pops kept giving messages: {len(seen)} distinct so far")
 
 
 def _owner(endpoint: str, bucket: str, topic: str) -> str | None:
@@ -252,3 +256,37 @@ def test_a_delete_cut_short_is_finished_at_restart(
     raw = s3_client(endpoint).get_object(Bucket=bucket, Key="broker-a/topics.json")
     assert TOPIC in [t["name"] for t in json.loads(raw["Body"].read())["topics"]]
     assert a.terminate() == 0
+
+
+@pytest.mark.slow
+def test_a_taken_over_topic_deleted_and_created_again_is_the_new_one_only(
+        tmp_path: Path, seaweed_endpoint: str, seaweed_bucket: str) -> None:
+    endpoint, bucket = seaweed_endpoint, seaweed_bucket
+    # Given B took over A's topic, whose 20 messages were all acked
+    a = ServerProcess(tmp_path / "a", *_settings(endpoint, bucket, "broker-a", 1))
+    with ChronomqClient(a.target) as c:
+        c.create_topic(TOPIC, queue_count=2)
+        acked = _send_and_ack(c)
+    a.kill9()
+    b = ServerProcess(tmp_path / "b", *_settings(endpoint, bucket, "broker-b", 2))
+    _take_over(b, "broker-a")
+    # When B deletes it and creates it again (a purge)
+    with ChronomqClient(b.target) as c:
+        c.delete_topic(TOPIC)
+        assert c.create_topic(TOPIC, queue_count=2)
+        new = {c.send_one(TOPIC, b"new%d" % i) for i in range(3)}
+        # Then B serves the new messages only, not A's from A's tier
+        assert _popped(c) == new
+        more = c.send_one(TOPIC, b"more")
+    # and so does B restarted, and C, which takes B over
+    assert b.terminate() == 0
+    b = ServerProcess(tmp_path / "b", *_settings(endpoint, bucket, "broker-b", 2))
+    with ChronomqClient(b.target) as c:
+        assert _popped(c) == {more}
+    b.kill9()
+    c3 = ServerProcess(tmp_path / "c", *_settings(endpoint, bucket, "broker-c", 3))
+    _take_over(c3, "broker-b")
+    with ChronomqClient(c3.target) as c:
+        assert TOPIC in _topics(c)
+        assert not _popped(c) & acked
+    c3.terminate()
