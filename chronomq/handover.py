@@ -185,6 +185,13 @@ class InheritedIds:
         with self._lock:
             self._origins[mounted.broker] = _Origin(mounted, topics, until_ms)
 
+    def forget(self, topic: str) -> None:
+        """``topic`` is created anew here: the ids stored for the one taken over under
+        its name count no more (``Takeover.forget_topic``)."""
+        with self._lock:
+            for origin in self._origins.values():
+                origin.topics = origin.topics - {topic}
+
     def warm(self, now_ms: int) -> None:
         """Index now, for every broker whose ids still count, what the first resend's
         lookup would (``MountedBroker.warm``): a takeover does it before it accepts

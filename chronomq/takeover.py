@@ -155,6 +155,7 @@ class Takeover:
                     self._lineage.publish(departed, state)
                 self._lineage.save(departed, state)
         self._b.mount_reader.forget(topic)
+        self.ids.forget(topic)
 
     # ------------------------------------------------------------------ takeover
 

@@ -266,7 +266,8 @@ def test_a_taken_over_topic_deleted_and_created_again_is_the_new_one_only(
     a = ServerProcess(tmp_path / "a", *_settings(endpoint, bucket, "broker-a", 1))
     with ChronomqClient(a.target) as c:
         c.create_topic(TOPIC, queue_count=2)
-        acked = _send_and_ack(c)
+        (chosen,) = c.send([message(TOPIC, b"chosen", message_id="CHOSEN-1")])
+        acked = _send_and_ack(c) | _popped(c) | {chosen.message_id}
     a.kill9()
     b = ServerProcess(tmp_path / "b", *_settings(endpoint, bucket, "broker-b", 2))
     _take_over(b, "broker-a")
@@ -275,6 +276,10 @@ def test_a_taken_over_topic_deleted_and_created_again_is_the_new_one_only(
         c.delete_topic(TOPIC)
         assert c.create_topic(TOPIC, queue_count=2)
         new = {c.send_one(TOPIC, b"new%d" % i) for i in range(3)}
+        # (an id A stored for the old topic is not a duplicate in the new one)
+        (again,) = c.send([message(TOPIC, b"again", message_id="CHOSEN-1")])
+        assert again.ok and not again.duplicate
+        new.add(again.message_id)
         # Then B serves the new messages only, not A's from A's tier
         assert _popped(c) == new
         more = c.send_one(TOPIC, b"more")
