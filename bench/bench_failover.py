@@ -1,22 +1,28 @@
-"""Failover chaos: three brokers with ``tier.failover`` and ``tier.durable_ack`` on one
+"""Failover chaos: four brokers with ``tier.failover`` and ``tier.durable_ack`` on one
 bucket of a real S3 server (SeaweedFS; ``--s3 moto`` for moto's), one topic created on
-each, producers and consumers through the client library with a ledger; each cycle
-takes the broker serving one topic (in turn) and applies a fault of one kind (in turn):
+each of three, producers, consumers, a schedule ticking every second and debounced
+sends per topic through the client library with a ledger; each cycle takes the broker
+serving one topic (in turn), creates, fills, drains and deletes a topic there, then
+applies a fault of one kind (in turn):
 
     kill9-restart-now    kill -9, started again at once with its data directory
     kill9-restart-late   kill -9, started again with it after 1-2 leases
-    kill9-wipe           kill -9, data directory deleted; its old name must refuse
+    kill9-wipe           kill -9, data directory deleted; its old name rejoins
     sigstop              SIGSTOP for 1-3 leases, then SIGCONT
     cut-s3               its S3 stalled or reset by a proxy for 1.5-3 leases
-    slow-s3-watcher      a watcher's S3 at 2-5 s a request while the owner is killed
+    slow-s3-watcher      a watcher's S3 at 2-5 s a request for 2-3 leases
+    kill9-taker          kill -9, and of its taker at its claim (data gone)
+    clock-ahead          restarted 30 s ahead (libfaketime), then kill -9
+    restart-same-name    kill -9, restarted under its name after the claim: rejoins
 
 (``bench/chaos_faults.py`` says what each expects.)  Prints a line per cycle with the
 unavailability of the victim's topics (from the fault to the first OK of a send begun
 after it), then p50/p99/max per kind and the ledger's checks: 0 sends answered OK lost,
 0 delivered again after an OK ack, 0 delivered before their time, every message left
 unsettled delivered again, 0 OKs from a broker after its successor claimed its lease,
-restarts refused where they must be.  Exits 1 on any violation (the run's directory
-keeps ledger.jsonl and every broker's log).
+no life taken over resumed, no tick of a schedule missing or delivered after its ack,
+no replaced body delivered, no deleted topic back.  Exits 1 on any violation (the run's
+directory keeps ledger.jsonl and every broker's log).
 
     .venv/bin/python bench/bench_failover.py --cycles 30 --lease-s 10
     .venv/bin/python bench/bench_failover.py --cycles 3 --lease-s 3 --kinds sigstop,cut-s3
@@ -60,7 +66,8 @@ def report(plan: Plan, result: Result, took_s: float) -> list[str]:
             f"ledger: sends attempted {o.sends_attempted}, answered OK {o.sends_ok} "
             f"(probes OK {o.probes_ok}); deliveries {o.deliveries}, acks OK {o.acks}, "
             f"left unsettled {o.skipped}; drain {o.drain_s:.1f} s",
-            "checks: " + ", ".join(f"{k} {n}" for k, n in o.counts.items()),
+            "checks: " + ", ".join(f"{k} {n}" for k, n in o.counts.items())
+            + f"; excused by a broker's clock ahead: {o.excused}",
             f"latest OK of a taken-over broker relative to its claim: {closest}"]
     if result.send_s:
         lines.append(f"one unary Send (RoutedClient, durable-ack), OK ones: p50 "

@@ -12,7 +12,11 @@ Violations, each named with its evidence:
 * OK_AFTER_TAKEOVER: a prober's OK from broker X answered after X's lease was claimed
   (``claimed_ms`` in ``brokers/X.json``, the claimer's wall clock, the same machine's:
   ``CLOCK_NOISE_MS`` allowed for this process's own delay in reading the answer), or for
-  a request begun after the claim.
+  a request begun after the claim;
+* the load's: TICK_MISSING, TICK_TWICE, DEBOUNCE_STALE, DELETED_BACK
+  (``bench.chaos_promises``, which says what each means).  An EARLY delivery made while a
+  broker ran with its clock ahead, by at most as far, is its clock's due time, and so is
+  a lease it gave before its clock jumped ended early: excused (counted as ``excused``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from bench.chaos_promises import (
+    LOAD_KINDS,
+    check_load,
+    missing_ticks,
+    owed_debounced,
+    plain,
+)
 from bench.chaos_workload import GROUP, Ledger
 from chronomq.client import RpcError
 from chronomq.client.routing import RoutedClient
@@ -45,6 +56,7 @@ class Outcome:
     probes_ok: int = 0
     closest_ok_to_claim_ms: int | None = None  # max over taken-over brokers of OK - claim
     drain_s: float = 0.0
+    excused: int = 0  # early by a broker's clock ahead, by at most as far (checker)
     counts: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
 
@@ -109,34 +121,43 @@ def _drain_once(rc: RoutedClient, topic: str, ledger: Ledger,
 
 
 def owed(ledger: Ledger) -> set[str]:
-    """Tokens still owed: sent OK and never delivered, or skipped and not seen again."""
+    """Tokens still owed: sent OK and never delivered, skipped and not seen again, the
+    last OK body of a debounced id, a tick owed (``<name>@<ms>``)."""
     entries = ledger.snapshot()
     sent = {e.token for e in entries if isinstance(e, SendOk)}
     deliveries = [e for e in entries if isinstance(e, Delivery)]
     seen = {d.token for d in deliveries}
-    return (sent - seen) | {d.token for d in _not_back(deliveries, ledger.skipped)}
+    ticks = {f"{name}@{t}" for name, ts in missing_ticks(entries).items() for t in ts}
+    return ((sent - seen) | {d.token for d in _not_back(deliveries, ledger.skipped)}
+            | owed_debounced(entries) | ticks)
 
 
 def _not_back(deliveries: list[Delivery], skipped: set[str]) -> list[Delivery]:
-    last: dict[str, int] = {}
+    """Skipped deliveries whose message (id and body: a debounced id is used again) was
+    not delivered again."""
+    last: dict[tuple[str, str], int] = {}
     for d in deliveries:
-        last[d.message_id] = max(last.get(d.message_id, 0), d.at_ms)
-    return [d for d in deliveries if d.lease in skipped and last[d.message_id] <= d.at_ms]
+        key = (d.message_id, d.token)
+        last[key] = max(last.get(key, 0), d.at_ms)
+    return [d for d in deliveries
+            if d.lease in skipped and last[(d.message_id, d.token)] <= d.at_ms]
 
 
 def check_all(ledger: Ledger, claims: dict[str, tuple[str, int]]) -> Outcome:
     """Every check of the module docstring; ``claims``: broker -> (taken_by,
     claimed_ms) of every lease claimed during the run."""
     entries = ledger.snapshot()
-    report = check(entries, group=GROUP)
+    report = check(plain(entries), group=GROUP)
     out = Outcome(report.sends_attempted, report.sends_ok, report.deliveries, report.acks,
                   len(ledger.skipped), len(ledger.probes))
     deliveries = [e for e in entries if isinstance(e, Delivery)]
     by_id: dict[str, list[Delivery]] = {}
     for d in deliveries:
         by_id.setdefault(d.message_id, []).append(d)
+    out.excused = report.excused
     out.violations += [f"{v}" + _where(ledger, by_id.get(v.message_id, []))
                        for v in report.violations]
+    out.violations += check_load(entries)
     for d in _not_back(deliveries, ledger.skipped):
         out.violations.append(f"NOT_BACK id={d.message_id}: delivered at {d.at_ms} (lease "
                               f"{d.lease}, attempt {d.attempt}, at {ledger.where.get(d.lease)})"
@@ -153,7 +174,7 @@ def check_all(ledger: Ledger, claims: dict[str, tuple[str, int]]) -> Outcome:
                 f"(request begun at {p.start_ms}), {p.at_ms - claimed} ms after {by} claimed "
                 f"its lease (claimed_ms {claimed})")
     out.closest_ok_to_claim_ms = max(margins) if margins else None
-    kinds = (*VIOLATION_KINDS, "NOT_BACK", "OK_AFTER_TAKEOVER")
+    kinds = (*VIOLATION_KINDS, "NOT_BACK", "OK_AFTER_TAKEOVER", *LOAD_KINDS)
     out.counts = {k: sum(v.startswith(k + " ") for v in out.violations) for k in kinds}
     return out
 

@@ -4,10 +4,14 @@
 and what the bench reads of the bucket directly (not through a proxy): the leases
 (``brokers/<name>.json``: ``taken_by``, ``claimed_ms``) and the topics' owners.
 
-A broker keeps its name, data directory, port and proxy across restarts; one that was
-taken over, or restarted with its data directory deleted, is retired and a new name
-joins (``spawn``).  Every process's output is kept (``logs``) for the evidence of a
-violation.
+A broker keeps its name, data directory, port and proxy across restarts.  Restarted
+after its takeover (or with its data directory deleted) it rejoins as a new incarnation,
+under the prefix ``<name>--<n>`` in the bucket (``cluster.rejoin``), and the harness
+goes on using it: its lives are ``Broker.lives``, and what the bucket names (owners,
+``taken_by``) is a prefix (``by_prefix``).  A broker that stays fenced is retired and a
+new name joins (``spawn``).  One can run with its wall clock ahead (``start``:
+libfaketime preloaded, ``ServerProcess(clock_ahead_s=...)``).  Every process's output
+is kept (``logs``) for the evidence of a violation.
 
 Not thread-safe: the bench's main thread drives it; the workload's threads only read
 ``addresses``.
@@ -28,6 +32,7 @@ from cluster.layout import broker_prefix
 from cluster.lease import successor
 from cluster.ownership import owner_of
 from cluster.rejoin import read_incarnation
+from tests.chronomq.ledger import TopicSeen, now_ms
 from tests.chronomq.process import ServerProcess
 from tests.seaweed import free_ports
 from tests.tiered.proxy import FaultProxy
@@ -55,6 +60,7 @@ class Broker:
     retired: bool = False  # taken over or reborn empty: this name never serves again
     logs: list[list[str]] = field(default_factory=list)  # each start's output (evidence)
     incarnation: int = 0  # the life its last start runs as (cluster.rejoin)
+    lives: list[str] = field(default_factory=list)  # every prefix it ran as, in order
 
     @property
     def address(self) -> str:
@@ -99,18 +105,23 @@ class Cluster:
         self.start(b)
         return b
 
-    def start(self, b: Broker) -> ServerProcess:
-        """Start ``b``'s process on its data directory and port (``RuntimeError`` with its
-        output when it refuses or fails to start)."""
+    def start(self, b: Broker, clock_ahead_s: int = 0) -> ServerProcess:
+        """Start ``b``'s process on its data directory and port, its wall clock
+        ``clock_ahead_s`` ahead (``RuntimeError`` with its output when it refuses or fails
+        to start).  Its life is known before it counts as up (``addresses``)."""
         settings = [*broker_settings(b.proxy.endpoint, self.bucket, b.name, self.lease_s),
                     f"server.port={b.port}"]
         try:
-            p = ServerProcess(b.data_dir, *settings, log_level=self.log_level)
+            p = ServerProcess(b.data_dir, *settings, log_level=self.log_level,
+                              clock_ahead_s=clock_ahead_s)
         except RuntimeError as exc:
             b.logs.append([str(exc)])
             raise
-        b.process = p
-        b.incarnation = read_incarnation(str(b.data_dir)) or 0
+        with self._lock:
+            b.incarnation = read_incarnation(str(b.data_dir)) or 0
+            if b.prefix not in b.lives:
+                b.lives.append(b.prefix)
+            b.process = p
         b.logs.append(p.output)  # the process's drainer goes on appending to it
         return p
 
@@ -119,7 +130,8 @@ class Cluster:
             with contextlib.suppress(OSError):
                 os.kill(b.process.proc.pid, signal.SIGCONT)
             b.process.kill9()
-        b.process = None
+        with self._lock:
+            b.process = None
 
     def signal(self, b: Broker, sig: signal.Signals) -> None:
         assert b.process is not None
@@ -134,10 +146,16 @@ class Cluster:
     def live(self) -> list[Broker]:
         return [b for b in self.brokers.values() if not b.retired]
 
+    def by_prefix(self, prefix: str) -> Broker | None:
+        """The broker whose current life is ``prefix`` (the bucket's name for it)."""
+        return next((b for b in self.live() if b.prefix == prefix), None)
+
     def addresses(self) -> dict[str, str]:
-        """Name -> address of every broker name not retired (the probers' targets)."""
+        """Prefix -> address of every broker up and not retired (the probers' targets:
+        one per life, so an OK is judged against that life's lease)."""
         with self._lock:
-            return {b.name: b.address for b in self.brokers.values() if not b.retired}
+            return {b.prefix: b.address for b in self.brokers.values()
+                    if not b.retired and b.process is not None}
 
     def stop(self) -> None:
         for b in self.brokers.values():
@@ -176,8 +194,9 @@ class Cluster:
         return ""
 
     def serving(self, topic: str) -> list[str]:
-        """The live brokers that list ``topic`` as their own (not mounted) and do not say
-        they were taken over: exactly the owner, when all is well."""
+        """The lives (prefixes) of the live brokers that list ``topic`` as their own (not
+        mounted) and do not say they were taken over: exactly the owner, when all is
+        well."""
         out = []
         for b in self.live():
             if not b.alive:
@@ -185,6 +204,25 @@ class Cluster:
             with contextlib.suppress(RpcError), ChronomqClient(b.address, timeout_s=5) as c:
                 own = [t for t in c.list_topics() if t.name == topic and not t.mounted_from]
                 if own and not c.stats().get("lease.taken_over"):
-                    out.append(b.name)
+                    out.append(b.prefix)
+        return out
+
+    def seen(self, topics: list[str]) -> list[TopicSeen]:
+        """Where any of ``topics`` (deleted ones) is still listed by a live broker (mounted
+        or its own) or named by an owner record."""
+        out = []
+        for b in self.live():
+            if not b.alive:
+                continue
+            with contextlib.suppress(RpcError), ChronomqClient(b.address, timeout_s=5) as c:
+                listed = {t.name: t.mounted_from for t in c.list_topics()}
+                out += [TopicSeen(t, f"listed by {b.prefix}" + (f" (mounted from "
+                                  f"{listed[t]})" if listed[t] else ""), now_ms())
+                        for t in topics if t in listed]
+        for t in topics:
+            with contextlib.suppress(Exception):
+                o = owner_of(self.tier, t)
+                if o is not None:
+                    out.append(TopicSeen(t, f"its owner record names {o.broker}", now_ms()))
         return out
 

@@ -10,11 +10,11 @@ what happened, and violations of the restart rules:
 * ``kill9-restart-late``: kill -9, started again with its data directory after 1-2
   leases: once a survivor claimed its lease it must never resume that life: it rejoins
   as a new incarnation (``cluster.rejoin``: a lease and tier prefix ``<name>--<n>``),
-  which this harness retires; else it resumes;
+  which this harness goes on using; else it resumes;
 * ``kill9-wipe``: kill -9, data directory deleted, started again under its old name: it
   must not resume its old life: it waits for a survivor to take that over (once its
-  lease expired) and rejoins as a new incarnation, or refuses; retired; a new name joins
-  (``heal``);
+  lease expired) and rejoins as a new incarnation (kept), or refuses (retired; a new
+  name joins: ``heal``);
 * ``sigstop``: SIGSTOP for 1-3 leases, SIGCONT; taken over meanwhile, it must answer no
   OK (the probers ask it for one lease more) and is then retired;
 * ``cut-s3``: its proxy stalls (or resets) every S3 request for 1.5-3 leases, then
@@ -30,6 +30,14 @@ what happened, and violations of the restart rules:
   broker takes the taker over and finishes what it had begun (``chronomq.takeover``:
   the intent in the tier, the claim inherited); both retired.  Measured on both
   brokers' topics.
+* ``clock-ahead``: kill -9, started again at once with its data directory under
+  libfaketime, its wall clock ``AHEAD_S`` ahead (it resumes its life, or rejoins if it
+  was claimed meanwhile); it serves 2-3 leases like that (leases, ticks, timers by its
+  clock), then kill -9 again, measured from there: a survivor takes it over; retired.
+  Its time ahead is ledgered (``ClockAhead``: absolute due times are its clock's).
+* ``restart-same-name``: kill -9; once a survivor claimed its lease, started again
+  under its name with its data directory: it must rejoin as a new incarnation, and the
+  harness keeps it (the fleet's size holds).
 
 A restart that resumes a life taken over, or one whose data directory is gone, or a
 rejoin whose old life was not taken over, is a violation (RESTARTED_TAKEN_OVER,
@@ -46,9 +54,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bench.chaos_cluster import Broker, Cluster
+from tests.chronomq.ledger import ClockAhead, Entry, now_ms
 
 KINDS = ("kill9-restart-now", "kill9-restart-late", "kill9-wipe", "sigstop", "cut-s3",
-         "slow-s3-watcher", "kill9-taker")
+         "slow-s3-watcher", "kill9-taker", "clock-ahead", "restart-same-name")
+AHEAD_S = 30
 
 
 @dataclass
@@ -60,6 +70,7 @@ class Fault:
     at_ms: int = 0  # wall, for the logs
     notes: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)  # for the ledger (ClockAhead)
 
     def mark(self) -> None:
         self.at, self.at_ms = time.monotonic(), time.time_ns() // 1_000_000
@@ -67,8 +78,8 @@ class Fault:
 
 def _restart(cluster: Cluster, b: Broker, f: Fault) -> None:
     """Start ``b`` again with its data directory: as the same life unless it was taken
-    over, else as a new incarnation (``cluster.rejoin``), which this harness then
-    retires (it does not follow a name into its next life)."""
+    over, else as a new incarnation (``cluster.rejoin``), which this harness keeps
+    using."""
     before = b.prefix
     try:
         cluster.start(b)
@@ -83,11 +94,11 @@ def _restart(cluster: Cluster, b: Broker, f: Fault) -> None:
     by = cluster.taken_by(before)
     if b.prefix != before:
         if by:
-            f.notes.append(f"rejoined as {b.prefix} after its takeover by {by}; retired")
+            f.notes.append(f"rejoined as {b.prefix} after its takeover by {by}")
         else:
             f.violations.append(f"REJOINED_UNTAKEN {b.name} started as {b.prefix} although "
                                 f"its lease {before} was not taken over")
-        cluster.retire(b)
+            cluster.retire(b)
         return
     if by:
         f.violations.append(f"RESTARTED_TAKEN_OVER {b.name} started again although its lease "
@@ -131,9 +142,9 @@ def kill9_wipe(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> Non
         by = cluster.taken_by(before)
         if b.prefix != before and by:
             f.notes.append(f"reborn empty: rejoined as {b.prefix} after its takeover by {by}")
-        else:
-            f.violations.append(f"REBORN_EMPTY_STARTED {b.name} started with an empty data "
-                                f"directory as {b.prefix}, its lease {before} not taken over")
+            return
+        f.violations.append(f"REBORN_EMPTY_STARTED {b.name} started with an empty data "
+                            f"directory as {b.prefix}, its lease {before} not taken over")
     cluster.retire(b)
 
 
@@ -141,7 +152,7 @@ def _after_resume(cluster: Cluster, b: Broker, f: Fault) -> None:
     """One lease for the probers to ask the resumed broker for an OK; then retire it if
     it was taken over."""
     time.sleep(cluster.lease_s)
-    by = cluster.taken_by(b.name)
+    by = cluster.taken_by(b.prefix)
     if by:
         f.notes.append(f"taken over by {by}; retired")
         cluster.retire(b)
@@ -176,7 +187,7 @@ def cut_s3(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
 
 def slow_s3_watcher(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
     """``b`` (an owner) is left alone: the watcher slowed is another broker."""
-    loads = {w.name: sum(cluster.owner(t) == w.name for t in cluster.topics)
+    loads = {w.name: sum(cluster.owner(t) == w.prefix for t in cluster.topics)
              for w in cluster.live() if w.alive and w is not b}
     if not loads:
         f.notes.append("no watcher to slow down")
@@ -196,18 +207,25 @@ def slow_s3_watcher(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -
     _after_resume(cluster, watcher, f)
 
 
+def _claimed(cluster: Cluster, b: Broker, f: Fault) -> str:
+    """The taker of ``b``'s life once one claimed it (polled closely: the moment it
+    shows); "" and a violation if none did within ten leases."""
+    deadline = time.monotonic() + 10 * cluster.lease_s
+    while time.monotonic() < deadline:
+        taker = cluster.taken_by(b.prefix)
+        if taker:
+            return taker
+        time.sleep(0.01)
+    f.violations.append(f"NOT_CLAIMED {b.prefix}: no survivor claimed its lease in "
+                        f"{10 * cluster.lease_s:g} s")
+    return ""
+
+
 def kill9_taker(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
     f.mark()
     cluster.kill9(b)
-    deadline = time.monotonic() + 10 * cluster.lease_s
-    taker = ""
-    while not taker and time.monotonic() < deadline:
-        taker = cluster.taken_by(b.prefix)
-        if not taker:
-            time.sleep(0.01)
+    taker = _claimed(cluster, b, f)
     if not taker:
-        f.violations.append(f"NOT_CLAIMED {b.name}: no survivor claimed its lease in "
-                            f"{10 * cluster.lease_s:g} s")
         cluster.retire(b)
         return
     s = next((w for w in cluster.brokers.values() if w.prefix == taker), None)
@@ -224,7 +242,41 @@ def kill9_taker(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> No
     cluster.retire(s)
 
 
+def clock_ahead(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
+    cluster.kill9(b)
+    from_ms = now_ms()
+    try:
+        cluster.start(b, clock_ahead_s=AHEAD_S)
+    except RuntimeError as exc:
+        f.mark()
+        f.notes.append(f"restart {AHEAD_S} s ahead refused: {_reason(str(exc))}")
+        cluster.retire(b)
+        return
+    run_s = rng.uniform(2, 3) * cluster.lease_s
+    f.notes.append(f"ran {run_s:.1f} s as {b.prefix}, its clock {AHEAD_S} s ahead")
+    time.sleep(run_s)
+    f.mark()
+    cluster.kill9(b)
+    f.entries.append(ClockAhead(b.prefix, AHEAD_S * 1000, from_ms, now_ms()))
+    taker = _claimed(cluster, b, f)
+    if taker:
+        f.notes.append(f"taken over by {taker}; retired")
+    cluster.retire(b)
+
+
+def restart_same_name(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -> None:
+    f.mark()
+    cluster.kill9(b)
+    taker = _claimed(cluster, b, f)
+    if not taker:
+        cluster.retire(b)
+        return
+    f.notes.append(f"claimed by {taker}")
+    _restart(cluster, b, f)  # resuming the life taken over: RESTARTED_TAKEN_OVER
+
+
 FAULTS: dict[str, Callable[[Cluster, Broker, random.Random, Fault], None]] = {
     "kill9-restart-now": kill9_restart_now, "kill9-restart-late": kill9_restart_late,
     "kill9-wipe": kill9_wipe, "sigstop": sigstop, "cut-s3": cut_s3,
-    "slow-s3-watcher": slow_s3_watcher, "kill9-taker": kill9_taker}
+    "slow-s3-watcher": slow_s3_watcher, "kill9-taker": kill9_taker,
+    "clock-ahead": clock_ahead, "restart-same-name": restart_same_name}

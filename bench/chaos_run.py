@@ -5,17 +5,21 @@ Four brokers (``bench.chaos_cluster``) on one bucket, one topic created on each 
 (the fourth, a spare, is the least loaded survivor: it takes an owner over, so the three
 topics stay with three owners instead of merging at each failover); the clients of
 ``bench.chaos_workload`` run all along.  Each cycle aims at one topic (in turn), takes
-the broker that serves it now and applies a fault (``bench.chaos_faults``, the kinds in
-turn, shuffled per round by the seed), then:
+the broker that serves it now, creates a topic ``z<n>`` there, fills it (20 sends),
+drains and acks it, deletes it (each OK ledgered), and at once applies a fault
+(``bench.chaos_faults``, the kinds in turn, shuffled per round by the seed), then:
 
 * times the unavailability of the victim's topics: from the fault to the first OK of a
   sender's send begun after it (STUCK if none within ``recover_s``);
-* heals: a broker taken over is retired, one that exited by itself is reported
-  (BROKER_EXITED) and retired; new names join until four are alive;
+* heals: a broker whose current life was taken over is retired (one that rejoined as a
+  new incarnation is kept), one that exited by itself is reported (BROKER_EXITED) and
+  retired; new names join until four are alive;
 * before the next fault, checks that each topic is served by exactly the broker the
-  bucket names (TWO_OWNERS when another still serves it ``settle_s`` later).
+  bucket names (TWO_OWNERS when another still serves it ``settle_s`` later), and
+  ledgers wherever a deleted topic is still listed or owned (``TopicSeen``).
 
-At the end the workload stops, every topic is drained and the ledger is checked
+At the end the workload stops (its schedules deleted), every topic is drained, each
+deleted topic is looked for and popped at every live broker, and the ledger is checked
 (``bench.chaos_check``).
 """
 
@@ -33,13 +37,22 @@ from pathlib import Path
 from bench.chaos_check import Outcome, check_all, drain
 from bench.chaos_cluster import Cluster
 from bench.chaos_faults import FAULTS, KINDS, Fault
-from bench.chaos_workload import Workload
+from bench.chaos_workload import GROUP, Workload
 from bench.s3 import start_moto, start_seaweed
-from chronomq.client import ChronomqClient
+from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.routing import BrokerDirectory, RoutedClient
+from tests.chronomq.ledger import (
+    AckOk,
+    SendAttempt,
+    SendOk,
+    TopicDeleted,
+    make_body,
+    now_ms,
+)
 from tiered.providers.s3 import S3Provider, S3Settings
 
 BUCKET = "failover-chaos"
+DELETED_FILL = 20  # messages sent, drained and acked in a topic before it is deleted
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,7 @@ class Plan:
 class Result:
     root: Path
     faults: list[tuple[Fault, float | None]] = field(default_factory=list)  # , unavailable
+    deleted: list[str] = field(default_factory=list)  # topics deleted before a fault
     outcome: Outcome | None = None
     violations: list[str] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
@@ -127,7 +141,7 @@ def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
         for n, kind in enumerate(_schedule(plan, rng), 1):
             try:
                 fault, gap = _cycle(plan, cluster, workload, topics[(n - 1) % len(topics)],
-                                    kind, rng)
+                                    kind, rng, f"z{n}", result.deleted)
             except RuntimeError as exc:  # nobody serves a topic: no more faults
                 result.violations.append(f"STUCK before cycle {n}: {exc}")
                 say(result.violations[-1])
@@ -140,6 +154,7 @@ def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
                 f"({workload.ok_count()} OK so far; {_send_figures(workload, since)})")
             since = time.monotonic()
             result.violations += _single_owners(plan, cluster, topics)
+            workload.ledger.add(*cluster.seen(result.deleted))
         time.sleep(2)
         t0 = time.monotonic()
         workload.stop()
@@ -149,11 +164,13 @@ def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
         result.errors = dict(workload.errors)
         result.send_s = sorted(ok - start for t in topics for start, ok in workload.oks[t])
         drain_s = drain(routed, topics, workload.ledger, plan.drain_grace_s, say)
+        workload.ledger.add(*cluster.seen(result.deleted))
+        _pop_deleted(cluster, workload, result.deleted)
         claims = {}
-        for name in cluster.brokers:
-            lease = cluster.lease(name)
+        for life in (p for b in cluster.brokers.values() for p in b.lives):
+            lease = cluster.lease(life)
             if lease.get("taken_by"):
-                claims[name] = (str(lease["taken_by"]), int(str(lease.get("claimed_ms", 0))))
+                claims[life] = (str(lease["taken_by"]), int(str(lease.get("claimed_ms", 0))))
         result.outcome = check_all(workload.ledger, claims)
         result.outcome.drain_s = drain_s
         result.violations += result.outcome.violations
@@ -186,15 +203,21 @@ def _warm_up(workload: Workload, topics: list[str]) -> None:
 
 
 def _cycle(plan: Plan, cluster: Cluster, workload: Workload, topic: str, kind: str,
-           rng: random.Random) -> tuple[Fault, float | None]:
+           rng: random.Random, doomed: str, deleted: list[str]) -> tuple[Fault, float | None]:
     owner = cluster.owner(topic)
-    if owner not in cluster.brokers or not cluster.brokers[owner].alive:
-        alive = [b.name for b in cluster.live() if b.alive]
+    victim = cluster.by_prefix(owner)
+    if victim is None or not victim.alive:
+        alive = [b.prefix for b in cluster.live() if b.alive]
         raise RuntimeError(f"topic {topic}'s owner is {owner or 'unknown'}; alive: {alive}")
-    victim = cluster.brokers[owner]
     fault = Fault(kind, victim.name, [t for t in cluster.topics
-                                      if cluster.owner(t) == victim.name])
+                                      if cluster.owner(t) == victim.prefix])
+    try:
+        _create_fill_delete(victim.address, doomed, workload)
+        deleted.append(doomed)
+    except RpcError as exc:
+        fault.notes.append(f"topic {doomed} not deleted: {exc.code.name} {exc.details}")
     FAULTS[kind](cluster, victim, rng, fault)
+    workload.ledger.add(*fault.entries)
     gap = _unavailable(plan, workload, fault)
     if gap is None:
         fault.violations.append(f"STUCK {fault.topics}: no send accepted {plan.recover_s:g} s "
@@ -241,9 +264,56 @@ def _unavailable(plan: Plan, workload: Workload, fault: Fault) -> float | None:
     return max(gaps, default=0.0)
 
 
+def _create_fill_delete(address: str, topic: str, workload: Workload) -> None:
+    """Create ``topic`` at ``address``, send ``DELETED_FILL``, pop and ack them all, then
+    delete it: every OK ledgered (the delete's as ``TopicDeleted``)."""
+    ledger = workload.ledger
+    with ChronomqClient(address, timeout_s=30) as c:
+        c.create_topic(topic, queue_count=1)
+        tokens = [f"{topic}-{n}" for n in range(DELETED_FILL)]
+        start = now_ms()
+        ledger.add(*[SendAttempt(t, topic, start) for t in tokens])
+        out = c.send([message(topic, make_body(t), message_id=t) for t in tokens])
+        ledger.add(*[SendOk(t, o.message_id) for t, o in zip(tokens, out, strict=True)
+                     if o.ok])
+        acked, deadline = 0, time.monotonic() + 60
+        while acked < sum(o.ok for o in out) and time.monotonic() < deadline:
+            start = now_ms()
+            got = c.pop(topic, GROUP, 32, 60, 500)
+            leases = [(f"{topic}:{acked + i}", m) for i, m in enumerate(got)]
+            for lease, m in leases:
+                ledger.delivered(lease, m, start, 60, address)
+            errors = c.ack(GROUP, [m.receipt_handle for m in got])
+            at = now_ms()
+            ledger.add(*[AckOk(lease, m.message_id, GROUP, at)
+                         for (lease, m), e in zip(leases, errors, strict=True) if not e])
+            acked += len(got)
+        start = now_ms()
+        c.delete_topic(topic)
+        ledger.add(TopicDeleted(topic, start, now_ms()))
+
+
+def _pop_deleted(cluster: Cluster, workload: Workload, deleted: list[str]) -> None:
+    """A Pop of every deleted topic at every live broker: what comes is ledgered (and
+    named DELETED_BACK by the checker)."""
+    for b in cluster.live():
+        if not b.alive:
+            continue
+        with ChronomqClient(b.address, timeout_s=10) as c:
+            for topic in deleted:
+                start = now_ms()
+                try:
+                    got = c.pop(topic, GROUP, 32, 60, 0)
+                except RpcError:
+                    continue  # NOT_FOUND: as it should be
+                for i, m in enumerate(got):
+                    workload.ledger.delivered(f"gone:{b.prefix}:{topic}:{i}", m, start, 60,
+                                              b.address)
+
+
 def _heal(plan: Plan, cluster: Cluster, fault: Fault) -> None:
     for b in cluster.live():
-        by = cluster.taken_by(b.name)
+        by = cluster.taken_by(b.prefix)
         if by:
             fault.notes.append(f"{b.name} taken over by {by}: retired")
             cluster.retire(b)

@@ -13,9 +13,18 @@ Per topic:
 * a **stream consumer**: ``RoutedClient.consumer`` (Subscribe) of group ``g``: acks 90 %
   (an OK when the ack's future resolves), leaves 10 % unsettled ("skipped");
 * a **pop consumer**: ``RoutedClient.pop`` of group ``g`` with an invisible time: acks
-  85 %, nacks 5 % (1 s), skips 10 %.
+  85 %, nacks 5 % (1 s), skips 10 %;
+* a **recurring schedule** ``sch-<topic>`` ticking every second (misfire ``all``),
+  created at the start through the client and deleted at ``stop``; its ticks reach
+  the consumers like any message;
+* a **debouncer**: Sends with ``replace`` of a few ids (``deb-<topic>-<k>``), each
+  delayed 2-5 s, one every 0.3-0.8 s, so most bodies are replaced, some fire; at
+  ``stop`` each id is sent once more until answered OK.
 
-Per broker name, a **prober** sends one message per topic to that broker's address
+The rules for those (ticks, debounced bodies, deleted topics): ``bench.chaos_promises``.
+
+Per broker life (its prefix in the bucket: a rejoined broker is a new one), a
+**prober** sends one message per topic to that broker's address
 directly every ``PROBE_EVERY_S`` and keeps who answered OK, and when
 (``Probe``): any OK from a broker after its successor's claim is a violation
 (``bench.chaos_check``).  Probe messages that were answered OK are ledgered like any.
@@ -37,15 +46,20 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from chronomq.client import ChronomqClient, RpcError, SendOutcome, message
 from chronomq.client.routing import RoutedClient
 from chronomq.v1 import broker_pb2 as pb
 from tests.chronomq.ledger import (
+    _NAMES,
     AckOk,
     Delivery,
     Entry,
     Release,
+    ReplaceOk,
+    ScheduleEnd,
+    ScheduleMade,
     SendAttempt,
     SendOk,
     make_body,
@@ -53,6 +67,7 @@ from tests.chronomq.ledger import (
     parse_body,
 )
 
+T = TypeVar("T")
 GROUP = "g"
 SENDER_PAUSE_S = 0.02
 PRODUCER_EVERY_S = 0.05
@@ -60,6 +75,7 @@ PROBE_EVERY_S = 0.2
 PROBE_TIMEOUT_S = 2.0
 STREAM_INVISIBLE_S = 8  # the stream consumer's leases
 POP_INVISIBLE_S = 6  # the pop consumer's
+DEBOUNCED_IDS = 3  # per topic
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +135,9 @@ class Ledger:
     def dump(self, path: Path) -> None:
         """JSON lines in ``tests.chronomq.ledger``'s format (``ledger.load`` reads them),
         then the probes and skipped leases."""
-        kinds = {SendAttempt: "send", SendOk: "sent", Delivery: "deliver", AckOk: "ack",
-                 Release: "release"}
         with self._lock, open(path, "w") as f:
             for e in self.entries:
-                f.write(json.dumps({"k": kinds[type(e)], **dataclasses.asdict(e)}) + "\n")
+                f.write(json.dumps({"k": _NAMES[type(e)], **dataclasses.asdict(e)}) + "\n")
             for p in self.probes:
                 f.write(json.dumps({"k": "probe", **dataclasses.asdict(p)}) + "\n")
             f.write(json.dumps({"k": "skipped", "leases": sorted(self.skipped)}) + "\n")
@@ -144,6 +158,22 @@ def _draft(topic: str, token: str, rng: random.Random, lease_s: float,
     return message(topic, body, message_id=token), start
 
 
+def _retry(call: Callable[[], T], forget: Callable[[], None] | None = None,
+           within_s: float = 120) -> T:
+    """``call`` until it answers (an owner moving, a takeover under way), for up to
+    ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return call()
+        except RpcError:
+            if time.monotonic() > deadline:
+                raise
+            if forget is not None:
+                forget()
+            time.sleep(0.5)
+
+
 class Workload:
     """The client threads (see the module); ``start``, then ``stop`` before the drain."""
 
@@ -159,6 +189,7 @@ class Workload:
         self._threads: list[threading.Thread] = []
         self._probers: dict[str, threading.Thread] = {}
         self._manager: threading.Thread | None = None
+        self._probe_seq = itertools.count()
         self._lock = threading.Lock()
         self.stuck: list[str] = []  # stacks of client threads that did not stop
 
@@ -184,7 +215,10 @@ class Workload:
             self.errors[key] = self.errors.get(key, 0) + 1
 
     def start(self) -> None:
+        for topic in self.topics:
+            self._create_schedule(topic)
         for i, topic in enumerate(self.topics):
+            self._thread(self._debounce_loop, f"debouncer-{topic}", topic, i)
             self._thread(self._send_loop, f"sender-{topic}", topic, i)
             self._thread(self._produce_loop, f"producer-{topic}", topic, i)
             self._thread(self._stream_loop, f"stream-{topic}", topic, i)
@@ -195,9 +229,13 @@ class Workload:
 
     def stop(self) -> None:
         """Stop sending and consuming (the producers flush, the consumers close)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         for t in self._threads:
             self._join(t, 120)
+        for topic in self.topics:
+            self._delete_schedule(topic)
         self._stop_probes.set()
         if self._manager is not None:
             self._manager.join(10)
@@ -272,6 +310,60 @@ class Workload:
                 self._error(f"producer-{topic}", getattr(getattr(exc, "code", None), "name",
                                                          type(exc).__name__))
         return done
+
+    # ------------------------------------------------------------------ schedules
+
+    def _create_schedule(self, topic: str) -> None:
+        name = f"sch-{topic}"
+        with self.routed() as rc:
+            s, _ = _retry(lambda: rc.directory.for_topic(topic).create_schedule(
+                name, topic, make_body(f"tick-{topic}"), every_s=1, misfire="all"),
+                forget=lambda: rc.directory.forget(topic))
+        self.ledger.add(ScheduleMade(name, topic, 1000, s.next_fire_ms,
+                                     s.misfire_bound or 100, now_ms()))
+
+    def _delete_schedule(self, topic: str) -> None:
+        name = f"sch-{topic}"
+        with self.routed() as rc:
+            self.ledger.add(ScheduleEnd(name, now_ms()))
+            try:
+                _retry(lambda: rc.directory.for_topic(topic).delete_schedule(name),
+                       forget=lambda: rc.directory.forget(topic))
+            except RpcError as exc:  # its ticks go on: the drain takes them
+                self._error(f"schedules-{topic}", f"delete {exc.code.name}")
+
+    # ------------------------------------------------------------------ debounce
+
+    def _debounce_loop(self, topic: str, i: int) -> None:
+        rng = random.Random(self.seed * 1000 + 400 + i)
+        seq = itertools.count()
+        ids = [f"deb-{topic}-{k}" for k in range(DEBOUNCED_IDS)]
+        with self.routed() as rc:
+            while not self._stop.is_set():
+                self._replace(rc, topic, rng.choice(ids), next(seq), rng)
+                self._stop.wait(rng.uniform(0.3, 0.8))
+            for mid in ids:  # the last body of each id answered OK: it must fire
+                deadline = time.monotonic() + 120
+                while not self._replace(rc, topic, mid, next(seq), rng) \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.5)
+
+    def _replace(self, rc: RoutedClient, topic: str, mid: str, n: int,
+                 rng: random.Random) -> bool:
+        token, delay = f"{mid}#{n}", rng.randrange(2000, 5000)
+        start = now_ms()
+        self.ledger.add(SendAttempt(token, topic, start + delay))
+        try:
+            (out,) = rc.send([message(topic, make_body(token), message_id=mid,
+                                      delay_ms=delay, replace=True)])
+        except RpcError as exc:
+            self._error(f"debouncer-{topic}", exc.code.name)
+            return False
+        if not out.ok:
+            self._error(f"debouncer-{topic}", str(out.error_code))
+            return False
+        self.ledger.add(ReplaceOk(token, out.message_id, out.replaced, start, now_ms()))
+        return True
 
     # ------------------------------------------------------------------ consumers
 
@@ -361,7 +453,7 @@ class Workload:
         """A prober thread per broker name, started as names join, ended as they retire."""
         while not self._stop_probes.is_set():
             for name, address in self.addresses().items():
-                if name not in self._probers:
+                if name not in self._probers or not self._probers[name].is_alive():
                     t = threading.Thread(target=self._probe_loop, args=(name, address),
                                          name=f"probe-{name}", daemon=True)
                     self._probers[name] = t
@@ -369,7 +461,7 @@ class Workload:
             self._stop_probes.wait(0.2)
 
     def _probe_loop(self, name: str, address: str) -> None:
-        seq = itertools.count()
+        seq = self._probe_seq  # shared: a prober started again for a life sends new ids
         with ChronomqClient(address, timeout_s=PROBE_TIMEOUT_S) as c:
             while not self._stop_probes.is_set() and name in self.addresses():
                 n = next(seq)

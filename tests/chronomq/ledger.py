@@ -19,6 +19,16 @@ All times are wall-clock epoch milliseconds, the clock the broker uses too (one 
 | `release` | before a Nack                | lease, message_id, group, start_ms, delay_ms   |
 | `change`  | before a ChangeInvisibleTime | lease, message_id, group, start_ms,            |
 |           |                              | invisible_time_s                               |
+| `sched`   | after an OK CreateSchedule   | name, topic, every_ms, first_tick_ms,          |
+|           |                              | misfire_bound, at_ms                           |
+| `unsched` | before a DeleteSchedule      | name, start_ms                                 |
+| `replace` | after an OK Send with        | token, message_id, replaced, start_ms, at_ms   |
+|           | ``replace`` (its `send` too) |                                                |
+| `deleted` | after an OK DeleteTopic      | topic, start_ms, at_ms                         |
+| `seen`    | a deleted topic listed or    | topic, where, at_ms                            |
+|           | owned again                  |                                                |
+| `ahead`   | before a broker runs with    | broker, ahead_ms, from_ms, to_ms               |
+|           | its wall clock ahead         |                                                |
 
 ``lb_ms`` is the deliver-at lower bound: the request's start + ``delay_ms``, or the
 absolute ``deliver_at_ms``.  ``lease`` names one delivery (unique per ledger writer);
@@ -108,9 +118,71 @@ class Change:
     invisible_time_s: int
 
 
-Entry = SendAttempt | SendOk | Delivery | AckOk | Release | Change
+@dataclass(frozen=True, slots=True)
+class ScheduleMade:
+    """A recurring schedule created OK: its ticks are ids ``<name>@<tick ms>``."""
+
+    name: str
+    topic: str
+    every_ms: int
+    first_tick_ms: int  # the schedule's next fire as CreateSchedule answered it
+    misfire_bound: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleEnd:
+    """A DeleteSchedule about to be sent: ticks due well before ``start_ms`` are owed."""
+
+    name: str
+    start_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceOk:
+    """A Send with ``replace`` answered OK (its ``SendAttempt`` was written before)."""
+
+    token: str
+    message_id: str
+    replaced: int
+    start_ms: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDeleted:
+    topic: str
+    start_ms: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSeen:
+    """A deleted topic listed by a broker or named by an owner record (evidence)."""
+
+    topic: str
+    where: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClockAhead:
+    """A broker run with its wall clock ``ahead_ms`` ahead from ``from_ms`` to ``to_ms``
+    (this machine's clock): absolute due times are its clock's meanwhile."""
+
+    broker: str
+    ahead_ms: int
+    from_ms: int
+    to_ms: int
+
+
+Entry = (SendAttempt | SendOk | Delivery | AckOk | Release | Change | ScheduleMade
+         | ScheduleEnd | ReplaceOk | TopicDeleted | TopicSeen | ClockAhead)
 _KINDS: dict[str, type[Any]] = {"send": SendAttempt, "sent": SendOk, "deliver": Delivery,
-                                "ack": AckOk, "release": Release, "change": Change}
+                                "ack": AckOk, "release": Release, "change": Change,
+                                "sched": ScheduleMade, "unsched": ScheduleEnd,
+                                "replace": ReplaceOk, "deleted": TopicDeleted,
+                                "seen": TopicSeen, "ahead": ClockAhead}
 _NAMES = {cls: kind for kind, cls in _KINDS.items()}
 
 
