@@ -13,12 +13,14 @@ sends and deleted topics across failovers (issue 51, "Tests and figures").
   with its clock ahead names and fires its ticks by its own).
 * **Debounce** (ids ``deb-...``, each send a body ``<id>#<n>`` with ``replace``,
   ``ReplaceOk`` after an OK): DEBOUNCE_STALE when (1) an id's last send was answered OK
-  and that body was never acked; (2) a body answered OK, then replaced by the next send
-  of its id answered OK with ``replaced >= 1`` (no send of unknown outcome between
-  them), first delivered after that replacement's answer; (3) the body acked last for
-  an id is not the last one answered OK, and was first delivered after that OK (one
-  delivered before may come back, a lease running out: "only pending messages are
-  replaced").  EARLY for a debounced body delivered before its lower bound.
+  and that body was never acked; (2) a body answered OK, then replaced by a later send
+  of its id answered OK with ``replaced >= 1``, is delivered after that answer although
+  it was surely pending meanwhile (its lower bound later than the answer: a body due
+  earlier may have fired, and "only pending messages are replaced"); (3) the body acked
+  last for an id is not the last one answered OK, though surely pending when that was
+  sent.  A broker's clock jumping ahead between the two (``ClockAhead``) moves due times
+  (pairs across it are not judged).  EARLY for a debounced body delivered before its
+  lower bound.
 * **Deleted topics** (``TopicDeleted`` after an OK DeleteTopic): DELETED_BACK for a
   deleted topic listed by a broker or named by an owner record later (``TopicSeen``,
   written by the harness when it looks), and for any delivery of it arriving after the
@@ -27,12 +29,12 @@ sends and deleted topics across failovers (issue 51, "Tests and figures").
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 from collections.abc import Iterable
 
 from tests.chronomq.ledger import (
     AckOk,
+    ClockAhead,
     Delivery,
     Entry,
     ReplaceOk,
@@ -173,11 +175,21 @@ def check_debounce(entries: list[Entry]) -> list[str]:
     def first(token: str) -> int | None:
         return min((d.at_ms for d in deliveries.get(token, [])), default=None)
 
+    def pending(p: str, r: str) -> bool:
+        """Whether body ``p`` was surely pending while ``r`` was sent: answered OK before
+        ``r`` began, not due before ``r`` was answered, no broker's clock jumping between."""
+        return (oks[p].at_ms < oks[r].start_ms and lb[p] > oks[r].at_ms
+                and not any(oks[p].at_ms <= w.from_ms <= oks[r].at_ms for w in ahead))
+
+    ahead = [e for e in entries if isinstance(e, ClockAhead)]
     for mid, tokens in attempts.items():
-        for p, r in itertools.pairwise(tokens):
-            if p in oks and r in oks and oks[r].replaced >= 1:
+        sent_ok = [t for t in tokens if t in oks]
+        for i, r in enumerate(sent_ok):
+            if oks[r].replaced < 1:
+                continue
+            for p in sent_ok[:i]:
                 at = first(p)
-                if at is not None and at > oks[r].at_ms:
+                if pending(p, r) and at is not None and at > oks[r].at_ms:
                     out.append(f"DEBOUNCE_STALE id={mid} token={p}: replaced by {r} (OK at "
                                f"{oks[r].at_ms}, replaced {oks[r].replaced}), delivered first "
                                f"at {at}")
@@ -191,11 +203,10 @@ def check_debounce(entries: list[Entry]) -> list[str]:
                        f"(at {oks[last].at_ms}) was never acked")
             continue
         _, acked_last = max(ack_times)
-        at = first(acked_last)
-        if acked_last != last and at is not None and at > oks[last].at_ms:
+        if acked_last != last and acked_last in oks and pending(acked_last, last):
             out.append(f"DEBOUNCE_STALE id={mid} token={acked_last}: acked last, first "
-                       f"delivered at {at}, after the last OK body {last} (OK at "
-                       f"{oks[last].at_ms})")
+                       f"delivered at {first(acked_last)}, although it was pending when the "
+                       f"last body {last} was sent (OK at {oks[last].at_ms})")
     return out
 
 

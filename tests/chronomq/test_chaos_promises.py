@@ -103,6 +103,19 @@ def test_an_older_body_acked_last_is_named() -> None:
     assert "DEBOUNCE_STALE" in _kinds(_debounce(old_acked_last=True))
 
 
+def test_a_body_due_before_its_replacement_was_sent_may_come_after_it() -> None:
+    # Given #1 due at T0 + 500 (it may have fired: not pending), #2 sent at T0 + 1000
+    entries: list[Entry] = [
+        SendAttempt("deb-t0-0#1", "t0", T0 + 500),
+        ReplaceOk("deb-t0-0#1", "deb-t0-0", 0, T0, T0 + 20),
+        SendAttempt("deb-t0-0#2", "t0", T0 + 4000),
+        ReplaceOk("deb-t0-0#2", "deb-t0-0", 1, T0 + 1000, T0 + 1020),
+        _got("deb-t0-0", "deb-t0-0#2", T0 + 4100, "a"), AckOk("a", "deb-t0-0", "g", T0 + 4110),
+        _got("deb-t0-0", "deb-t0-0#1", T0 + 5000, "b"), AckOk("b", "deb-t0-0", "g", T0 + 5010)]
+    # Then #1 acked last after #2 is no violation: it was delivered, not replaced
+    assert _kinds(entries) == []
+
+
 def test_a_body_of_unknown_outcome_last_leaves_the_id_unjudged() -> None:
     entries = [*_debounce(last_lost=True), SendAttempt("deb-t0-0#3", "t0", T0 + 9000)]
     assert _kinds(entries) == []
