@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testkit.process import ServerProcess
+from tests.chronomq.process import ServerProcess
 
 TOPIC = "bench"
 GROUP = "bench"

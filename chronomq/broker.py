@@ -15,20 +15,20 @@ from concurrent.futures import Future
 from functools import partial
 from typing import NamedTuple, TypeVar
 
-from chronomq.compaction import attach_compaction
 from chronomq.config import BrokerConfig
 from chronomq.dedupe import SendDedupe
-from chronomq.failover import hold_lease, start_failover
-from chronomq.handover import adopted_delayed_ends, publish_secret
 from chronomq.providers import make_lease_provider, make_provider
 from chronomq.recurrence import open_schedules
-from chronomq.takeover import Takeover, TakeoverResult
 from cluster.catalogue import CatalogueCopy
+from cluster.compaction import attach_compaction
+from cluster.failover import hold_lease, start_failover
 from cluster.fence import Fence
+from cluster.handover import adopted_delayed_ends, publish_secret
 from cluster.layout import broker_prefix
 from cluster.lease import BrokerLease, LeaseWatch
 from cluster.ownership import Owner, TopicOwners
 from cluster.rejoin import Rejoin
+from cluster.takeover import Takeover, TakeoverResult
 from cluster.timersnapshot import TimerCompactor
 from cluster.topics import BucketFence, TopicChanges
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
@@ -154,12 +154,12 @@ class Broker:
                 self.takeover(other, force=True)
 
     def start_failover(self, address: str, rocketmq_address: str) -> LeaseWatch:
-        """``tier.failover``: hold this broker's lease (``chronomq.failover``)."""
+        """``tier.failover``: hold this broker's lease (``cluster.failover``)."""
         return start_failover(self, address, rocketmq_address)
 
     def takeover(self, broker: str, force: bool = False) -> TakeoverResult:
         """Become the owner of a departed broker's topics, positions and pending
-        delayed messages (``chronomq.takeover``)."""
+        delayed messages (``cluster.takeover``)."""
         with self._takeover_lock:
             return self.takeovers.run(broker, force)
 
@@ -177,7 +177,7 @@ class Broker:
         self.store = MessageStore(sc, clock)
         self.store.set_topic_creator(self.create_topic)  # auto-created topics are claimed
         self.dedupe = SendDedupe(self.store, sc.dedupe_window_ms, self.takeovers.ids)
-        self.takeovers.ids.delayed_ends = partial(  # (kept by chronomq.lineage)
+        self.takeovers.ids.delayed_ends = partial(  # (kept by cluster.lineage)
             adopted_delayed_ends, os.path.join(sc.data_dir, "takeovers"))
         self._opened.append(("the store", self.store.close))  # not opened: writes nothing
         self._pop_kv = KV(os.path.join(sc.data_dir, "pop"),
@@ -234,7 +234,7 @@ class Broker:
 
     def _hold_lease(self) -> None:
         """This broker's lease, before the store opens, and the incarnation it is of
-        (``chronomq.failover``)."""
+        (``cluster.failover``)."""
         self.lease, rejoin = hold_lease(
             self.config, make_lease_provider(self.config, self.tier), self.clock)
         self.incarnation, self._rejoin = self.lease.incarnation, rejoin

@@ -6,7 +6,7 @@ answer is answered ``duplicate``, and a replay sent twice delivers once.  Ids ac
 moment ago are remembered in memory (at most ``RECENT_IDS``) with where their send ends
 in the CommitLog, so a duplicate's OK can wait for its original (``Broker.stored``);
 older ones are found in the store's key index (one multi-get); for a topic taken over,
-ids the broker it came from accepted count too (``chronomq.handover``).  An id whose
+ids the broker it came from accepted count too (``cluster.handover``).  An id whose
 send failed is forgotten: a retry is no repeat.
 
 Thread-safe.
@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future
 
-from chronomq.handover import InheritedIds
+from cluster.handover import InheritedIds
 from store.message import DispatchInfo
 from store.store import MessageStore
 
@@ -46,7 +46,7 @@ class SendDedupe:
         accepted before ends in the CommitLog, once stored (it may be on its way still;
         it fails if that send fails).  Ids accepted a moment ago are remembered in memory
         until the index has them; the rest are one multi-get.  For a topic taken over,
-        ids the broker it came from accepted count too (``chronomq.handover``: in its
+        ids the broker it came from accepted count too (``cluster.handover``: in its
         tier already, they end at 0 here)."""
         window = self._window_ms
         if window <= 0:

@@ -1,6 +1,6 @@
 """The broker's recurring schedules (``recurring``): their book, kept in the POP
 database under ``R`` keys (journaled to the tier with the groups' state, snapshotted
-with it, adopted by a takeover: ``chronomq.takeover``), and the engine whose ticks go
+with it, adopted by a takeover: ``cluster.takeover``), and the engine whose ticks go
 through ``Broker.submit`` like any Send (checked, the dedupe window of client-chosen
 ids, durable before the book moves on).
 

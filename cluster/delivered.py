@@ -9,7 +9,7 @@ stream's metadata copy in the tier waits until every queue is in the tier up to 
 records (``tiered.uploads.Mirror``, ``after``).  But the copy may get there and the
 broker die before the record does: its successor would deliver the message again.  So
 a takeover asks ``DeliveredCopies.has`` for every pending message the broker may have
-delivered (``chronomq.adoption``) and leaves out those whose copy the tier holds.
+delivered (``cluster.adoption``) and leaves out those whose copy the tier holds.
 
 Which may have been: a copy is stored at or after its due time by the clock of the
 broker that delivered it, so none is due after the latest store time of that broker's

@@ -24,7 +24,7 @@ the name itself for incarnation 0 (every bucket written before incarnations), th
 ``<name>--<n>``.  A broker restarted after it was taken over serves again under its name
 as a new incarnation (``cluster.rejoin``), under a prefix of its own: its old
 incarnation's objects stay as they were, read by its successor and the successor's
-successors (``chronomq.lineage``).  The lease, the owner records, ``taken_by`` and every
+successors (``cluster.lineage``).  The lease, the owner records, ``taken_by`` and every
 takeover name the prefix; ``tier.broker_name`` alone is the name people and clients
 know.
 

@@ -14,7 +14,7 @@ one winner: the bucket is the coordination point, no other service is needed.
 **The decision is ``taken_by`` in this object, and nothing else.**  A takeover (automatic
 or ``chronomq takeover``) first writes ``taken_by: <successor>`` into the departed
 broker's lease by a conditional put (``claim``); only then does it read anything of the
-departed broker's (``chronomq.takeover``).
+departed broker's (``cluster.takeover``).
 
 **The bucket fences a stale broker** (``BrokerLease.commit``): with ``tier.durable_ack``,
 the tier commit that makes a change durable ends with a conditional write of this lease
@@ -163,7 +163,7 @@ def claim(provider: Provider, departed: str, me: str, wall_ms: int) -> str:
 
 def inherit(provider: Provider, departed: str, holder: str, me: str, wall_ms: int) -> bool:
     """Move ``departed``'s claim from ``holder`` (a broker that claimed it and was itself
-    taken over by ``me`` before it finished: ``chronomq.takeover``) to ``me``, by a
+    taken over by ``me`` before it finished: ``cluster.takeover``) to ``me``, by a
     conditional put; True when the claim is ``me``'s now."""
     path = lease_path(departed)
     for _ in range(CLAIM_ATTEMPTS):

@@ -5,8 +5,8 @@ serves again under its ``tier.broker_name`` without a person renaming it.
 An *incarnation* is one life of a name in the bucket, numbered from 0; its tier prefix,
 lease and owner records are ``cluster.layout.broker_prefix(name, n)``.  A taken-over
 incarnation's objects stay as they are (its successor, and the successor's successors,
-read them: ``chronomq.lineage``), so a new life writes under a new prefix.  At start,
-before the lease is held (``chronomq.failover.hold_lease``), ``Rejoin.resolve`` reads
+read them: ``cluster.lineage``), so a new life writes under a new prefix.  At start,
+before the lease is held (``cluster.failover.hold_lease``), ``Rejoin.resolve`` reads
 the leases of the name's incarnations (``brokers/<name>.json``, ``brokers/<name>--1.json``,
 ... up to the first missing one) and the data directory's ``incarnation`` file:
 

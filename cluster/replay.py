@@ -6,7 +6,7 @@ groups and its timer.
 readable snapshot: a snapshot must start with its ``pop-reset`` record) and the timer
 stream from its latest timer snapshot (``cluster.timersnapshot``; whole without one), and
 applies them in order to a ``JournalState`` (``store.journal`` has the records' format).
-``stream`` reads any of the departed broker's streams (``chronomq.adoption`` reads its
+``stream`` reads any of the departed broker's streams (``cluster.adoption`` reads its
 delayed records: the snapshot's pending ones, then the delayed stream past it).
 """
 

@@ -17,11 +17,11 @@ or past ``C1`` is kept as the new residual: the queues commit apart, so the time
 may already name records the delayed stream's snapshot does not cover yet.
 
 **Folds.**  The delayed messages this broker adopted in a finished takeover (``Fold``:
-``chronomq.compaction``) go into the next snapshot's parts too, under their adopted
+``cluster.compaction``) go into the next snapshot's parts too, under their adopted
 offsets (``tiered.timerflatfile``: bit 63 set, never a delayed-stream offset), and the
 pointer names the adoption's manifest digest (``folded``) and the brokers it names
 (``folded_brokers``); a takeover of this broker then reads them here, not from those
-brokers' tiers (``chronomq.adoption``).  The residual keeps an adopted offset only while
+brokers' tiers (``cluster.adoption``).  The residual keeps an adopted offset only while
 no record of the parts has it (an adoption not folded yet).
 
 Objects (under the broker's prefix):
@@ -93,7 +93,7 @@ class PendingRecord(NamedTuple):
 
 class Fold(NamedTuple):
     """A finished adoption whose pending messages go into the next snapshot."""
-    digest: str  # of its manifest (``chronomq.adoption.manifest_digest``)
+    digest: str  # of its manifest (``cluster.adoption.manifest_digest``)
     brokers: list[str]  # every broker its manifest names
     rows: Callable[[], Iterator[list[PendingRecord]]]  # offsets adopted, dues as adopted
 

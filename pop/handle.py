@@ -22,7 +22,7 @@ moves the deadline, does not supersede it.  It settles the entry while the entry
 and before its current deadline (``LeaseBook.lease_of``), here or at a successor,
 with nothing remembered beside the lease.
 
-A broker that takes another over (``chronomq.takeover``) adopts its leases under the
+A broker that takes another over (``cluster.takeover``) adopts its leases under the
 same keys (group, topic, queue, checkpoint start) and its secret (``adopt``): a handle
 the departed broker signed verifies here too and, naming the same lease with the same
 deadline, settles it; the handles this codec issues are always signed with its own

@@ -127,7 +127,7 @@ class LeaseBook:
     def adopt(self, items: dict[bytes, bytes], state: list[tuple[bytes, bytes]] | None = None
               ) -> tuple[list[Deadline], set[str]]:
         """Take a departed broker's positions and open leases (its POP RocksDB keys,
-        rebuilt from its journal: ``chronomq.takeover``), except for queues this book
+        rebuilt from its journal: ``cluster.takeover``), except for queues this book
         already knows (their state here is newer); written and synced (journaled) before
         it returns, with ``state`` (``STATE_PREFIX`` keys: the lease clocks of
         ``pop.leaseclock``) in the same write.  Returns the deadlines of the adopted

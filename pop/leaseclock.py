@@ -117,7 +117,7 @@ def moved(deadline_ms: int, shift_ms: int, adopted_at_ms: int) -> int:
 def move_checkpoint(ck_start: int, raw: bytes, shift_ms: int, adopted_at_ms: int) -> bytes:
     """A departed broker's PopCheckpoint value with every deadline moved (``moved``), and
     ``pop_at_ms`` by the shift alone: a takeover compares it with the departed broker's
-    store times after moving it back (``chronomq.takeover``: its dead-letter copies),
+    store times after moving it back (``cluster.takeover``: its dead-letter copies),
     and along a chain each broker's with its own."""
     ck = decode_checkpoint(ck_start, raw)
     ck.pop_at_ms = max(0, ck.pop_at_ms + shift_ms)

@@ -1,7 +1,7 @@
 """LeaseJournal: the lease book's writes, also in the broker's journal.
 
 With ``tier.upload`` the lease book's state (positions, open PopCheckpoints) must reach
-the tier so that another broker can take its consumers over (``chronomq.takeover``).
+the tier so that another broker can take its consumers over (``cluster.takeover``).
 Every write of the book goes to its RocksDB (``store.kv.GroupCommit``) and, as the same
 keys and values, to the journal (``store.journal``: a ``pop`` record), under the
 journal's ``ordered`` lock, so the journal holds the writes of a key in the order the

@@ -295,7 +295,7 @@ class Requeuer:
     def mark_found(self, found: list[tuple[str, LeaseEntry]]) -> None:
         """Mark done the entries whose copies were found (``pop.settle``: the CommitLog
         holds them, a crash fell between a copy's append and its entry's mark; or a
-        departed broker's, ``chronomq.adoption``); those done already are left."""
+        departed broker's, ``cluster.adoption``); those done already are left."""
         for copy_topic, e in found:
             with self._book.lock(e.group, origin_of(e.topic)):
                 at = self._book.entry_at(e.group, e.topic, e.queue_id, e.queue_offset)

@@ -164,7 +164,7 @@ class PopService:
     def settle_copies(self, found: list[tuple[str, LeaseEntry]]) -> None:
         """Mark done the adopted lease entries that a departed broker had replaced with
         a copy (``(copy topic, entry)``) before its mark reached the tier: the copy comes
-        here, the entry must not be revived again (``chronomq.adoption``)."""
+        here, the entry must not be revived again (``cluster.adoption``)."""
         self._requeuer.mark_found(found)
 
     def adopt_secret(self, secret: bytes, shift_ms: int = 0) -> None:

@@ -68,7 +68,7 @@ class QueueSource:
         """Whether this broker has the queue: a topic of its own (taken over ones too) or
         a mounted one.  A lease of a queue it does not have (yet) is not lost: a takeover
         adopts the departed broker's leases before it serves their queues
-        (``chronomq.takeover``), a mount may come back; only a queue served here can say
+        (``cluster.takeover``), a mount may come back; only a queue served here can say
         a message is gone."""
         t = self._store.topics.get(topic) or self._store.topics.mounted(topic)
         return t is not None and 0 <= qid < t.queue_count
@@ -137,7 +137,7 @@ class QueueSource:
             (entry,) = self._store.consume_queue_entries(r.topic, r.queue_id, qo, 1) or (None,)
             if entry is None or entry.queue_offset != qo or entry.is_hole:  # below the
                 tiered.append(r)  # local queue (retention took it), or before the offsets
-                # of a topic taken over (``chronomq.takeover``): a hole here, in the tier
+                # of a topic taken over (``cluster.takeover``): a hole here, in the tier
             else:
                 local.append(r)
                 locations.append((entry.commit_offset, entry.record_size))

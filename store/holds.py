@@ -1,6 +1,6 @@
 """Topic holds: topics that exist here but answer no client yet.
 
-A takeover (``chronomq.takeover``) creates a departed broker's topics here before it has
+A takeover (``cluster.takeover``) creates a departed broker's topics here before it has
 adopted everything they carry: their groups' leases and positions, their pending delayed
 messages, their recurring schedules.  Until the takeover is done, a Send, a Pop, a
 Subscribe, a Cancel or Reschedule by id, or a debounce's replace on such a topic would be

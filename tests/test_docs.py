@@ -35,7 +35,7 @@ NOT_A_PATH = set("<>{}*%: =")  # placeholders, globs and settings are not reposi
 ALLOWED_IMPORTS = {
     "store": set(),
     "tiered": {"store"},
-    "cluster": {"tiered", "store"},
+    "cluster": {"pop", "timer", "recurring", "tiered", "store"},
     "timer": {"tiered", "store"},
     "pop": {"timer", "tiered", "store"},
     "spark": {"tiered", "store"},

@@ -52,7 +52,7 @@ class TierConfig:
     #                           to start; only under load (tiered.durable.Linger), else
     #                           commits run back to back
     takeover: str = ""  # a departed broker's name: take over its topics at start
-    #                     (chronomq/takeover.py)
+    #                     (cluster/takeover.py)
     failover: bool = False  # hold a lease in the bucket (brokers/<name>.json), take over
     #                         brokers whose lease expired, fence this one when its own
     #                         cannot be renewed (cluster/lease.py)

@@ -367,7 +367,7 @@ class MountedBroker:
         ``message_id`` (a delayed one too, wherever it was since) at or after
         ``since_ms``, of what the broker asking serves (``serve_below``); None: the tier
         holds none.  What a broker that took ``topic`` over
-        asks to drop a resend (``chronomq.takeover``).  Raises ``TierError``."""
+        asks to drop a resend (``cluster.takeover``).  Raises ``TierError``."""
         found = [m.store_at_ms for m in self._found(self._served_only(self._lookup_since(
                      id_digest(message_id), topic, since_ms)))
                  if m.topic == topic and m.message_id == message_id
@@ -430,7 +430,7 @@ class MountReader:
 
     def adopt(self, mounted: MountedBroker, ends: dict[str, dict[int, int]]) -> None:
         """Serve queue offsets below ``ends[topic][queue]`` of topics this broker took
-        over (``chronomq.takeover``) from ``mounted``, the broker they came from; the
+        over (``cluster.takeover``) from ``mounted``, the broker they came from; the
         offsets from there on are this broker's own.  Called once per broker of a chain
         (a broker that had itself taken the topics over from another): each serves the
         offsets below its end and from the previous broker's end on."""

@@ -5,7 +5,7 @@ Topic data by time, per topic (``tier_retention_ms``, else ``tier.retention_ms``
 forever): whole segments whose data is all older leave the queue's metadata, it is
 persisted, then their objects are deleted; key-index files go when every topic they
 index is past retention.  System streams never by time: only below the floors their
-snapshots set (``system_floors``, from ``chronomq.compaction``), where no takeover reads
+snapshots set (``system_floors``, from ``cluster.compaction``), where no takeover reads
 them any more.
 
 Order of durable steps: the metadata without the segments first, then the deletes, and

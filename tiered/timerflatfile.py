@@ -17,7 +17,7 @@ another broker.  The object name is the offset of its first entry, so a batch wr
 again after a crash replaces its earlier copy instead of adding one; the same record in
 two objects is harmless (preload keys entries by due time and offset).
 
-**Adopted offsets.**  A broker that takes another over (``chronomq.adoption``) schedules
+**Adopted offsets.**  A broker that takes another over (``cluster.adoption``) schedules
 the departed broker's pending messages without appending them to its own CommitLog;
 each keeps, in this broker's timer store, journal and TimerFlatFiles, an identity no
 CommitLog offset can take (``adopted_offset``), the same at every broker of a chain of

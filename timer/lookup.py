@@ -4,7 +4,7 @@ QueryMessages and the console (``Broker.query_by_message_id``); nothing is moved
 The store finds a pending message by id through its CommitLog record (the id's offset,
 or the key index) and the timer's witness (``store.lookup``).  A message a takeover
 adopted has no such record here: it is in the timer only, under an adopted offset
-(``chronomq.adoption``), in RocksDB or left in a TimerFlatFile object, the departed
+(``cluster.adoption``), in RocksDB or left in a TimerFlatFile object, the departed
 broker's or this one's.  The timer's own id keys find it (``i`` in RocksDB, ``f`` when
 parked: ``timer.store``); its record is read
 

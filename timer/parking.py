@@ -17,7 +17,7 @@ whose deleted keys would make every scan slower.
   so a crash before the objects are deleted never loads (and delivers) a message twice;
 - ``unpark`` moves the messages with one id into the timer store for Cancel /
   Reschedule;
-- ``adopt`` schedules a takeover's batch (``chronomq.adoption``): far ones get an ``f``
+- ``adopt`` schedules a takeover's batch (``cluster.adoption``): far ones get an ``f``
   key only (their record stays in a TimerFlatFile object the tier holds already, another
   broker's read as this one's, or goes first into a new one), near ones go into RocksDB.
 

@@ -41,7 +41,7 @@ def stream_offsets(journal: StateJournal, keys: list[bytes],
     out = []
     for key, raw in zip(keys, records, strict=True):
         offset = parse_timer_key(key)[1]
-        # an adopted message is named by its adopted offset (``chronomq.adoption``)
+        # an adopted message is named by its adopted offset (``cluster.adoption``)
         qo = offset if is_adopted(offset) else \
             journal.stream_offset(raw, offset) if raw else None
         if qo is not None:

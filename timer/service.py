@@ -27,7 +27,7 @@ Flow (docs/DESIGN.md, "Data flow: one write path"):
 wheel and set of delivering entries.
 
 A takeover schedules the departed broker's pending messages with ``ParkingLot.adopt``
-instead of appending them (``chronomq.adoption``): they are not in this broker's
+instead of appending them (``cluster.adoption``): they are not in this broker's
 CommitLog, and their entries carry an adopted offset (bit 63 set,
 ``tiered.timerflatfile``) where others carry a CommitLog offset.  They are delivered,
 cancelled and moved as any other; the journal names them by that offset.

@@ -13,7 +13,7 @@ Keys and values (``id`` is the message id, printable ASCII, so it never holds a 
     b"!adopt/" | prefix                        (empty) another broker's TimerFlatFile
                                                prefix read as this one's
     b"!adopted/" | broker                      pending messages of that broker adopted so
-                                               far u64 (``chronomq.adoption``)
+                                               far u64 (``cluster.adoption``)
 
 ``offset`` is the delayed record's CommitLog offset.  ``t`` keys sort by due time, so
 "everything due before T" is one range scan; the value is the whole record, so a pending

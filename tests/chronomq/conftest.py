@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from testkit.process import ServerProcess
+from tests.chronomq.process import ServerProcess
 
 
 @pytest.fixture

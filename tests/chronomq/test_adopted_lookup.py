@@ -2,7 +2,7 @@
 process, a real local-directory tier and RocksDB, a manual clock.
 
 A takeover schedules the departed broker's pending delayed messages in its timer under
-adopted offsets (``chronomq.adoption``), not in its CommitLog or key index: near ones in
+adopted offsets (``cluster.adoption``), not in its CommitLog or key index: near ones in
 RocksDB, far ones left in TimerFlatFile objects.  QueryMessages by id (and the console's
 message page) found none of them, while Cancel by the same id worked.  Found now through
 the timer's own id keys, wherever the message waits, without moving it.

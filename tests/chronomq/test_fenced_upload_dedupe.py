@@ -27,8 +27,7 @@ from store.message import Draft
 from store.names import DELAYED_STREAM
 from store.store import StoreConfig
 from store.topics import Topic
-from testkit.wait import wait_until
-from tests.conftest import run_timer
+from tests.conftest import run_timer, wait_until
 from tiered.config import TierConfig
 from tiered.mount import MountedBroker
 from tiered.providers.local import LocalProvider

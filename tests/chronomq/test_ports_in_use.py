@@ -24,9 +24,8 @@ from chronomq.config import BrokerConfig, ConsoleConfig, RocketMQConfig, load_co
 from chronomq.listeners import ListenError
 from chronomq.server import BrokerServer
 from store.errors import InvalidArgument
-from testkit.process import ServerProcess
-from testkit.wait import wait_until
-from tests.conftest import broker_config
+from tests.chronomq.process import ServerProcess
+from tests.conftest import broker_config, wait_until
 
 SETTINGS = ["server.port", "console.port", "server.metrics_port", "rocketmq.port"]
 

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 import grpc
 import pytest
 
-import chronomq.takeover
+import cluster.takeover
 from chronomq.broker import Broker
 from chronomq.cli import main
 from chronomq.client import ChronomqClient, RpcError
@@ -25,7 +25,7 @@ from store.clock import ManualClock
 from store.crashpoint import CRASH_EXIT_CODE
 from store.errors import Unavailable
 from store.topics import Topic
-from testkit.process import ServerProcess
+from tests.chronomq.process import ServerProcess
 from tests.chronomq.test_journal_snapshots import _broker
 from tests.conftest import broker_config, run_timer
 from tests.manual_broker import ManualBroker
@@ -251,7 +251,7 @@ def test_ticks_owed_for_an_outage_come_after_a_takeover_while_the_engine_runs(
     # meanwhile: issue 51, finding 3)
     clock.advance(10_000)
     b = _broker(tmp_path, "b", clock)
-    real = chronomq.takeover.crashpoint
+    real = cluster.takeover.crashpoint
     refused: list[str] = []
 
     def engine_runs(label: str) -> None:
@@ -260,10 +260,10 @@ def test_ticks_owed_for_an_outage_come_after_a_takeover_while_the_engine_runs(
             b.schedules.fire_due(clock.now_ms())
         except Unavailable as exc:  # held: the tick waits, the step is retried
             refused.append(str(exc))
-    monkeypatch.setattr(chronomq.takeover, "crashpoint", engine_runs)
+    monkeypatch.setattr(cluster.takeover, "crashpoint", engine_runs)
     try:
         b.takeover("a", force=True)
-        monkeypatch.setattr(chronomq.takeover, "crashpoint", real)
+        monkeypatch.setattr(cluster.takeover, "crashpoint", real)
         # When B's engine steps once the takeover is done
         _step(b, clock, 0)
         # Then every owed tick came, once, none dropped while the topic was being taken

@@ -1,5 +1,5 @@
 """A takeover adopts the departed broker's pending delayed messages in bulk
-(``chronomq.adoption``): real brokers in one process, a real local-directory tier and
+(``cluster.adoption``): real brokers in one process, a real local-directory tier and
 RocksDB, a manual clock that crosses the hours.
 
 Broker A holds delayed messages near (due within the rocks horizon) and far (in its
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-import chronomq.adoption
-import chronomq.takeover
+import cluster.adoption
+import cluster.takeover
 import timer.parking
-from chronomq.adoption import manifest_of, pending
 from chronomq.broker import Broker
+from cluster.adoption import manifest_of, pending
 from cluster.replay import replay
 from cluster.timersnapshot import read_pointer, read_residual
 from store.clock import ManualClock
@@ -202,7 +202,7 @@ def test_a_takeover_cut_in_its_timer_step_resumes_without_twice_or_resurrection(
     start = manual_clock.now_ms()
     b = _open(tmp_path, "b", manual_clock, brokers)
     # Given B's timer step in batches of 10, dying at a crash point of its Nth batch
-    monkeypatch.setattr(chronomq.adoption, "BATCH", 10)
+    monkeypatch.setattr(cluster.adoption, "BATCH", 10)
     passes = Counter[str]()
     real = timer.parking.crashpoint
 
@@ -309,7 +309,7 @@ def test_a_takeover_an_older_release_began_is_finished_without_appending_twice(
     def stop_before_timers(name: str) -> None:
         if name == "takeover.after_topics":
             raise Crash(name)
-    monkeypatch.setattr(chronomq.takeover, "crashpoint", stop_before_timers)
+    monkeypatch.setattr(cluster.takeover, "crashpoint", stop_before_timers)
     with pytest.raises(Crash):
         b.takeover("a", force=True)
     monkeypatch.undo()

@@ -20,7 +20,7 @@ import pytest
 from chronomq.broker import Broker
 from chronomq.client import message
 from chronomq.config import BrokerConfig, TierConfig
-from chronomq.handover import CLOCK_SLACK_MS, RESEND_HORIZON_MS, InheritedIds
+from cluster.handover import CLOCK_SLACK_MS, RESEND_HORIZON_MS, InheritedIds
 from pop.handle import HandleCodec, InvalidReceiptHandle, ReceiptHandle
 from pop.model import AlreadyRequeued, dlq_topic
 from store.clock import ManualClock

@@ -2,7 +2,7 @@
 process, a real local-directory tier (durable-ack) and RocksDB.
 
 A takeover writes the departed broker's leases into this broker's lease book before it
-serves the departed broker's queues (``chronomq.takeover``: "positions before topics").
+serves the departed broker's queues (``cluster.takeover``: "positions before topics").
 A lease whose invisible time had passed is due at once, so the revive thread may fire it
 in between; it must then find the message "not readable here yet" and try again later,
 not give the message up as removed by retention.  The test holds the takeover in that

@@ -15,10 +15,9 @@ import grpc
 import pytest
 
 from chronomq.client import ChronomqClient, RpcError, message
-from testkit.process import ServerProcess, wait_tier_caught_up
-from testkit.wait import wait_until
+from tests.chronomq.process import ServerProcess, wait_tier_caught_up
 from tests.chronomq.test_cli_exit_codes import chronomq
-from tests.conftest import CREDS, create_bucket
+from tests.conftest import CREDS, create_bucket, wait_until
 
 
 def _tier(endpoint: str, bucket: str, name: str) -> list[str]:

@@ -10,7 +10,7 @@ becomes the owner of its topics.  The steps, each a named crash point and idempo
 "Failover by construction: the bucket fences, clocks only time"):
 
 1. **Intent, then claim.**  ``<me>/takeovers/<departed>.json`` with ``done: false`` is
-   in the tier (``chronomq.lineage``), then ``taken_by: <me>`` goes into the departed
+   in the tier (``cluster.lineage``), then ``taken_by: <me>`` goes into the departed
    broker's lease by a conditional put (``cluster.lease.claim``): one winner, and
    nothing of the departed broker's is read before it.  A claim held by a broker this
    one took over before it finished is moved here (``cluster.lease.inherit``).
@@ -18,18 +18,18 @@ becomes the owner of its topics.  The steps, each a named crash point and idempo
    in the tier (published with the intent); the journal is replayed and its groups'
    positions and leases adopted (``PopService.adopt``); the topics are created here and
    *held* (``store.holds``): no client is answered on them yet.
-3. **Timers** (``chronomq.adoption``) and **schedules** adopted.
+3. **Timers** (``cluster.adoption``) and **schedules** adopted.
 4. **Done**: once what it wrote is in this broker's tier, ``done: true`` in the tier;
    then owner records name this broker, the departed broker's receipt handles are
    accepted, the topics released and the schedules woken.  Then the takeovers the
    departed broker had begun and not finished are finished here (``_inherit``).
 
 Sends with a client-chosen id the departed broker accepted within
-``store.dedupe_window_ms`` are duplicates here too (``chronomq.handover``).  Topics come
+``store.dedupe_window_ms`` are duplicates here too (``cluster.handover``).  Topics come
 from the departed broker's catalogue copy (``cluster.catalogue.departed_topics``): not
 the ones it deleted; owner records naming it for topics not taken are released.  A
 chain is followed: the brokers it had taken over serve the older offsets of the topics
-it had taken (``chronomq.lineage``).
+it had taken (``cluster.lineage``).
 """
 
 from __future__ import annotations
@@ -43,18 +43,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chronomq.adoption import Adoption, manifest_of
-from chronomq.handover import (
+from cluster.adoption import Adoption, manifest_of
+from cluster.catalogue import departed_topics
+from cluster.handover import (
     CLOCK_SLACK_MS,
     InheritedIds,
     adopt_leases,
     handle_shift,
     read_secret,
 )
-from chronomq.lineage import Lineage, drop_topic, ends_of
-from cluster.catalogue import departed_topics
 from cluster.layout import LEASES, catalogue_path, lease_path, takeover_record
 from cluster.lease import claim, inherit, read_lease
+from cluster.lineage import Lineage, drop_topic, ends_of
 from cluster.replay import last_store_ms, replay, stream
 from pop.checkpoint import parse_key
 from pop.model import origin_of
@@ -77,7 +77,7 @@ from tiered.errors import TierError, TierNotFound
 from tiered.mount import MountedBroker
 
 if TYPE_CHECKING:
-    from chronomq.broker import Broker
+    from cluster.host import Host
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class _Phases:
 class Takeover:
     """Runs takeovers for one broker (see the module docstring).  One at a time."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Host) -> None:
         self._b = broker
         self._lineage = Lineage(broker)  # what each takeover keeps, here and in the tier
         self.results: dict[str, TakeoverResult] = {}
@@ -544,7 +544,7 @@ class Takeover:
     def _timers(self, departed: str, mounted: MountedBroker, journal: JournalState,
                 state: dict[str, Any]) -> int:
         """Schedule the departed broker's pending delayed messages here
-        (``chronomq.adoption``); returns how many."""
+        (``cluster.adoption``); returns how many."""
         manifest = state.get("timers")
         replayed: JournalState | None = journal
         now = manifest_of(self._b.tier, mounted, journal, state.get("adopted"))
@@ -573,7 +573,7 @@ class Takeover:
         adoption = Adoption(self._b, departed, mount, on_progress, on_topic)
         count = adoption.run(manifest, replayed, legacy)
         # what this broker's timer stream says of the set is below this (a timer
-        # snapshot folds the set in once it covers it: ``chronomq.compaction``)
+        # snapshot folds the set in once it covers it: ``cluster.compaction``)
         state["timers_journaled"] = max(adoption.journaled_through,
                                         self._b.store.queue_bounds(TIMER_STREAM, 0)[1])
         placed = adoption.placed

@@ -34,7 +34,7 @@ this broker's own journal says it delivered, cancelled or moved since (by adopte
 offset), and it adopts those again under the same offsets.  Nothing of the adopted set
 goes into this broker's delayed stream; once the takeover is done, this broker's next
 timer snapshot folds the set into its parts under the adopted offsets and names the
-manifest (its digest, ``manifest_digest``) as folded (``chronomq.compaction``): from
+manifest (its digest, ``manifest_digest``) as folded (``cluster.compaction``): from
 then on a takeover of this broker reads the set there and no longer the tiers of the
 brokers the manifest names (``brokers_of`` still names them for their TimerFlatFiles).
 Messages found delivered (``_Delivered``) are journaled done here, so the fold leaves
@@ -94,7 +94,7 @@ from tiered.timerflatfile import (
 from timer.parking import Adopted, AdoptedBatch
 
 if TYPE_CHECKING:
-    from chronomq.broker import Broker
+    from cluster.host import Host
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def _timer_journal(tier: Provider, mounted: MountedBroker, m: Manifest) -> Journ
 class Adoption:
     """Schedules one departed broker's pending messages here (module docstring)."""
 
-    def __init__(self, broker: Broker, departed: str, mount: Mount,
+    def __init__(self, broker: Host, departed: str, mount: Mount,
                  on_progress: Callable[[int], None], on_topic: Callable[[str], None]) -> None:
         self._b = broker
         self._departed = departed
@@ -408,7 +408,7 @@ class _Legacy:
     and up to ``LEGACY_WINDOW`` more whose progress it had not saved: those are looked
     up by id."""
 
-    def __init__(self, broker: Broker, base: int, through: int) -> None:
+    def __init__(self, broker: Host, base: int, through: int) -> None:
         self._b = broker
         self._base, self._through = base, through
         self._window = LEGACY_WINDOW

@@ -6,7 +6,7 @@ takeovers (``AdoptionFolds``): once a takeover is done (its local record says so
 the timer stream committed to the tier covers what it journaled of them), the next
 snapshot holds the adoption's pending messages under their adopted offsets and names
 its manifest as folded; a takeover of this broker then reads them in its snapshot
-instead of the tiers of every broker it had taken over (``chronomq.adoption``).
+instead of the tiers of every broker it had taken over (``cluster.adoption``).
 
 The compactor reads the broker's own committed delayed and timer streams back from its
 tier; tier retention (``TieredDispatcher.run_retention``) deletes system-stream segments
@@ -25,18 +25,18 @@ from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from chronomq.adoption import brokers_of, is_manifest, manifest_digest, pending
+from cluster.adoption import brokers_of, is_manifest, manifest_digest, pending
 from cluster.timersnapshot import Fold, PendingRecord, TimerCompactor, stream_floors
 from store.errors import ChronomqError
 from tiered.mount import MountedBroker
 
 if TYPE_CHECKING:
-    from chronomq.broker import Broker
+    from cluster.host import Host
 
 log = logging.getLogger(__name__)
 
 
-def attach_compaction(broker: Broker) -> TimerCompactor:
+def attach_compaction(broker: Host) -> TimerCompactor:
     """The broker's timer compactor (run by the server's scheduler), with the tier's
     retention told where the system streams may be cut and when deletes are safe."""
     tiered, lease = broker.tiered, broker.lease
@@ -68,7 +68,7 @@ class AdoptionFolds:
     timer stream.  Reads the local takeover records (``<data>/takeovers/``), again only
     when one changed.  Called on the compactor's thread."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Host) -> None:
         self._b = broker
         self._dir = os.path.join(broker.config.store.data_dir, "takeovers")
         self._seen: dict[str, tuple[int, tuple[str, dict[str, Any], int] | None]] = {}

@@ -143,7 +143,7 @@ class _Origin:
 
 def adopted_delayed_ends(takeovers_dir: str) -> dict[str, int]:
     """Per broker, the end of its delayed stream this broker's takeovers adopted from:
-    the adoption manifests (``chronomq.adoption``, the tree of a chain's) in the local
+    the adoption manifests (``cluster.adoption``, the tree of a chain's) in the local
     takeover records, ``<data>/takeovers/<departed>.json`` field ``timers``."""
     out: dict[str, int] = {}
 

@@ -1,6 +1,6 @@
 """Lineage: what a takeover keeps of itself, here and in the tier, and the chain it reads.
 
-A takeover (``chronomq.takeover``) makes each taken queue continue at the departed
+A takeover (``cluster.takeover``) makes each taken queue continue at the departed
 broker's end in the tier; the offsets below that end stay in the departed broker's
 tier, and older ones in the tiers of the brokers *it* had taken over.  Which tier holds
 which offsets must outlive the takeover, for two readers, so it is written twice per
@@ -10,7 +10,7 @@ departed broker:
   progress, JSON: who took it over (``by``) and when (``at_ms``), each taken queue's
   end (``ends``), the departed broker's chain (``chain``) and the manifests it had
   adopted (``adopted``), the manifest of the delayed messages adopted here
-  (``timers``: ``chronomq.adoption``), and the figures once ``done``.  A takeover cut
+  (``timers``: ``cluster.adoption``), and the figures once ``done``.  A takeover cut
   short resumes from it; a restart serves the older offsets of the taken topics again
   from it (``Takeover.restore``, over every departed broker kept: ``departed``).
 - **In the tier**, ``<me>/takeovers/<departed>.json`` (``publish``): the ends, the
@@ -30,14 +30,14 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from chronomq.adoption import is_manifest
+from cluster.adoption import is_manifest
 from cluster.layout import chain_path, chain_prefix
 from store.files import write_atomic
 from store.names import split_broker_made
 from tiered.errors import TierError, TierNotFound
 
 if TYPE_CHECKING:
-    from chronomq.broker import Broker
+    from cluster.host import Host
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Lineage:
     Holds the broker, not its tier: a broker makes its ``Takeover`` before it opens its
     tier."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Host) -> None:
         self._b = broker
         self._dir = os.path.join(broker.config.store.data_dir, "takeovers")
 
@@ -81,7 +81,7 @@ class Lineage:
     def publish(self, departed: str, state: dict[str, Any]) -> None:
         """``<me>/takeovers/<departed>.json``: what a later takeover of this broker
         needs to serve the backlog of the topics it took, and the delayed messages it
-        adopted (``timers``: ``chronomq.adoption``)."""
+        adopted (``timers``: ``cluster.adoption``)."""
         me = self._b.prefix
         record = {"from": departed, "ends": state["ends"], "chain": state.get("chain", []),
                   "at_ms": state.get("at_ms"), "done": bool(state.get("done"))}
@@ -93,7 +93,7 @@ class Lineage:
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         """The brokers the departed broker had taken over, with their queues' ends
         (its ``<broker>/takeovers/`` objects), flattened: a chain of any length; and the
-        manifests of the delayed messages it adopted (``chronomq.adoption``; None when
+        manifests of the delayed messages it adopted (``cluster.adoption``; None when
         an object was unreadable: the timer step reads them again, or stops)."""
         out: list[dict[str, Any]] = []
         adopted: list[dict[str, Any]] | None = []

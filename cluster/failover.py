@@ -30,13 +30,12 @@ from store.clock import Clock
 from tiered.provider import Provider
 
 if TYPE_CHECKING:
-    from chronomq.broker import Broker
-    from chronomq.config import BrokerConfig
+    from cluster.host import Host, HostConfig
 
 log = logging.getLogger(__name__)
 
 
-def hold_lease(config: BrokerConfig, tier: Provider, clock: Clock
+def hold_lease(config: HostConfig, tier: Provider, clock: Clock
                ) -> tuple[BrokerLease, Rejoin]:
     """Find the incarnation this broker runs as (``cluster.rejoin``: waiting for the
     takeover of its old self, its old data set aside), acquire its lease and start
@@ -55,7 +54,7 @@ def hold_lease(config: BrokerConfig, tier: Provider, clock: Clock
     return lease, rejoin
 
 
-def _kept(config: BrokerConfig) -> frozenset[str]:
+def _kept(config: HostConfig) -> frozenset[str]:
     """What stays in the data directory when an old incarnation's data moves aside: the
     disk guard's reserve, earlier incarnations, and a local tier kept inside it."""
     kept = set(KEPT)
@@ -67,7 +66,7 @@ def _kept(config: BrokerConfig) -> frozenset[str]:
     return frozenset(kept)
 
 
-def start_failover(broker: Broker, address: str, rocketmq_address: str) -> LeaseWatch:
+def start_failover(broker: Host, address: str, rocketmq_address: str) -> LeaseWatch:
     """Publish ``broker``'s addresses in its lease and return the watch of the other
     brokers' leases."""
     lease = broker.lease
