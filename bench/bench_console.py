@@ -35,7 +35,7 @@ from urllib.parse import urlencode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chronomq.client import ChronomqClient, message
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 TOKEN = "bench-token"
 SHOWN: dict[str, str] = {}  # the pending message the Messages picture shows

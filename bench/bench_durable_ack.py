@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chronomq.client import ChronomqClient, message
 from chronomq.client.consumer import Consumer
 from chronomq.client.producer import Producer
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 BODY = b"x" * 100
 BATCH = 100
@@ -423,7 +423,7 @@ def main() -> None:
 def _s3(kind: str, tmp: Path) -> Iterator[str]:
     """An S3 endpoint for the run: moto in a process of its own, or SeaweedFS."""
     if kind == "seaweed":
-        from bench.s3 import start_seaweed
+        from testkit.s3 import start_seaweed
         server = start_seaweed(tmp / "seaweed", "bench-warm")
         try:
             yield server.endpoint

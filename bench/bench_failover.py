@@ -15,7 +15,7 @@ applies a fault of one kind (in turn):
     clock-ahead          restarted 30 s ahead (libfaketime), then kill -9
     restart-same-name    kill -9, restarted under its name after the claim: rejoins
 
-(``bench/chaos_faults.py`` says what each expects.)  Prints a line per cycle with the
+(``testkit/chaos/faults.py`` says what each expects.)  Prints a line per cycle with the
 unavailability of the victim's topics (from the fault to the first OK of a send begun
 after it), then p50/p99/max per kind and the ledger's checks: 0 sends answered OK lost,
 0 delivered again after an OK ack, 0 delivered before their time, every message left
@@ -39,8 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.chaos_faults import KINDS
-from bench.chaos_run import Plan, Result, run
+from testkit.chaos.faults import KINDS
+from testkit.chaos.run import Plan, Result, run
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chronomq.client import ChronomqClient
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 TOPIC = "bench"
 

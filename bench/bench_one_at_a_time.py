@@ -36,7 +36,7 @@ from bench.bench_request_cost import cpu_s
 from chronomq.client import ChronomqClient, message
 from chronomq.client.consumer import Consumer
 from chronomq.client.producer import Producer
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 BODY = b"x" * 200
 SENDS = ("unary_send", "producer_sync", "producer_async", "threads_sync")

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chronomq.client import ChronomqClient, message
-from tests.chronomq.process import ServerProcess, wait_tier_caught_up
+from testkit.process import ServerProcess, wait_tier_caught_up
 
 
 def main() -> None:

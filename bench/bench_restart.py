@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chronomq.client import ChronomqClient, message
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 DAY_MS = 86_400_000
 

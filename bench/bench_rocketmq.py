@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chronomq.client import ChronomqClient
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 TOPIC = "bench"
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chronomq.client import ChronomqClient
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 TOPIC = "ticks"
 TICK_S = os.sysconf("SC_CLK_TCK")

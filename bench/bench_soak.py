@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chronomq.client import ChronomqClient, message
 from chronomq.memtrace import proc_status
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 TOPIC, GROUP = "soak", "soak-group"
 SEQ_DIGITS = 12  # a body starts with its sequence number

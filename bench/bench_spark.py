@@ -40,7 +40,7 @@ from store.clock import SystemClock
 from store.message import Message, draft_of
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 from tiered.config import TierConfig
 from tiered.dispatcher import TieredDispatcher
 from tiered.providers.local import LocalProvider

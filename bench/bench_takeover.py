@@ -40,9 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.s3 import start_moto
 from chronomq.client import ChronomqClient, RpcError, message
-from tests.chronomq.process import ServerProcess, wait_tier_caught_up
+from testkit.process import ServerProcess, wait_tier_caught_up
+from testkit.s3 import start_moto
 
 HOUR_MS = 3_600_000
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_pop import _drain, _subscriber
 from chronomq.client import ChronomqClient, message
-from tests.chronomq.process import ServerProcess, wait_tier_caught_up
+from testkit.process import ServerProcess, wait_tier_caught_up
 
 BODY = b"x" * 1024
 

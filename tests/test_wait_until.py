@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import wait_until
+from testkit.wait import wait_until
 
 
 def test_returns_the_first_true_answer_as_soon_as_it_comes() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from chronomq.client import ChronomqClient, RpcError, SendOutcome, message
 from chronomq.client.consumer import Consumer
 from chronomq.client.producer import BufferFull, Producer
 from chronomq.v1 import broker_pb2 as pb
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 from tests.conftest import RunningServer
 
 

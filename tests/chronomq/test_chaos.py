@@ -3,7 +3,7 @@
 Two producers (unary Send and SendStream) send a mix of immediate, near (wheel) and far
 (TimerFlatFile) messages, by ``delay_ms`` and by ``deliver_at_ms``; two consumers of one
 group pop with 2-5 s invisible times, ack most, nack some and leave 10 % to run out.
-Everything is ledgered (``tests.chronomq.ledger``).  The broker is killed with SIGKILL at
+Everything is ledgered (``testkit.ledger``).  The broker is killed with SIGKILL at
 seeded random moments and restarted on the same data directory.  At the end, after a
 last restart, one consumer drains the group until every delayed message is due and every
 lease ran out, the broker must stop with exit code 0 on SIGTERM, and the checker must find
@@ -25,8 +25,8 @@ import pytest
 
 from chronomq.client import ChronomqClient, RpcError
 from chronomq.v1 import broker_pb2 as pb
-from tests.chronomq.checker import VIOLATION_KINDS, Report, check, check_ledgers
-from tests.chronomq.ledger import (
+from testkit.checker import VIOLATION_KINDS, Report, check, check_ledgers
+from testkit.ledger import (
     AckOk,
     Change,
     Delivery,
@@ -43,7 +43,7 @@ from tests.chronomq.ledger import (
     now_ms,
     parse_body,
 )
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 TOPIC, GROUP = "chaos", "g"
 

@@ -22,8 +22,8 @@ import pytest
 from chronomq.client import ChronomqClient, RpcError
 from chronomq.client.consumer import Consumer
 from chronomq.client.producer import Producer
-from tests.chronomq.process import ServerProcess
-from tests.conftest import wait_until
+from testkit.process import ServerProcess
+from testkit.wait import wait_until
 
 KEEPALIVE_S = 1.0
 NOTICED_WITHIN_S = 30.0  # a bound for the test only: it notices in ~2 s (ping + timeout)

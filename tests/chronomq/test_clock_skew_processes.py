@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from chronomq.client import ChronomqClient, message
-from tests.chronomq.process import LIBFAKETIME, ServerProcess, wait_tier_caught_up
-from tests.conftest import wait_until
+from testkit.process import LIBFAKETIME, ServerProcess, wait_tier_caught_up
+from testkit.wait import wait_until
 from tests.tiered.test_mount import _tier
 
 AHEAD_S = 30

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from chronomq.client import ChronomqClient, message
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 
 _PROBE = """
 import gc, json, sys

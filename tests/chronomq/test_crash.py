@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from chronomq.client import ChronomqClient, RpcError, message
-from tests.chronomq.process import ServerProcess
-from tests.conftest import wait_until
+from testkit.process import ServerProcess
+from testkit.wait import wait_until
 
 
 def _send_until_killed(target: str, acked: list[str], stop: threading.Event) -> None:

@@ -30,15 +30,15 @@ import pytest
 
 from chronomq.client import ChronomqClient, RpcError
 from store.crashpoint import CRASH_EXIT_CODE, LABELS
-from tests.chronomq.checker import Report, check_ledgers
-from tests.chronomq.ledger import (
+from testkit.checker import Report, check_ledgers
+from testkit.ledger import (
     Ledger,
     LedgeredClient,
     drain,
     now_ms,
 )
-from tests.chronomq.process import ServerProcess
-from tests.conftest import wait_until
+from testkit.process import ServerProcess
+from testkit.wait import wait_until
 
 TOPIC, GROUP = "cp", "g"
 BUCKET_MS = 300  # timer.bucket_ms

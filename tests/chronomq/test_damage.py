@@ -26,8 +26,8 @@ import pytest
 
 from chronomq.client import ChronomqClient, message
 from store.message import HEADER
-from tests.chronomq.process import ServerProcess, wait_tier_caught_up
-from tests.conftest import wait_until
+from testkit.process import ServerProcess, wait_tier_caught_up
+from testkit.wait import wait_until
 
 TOPIC = "t"
 

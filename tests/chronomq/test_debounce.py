@@ -17,7 +17,7 @@ from chronomq.cli import main
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.producer import Producer
 from store.crashpoint import CRASH_EXIT_CODE
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 from tests.manual_broker import ManualBroker
 
 SEC = 1000

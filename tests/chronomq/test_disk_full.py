@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from chronomq.client import ChronomqClient, RpcError, message
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 from tests.conftest import fill_volume as fill
 
 VOLUME_MB = 48

@@ -35,9 +35,9 @@ from chronomq.rocketmq.pb import definition as rd
 from chronomq.rocketmq.pb import service as rs
 from chronomq.rocketmq.pb import service_grpc
 from chronomq.v1 import broker_pb2 as pb
-from tests.chronomq.process import ServerProcess
-from tests.conftest import wait_until
-from tests.tiered.proxy import FaultProxy
+from testkit.process import ServerProcess
+from testkit.proxy import FaultProxy
+from testkit.wait import wait_until
 from tests.tiered.test_mount import _tier
 
 LEASE_S = 3

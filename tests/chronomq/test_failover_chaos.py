@@ -3,7 +3,7 @@ processes with ``tier.failover`` and ``tier.durable_ack`` on SeaweedFS, one topi
 on each of three, producers and consumers through the client library with a ledger, a
 schedule ticking every second and debounced sends per topic, a topic created, filled,
 drained and deleted just before each fault (``tier.lease_s`` = 3).  Two runs of the
-fault kinds (``bench/chaos_faults.py``), one of each:
+fault kinds (``testkit/chaos/faults.py``), one of each:
 
 - kill -9 and a restart with the data directory after 1-2 leases; kill -9 with the data
   directory deleted; SIGSTOP for 1-3 leases; the owner cut off from S3 by a fault proxy;
@@ -12,7 +12,7 @@ fault kinds (``bench/chaos_faults.py``), one of each:
   and a restart under the same name once it was claimed (it rejoins as a new
   incarnation and serves on).
 
-Then every topic is drained and the ledger checked (``bench/chaos_check.py``): nothing
+Then every topic is drained and the ledger checked (``testkit/chaos/check.py``): nothing
 answered OK lost, nothing delivered again after an OK ack, nothing early, every message
 left unsettled delivered again, no OK from a broker after its successor claimed its
 lease, no life taken over resumed, every topic served again and by one broker, no tick
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos_run import Plan, run
-from tests.seaweed import weed_binary
+from testkit.chaos.run import Plan, run
+from testkit.seaweed import weed_binary
 
 LEASE_S = 3.0
 

@@ -27,7 +27,8 @@ from store.message import Draft
 from store.names import DELAYED_STREAM
 from store.store import StoreConfig
 from store.topics import Topic
-from tests.conftest import run_timer, wait_until
+from testkit.wait import wait_until
+from tests.conftest import run_timer
 from tiered.config import TierConfig
 from tiered.mount import MountedBroker
 from tiered.providers.local import LocalProvider

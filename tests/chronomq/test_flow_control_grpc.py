@@ -14,7 +14,7 @@ import pytest
 from chronomq.cli import main
 from chronomq.client import ChronomqClient, message
 from pop.flowcontrol import KeyLimits
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 from tests.conftest import RunningServer, broker_config
 
 

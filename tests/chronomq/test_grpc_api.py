@@ -14,7 +14,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.metrics import families
 from chronomq.v1 import broker_pb2 as pb
-from tests.conftest import RunningServer, broker_config, wait_until
+from testkit.wait import wait_until
+from tests.conftest import RunningServer, broker_config
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 

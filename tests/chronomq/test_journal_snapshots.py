@@ -26,7 +26,7 @@ from store.message import Message, draft_of
 from store.names import STATE_STREAM
 from store.store import StoreConfig
 from store.topics import Topic
-from tests.conftest import wait_until
+from testkit.wait import wait_until
 from tests.tiered.test_tiered_pop import _pop_all
 from tiered.errors import TierNotFound
 

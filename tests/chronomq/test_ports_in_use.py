@@ -24,8 +24,9 @@ from chronomq.config import BrokerConfig, ConsoleConfig, RocketMQConfig, load_co
 from chronomq.listeners import ListenError
 from chronomq.server import BrokerServer
 from store.errors import InvalidArgument
-from tests.chronomq.process import ServerProcess
-from tests.conftest import broker_config, wait_until
+from testkit.process import ServerProcess
+from testkit.wait import wait_until
+from tests.conftest import broker_config
 
 SETTINGS = ["server.port", "console.port", "server.metrics_port", "rocketmq.port"]
 

@@ -28,10 +28,11 @@ import pytest
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.v1 import broker_pb2 as pb
 from cluster.lease import successor
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
+from testkit.proxy import FaultProxy
+from testkit.wait import wait_until
 from tests.chronomq.test_failover import _settings
-from tests.conftest import CREDS, wait_until
-from tests.tiered.proxy import FaultProxy
+from tests.conftest import CREDS
 from tiered.providers.s3 import S3Provider, S3Settings
 
 # the bucket is set up first, so it is deleted after the broker processes are gone

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from chronomq.client import ChronomqClient
-from tests.chronomq.ledger import Ledger, LedgeredClient
-from tests.chronomq.process import ServerProcess
+from testkit.ledger import Ledger, LedgeredClient
+from testkit.process import ServerProcess
 from tests.chronomq.test_crashpoints import (
     CRASHPOINT_SETTINGS,
     restart_and_drain,

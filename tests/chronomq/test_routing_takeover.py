@@ -30,9 +30,9 @@ from chronomq.client.routing import BrokerDirectory, RoutedClient
 from chronomq.config import load_config
 from chronomq.providers import make_provider
 from chronomq.v1 import broker_pb2 as pb
-from tests import seaweed
-from tests.chronomq.process import ServerProcess
-from tests.conftest import wait_until
+from testkit import seaweed
+from testkit.process import ServerProcess
+from testkit.wait import wait_until
 from tests.tiered.test_mount import _tier
 from tiered.provider import Provider
 

@@ -25,7 +25,7 @@ from store.clock import ManualClock
 from store.crashpoint import CRASH_EXIT_CODE
 from store.errors import Unavailable
 from store.topics import Topic
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 from tests.chronomq.test_journal_snapshots import _broker
 from tests.conftest import broker_config, run_timer
 from tests.manual_broker import ManualBroker

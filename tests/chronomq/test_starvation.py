@@ -17,7 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.config import PopConfig
 from chronomq.v1 import broker_pb2 as pb
-from tests.conftest import RunningServer, broker_config, wait_until
+from testkit.wait import wait_until
+from tests.conftest import RunningServer, broker_config
 
 STREAMS, POLLS = 24, 24
 

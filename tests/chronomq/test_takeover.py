@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from chronomq.client import ChronomqClient, RpcError, message
-from tests.chronomq.process import ServerProcess, wait_tier_caught_up
+from testkit.process import ServerProcess, wait_tier_caught_up
 from tests.tiered.test_mount import _tier
 
 HOUR_MS = 3_600_000

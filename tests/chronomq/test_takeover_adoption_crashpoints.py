@@ -20,11 +20,11 @@ import pytest
 
 from chronomq.client import ChronomqClient, RpcError
 from store.crashpoint import CRASH_EXIT_CODE
-from tests.chronomq.checker import check_ledgers
-from tests.chronomq.ledger import Ledger, LedgeredClient, drain, now_ms
-from tests.chronomq.process import ServerProcess
+from testkit.checker import check_ledgers
+from testkit.ledger import Ledger, LedgeredClient, drain, now_ms
+from testkit.process import ServerProcess
+from testkit.wait import wait_until
 from tests.chronomq.test_crashpoints import GROUP, REVIVE_SLACK_MS, TOPIC, _tail
-from tests.conftest import wait_until
 
 SETTINGS = (
     "tier.upload=true", "tier.durable_ack=true", "tier.upload_batch_ms=100",

@@ -19,9 +19,10 @@ import pytest
 from chronomq.client import ChronomqClient, RpcError
 from store.crashpoint import CRASH_EXIT_CODE, LABELS
 from store.journal import SNAPSHOT_POINTER
-from tests.chronomq.checker import check_ledgers
-from tests.chronomq.ledger import Ledger, LedgeredClient, drain, now_ms
-from tests.chronomq.process import ServerProcess
+from testkit.checker import check_ledgers
+from testkit.ledger import Ledger, LedgeredClient, drain, now_ms
+from testkit.process import ServerProcess
+from testkit.wait import wait_until
 from tests.chronomq.test_crashpoints import (
     CRASHPOINT_SETTINGS,
     GROUP,
@@ -30,7 +31,6 @@ from tests.chronomq.test_crashpoints import (
     _tail,
     scripted_workload,
 )
-from tests.conftest import wait_until
 
 SETTINGS = (*CRASHPOINT_SETTINGS, "tier.durable_ack=true")
 

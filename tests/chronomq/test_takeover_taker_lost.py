@@ -21,9 +21,9 @@ import pytest
 from chronomq.client import ChronomqClient, RpcError
 from cluster.layout import lease_path
 from store.crashpoint import CRASH_EXIT_CODE, LABELS
-from tests.chronomq.checker import check_ledgers
-from tests.chronomq.ledger import drain, now_ms
-from tests.chronomq.process import ServerProcess
+from testkit.checker import check_ledgers
+from testkit.ledger import drain, now_ms
+from testkit.process import ServerProcess
 from tests.chronomq.test_crashpoints import GROUP, REVIVE_SLACK_MS, TOPIC, _tail
 from tests.chronomq.test_takeover_crashpoints import SETTINGS, departed  # noqa: F401
 

@@ -26,9 +26,9 @@ import pytest
 
 from chronomq.client import ChronomqClient, RpcError
 from store.crashpoint import CRASH_EXIT_CODE, LABELS
-from tests.chronomq.checker import check_ledgers
-from tests.chronomq.ledger import Ledger, LedgeredClient, drain, now_ms
-from tests.chronomq.process import ServerProcess
+from testkit.checker import check_ledgers
+from testkit.ledger import Ledger, LedgeredClient, drain, now_ms
+from testkit.process import ServerProcess
 from tests.chronomq.test_crashpoints import (
     CRASHPOINT_SETTINGS,
     GROUP,

@@ -26,8 +26,8 @@ from botocore.exceptions import ClientError
 
 from chronomq.client import ChronomqClient, RpcError, message
 from store.crashpoint import CRASH_EXIT_CODE, LABELS
-from tests.chronomq.process import ServerProcess
-from tests.seaweed import s3_client
+from testkit.process import ServerProcess
+from testkit.seaweed import s3_client
 from tests.tiered.test_mount import _tier
 
 # the bucket is set up first, so it is deleted after the broker processes are gone

@@ -18,7 +18,7 @@ from chronomq.providers import make_provider
 from chronomq.rocketmq.pb import definition as rd
 from chronomq.rocketmq.pb import service as rs
 from chronomq.rocketmq.pb import service_grpc
-from tests.chronomq.process import wait_tier_caught_up
+from testkit.process import wait_tier_caught_up
 from tests.conftest import RunningServer, broker_config, tier_config
 
 

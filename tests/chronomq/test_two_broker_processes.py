@@ -17,7 +17,7 @@ from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.routing import BrokerDirectory, RoutedClient
 from chronomq.config import load_config
 from chronomq.providers import make_provider
-from tests.chronomq.process import ServerProcess, wait_tier_caught_up
+from testkit.process import ServerProcess, wait_tier_caught_up
 from tests.conftest import CREDS, create_bucket
 
 pytestmark = pytest.mark.slow

@@ -24,8 +24,8 @@ from cluster.lease import (
 )
 from store.clock import SystemClock
 from store.errors import Unavailable
+from testkit.proxy import FaultProxy
 from tests.conftest import create_bucket
-from tests.tiered.proxy import FaultProxy
 from tests.tiered.test_mount import _tier
 from tiered.errors import TierUnavailable
 from tiered.providers.local import LocalProvider

@@ -13,7 +13,7 @@ from pop.service import TagFilter
 from store.clock import ManualClock
 from store.crashpoint import CRASH_EXIT_CODE
 from store.topics import Topic
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 from tests.pop.test_pop_service import Env
 
 

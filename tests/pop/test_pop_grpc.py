@@ -12,7 +12,7 @@ import pytest
 from chronomq.client import ChronomqClient, message
 from chronomq.v1 import broker_pb2 as pb
 from pop.handle import HandleCodec
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 from tests.conftest import RunningServer
 
 

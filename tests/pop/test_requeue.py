@@ -23,7 +23,7 @@ from pop.settle import PROP_LEASE, decode_lease
 from store.clock import ManualClock
 from store.errors import InvalidArgument
 from store.message import Message
-from tests.conftest import wait_until
+from testkit.wait import wait_until
 from tests.pop.test_leasebook import Parts
 
 

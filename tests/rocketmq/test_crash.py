@@ -13,8 +13,8 @@ from chronomq.client import ChronomqClient
 from chronomq.rocketmq.pb import definition as rd
 from chronomq.rocketmq.pb import service as rs
 from chronomq.rocketmq.pb import service_grpc
-from tests.chronomq.process import ServerProcess
-from tests.conftest import wait_until
+from testkit.process import ServerProcess
+from testkit.wait import wait_until
 
 SETTINGS = ("rocketmq.enabled=true", "rocketmq.port=0")
 

@@ -30,8 +30,9 @@ from rocketmq import (
 from chronomq.config import RocketMQConfig
 from store.clock import ManualClock
 from store.topics import Topic
-from tests.conftest import RunningServer, broker_config, wait_until
-from tests.seaweed import free_ports
+from testkit.seaweed import free_ports
+from testkit.wait import wait_until
+from tests.conftest import RunningServer, broker_config
 from tiered.config import TierConfig
 
 INVISIBLE_MS = 30_000  # the front's default for a push consumer's receive

@@ -21,7 +21,7 @@ from rocketmq import (
 )
 from rocketmq.v5.exception import BadRequestException, NotFoundException
 
-from tests.conftest import wait_until
+from testkit.wait import wait_until
 from tests.rocketmq.conftest import RocketMQEnv
 
 DELAY = 3  # rocketmq MessageType.DELAY

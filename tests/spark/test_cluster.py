@@ -19,7 +19,7 @@ import pytest
 
 from chronomq.client import message
 from spark.standalone import StandaloneCluster
-from tests.chronomq.process import wait_tier_caught_up
+from testkit.process import wait_tier_caught_up
 from tests.conftest import RunningServer, broker_config, tier_config
 
 COLUMNS = ["message_id", "topic", "queue_id", "queue_offset", "key", "tag", "body",

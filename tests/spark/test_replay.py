@@ -18,8 +18,9 @@ from chronomq.client import ChronomqClient, message
 from chronomq.replay_sink import GrpcReplaySink
 from spark.datasource import TierLocation
 from spark.jobs import export, replay, select
-from tests.chronomq.process import wait_tier_caught_up
-from tests.conftest import RunningServer, broker_config, tier_config, wait_until
+from testkit.process import wait_tier_caught_up
+from testkit.wait import wait_until
+from tests.conftest import RunningServer, broker_config, tier_config
 from tiered.scan import Selection
 
 

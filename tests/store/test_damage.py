@@ -31,7 +31,7 @@ from store.errors import ChronomqError
 from store.message import HEADER, DispatchInfo, Message
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
-from tests.conftest import wait_until
+from testkit.wait import wait_until
 
 TOPIC = "t"
 QUEUES = 2

@@ -56,8 +56,8 @@ from store.openfiles import OpenFilesLimit, plan_open_files
 from store.store import MessageStore, StoreConfig
 from store.topiclog import decode_line, encode_line
 from store.topics import LOG_NAME, Topic, TopicCatalogue
-from tests.chronomq.process import ServerProcess
-from tests.conftest import wait_until
+from testkit.process import ServerProcess
+from testkit.wait import wait_until
 
 NOFILE = 1024  # the common default soft limit the broker must live under
 

@@ -19,7 +19,7 @@ from store.clock import ManualClock
 from store.message import Message, draft_of
 from store.store import StoreConfig
 from store.topics import Topic
-from tests.chronomq.process import ServerProcess, wait_tier_caught_up
+from testkit.process import ServerProcess, wait_tier_caught_up
 from tests.conftest import CREDS, create_bucket, tier_config
 from tiered.index import OPEN_ENTRY, key_digest, scan
 from tiered.mount import MountedBroker

@@ -15,9 +15,10 @@ import grpc
 import pytest
 
 from chronomq.client import ChronomqClient, RpcError, message
-from tests.chronomq.process import ServerProcess, wait_tier_caught_up
+from testkit.process import ServerProcess, wait_tier_caught_up
+from testkit.wait import wait_until
 from tests.chronomq.test_cli_exit_codes import chronomq
-from tests.conftest import CREDS, create_bucket, wait_until
+from tests.conftest import CREDS, create_bucket
 
 
 def _tier(endpoint: str, bucket: str, name: str) -> list[str]:

@@ -18,9 +18,9 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from testkit.proxy import _CHUNK, FaultProxy, _hard_close
 from tests.conftest import CREDS
 from tests.tiered.conftest import s3_provider
-from tests.tiered.proxy import _CHUNK, FaultProxy, _hard_close
 from tiered.errors import (
     TierBadPath,
     TierError,
@@ -255,7 +255,7 @@ def test_seaweed_refuses_a_put_to_a_missing_bucket_with_403(seaweed_endpoint: st
 
 
 class PutFaults(FaultProxy):
-    """The fault proxy (``tests/tiered/proxy.py``) with two faults for the next ``n``
+    """The fault proxy (``testkit/proxy.py``) with two faults for the next ``n``
     PutObject requests that open a connection (a new provider's first request does;
     requests on a connection open before are not looked at); every other request goes
     through:

@@ -36,10 +36,11 @@ from store.errors import InvalidArgument
 from store.message import Message, decode_record
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
-from tests.chronomq.process import ServerProcess, wait_tier_caught_up
-from tests.conftest import CREDS, create_bucket, wait_until
+from testkit.process import ServerProcess, wait_tier_caught_up
+from testkit.proxy import FaultProxy
+from testkit.wait import wait_until
+from tests.conftest import CREDS, create_bucket
 from tests.tiered.faults import FaultyProvider
-from tests.tiered.proxy import FaultProxy
 from tiered.config import TierConfig
 from tiered.dispatcher import RETRY_MIN_MS, TieredDispatcher
 from tiered.errors import TierUnavailable

@@ -10,7 +10,7 @@ import pytest
 
 from chronomq.client import ChronomqClient
 from store.message import decode_record
-from tests.chronomq.process import ServerProcess, wait_tier_caught_up
+from testkit.process import ServerProcess, wait_tier_caught_up
 from tests.chronomq.test_crash import kill_while_sending
 from tiered.providers.local import LocalProvider
 from tiered.queue import TieredQueue

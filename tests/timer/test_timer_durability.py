@@ -15,7 +15,7 @@ from store.clock import ManualClock
 from store.crashpoint import CRASH_EXIT_CODE
 from store.message import Draft
 from store.topics import Topic
-from tests.chronomq.process import ServerProcess
+from testkit.process import ServerProcess
 from tests.conftest import tier_config
 from tests.timer.test_flat_files import SEC, Env
 from tiered.provider import Provider

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from chronomq.client import ChronomqClient, message
-from tests.chronomq.process import ServerProcess
-from tests.conftest import CREDS, RunningServer, create_bucket, wait_until
+from testkit.process import ServerProcess
+from testkit.wait import wait_until
+from tests.conftest import CREDS, RunningServer, create_bucket
 
 
 def _now_ms() -> int:

@@ -1,6 +1,6 @@
-"""The failover chaos's checks of the load beyond plain sends (``bench.chaos_check`` calls
-them; the ledger entries are ``tests.chronomq.ledger``'s): recurring schedules, debounced
-sends and deleted topics across failovers (issue 51, "Tests and figures").
+"""The checks of the failover chaos's load beyond plain sends (``testkit.checker.check``
+calls them; the entries are ``testkit.ledger``'s): recurring schedules, debounced sends
+and deleted topics across failovers (issue 51, "Tests and figures").
 
 * **Schedules** (``ScheduleMade``: ``every_ms``, the first tick the broker named; ticks
   are ids ``<name>@<tick ms>``): TICK_MISSING for every tick from the first to the last
@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from tests.chronomq.ledger import (
+from testkit.ledger import (
     AckOk,
     ClockAhead,
     Delivery,

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testkit.wait import wait_until
+
 # Debian's libfaketime (package faketime), preloaded into the server itself: the
 # ``faketime`` command forks and waits, so a kill -9 of it would leave the server running
 LIBFAKETIME = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))), "")
@@ -108,8 +110,6 @@ class ServerProcess:
 def wait_tier_caught_up(client: Any, timeout_s: float = 60.0, poll_s: float = 0.05) -> float:
     """Wait until the broker's tier holds everything in its CommitLog (Stats
     ``tier.lag_bytes`` is 0); returns the seconds it took, fails after ``timeout_s``."""
-    from tests.conftest import wait_until  # here: the benchmarks import this module too
-
     t0 = time.monotonic()
     lag: list[float] = []
 

@@ -1,23 +1,26 @@
-"""The failover chaos's load checks can fail (``bench/chaos_promises.py``): each is fed a
-ledger with the fault it names, and the same ledger without it."""
+"""The failover chaos's checks can fail (``testkit.checker.check``, its load rules in
+``testkit/promises.py``): each is fed a ledger with the fault it names, and the same
+ledger without it."""
 
 from __future__ import annotations
 
-from bench.chaos_promises import check_load, missing_ticks, plain
-from tests.chronomq.checker import check
-from tests.chronomq.ledger import (
+from testkit.checker import check
+from testkit.ledger import (
     AckOk,
     ClockAhead,
     Delivery,
     Entry,
+    Probe,
     ReplaceOk,
     ScheduleEnd,
     ScheduleMade,
     SendAttempt,
     SendOk,
+    Skip,
     TopicDeleted,
     TopicSeen,
 )
+from testkit.promises import check_load, missing_ticks, plain
 
 T0 = 1_700_000_000_000
 
@@ -168,3 +171,22 @@ def test_a_lease_ended_early_is_excused_only_by_a_clock_jump() -> None:
     # a window that began before the lease was given does not excuse it
     before = ClockAhead("broker-1", 30_000, T0 - 1000, T0 + 9000)
     assert check([*entries, before], group="g").count("LEASE_BROKEN") == 1
+
+
+def test_a_skipped_delivery_never_back_is_named() -> None:
+    sent: list[Entry] = [SendAttempt("u0-3", "t0", T0), SendOk("u0-3", "u0-3"),
+                         _got("u0-3", "u0-3", T0 + 10, "s"), Skip("s")]
+    assert [v.kind for v in check(sent, group="g").violations] == ["NOT_BACK"]
+    back = [*sent, _got("u0-3", "u0-3", T0 + 7000, "t"), AckOk("t", "u0-3", "g", T0 + 7010)]
+    assert check(back, group="g").ok
+
+
+def test_an_ok_from_a_life_after_its_claim_is_named() -> None:
+    probes: list[Entry] = [Probe("broker-2", "x-1", T0, T0 + 50),
+                           Probe("broker-2--1", "x-2", T0 + 9000, T0 + 9050)]
+    claims = {"broker-2": ("broker-5", T0 + 1000)}
+    assert check(probes, group="g", claims=claims).ok  # the next life may answer
+    late = [*probes, Probe("broker-2", "x-3", T0 + 1500, T0 + 1550)]
+    report = check(late, group="g", claims=claims)
+    assert [v.kind for v in report.violations] == ["OK_AFTER_TAKEOVER"]
+    assert report.closest_ok_to_claim_ms == 550

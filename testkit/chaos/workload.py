@@ -1,6 +1,6 @@
 """The clients of the failover chaos (``bench/bench_failover.py``), all through the client
-library, with a ledger of what each was told (``tests.chronomq.ledger``'s entries, held
-in memory here: this process is never killed; written out as JSON lines at the end).
+library, with a ledger of what each was told (``testkit.ledger.Ledger`` in memory: this
+process is never killed; written out as JSON lines at the end).
 
 Per topic:
 
@@ -21,22 +21,21 @@ Per topic:
   delayed 2-5 s, one every 0.3-0.8 s, so most bodies are replaced, some fire; at
   ``stop`` each id is sent once more until answered OK.
 
-The rules for those (ticks, debounced bodies, deleted topics): ``bench.chaos_promises``.
+The rules for those (ticks, debounced bodies, deleted topics): ``testkit.promises``.
 
 Per broker life (its prefix in the bucket: a rejoined broker is a new one), a
 **prober** sends one message per topic to that broker's address
 directly every ``PROBE_EVERY_S`` and keeps who answered OK, and when
-(``Probe``): any OK from a broker after its successor's claim is a violation
-(``bench.chaos_check``).  Probe messages that were answered OK are ledgered like any.
+(a ``Probe`` entry): any OK from a broker after its successor's claim is a violation
+(``testkit.checker``).  Probe messages that were answered OK are ledgered like any.
 
-Thread-safe: ``Ledger`` takes a lock; each client thread owns its client.
+Thread-safe: ``Ledger`` takes a lock, so does ``where`` (evidence: which queue/offset
+each lease had, which broker address answered); each client thread owns its client.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import json
 import random
 import sys
 import threading
@@ -44,27 +43,26 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
 from chronomq.client import ChronomqClient, RpcError, SendOutcome, message
 from chronomq.client.routing import RoutedClient
 from chronomq.v1 import broker_pb2 as pb
-from tests.chronomq.ledger import (
-    _NAMES,
+from testkit.ledger import (
     AckOk,
     Delivery,
-    Entry,
+    Ledger,
+    Probe,
     Release,
     ReplaceOk,
     ScheduleEnd,
     ScheduleMade,
     SendAttempt,
     SendOk,
+    Skip,
+    delivery,
     make_body,
     now_ms,
-    parse_body,
 )
 
 T = TypeVar("T")
@@ -76,71 +74,6 @@ PROBE_TIMEOUT_S = 2.0
 STREAM_INVISIBLE_S = 8  # the stream consumer's leases
 POP_INVISIBLE_S = 6  # the pop consumer's
 DEBOUNCED_IDS = 3  # per topic
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """One prober message answered OK by ``broker``: its request's start, its answer."""
-
-    broker: str
-    message_id: str
-    start_ms: int
-    at_ms: int
-
-
-class Ledger:
-    """Every client's entries, in memory; thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.entries: list[Entry] = []
-        self.probes: list[Probe] = []
-        self.skipped: set[str] = set()  # leases never settled on purpose: must come back
-        self.where: dict[str, str] = {}  # lease -> "queue/offset born <ms>" (evidence)
-
-    def add(self, *entries: Entry) -> None:
-        with self._lock:
-            self.entries.extend(entries)
-
-    def delivered(self, lease: str, m: pb.ReceivedMessage, start_ms: int,
-                  invisible_time_s: int, via: str = "") -> Delivery:
-        token, ok = parse_body(m.body)
-        d = Delivery(lease, m.message_id, GROUP, m.topic, token, ok, start_ms, now_ms(),
-                     invisible_time_s, m.delivery_attempt, "" if ok else repr(m.body[:60]))
-        with self._lock:
-            self.entries.append(d)
-            self.where[lease] = (f"{m.queue_id}/{m.queue_offset} born {m.born_at_ms}"
-                                 f" via {via or '?'}")
-        return d
-
-    def settled_via(self, leases: list[str], how: str, via: str) -> None:
-        """Evidence: which broker address (the client's owner of the topic after the
-        call) answered the ack or nack of ``leases``."""
-        with self._lock:
-            for lease in leases:
-                self.where[lease] = f"{self.where.get(lease, '?')}, {how} via {via}"
-
-    def skip(self, lease: str) -> None:
-        with self._lock:
-            self.skipped.add(lease)
-
-    def probe(self, p: Probe) -> None:
-        with self._lock:
-            self.probes.append(p)
-
-    def snapshot(self) -> list[Entry]:
-        with self._lock:
-            return list(self.entries)
-
-    def dump(self, path: Path) -> None:
-        """JSON lines in ``tests.chronomq.ledger``'s format (``ledger.load`` reads them),
-        then the probes and skipped leases."""
-        with self._lock, open(path, "w") as f:
-            for e in self.entries:
-                f.write(json.dumps({"k": _NAMES[type(e)], **dataclasses.asdict(e)}) + "\n")
-            for p in self.probes:
-                f.write(json.dumps({"k": "probe", **dataclasses.asdict(p)}) + "\n")
-            f.write(json.dumps({"k": "skipped", "leases": sorted(self.skipped)}) + "\n")
 
 
 def _draft(topic: str, token: str, rng: random.Random, lease_s: float,
@@ -182,6 +115,7 @@ class Workload:
         self.routed, self.topics, self.addresses = routed, topics, addresses
         self.lease_s, self.seed = lease_s, seed
         self.ledger = Ledger()
+        self.where: dict[str, str] = {}  # lease -> queue/offset, via (evidence)
         self.oks: dict[str, list[tuple[float, float]]] = {t: [] for t in topics}  # sender
         self.errors: dict[str, int] = {}  # "<who> <code>" -> count (not OK, not counted)
         self._stop = threading.Event()
@@ -253,6 +187,23 @@ class Workload:
             self.stuck.append(f"{t.name} took {time.monotonic() - started:.1f} s to stop; "
                               f"its stack after 10 s:\n{stack}")
 
+    def delivered(self, lease: str, m: pb.ReceivedMessage, start_ms: int,
+                  invisible_time_s: int, via: str = "") -> Delivery:
+        """Ledger ``m`` delivered under ``lease``; keep where it came from (evidence)."""
+        d = delivery(lease, m, GROUP, start_ms, invisible_time_s)
+        self.ledger.append(d)
+        with self._lock:
+            self.where[lease] = (f"{m.queue_id}/{m.queue_offset} born {m.born_at_ms}"
+                                 f" via {via or '?'}")
+        return d
+
+    def _settled_via(self, leases: list[str], how: str, via: str) -> None:
+        """Evidence: which broker address (the client's owner of the topic after the
+        call) answered the ack or nack of ``leases``."""
+        with self._lock:
+            for lease in leases:
+                self.where[lease] = f"{self.where.get(lease, '?')}, {how} via {via}"
+
     def first_ok_after(self, topic: str, t: float) -> float | None:
         """The monotonic time of the first OK of a sender's send begun after ``t``."""
         later = [ok for start, ok in list(self.oks[topic]) if start > t]
@@ -270,7 +221,7 @@ class Workload:
             while not self._stop.is_set():
                 token = f"u{i}-{next(seq)}"
                 m, lb = _draft(topic, token, rng, self.lease_s, 0.2)
-                self.ledger.add(SendAttempt(token, topic, lb))
+                self.ledger.append(SendAttempt(token, topic, lb))
                 started = time.monotonic()
                 try:
                     (out,) = rc.send([m])
@@ -278,7 +229,7 @@ class Workload:
                     self._error(f"sender-{topic}", exc.code.name)
                     continue
                 if out.ok:
-                    self.ledger.add(SendOk(token, out.message_id))
+                    self.ledger.append(SendOk(token, out.message_id))
                     self.oks[topic].append((started, time.monotonic()))
                 else:
                     self._error(f"sender-{topic}", str(out.error_code))
@@ -292,7 +243,7 @@ class Workload:
             while not self._stop.is_set():
                 token = f"p{i}-{next(seq)}"
                 m, lb = _draft(topic, token, rng, self.lease_s, 0.1)
-                self.ledger.add(SendAttempt(token, topic, lb))
+                self.ledger.append(SendAttempt(token, topic, lb))
                 f = producer.send(topic, m.body, message_id=token,
                                   delay_ms=m.delay_ms if m.HasField("delay_ms") else None,
                                   deliver_at_ms=(m.deliver_at_ms
@@ -305,7 +256,7 @@ class Workload:
         def done(f: Future[SendOutcome]) -> None:
             exc = f.exception()
             if exc is None:
-                self.ledger.add(SendOk(token, f.result().message_id))
+                self.ledger.append(SendOk(token, f.result().message_id))
             else:
                 self._error(f"producer-{topic}", getattr(getattr(exc, "code", None), "name",
                                                          type(exc).__name__))
@@ -319,13 +270,13 @@ class Workload:
             s, _ = _retry(lambda: rc.directory.for_topic(topic).create_schedule(
                 name, topic, make_body(f"tick-{topic}"), every_s=1, misfire="all"),
                 forget=lambda: rc.directory.forget(topic))
-        self.ledger.add(ScheduleMade(name, topic, 1000, s.next_fire_ms,
+        self.ledger.append(ScheduleMade(name, topic, 1000, s.next_fire_ms,
                                      s.misfire_bound or 100, now_ms()))
 
     def _delete_schedule(self, topic: str) -> None:
         name = f"sch-{topic}"
         with self.routed() as rc:
-            self.ledger.add(ScheduleEnd(name, now_ms()))
+            self.ledger.append(ScheduleEnd(name, now_ms()))
             try:
                 _retry(lambda: rc.directory.for_topic(topic).delete_schedule(name),
                        forget=lambda: rc.directory.forget(topic))
@@ -352,7 +303,7 @@ class Workload:
                  rng: random.Random) -> bool:
         token, delay = f"{mid}#{n}", rng.randrange(2000, 5000)
         start = now_ms()
-        self.ledger.add(SendAttempt(token, topic, start + delay))
+        self.ledger.append(SendAttempt(token, topic, start + delay))
         try:
             (out,) = rc.send([message(topic, make_body(token), message_id=mid,
                                       delay_ms=delay, replace=True)])
@@ -362,7 +313,7 @@ class Workload:
         if not out.ok:
             self._error(f"debouncer-{topic}", str(out.error_code))
             return False
-        self.ledger.add(ReplaceOk(token, out.message_id, out.replaced, start, now_ms()))
+        self.ledger.append(ReplaceOk(token, out.message_id, out.replaced, start, now_ms()))
         return True
 
     # ------------------------------------------------------------------ consumers
@@ -379,9 +330,9 @@ class Workload:
                 lease = f"s{i}:{next(leases)}"
                 # a stream's lease ends when the stream does (given back at once): no
                 # lease bound is claimed for it (invisible time 0 in the ledger)
-                self.ledger.delivered(lease, m, now_ms(), 0, self._owner(rc, topic))
+                self.delivered(lease, m, now_ms(), 0, self._owner(rc, topic))
                 if rng.random() < 0.1:
-                    self.ledger.skip(lease)
+                    self.ledger.append(Skip(lease))
                     continue
                 c.ack(m).add_done_callback(self._acked(lease, m.message_id, topic))
             c.flush(60)
@@ -389,7 +340,7 @@ class Workload:
     def _acked(self, lease: str, message_id: str, topic: str) -> Callable[[Future[None]], None]:
         def done(f: Future[None]) -> None:
             if f.exception() is None:
-                self.ledger.add(AckOk(lease, message_id, GROUP, now_ms()))
+                self.ledger.append(AckOk(lease, message_id, GROUP, now_ms()))
             else:
                 self._error(f"stream-{topic}", "ack failed")
         return done
@@ -409,10 +360,10 @@ class Workload:
                 via = self._owner(rc, topic)
                 for m in got:
                     lease = f"q{i}:{next(leases)}"
-                    self.ledger.delivered(lease, m, start, POP_INVISIBLE_S, via)
+                    self.delivered(lease, m, start, POP_INVISIBLE_S, via)
                     r = rng.random()
                     if r < 0.1:
-                        self.ledger.skip(lease)
+                        self.ledger.append(Skip(lease))
                     elif r < 0.15:
                         nacks.append((lease, m))
                     else:
@@ -432,17 +383,17 @@ class Workload:
         try:
             if nacks:
                 start = now_ms()
-                self.ledger.add(*[Release(lease, m.message_id, GROUP, start, 1000)
+                self.ledger.append(*[Release(lease, m.message_id, GROUP, start, 1000)
                                   for lease, m in nacks])
                 rc.nack(topic, GROUP, [m.receipt_handle for _, m in nacks], 1000)
-                self.ledger.settled_via([lease for lease, _ in nacks], "nack",
+                self._settled_via([lease for lease, _ in nacks], "nack",
                                         self._owner(rc, topic))
             if acks:
                 errors = rc.ack(topic, GROUP, [m.receipt_handle for _, m in acks])
                 at = now_ms()
-                self.ledger.settled_via([lease for lease, _ in acks], "ack",
+                self._settled_via([lease for lease, _ in acks], "ack",
                                         self._owner(rc, topic))
-                self.ledger.add(*[AckOk(lease, m.message_id, GROUP, at)
+                self.ledger.append(*[AckOk(lease, m.message_id, GROUP, at)
                                   for (lease, m), e in zip(acks, errors, strict=True) if not e])
         except RpcError as exc:
             self._error(f"pop-{topic}", f"settle {exc.code.name}")
@@ -467,7 +418,7 @@ class Workload:
                 n = next(seq)
                 batch = [(f"x-{name}-{n}-{t}", t) for t in self.topics]
                 start = now_ms()
-                self.ledger.add(*[SendAttempt(token, t, start) for token, t in batch])
+                self.ledger.append(*[SendAttempt(token, t, start) for token, t in batch])
                 try:
                     out = c.send([message(t, make_body(token), message_id=token)
                                   for token, t in batch])
@@ -476,6 +427,6 @@ class Workload:
                 at = now_ms()
                 for (token, _), o in zip(batch, out, strict=False):
                     if o.ok:
-                        self.ledger.add(SendOk(token, o.message_id))
-                        self.ledger.probe(Probe(name, o.message_id, start, at))
+                        self.ledger.append(SendOk(token, o.message_id))
+                        self.ledger.append(Probe(name, o.message_id, start, at))
                 self._stop_probes.wait(PROBE_EVERY_S)

@@ -1,6 +1,6 @@
 """The faults of the failover chaos (``bench/bench_failover.py``), one function per kind.
 
-Each takes the cluster (``bench.chaos_cluster``), the broker owning the topic the cycle
+Each takes the cluster (``testkit.chaos.cluster``), the broker owning the topic the cycle
 aims at, a seeded ``random.Random`` and a ``Fault`` record to fill: ``at`` (monotonic
 time of the fault, from which the affected topics' unavailability is measured), notes of
 what happened, and violations of the restart rules:
@@ -27,7 +27,7 @@ what happened, and violations of the restart rules:
 
 * ``kill9-taker``: kill -9 of the owner, and the moment its lease shows ``taken_by``,
   kill -9 of the taker too, its data directory deleted (its machine lost): a third
-  broker takes the taker over and finishes what it had begun (``chronomq.takeover``:
+  broker takes the taker over and finishes what it had begun (``cluster.takeover``:
   the intent in the tier, the claim inherited); both retired.  Measured on both
   brokers' topics.
 * ``clock-ahead``: kill -9, started again at once with its data directory under
@@ -53,8 +53,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.chaos_cluster import Broker, Cluster
-from tests.chronomq.ledger import ClockAhead, Entry, now_ms
+from testkit.chaos.cluster import Broker, Cluster
+from testkit.ledger import ClockAhead, Entry, now_ms
 
 KINDS = ("kill9-restart-now", "kill9-restart-late", "kill9-wipe", "sigstop", "cut-s3",
          "slow-s3-watcher", "kill9-taker", "clock-ahead", "restart-same-name")

@@ -1,6 +1,11 @@
 """The one checker of docs/DESIGN.md's durability contract, over the client ledgers of
-``tests.chronomq.ledger``: it names every LOST, REDELIVERED_AFTER_ACK, LEASE_BROKEN,
-EARLY, UNEXPECTED and CORRUPT message (Jepsen's set/queue checkers, here).
+``testkit.ledger`` (Jepsen's set/queue checkers, here): ``check`` names every LOST,
+REDELIVERED_AFTER_ACK, LEASE_BROKEN, EARLY, UNEXPECTED and CORRUPT message; NOT_BACK (a
+delivery left unsettled on purpose, ``Skip``, whose message never came again) and
+OK_AFTER_TAKEOVER (a prober's OK from a broker life after its successor claimed its
+lease, given the claims); and the failover chaos's load, TICK_MISSING, TICK_TWICE,
+DEBOUNCE_STALE and DELETED_BACK (``testkit.promises``, which says what each means;
+ticks and debounced ids are judged there only, their ids being used again).
 
 The checker's lease bound is conservative: a lease lasts at least from its Pop request's
 start for its invisible time, cut short by any Nack or ChangeInvisibleTime *attempted*
@@ -17,25 +22,30 @@ window), is counted as ``excused``, not named.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.chronomq.ledger import (
+from testkit.ledger import (
     DRAIN,
     AckOk,
     Change,
     ClockAhead,
     Delivery,
     Entry,
+    Probe,
     Release,
     SendAttempt,
     SendOk,
+    Skip,
     load,
 )
+from testkit.promises import LOAD_KINDS, check_load, plain
 
 VIOLATION_KINDS = ("LOST", "REDELIVERED_AFTER_ACK", "LEASE_BROKEN", "EARLY", "UNEXPECTED",
                    "CORRUPT")
+ALL_KINDS = (*VIOLATION_KINDS, "NOT_BACK", "OK_AFTER_TAKEOVER", *LOAD_KINDS)
+CLOCK_NOISE_MS = 100  # a prober's own delay in reading an answer (OK_AFTER_TAKEOVER)
 
 
 def check_ledgers(ledgers: Path, group: str) -> Report:
@@ -57,6 +67,8 @@ class Violation:
     detail: str
 
     def __str__(self) -> str:
+        if not self.message_id and not self.token:
+            return f"{self.kind} {self.detail}"
         return f"{self.kind} id={self.message_id or '-'} token={self.token or '-'}: {self.detail}"
 
 
@@ -69,6 +81,9 @@ class Report:
     releases: int = 0
     violations: list[Violation] = field(default_factory=list)
     excused: int = 0  # early by a broker's clock ahead, by at most as far (module doc)
+    skipped: int = 0
+    probes_ok: int = 0
+    closest_ok_to_claim_ms: int | None = None  # max over claimed lives of OK - claim
 
     @property
     def ok(self) -> bool:
@@ -80,7 +95,7 @@ class Report:
     def summary(self, limit: int = 30) -> str:
         head = (f"sends attempted {self.sends_attempted}, OK {self.sends_ok}; deliveries "
                 f"{self.deliveries}; acks {self.acks}; releases {self.releases}; violations: "
-                + (", ".join(f"{k} {self.count(k)}" for k in VIOLATION_KINDS if self.count(k))
+                + (", ".join(f"{k} {self.count(k)}" for k in ALL_KINDS if self.count(k))
                    or "none"))
         lines = [str(v) for v in self.violations[:limit]]
         if len(self.violations) > limit:
@@ -88,10 +103,12 @@ class Report:
         return "\n".join([head, *lines])
 
 
-def check(entries: Iterable[Entry], drain: Iterable[Entry] = (), *, group: str) -> Report:
+def check(entries: Iterable[Entry], drain: Iterable[Entry] = (), *, group: str,
+          claims: Mapping[str, tuple[str, int]] | None = None) -> Report:
     """Check the ledger of the faulty run (``entries``) plus the final drain's entries
     against the durability contract, for the consumer group ``group``; name every
-    violation (see the module docstring for what each entry means):
+    violation (see the module docstring for what each entry means); ``claims``: broker
+    life -> (its taker, ``claimed_ms``) of every lease claimed, for the probes:
 
     - LOST: a send answered OK whose token was never delivered to ``group``;
     - REDELIVERED_AFTER_ACK: a delivery to a group arriving after an OK ack of that
@@ -101,9 +118,11 @@ def check(entries: Iterable[Entry], drain: Iterable[Entry] = (), *, group: str) 
     - EARLY: a delivery arriving before its send's deliver-at lower bound;
     - UNEXPECTED: a delivered body token that was never attempted;
     - CORRUPT: a body that fails its checksum, or a token delivered under another topic
-      or another message id than its send was answered with.
+      or another message id than its send was answered with;
+    - NOT_BACK, OK_AFTER_TAKEOVER and the load's kinds: the module docstring.
     """
-    all_entries = [*entries, *drain]
+    everything = [*entries, *drain]
+    all_entries = plain(everything)
     ahead = [e for e in all_entries if isinstance(e, ClockAhead)]
     attempts = {e.token: e for e in all_entries if isinstance(e, SendAttempt)}
     sent = {e.token: e.message_id for e in all_entries if isinstance(e, SendOk)}
@@ -127,7 +146,52 @@ def check(entries: Iterable[Entry], drain: Iterable[Entry] = (), *, group: str) 
             report.excused += 1
         else:
             out.append(v)
+    skipped = {e.lease for e in everything if isinstance(e, Skip)}
+    report.skipped = len(skipped)
+    out.extend(_check_not_back([e for e in everything if isinstance(e, Delivery)], skipped))
+    out.extend(_check_probes([e for e in everything if isinstance(e, Probe)], claims or {},
+                             report))
+    out.extend(Violation(text.split(" ", 1)[0], "", "", text.split(" ", 1)[1])
+               for text in check_load(everything))
     return report
+
+
+def not_back(deliveries: list[Delivery], skipped: set[str]) -> list[Delivery]:
+    """Skipped deliveries whose message (id and body: a debounced id is used again) was
+    not delivered again."""
+    last: dict[tuple[str, str], int] = {}
+    for d in deliveries:
+        key = (d.message_id, d.token)
+        last[key] = max(last.get(key, 0), d.at_ms)
+    return [d for d in deliveries
+            if d.lease in skipped and last[(d.message_id, d.token)] <= d.at_ms]
+
+
+def _check_not_back(deliveries: list[Delivery], skipped: set[str]) -> Iterator[Violation]:
+    for d in not_back(deliveries, skipped):
+        yield Violation("NOT_BACK", d.message_id, d.token,
+                        f"delivered at {d.at_ms} (lease {d.lease}, attempt {d.attempt}), "
+                        "never settled, never delivered again")
+
+
+def _check_probes(probes: list[Probe], claims: Mapping[str, tuple[str, int]],
+                  report: Report) -> Iterator[Violation]:
+    """A prober's OK from a broker life answered after its lease was claimed (the
+    claimer's wall clock, this machine's: ``CLOCK_NOISE_MS`` allowed), or for a request
+    begun after the claim."""
+    report.probes_ok = len(probes)
+    margins = []
+    for p in probes:
+        if p.broker not in claims:
+            continue
+        by, claimed = claims[p.broker]
+        margins.append(p.at_ms - claimed)
+        if p.at_ms > claimed + CLOCK_NOISE_MS or p.start_ms > claimed:
+            yield Violation("OK_AFTER_TAKEOVER", p.message_id, "",
+                            f"{p.broker} answered OK at {p.at_ms} (request begun at "
+                            f"{p.start_ms}), {p.at_ms - claimed} ms after {by} claimed its "
+                            f"lease (claimed_ms {claimed})")
+    report.closest_ok_to_claim_ms = max(margins) if margins else None
 
 
 def _ahead_by(ahead: list[ClockAhead], at_ms: int, due_ms: int) -> bool:

