@@ -228,9 +228,15 @@ class Broker:
                 lambda: self.store.commitlog.confirmed_offset, lambda: durable.fenced)
             if self.journal.durable_ack:
                 confirm = BucketFence(durable)
-        return TopicChanges(self.store, self.clock, self.pop.forget_topics,
+        return TopicChanges(self.store, self.clock, self._forget_topics,
                             self.journal.check, lambda: self.owners, catalogue, confirm,
                             self.takeovers.forget_topic)
+
+    def _forget_topics(self, names: set[str]) -> None:
+        """What this broker keeps of deleted topics: group positions, leases and retry
+        topics (``PopService.forget_topics``), the client-chosen ids they accepted."""
+        self.pop.forget_topics(names)
+        self.dedupe.forget_topics(names)
 
     def _hold_lease(self) -> None:
         """This broker's lease, before the store opens, and the incarnation it is of

@@ -85,6 +85,13 @@ class SendDedupe:
         seen = self._ids.get(message)  # a hint: ``seen_recently`` decides locked
         return seen is not None and seen[0] >= horizon
 
+    def forget_topics(self, topics: set[str]) -> None:
+        """Topics deleted: the ids they accepted count no more (a topic created again
+        under the name is another; the key index tells them apart by generation)."""
+        with self._lock:
+            for m in [m for m in self._ids if m[0] in topics]:
+                del self._ids[m]
+
     def forget(self, messages: list[tuple[str, str]], end: Future[int]) -> None:
         """(topic, id) pairs whose send (the one ending at ``end``) failed: a retry must
         not count as a duplicate.  An id taken by another send since stays."""

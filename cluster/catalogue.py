@@ -196,10 +196,15 @@ class CatalogueCopy:
         retry topics) is to be dropped.  ``TierError`` when the tier fails; a damaged
         copy is logged and replaced."""
         try:
-            old = read_catalogue(self._provider, self._broker)
+            raw = self._provider.read(self._path)
+            old: Catalogue | None = decode(raw)
+        except TierNotFound:
+            raw, old = b"", None
         except CatalogueError as exc:
             log.error("%s: %s; written again from the local catalogue", self._path, exc)
-            old = None
+            raw, old = b"", None
+        with self._write_lock:
+            self._last = raw or None  # a start that changed nothing writes nothing
         local = {t.name for t in self._topics()}
         end = self._end()
         with self._lock:

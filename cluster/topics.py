@@ -115,9 +115,9 @@ class TopicChanges:
         if self.catalogue is None:
             return
         gone = self.catalogue.open()
+        self.catalogue.publish()  # first: a successor must not take them without positions
         if gone:
             self._forget(set(gone))
-        self.catalogue.publish()
 
     def create(self, topic: Topic) -> tuple[Topic, bool]:
         """Create ``topic`` (with owners: once this broker owns it in the shared tier,

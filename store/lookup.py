@@ -112,6 +112,10 @@ class RecordLookup:
         out: list[int | None] = []
         for (topic, mid), e in zip(messages, self._index.dedupe_entries(messages),
                                    strict=True):
+            now = self._topics.get(topic)
+            if e is not None and now is not None and 0 <= e.commit_offset < now.since_offset:
+                out.append(None)  # the topic's namesake, deleted since: another topic
+                continue
             if e is None or e.commit_offset < self._log.min_offset:  # -1: an old entry
                 out.append(None if e is None else e.store_at_ms)
                 continue

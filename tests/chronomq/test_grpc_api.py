@@ -293,6 +293,27 @@ def test_takeover_and_mount_figures_are_families_with_the_broker_as_a_label() ->
     assert by_name["chronomq_mount_topics"].samples[0].labels == {"broker": "old"}
 
 
+def test_a_topic_created_again_accepts_the_ids_the_deleted_one_had(
+        client: ChronomqClient, server: RunningServer) -> None:
+    """A purge (DeleteTopic, CreateTopic): the new topic is not the old one, so an id
+    the old one accepted is a new message there, whether remembered in memory or found
+    in the key index (after a restart)."""
+    client.create_topic("p")
+    assert not client.send([message("p", b"old", message_id="purged-1")])[0].duplicate
+    assert server.server.broker.store.wait_visible(5)
+    client.delete_topic("p")
+    client.create_topic("p")
+    (again,) = client.send([message("p", b"new", message_id="purged-1")])
+    assert again.ok and not again.duplicate
+    assert [m.body for m in client.pop("p", "g", 32)] == [b"new"]
+    store = server.server.broker.store
+    assert store.wait_visible(5)
+    # the key index has both records: only the new topic's counts
+    client.delete_topic("p")
+    client.create_topic("p")
+    assert store.stored_at([("p", "purged-1")]) == [None]
+
+
 def test_a_client_chosen_id_sent_again_within_the_window_is_dropped(
         client: ChronomqClient, server: RunningServer) -> None:
     client.create_topic("d")
