@@ -19,7 +19,7 @@ from chronomq.config import BrokerConfig
 from chronomq.dedupe import SendDedupe
 from chronomq.providers import make_lease_provider, make_provider
 from chronomq.recurrence import open_schedules
-from cluster.catalogue import CatalogueCopy
+from cluster.catalogue import CatalogueCopy, departed_topics
 from cluster.compaction import attach_compaction
 from cluster.failover import hold_lease, start_failover
 from cluster.fence import Fence
@@ -381,6 +381,7 @@ class Broker:
             raise InvalidArgument(f"{broker} is this broker: its topics are served already")
         mounted = MountedBroker(self.tier, broker, os.path.join(
             self.config.store.data_dir, "mounts", broker))
+        departed_topics(self.tier, mounted)  # not the queues of topics it deleted
         topics = self.mount_reader.mount(mounted, {t.name for t in self.store.topics.list()})
         self._set_mounted()
         if self.owners is not None:  # its topics are served here now: say so in the tier

@@ -143,8 +143,9 @@ def read_catalogue(provider: Provider, broker: str) -> Catalogue | None:
 
 
 def departed_topics(provider: Provider, mounted: MountedBroker) -> dict[str, Topic]:
-    """The topics a takeover of ``mounted.broker`` takes, by name, with their settings
-    (``since_offset`` aside): its copy's, and those with live queues.  ``mounted`` keeps
+    """The topics a takeover of ``mounted.broker`` takes (or a mount of it serves), by
+    name, with their settings (``since_offset`` aside): its copy's, and those with live
+    queues.  ``mounted`` keeps
     only its live queues from here on (``MountedBroker.keep``).  A damaged copy is
     logged and counts as none: every queue in the tier is taken, as before copies."""
     try:
@@ -157,8 +158,8 @@ def departed_topics(provider: Provider, mounted: MountedBroker) -> dict[str, Top
         catalogue = Catalogue(authoritative=False)
     dropped = mounted.keep(catalogue.live)
     if dropped:
-        log.info("takeover of %s: %d queue(s) in its tier belong to topics it deleted: "
-                 "not taken (%s)", mounted.broker, len(dropped),
+        log.info("broker %s: %d queue(s) in its tier belong to topics it deleted: not "
+                 "served (%s)", mounted.broker, len(dropped),
                  ", ".join(sorted({t for t, _ in dropped})[:10]))
     taken = dict(catalogue.topics)
     for name, count in mounted.topics().items():

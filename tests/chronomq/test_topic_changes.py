@@ -26,7 +26,7 @@ from botocore.exceptions import ClientError
 
 from chronomq.client import ChronomqClient, RpcError, message
 from store.crashpoint import CRASH_EXIT_CODE, LABELS
-from testkit.process import ServerProcess
+from testkit.process import ServerProcess, wait_tier_caught_up
 from testkit.seaweed import s3_client
 from tests.tiered.test_mount import _tier
 
@@ -295,3 +295,26 @@ def test_a_taken_over_topic_deleted_and_created_again_is_the_new_one_only(
         assert TOPIC in _topics(c)
         assert not _popped(c) & acked
     c3.terminate()
+
+
+@pytest.mark.slow
+def test_a_mount_serves_no_deleted_topic(
+        tmp_path: Path, seaweed_endpoint: str, seaweed_bucket: str) -> None:
+    endpoint, bucket = seaweed_endpoint, seaweed_bucket
+    # Given A deleted a topic whose messages are in its tier, and kept another
+    a = ServerProcess(tmp_path / "a", *_settings(endpoint, bucket, "broker-a", 1))
+    with ChronomqClient(a.target) as c:
+        c.create_topic(TOPIC, queue_count=2)
+        _send_and_ack(c)
+        c.delete_topic(TOPIC)
+        c.create_topic("kept")
+        c.send_one("kept", b"k")
+        wait_tier_caught_up(c)
+    a.kill9()
+    # When B mounts A's tier read-only
+    b = ServerProcess(tmp_path / "b", *_settings(endpoint, bucket, "broker-b", 2))
+    with ChronomqClient(b.target) as c:
+        # Then it serves the kept topic only, and claims no owner record for the other
+        assert c.mount("broker-a") == ["kept"]
+    assert _owner(endpoint, bucket, TOPIC) is None
+    b.terminate()
