@@ -64,7 +64,7 @@ AHEAD_S = 30
 @dataclass
 class Fault:
     kind: str
-    victim: str
+    victim: str  # the life (prefix) the fault struck: its lease is the one looked at
     topics: list[str]  # whose unavailability this fault is measured on
     at: float = 0.0  # monotonic
     at_ms: int = 0  # wall, for the logs
@@ -193,7 +193,7 @@ def slow_s3_watcher(cluster: Cluster, b: Broker, rng: random.Random, f: Fault) -
         f.notes.append("no watcher to slow down")
         return
     watcher = cluster.brokers[min(loads, key=lambda n: (loads[n], n))]
-    f.victim, f.topics = watcher.name, list(cluster.topics)  # any topic may suffer
+    f.victim, f.topics = watcher.prefix, list(cluster.topics)  # any topic may suffer
     delay_s = rng.uniform(1.0, 2.5)  # per chunk each way: 2-5 s per request
     slow_s = rng.uniform(2, 3) * cluster.lease_s
     f.mark()

@@ -209,7 +209,7 @@ def _cycle(plan: Plan, cluster: Cluster, workload: Workload, topic: str, kind: s
     if victim is None or not victim.alive:
         alive = [b.prefix for b in cluster.live() if b.alive]
         raise RuntimeError(f"topic {topic}'s owner is {owner or 'unknown'}; alive: {alive}")
-    fault = Fault(kind, victim.name, [t for t in cluster.topics
+    fault = Fault(kind, victim.prefix, [t for t in cluster.topics
                                       if cluster.owner(t) == victim.prefix])
     try:
         _create_fill_delete(victim.address, doomed, workload)
@@ -223,7 +223,7 @@ def _cycle(plan: Plan, cluster: Cluster, workload: Workload, topic: str, kind: s
         fault.violations.append(f"STUCK {fault.topics}: no send accepted {plan.recover_s:g} s "
                                 f"after {kind} of {victim.name}")
     _heal(plan, cluster, fault)
-    fault.notes += _takeover_figures(cluster, victim.name, fault.at_ms)
+    fault.notes += _takeover_figures(cluster, fault.victim, fault.at_ms)
     return fault, gap
 
 
