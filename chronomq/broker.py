@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from chronomq.config import BrokerConfig
 from chronomq.dedupe import SendDedupe
 from chronomq.providers import make_lease_provider, make_provider
+from chronomq.queries import Queries
 from chronomq.recurrence import open_schedules
+from chronomq.sending import Sender, Submission
 from cluster.catalogue import CatalogueCopy, departed_topics
 from cluster.compaction import attach_compaction
 from cluster.failover import hold_lease, start_failover
@@ -33,13 +34,14 @@ from cluster.timersnapshot import TimerCompactor
 from cluster.topics import BucketFence, TopicChanges
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.leasejournal import Snapshots
+from pop.receipts import load_or_create_secret
 from pop.service import PopService
 from store.clock import Clock
 from store.disk import DiskGuard, unless_full
-from store.errors import ChronomqError, FailedPrecondition, InvalidArgument, TopicNotFound
+from store.errors import ChronomqError, InvalidArgument, TopicNotFound
 from store.journal import StateJournal
 from store.kv import KV
-from store.message import FLAG_DELAYED, DispatchInfo, Draft, Message
+from store.message import DispatchInfo, Draft, Message
 from store.names import SYSTEM_STREAMS, is_name, is_system_stream
 from store.store import MessageStore
 from store.topics import Topic
@@ -55,35 +57,6 @@ from timer.store import TimerStore
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class Submission(NamedTuple):
-    """Drafts on their way into the store (``Broker.submit``)."""
-
-    duplicate: list[bool]  # per draft: a repeat of a recent client-chosen id, not stored
-    future: Future[list[DispatchInfo]] | None  # the others, in order; None if none
-    claimed: list[tuple[str, str]]  # (topic, client-chosen id) of the others
-    end: Future[int] | None  # where the others end in the CommitLog, for their repeats
-    originals: list[Future[int]]  # where the messages the duplicates repeat end (``stored``)
-
-
-def load_or_create_secret(path: str) -> bytes:
-    """The receipt-handle secret: 32 random bytes, created once (mode 0600) and kept."""
-    try:
-        with open(path, "rb") as f:
-            secret = f.read()
-        if len(secret) >= 16:
-            return secret
-    except FileNotFoundError:
-        pass
-    secret = secrets.token_bytes(32)
-    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secret)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-    return secret
 
 
 class Broker:
@@ -214,6 +187,9 @@ class Broker:
         if self.lease is not None:
             self.lease.load = lambda: len(self.topics())
         self.timer.set_journal(self.journal)
+        self.sender = Sender(self.store, self.disk, self.dedupe, self.journal, self.tiered,
+                             self.timer, config.timer.enabled)
+        self.queries = Queries(self.store, self.tier_reader, self.mount_reader, self.timer)
         self.topic_changes = self._topic_changes()
         self.start_retry("writing its topic catalogue's copy", self.topic_changes.open)
 
@@ -425,113 +401,29 @@ class Broker:
                         owner.broker if owner else "?", self.prefix)
         return elsewhere
 
-    # ------------------------------------------------------------------ send
+    # ------------------------------------------------------------------ send, query
 
     def resolve_deliver_at(self, deliver_at_ms: int, delay_ms: int,
                            now_ms: int) -> tuple[int, int]:
-        """``(due time, record flags)`` of a message sent at ``now_ms``, or raise for an
-        impossible one.  A time in the past or within the current millisecond is now."""
-        if delay_ms < 0:
-            raise InvalidArgument(f"delay_ms must not be negative (got {delay_ms})")
-        if deliver_at_ms < 0:
-            raise InvalidArgument(f"deliver_at_ms must not be negative (got {deliver_at_ms})")
-        due = now_ms + delay_ms if delay_ms else max(deliver_at_ms, now_ms)
-        if due <= now_ms:
-            return now_ms, 0
-        if not self.config.timer.enabled:
-            raise FailedPrecondition(
-                "delayed delivery is turned off on this broker (timer.enabled = false): "
-                "send without deliver_at_ms/delay_ms")
-        self.timer.check_delay(due, now_ms)
-        return due, FLAG_DELAYED
+        return self.sender.resolve_deliver_at(deliver_at_ms, delay_ms, now_ms)
 
     def check(self, m: Draft) -> None:
-        self.store.check(m)
+        self.sender.check(m)
 
     def send(self, drafts: list[Draft]) -> Future[list[DispatchInfo]]:
-        """Append checked drafts; resolves once they are durable."""
-        return self.store.put_drafts(drafts)
+        return self.sender.send(drafts)
 
     def submit(self, drafts: list[Draft], now_ms: int, dedupe: bool = True) -> Submission:
-        """Append checked drafts, except those whose client-chosen id their topic accepted
-        within the dedupe window (``chronomq.dedupe``; ``dedupe=False``: all of them, as
-        a debounce's replacing message is).  Pass the result to ``stored``."""
-        if self.store.holds.active():  # a topic a takeover still adopts takes no send,
-            for d in drafts:  # nor a debounce's replace (``store.holds``)
-                self.store.holds.check(d.topic)
-        self.disk.check_send(sum(len(d.body) for d in drafts))
-        chosen = [(d.topic, d.message_id) for d in drafts if d.message_id] if dedupe else []
-        duplicate = [False] * len(drafts)
-        end: Future[int] | None = None
-        originals: list[Future[int]] = []
-        if chosen:
-            end = Future()
-            seen = iter(self.dedupe.seen_recently(chosen, now_ms, end))
-            repeats = [next(seen) if d.message_id else None for d in drafts]
-            duplicate = [r is not None for r in repeats]
-            originals = list(dict.fromkeys(r for r in repeats if r is not None))
-            if originals:
-                drafts = [d for d, dup in zip(drafts, duplicate, strict=True) if not dup]
-        claimed = [(d.topic, d.message_id) for d in drafts if d.message_id]
-        try:
-            future = self.send(drafts) if drafts else None
-        except BaseException as exc:
-            if end is not None:
-                self.dedupe.forget(claimed, end)
-                end.set_exception(exc)
-            raise
-        if end is not None and future is not None:
-            future.add_done_callback(lambda f: self.dedupe.ended(end, claimed, f))
-        return Submission(duplicate, future, claimed, end, originals)
+        return self.sender.submit(drafts, now_ms, dedupe)
 
     def stored(self, submission: Submission) -> list[DispatchInfo]:
-        """Wait until a submission is durable: one ``DispatchInfo`` per stored draft.  If
-        it fails, its ids are forgotten, so that a retry is not taken for a duplicate.  A
-        duplicate's OK stands for its original: it waits until that is durable too (and
-        fails if that failed), and passes the fence like any OK."""
-        try:
-            infos = submission.future.result() if submission.future is not None else []
-        except BaseException:
-            if submission.end is not None:  # now, not only once ``ended`` runs
-                self.dedupe.forget(submission.claimed, submission.end)
-            raise
-        ends = [f.result() for f in submission.originals]  # raises as a failed original did
-        if ends and self.journal.durable_ack and self.tiered is not None:
-            self.tiered.wait_durable(max(ends))  # the originals in the tier too
-        if infos or ends:
-            self.journal.wait_tier(infos)  # tier.durable_ack: in the tier before the OK
-        return infos
-
-    # ------------------------------------------------------------------ queries
+        return self.sender.stored(submission)
 
     def query_by_message_id(self, message_id: str) -> list[Message]:
-        """The message with this id: from local disk, else from the tier; and the pending
-        ones only the timer holds (adopted in a takeover: ``timer.lookup``)."""
-        found = self.store.query_by_message_id(message_id)
-        if not found and self.tier_reader is not None:
-            found = self.tier_reader.query_by_message_id(message_id,
-                                                         self.store.ids.locate(message_id))
-        for mounted in [] if found else self.mount_reader.mounts().values():
-            found = mounted.query_by_message_id(message_id)
-            if found:
-                break
-        topics = {m.topic for m in found}
-        return found + [m for m in self.timer.pending_messages(
-            message_id, known={m.commit_offset for m in found}) if m.topic not in topics]
+        return self.queries.by_message_id(message_id)
 
     def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
-        """The newest ``limit`` messages of ``topic`` with ``key`` (oldest first): local
-        disk first, the tier for older ones."""
-        mounted = self.mount_reader.mounted(topic)
-        if mounted is not None:
-            return mounted.query_by_key(topic, key, limit)
-        found = self.store.query_by_key(topic, key, limit)
-        if len(found) >= limit or self.tier_reader is None:
-            return found
-        older = self.tier_reader.query_by_key(
-            topic, key, limit - len(found), self.store.commitlog.min_offset,
-            {(m.queue_id, m.queue_offset) for m in found})
-        return older + found
+        return self.queries.by_key(topic, key, limit)
 
     def run_retention(self) -> None:
         """Local retention, then the tier's."""

@@ -20,6 +20,8 @@ the memories.
 
 from __future__ import annotations
 
+import os
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Container
@@ -114,3 +116,22 @@ def _remember(entries: OrderedDict[Entry, None], entry: Entry) -> None:
     entries[entry] = None
     if len(entries) > REQUEUED_MEMORY:
         entries.popitem(last=False)
+
+
+def load_or_create_secret(path: str) -> bytes:
+    """The receipt-handle secret: 32 random bytes, created once (mode 0600) and kept."""
+    try:
+        with open(path, "rb") as f:
+            secret = f.read()
+        if len(secret) >= 16:
+            return secret
+    except FileNotFoundError:
+        pass
+    secret = secrets.token_bytes(32)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    return secret

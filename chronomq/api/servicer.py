@@ -40,8 +40,9 @@ from chronomq.api.subscription import (
     received_pb,
 )
 from chronomq.api.wire import encode_send_response
-from chronomq.broker import Broker, Submission
+from chronomq.broker import Broker
 from chronomq.debounce import Debouncer
+from chronomq.sending import Submission
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
 from pop.service import PoppedMessage, TagFilter
