@@ -271,6 +271,7 @@ class PutFaults(FaultProxy):
     def __init__(self, upstream: str) -> None:
         super().__init__(upstream)
         self._faults: list[tuple[int, str]] = []  # (0, "") loses an answer
+        self.methods = (b"PUT ",)  # the requests the faults are for (b"DELE": DELETEs)
         self.lost = 0
         self.refused = 0
 
@@ -286,7 +287,8 @@ class PutFaults(FaultProxy):
         with contextlib.suppress(OSError):
             start = client.recv(4, socket.MSG_PEEK | socket.MSG_WAITALL)
             with self._lock:
-                fault = self._faults.pop(0) if start == b"PUT " and self._faults else None
+                fault = self._faults.pop(0) if start in self.methods and self._faults \
+                    else None
             if fault is None:
                 super()._pipe(client)
             elif fault[0]:
@@ -410,3 +412,18 @@ def test_conditional_request_conflict_is_retried_not_taken_for_a_conflict(
         tier.swap("brokers/a.json", b"epoch 3", new)
     assert type(busy.value) is TierUnavailable and calls == ["PutObject"] * 4
     assert direct.read_versioned("brokers/a.json") == (b"epoch 2", new)
+
+
+def test_a_delete_if_whose_answer_was_lost_is_an_unknown_outcome(
+        faults: PutFaults, direct: S3Provider) -> None:
+    """A conditional delete S3 applied, its answer lost: botocore's retry finds the
+    object gone (412), which is no refusal of this delete; the owner reads it back."""
+    direct.write("owners/orders.json", b"broker-a")
+    _, version = direct.read_versioned("owners/orders.json")
+    faults.methods = (b"DELE",)
+    faults.lose_answers(1)
+    tier, calls = _behind(faults, direct)
+    with pytest.raises(TierOutcomeUnknown):
+        tier.delete_if("owners/orders.json", version)
+    assert faults.lost == 1 and calls == ["DeleteObject"]
+    assert not direct.exists("owners/orders.json")
