@@ -31,7 +31,7 @@ from cluster.ownership import Owner, TopicOwners
 from cluster.rejoin import Rejoin
 from cluster.takeover import Takeover, TakeoverResult
 from cluster.timersnapshot import TimerCompactor
-from cluster.topics import BucketFence, TopicChanges
+from cluster.topics import TopicChanges
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.leasejournal import Snapshots
 from pop.receipts import load_or_create_secret
@@ -203,7 +203,7 @@ class Broker:
                 self.tier, self.prefix, self.topics,
                 lambda: self.store.commitlog.confirmed_offset, lambda: durable.fenced)
             if self.journal.durable_ack:
-                confirm = BucketFence(durable)
+                confirm = self.fence.confirm  # (cluster.fence: group-committed)
         return TopicChanges(self.store, self.clock, self._forget_topics,
                             self.journal.check, lambda: self.owners, catalogue, confirm,
                             self.takeovers.forget_topic)

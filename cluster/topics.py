@@ -38,7 +38,6 @@ Thread-safe (each step is; two changes of one name are ordered by the store).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from cluster.catalogue import CatalogueCopy
@@ -49,44 +48,6 @@ from store.errors import FailedPrecondition
 from store.names import check_name
 from store.store import MessageStore
 from store.topics import Topic
-from tiered.durable import DurablePosition
-from tiered.errors import TierUnavailable
-
-
-class BucketFence:
-    """The bucket's fence for a change that is in the tier: a conditional write of the
-    lease begun after the call (``DurablePosition.confirm``); raises the fence's error
-    once taken over, ``TierUnavailable`` when the lease cannot be written.  Callers at
-    once share one write (a group commit, as the catalogue's copy does): a write begun
-    after a call was made covers it.  Thread-safe."""
-
-    def __init__(self, durable: DurablePosition) -> None:
-        self._durable = durable
-        self._lock = threading.Lock()  # the counts
-        self._write_lock = threading.Lock()  # one lease write at a time
-        self._asked = self._confirmed = 0
-
-    def __call__(self) -> None:
-        with self._lock:
-            self._asked += 1
-            ticket = self._asked
-        with self._write_lock:
-            if self._confirmed >= ticket:
-                return
-            with self._lock:
-                covers = self._asked
-            self._confirm()
-            self._confirmed = covers
-
-    def _confirm(self) -> None:
-        durable = self._durable
-        if durable.confirm():
-            return
-        if durable.fenced is not None:
-            raise durable.fenced
-        raise TierUnavailable("the topic change is stored here and in the tier, but this "
-                              "broker's lease could not be written to confirm it: the "
-                              "tier is slow or failing")
 
 
 class TopicChanges:
@@ -94,7 +55,7 @@ class TopicChanges:
 
     ``forget(names)`` drops what the broker keeps of deleted topics (group positions,
     leases, retry topics); ``check()`` is the lease's check (raises while no OK may be
-    given); ``confirm`` the bucket's fence (``BucketFence``; None: none, no
+    given); ``confirm`` the bucket's fence (``Fence.confirm``; None: none, no
     ``tier.durable_ack``); ``owners()`` the topic owners (None: no ``tier.claim_topics``);
     ``catalogue`` the copy in the tier (None: no ``tier.upload``); ``renew(name)``
     makes sure nothing older is served under a name about to be created (a topic of
