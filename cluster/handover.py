@@ -47,12 +47,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from cluster.layout import secret_path
-from cluster.replay import latest_ms
+from cluster.replay import latest_ms, stream
 from pop.checkpoint import ck_start_of_key
 from pop.leaseclock import encode_shift, lease_clock, move_checkpoint, shift_key, shifts_in
 from pop.service import PopService
+from pop.settle import LeaseEntry, lease_replaced_by
 from store.journal import JournalState
-from store.names import DELAYED_STREAM
+from store.names import DELAYED_STREAM, RETRY_PREFIX, split_broker_made
 from tiered.errors import TierError, TierNotFound, TierUnavailable
 from tiered.mount import MountedBroker
 from tiered.provider import Provider
@@ -252,3 +253,55 @@ class InheritedIds:
                 if at is not None:
                     out[m] = at
         return out
+
+
+def settle_replaced(pop: PopService, mounted: MountedBroker, taken: dict[str, int]) -> None:
+    """Mark done the adopted leases the departed broker had already replaced with a
+    retry copy when it was lost: it appends the copy, then marks the lease, and only
+    the copy may have reached the tier.  Revived here too, the message would come
+    twice, the second time after an ack of the first.  Such a copy is one its group
+    has not leased yet (a lease of it would follow the mark in the journal), so only
+    each retry queue's part past the group's position is read (``pop.settle``:
+    every copy names the lease it replaces).  A dead-letter copy (a revive past the
+    last attempt, or the DeadLetter RPC) is read from the first one stored since the
+    group's oldest open lease here (``MountedBroker.first_stored``): it was made after
+    that lease was taken (what it reads costs the dead letters made since, not the
+    topic's history), a time moved back onto the departed broker's clock
+    (``pop.leaseclock``: compared with its store times, never this broker's)."""
+    shift_ms = handle_shift(pop, mounted.broker)
+    found: list[tuple[str, LeaseEntry]] = []
+    for topic in sorted(taken):
+        made = split_broker_made(topic)
+        bounds = mounted.bounds(topic, 0) if made is not None else None
+        if made is None or bounds is None:
+            continue
+        if made[0] == RETRY_PREFIX:
+            at = pop.leased_to(made[1], topic, 0)
+        else:  # a dead-letter topic
+            since_ms = pop.oldest_open_ms(made[1], made[2])
+            if since_ms is None:
+                continue
+            # (a minute more: the departed broker's clock may have stepped back)
+            at = mounted.first_stored(topic, 0, *bounds,
+                                      since_ms - shift_ms - CLOCK_SLACK_MS)
+        for e in stream(mounted, topic, at):
+            entry = lease_replaced_by(e.record)
+            if entry is not None:
+                found.append((topic, entry))
+    if found:
+        pop.settle_copies(found)
+
+
+def accept_handles(tier: Provider, pop: PopService, mounts: list[MountedBroker]) -> None:
+    """Accept the receipt handles these brokers signed (their secrets in the tier):
+    only once the leases they name are in this broker's book, or an Ack in between
+    would settle nothing here and the lease, adopted after it, would come back."""
+    for mounted in mounts:
+        secret = read_secret(tier, mounted.broker)
+        if secret is None:
+            continue
+        try:
+            pop.adopt_secret(secret, handle_shift(pop, mounted.broker))
+        except ValueError as exc:  # too short: not one a broker made
+            log.error("the receipt-handle secret of %s in the tier is unusable: %s",
+                      mounted.broker, exc)

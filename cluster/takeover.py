@@ -45,29 +45,26 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.adoption import Adoption, manifest_of
 from cluster.catalogue import departed_topics
+from cluster.claims import Claims
 from cluster.handover import (
     CLOCK_SLACK_MS,
     InheritedIds,
+    accept_handles,
     adopt_leases,
-    handle_shift,
-    read_secret,
+    settle_replaced,
 )
-from cluster.layout import LEASES, catalogue_path, lease_path, takeover_record
-from cluster.lease import claim, inherit, read_lease
+from cluster.layout import catalogue_path, lease_path, takeover_record
+from cluster.lease import claim
 from cluster.lineage import Lineage, drop_topic, ends_of
-from cluster.replay import last_store_ms, replay, stream
+from cluster.replay import replay
 from pop.checkpoint import parse_key
 from pop.model import origin_of
-from pop.settle import LeaseEntry, lease_replaced_by
 from store.crashpoint import crashpoint
 from store.errors import FailedPrecondition, InvalidArgument
 from store.journal import (
     JournalState,
 )
 from store.names import (
-    DELAYED_STREAM,
-    RETRY_PREFIX,
-    STATE_STREAM,
     TIMER_STREAM,
     is_name,
     split_broker_made,
@@ -81,7 +78,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RECENT_MS = 60_000  # a departed broker that wrote this recently may be alive: --force
 PARALLEL_TOPICS = 16  # taken topics created, and their owner records written, at once
 DURABLE_WAIT_S = 120.0  # a takeover is done once what it wrote here is in the tier
 
@@ -120,6 +116,7 @@ class Takeover:
     def __init__(self, broker: Host) -> None:
         self._b = broker
         self._lineage = Lineage(broker)  # what each takeover keeps, here and in the tier
+        self._claims = Claims(broker, self._lineage)  # who takes whom over
         self.results: dict[str, TakeoverResult] = {}
         self.ids = InheritedIds()  # the dedupe windows of the brokers taken over
 
@@ -136,7 +133,7 @@ class Takeover:
                 continue
             origins = self._adopt(departed, mounted, state)
             if state.get("done"):
-                self._accept_handles(origins)
+                accept_handles(self._b.tier, self._b.pop, origins)
             else:  # cut short: nothing of it answers before it is done (run again)
                 self._b.store.holds.hold(ends_of(state), departed)
             self.results[departed] = TakeoverResult(
@@ -179,8 +176,8 @@ class Takeover:
                 not b.tier.exists(catalogue_path(departed)):  # (topics, never a message)
             return self._nothing(departed)
         if not state:
-            holder = self._holder(departed)
-            if holder not in ("", me) and not self._inheritable(departed, holder):
+            holder = self._claims.holder(departed)
+            if holder not in ("", me) and not self._claims.inheritable(departed, holder):
                 raise FailedPrecondition(
                     f"broker {departed} is taken over by {holder} already (its lease "
                     f"{lease_path(departed)} says so); if {holder} is gone before it "
@@ -200,7 +197,7 @@ class Takeover:
             self._lineage.publish(departed, state)
             crashpoint("takeover.after_intent")
             try:
-                self._claim(departed, mounted, force)
+                self._claims.claim(departed, mounted, force)
             except FailedPrecondition:
                 self._lineage.withdraw(departed)
                 raise
@@ -273,7 +270,7 @@ class Takeover:
         self._own(departed, taken, state)
         phases.mark("owners")
         crashpoint("takeover.after_owners")
-        self._accept_handles(origins)  # only now: every lease they name is here
+        accept_handles(b.tier, b.pop, origins)  # only now: every lease they name is here
         b.store.holds.release(taken)
         result.accepting_after_s = accepting = time.monotonic() - started
         if schedules:
@@ -305,26 +302,12 @@ class Takeover:
         lease it claimed without a record of that takeover done
         (``Lineage.finished``) is taken over from its first broker here, as if the
         departed broker had never begun it."""
-        for first in sorted(self._claimed_by(departed)):
+        for first in sorted(self._claims.claimed_by(departed)):
             if self._lineage.finished(departed, first):
                 continue  # its topics came with the departed broker's
             log.warning("%s had begun to take %s over and did not finish: taking %s over "
                         "here", departed, first, first)
             self.run(first, force=True)
-
-    def _claimed_by(self, holder: str) -> list[str]:
-        """The brokers whose leases name ``holder`` as taking them over."""
-        out = []
-        for path in self._b.tier.list(LEASES):
-            name = path[len(LEASES):].removesuffix(".json")
-            try:
-                view, _ = read_lease(self._b.tier, name)
-            except TierError as exc:
-                log.error("cannot read the lease %s: %s", path, exc)
-                continue
-            if view is not None and view.taken_by == holder:
-                out.append(name)
-        return out
 
     def _schedules(self, departed: str, journal: JournalState, taken: dict[str, int]
                    ) -> list[str]:
@@ -371,7 +354,7 @@ class Takeover:
         its lease claimed, nothing to carry."""
         me = self._b.prefix
         holder = claim(self._b.tier, departed, me, self._b.clock.now_ms())
-        if holder != me and not self._inherits(departed, holder):
+        if holder != me and not self._claims.inherits(departed, holder):
             raise FailedPrecondition(f"broker {departed} is taken over by {holder} already "
                                      f"(its lease {lease_path(departed)} says so)")
         log.info("took over %s: it had nothing in the tier", departed)
@@ -392,7 +375,7 @@ class Takeover:
         groups = adopt_leases(b.pop, b.clock.now_ms(), mounted, journal,  # on my clock
                               {k: v for k, v in journal.pop.items()  # retry topics too
                                if origin_of(_topic_of(k)) in taken})
-        self._settle_replaced(mounted, taken)  # before a revive here can meet them
+        settle_replaced(b.pop, mounted, taken)  # before a revive here can meet them
         phases.mark("positions")
         crashpoint("takeover.after_positions")
         def create(topic: str) -> None:
@@ -412,49 +395,12 @@ class Takeover:
         crashpoint("takeover.after_topics")
         return groups, journal
 
-    def _settle_replaced(self, mounted: MountedBroker, taken: dict[str, int]) -> None:
-        """Mark done the adopted leases the departed broker had already replaced with a
-        retry copy when it was lost: it appends the copy, then marks the lease, and only
-        the copy may have reached the tier.  Revived here too, the message would come
-        twice, the second time after an ack of the first.  Such a copy is one its group
-        has not leased yet (a lease of it would follow the mark in the journal), so only
-        each retry queue's part past the group's position is read (``pop.settle``:
-        every copy names the lease it replaces).  A dead-letter copy (a revive past the
-        last attempt, or the DeadLetter RPC) is read from the first one stored since the
-        group's oldest open lease here (``MountedBroker.first_stored``): it was made after
-        that lease was taken (what it reads costs the dead letters made since, not the
-        topic's history), a time moved back onto the departed broker's clock
-        (``pop.leaseclock``: compared with its store times, never this broker's)."""
-        b = self._b
-        shift_ms = handle_shift(b.pop, mounted.broker)
-        found: list[tuple[str, LeaseEntry]] = []
-        for topic in sorted(taken):
-            made = split_broker_made(topic)
-            bounds = mounted.bounds(topic, 0) if made is not None else None
-            if made is None or bounds is None:
-                continue
-            if made[0] == RETRY_PREFIX:
-                at = b.pop.leased_to(made[1], topic, 0)
-            else:  # a dead-letter topic
-                since_ms = b.pop.oldest_open_ms(made[1], made[2])
-                if since_ms is None:
-                    continue
-                # (a minute more: the departed broker's clock may have stepped back)
-                at = mounted.first_stored(topic, 0, *bounds,
-                                          since_ms - shift_ms - CLOCK_SLACK_MS)
-            for e in stream(mounted, topic, at):
-                entry = lease_replaced_by(e.record)
-                if entry is not None:
-                    found.append((topic, entry))
-        if found:
-            b.pop.settle_copies(found)
-
     def _adopt(self, departed: str, mounted: MountedBroker, state: dict[str, Any]
                ) -> list[MountedBroker]:
         """Serve the older offsets of the taken topics: from the departed broker's tier,
         and the oldest from the tiers of the brokers it had taken them from; count the
         ids they stored in the dedupe window.  Returns those brokers' mounts (their
-        receipt handles are accepted once their leases are here: ``_accept_handles``)."""
+        receipt handles are accepted once their leases are here: ``accept_handles``)."""
         mounts = []
         at = state.get("at_ms")
         until = int(at) + CLOCK_SLACK_MS if isinstance(at, int) else None
@@ -475,71 +421,12 @@ class Takeover:
         self.ids.add(mounted, frozenset(ends_of(state)), until)
         return [*mounts, mounted]
 
-    def _accept_handles(self, mounts: list[MountedBroker]) -> None:
-        """Accept the receipt handles these brokers signed (their secrets in the tier):
-        only once the leases they name are in this broker's book, or an Ack in between
-        would settle nothing here and the lease, adopted after it, would come back."""
-        for mounted in mounts:
-            secret = read_secret(self._b.tier, mounted.broker)
-            if secret is None:
-                continue
-            try:
-                self._b.pop.adopt_secret(secret, handle_shift(self._b.pop, mounted.broker))
-            except ValueError as exc:  # too short: not one a broker made
-                log.error("the receipt-handle secret of %s in the tier is unusable: %s",
-                          mounted.broker, exc)
-
     def _mount(self, departed: str) -> MountedBroker:
         try:
             return MountedBroker(self._b.tier, departed, os.path.join(
                 self._b.config.store.data_dir, "mounts", departed), empty=True)
         except TierNotFound as exc:
             raise FailedPrecondition(f"cannot take over {departed}: {exc}") from None
-
-    def _claim(self, departed: str, mounted: MountedBroker, force: bool) -> None:
-        """Become the one broker taking ``departed`` over (or refuse)."""
-        b, me = self._b, self._b.prefix
-        last = max((last_store_ms(mounted, s) for s in (STATE_STREAM, TIMER_STREAM,
-                                                         DELAYED_STREAM)),
-                   default=0)
-        age = b.clock.now_ms() - last
-        if not force and age < RECENT_MS:
-            raise FailedPrecondition(
-                f"broker {departed} wrote to the tier {age / 1000:.0f} s ago: it may still be "
-                "running; take it over only once it is gone (--force to insist)")
-        holder = claim(b.tier, departed, me, b.clock.now_ms())
-        if holder != me and not self._inherits(departed, holder):
-            raise FailedPrecondition(
-                f"broker {departed} is taken over by {holder} already (its lease "
-                f"{lease_path(departed)} says so); if {holder} is gone before it finished, "
-                f"take {holder} over: that finishes the takeover of {departed} too")
-        try:  # a record for people; the decision is the lease's ``taken_by``
-            b.tier.write(takeover_record(departed), json.dumps(
-                {"by": me, "at_ms": b.clock.now_ms()}).encode())
-        except TierError as exc:
-            log.warning("could not record the takeover of %s: %s", departed, exc)
-
-    def _holder(self, departed: str) -> str:
-        """The broker ``departed``'s lease names as taking it over ("" : none)."""
-        try:
-            view, _ = read_lease(self._b.tier, departed)
-        except TierError:
-            return ""  # the claim reads it again, and decides
-        return view.taken_by if view is not None else ""
-
-    def _inheritable(self, departed: str, holder: str) -> bool:
-        """Whether ``holder``, which claimed ``departed``, was taken over by this broker
-        before it finished that takeover (``_inherit``)."""
-        me = self._b.prefix
-        if self._holder(holder) != me:
-            return False
-        return not self._lineage.finished(holder, departed)  # else its topics came with it
-
-    def _inherits(self, departed: str, holder: str) -> bool:
-        """Claim ``departed``'s lease from ``holder`` when ``_inheritable``."""
-        b, me = self._b, self._b.prefix
-        return self._inheritable(departed, holder) and inherit(
-            b.tier, departed, holder, me, b.clock.now_ms())
 
     def _timers(self, departed: str, mounted: MountedBroker, journal: JournalState,
                 state: dict[str, Any]) -> int:
