@@ -6,9 +6,9 @@ departed broker's is read before it.  A claim held by a broker that this one too
 before that broker finished its takeover (its record in the tier not ``done``:
 ``Lineage.finished``) is moved here (``cluster.lease.inherit``), so a takeover whose
 taker died is finished by the taker's successor (docs/DESIGN.md:
-"Takeover: a broker's promises in the tier").  A departed broker that wrote to the tier within ``RECENT_MS``
-may still be alive: refused unless forced.  Thread-safe (each call is; ``Takeover``
-runs one takeover at a time).
+"Takeover: a broker's promises in the tier").  A departed broker that wrote to the
+tier within ``RECENT_MS`` may still be alive: refused unless forced.  Thread-safe
+(each call is; ``Takeover`` runs one takeover at a time).
 """
 
 from __future__ import annotations

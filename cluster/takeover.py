@@ -313,7 +313,7 @@ class Takeover:
                    ) -> list[str]:
         """The departed broker's recurring schedules of the taken topics, adopted once the
         topics exist (woken when the takeover is done)."""
-        names = self._b.schedules.book.adopt(dict(journal.pop.items()), set(taken))
+        names = self._b.schedules.book.adopt(dict(journal.pop.items()), set(taken), departed)
         if names:
             log.info("took over %d recurring schedule(s) of %s", len(names), departed)
         return names

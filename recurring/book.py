@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from apscheduler.triggers.base import BaseTrigger
 
-from recurring.model import ScheduleSpec, encode_state, next_fire
+from recurring.model import MAX_NAME_BYTES, ScheduleSpec, encode_state, next_fire
 from store.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 
 KEY_PREFIX = b"Rs"
@@ -88,17 +88,31 @@ class ScheduleBook:
                 state = decode_state(raw)
                 self._states[state.spec.name] = state
 
-    def adopt(self, items: dict[bytes, bytes], topics: set[str]) -> list[str]:
+    def adopt(self, items: dict[bytes, bytes], topics: set[str], origin: str = ""
+              ) -> list[str]:
         """Take a departed broker's schedules of ``topics`` (its state keys, from its
-        journal), except those of a name this book holds already (logged by the caller);
-        returns the names taken."""
+        journal); returns the names taken.  One this book holds already, the same
+        schedule (adopted by an earlier run of the takeover), is not taken again; one of
+        a name this book uses for another schedule is taken as ``<name>.<origin>``
+        (its ticks' ids follow the new name), never dropped."""
         with self._lock:
             taken = {}
             for key, raw in items.items():
-                if key.startswith(KEY_PREFIX):
-                    state = decode_state(raw)
-                    if state.spec.name not in self._states and state.spec.topic in topics:
-                        taken[state.spec.name] = state
+                if not key.startswith(KEY_PREFIX):
+                    continue
+                state = decode_state(raw)
+                if state.spec.topic not in topics:
+                    continue
+                name = state.spec.name
+                if name in self._states:
+                    if self._states[name].spec == state.spec or not origin:
+                        continue
+                    name = f"{name}.{origin}"
+                    if name in self._states or len(name) > MAX_NAME_BYTES:
+                        continue
+                    state = ScheduleState(replace(state.spec, name=name), state.next_ms,
+                                          state.paused, state.fired, state.last_error)
+                taken[name] = state
             if taken:
                 self._store.write([(_key(n), st.encode()) for n, st in taken.items()], [])
                 self._states.update(taken)

@@ -275,6 +275,34 @@ def test_ticks_owed_for_an_outage_come_after_a_takeover_while_the_engine_runs(
         b.stop()
 
 
+def test_a_departed_brokers_schedule_of_a_name_the_survivor_uses_is_kept(
+        tmp_path: Path) -> None:
+    clock = ManualClock(1_800_000_000_000)
+    a = _broker(tmp_path, "a", clock)
+    try:
+        a.create_topic(Topic("t", 1))
+        a.schedules.book.create(ScheduleSpec("daily", "t", every_s=60, body=b"a's"),
+                                clock.now_ms())
+    finally:
+        a.stop()
+    b = _broker(tmp_path, "b", clock)
+    try:
+        b.create_topic(Topic("own", 1))
+        b.schedules.book.create(ScheduleSpec("daily", "own", every_s=60, body=b"b's"),
+                                clock.now_ms())
+        # Given B has a schedule named as one of A's; When B takes A over (twice: the
+        # second run finds it adopted)
+        b.takeover("a", force=True)
+        b.takeovers.run("a", force=True)
+        # Then both are kept, A's under its name and A's, each once (issue 51, 3)
+        states = {s.spec.name: s.spec for s in b.schedules.book.states()}
+        assert set(states) == {"daily", "daily.a"}
+        assert (states["daily"].topic, states["daily.a"].topic) == ("own", "t")
+        assert states["daily.a"].body == b"a's"
+    finally:
+        b.stop()
+
+
 def test_a_tick_sent_but_not_recorded_before_a_takeover_comes_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = ManualClock(1_800_000_000_000)
