@@ -218,6 +218,9 @@ class Takeover:
                  for t in rec.get("ends", {})}
         for t in [t for t in taken if t in begun or _origin(t) in begun]:
             del taken[t]
+        # a run that resumes takes what the first run took (the departed broker's copy
+        # may have changed since: a write of its that landed after the claim)
+        taken = {t: int(n) for t, n in state.setdefault("taken", taken).items()}
         if "chain" not in state:  # what the departed broker had itself taken over
             state["chain"], state["adopted"] = self._lineage.chain_of(departed)
             phases.mark("chain")
