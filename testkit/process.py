@@ -32,11 +32,14 @@ def _clock_ahead(seconds: int) -> dict[str, str]:
 
 class ServerProcess:
     def __init__(self, data_dir: Path, *settings: str, nofile: int | None = None,
-                 log_level: str = "WARNING", clock_ahead_s: int = 0) -> None:
+                 log_level: str = "WARNING", clock_ahead_s: int = 0,
+                 start_timeout_s: float = 60.0) -> None:
         """``nofile``: the server runs with RLIMIT_NOFILE set to it (soft and hard), as
         under ``ulimit -n``; ``log_level``: the server's ``--log-level``;
         ``clock_ahead_s``: its wall clock runs this far ahead of the machine's (Debian's
-        libfaketime preloaded, ``LIBFAKETIME``; its monotonic clocks are the machine's)."""
+        libfaketime preloaded, ``LIBFAKETIME``; its monotonic clocks are the machine's);
+        ``start_timeout_s``: how long it may take to listen (a rejoining broker waits for
+        its old life's takeover first) before it is killed and ``RuntimeError`` raised."""
         # The limit is set by a tiny Python that then execs the server, not by a
         # preexec_fn: with one, Popen forks (not vfork), gRPC's fork handlers restart its
         # poller in the child, and close_fds closes the poller's epoll fd under it, so the
@@ -55,7 +58,7 @@ class ServerProcess:
                                      text=True, env={**os.environ, "PYTHONUNBUFFERED": "1",
                                                      **_clock_ahead(clock_ahead_s)})
         assert self.proc.stdout is not None
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + start_timeout_s
         self.output: list[str] = []
         rocketmq = "rocketmq.enabled=true" in settings
         self.rocketmq_target = ""  # host:port of the RocketMQ front, when enabled

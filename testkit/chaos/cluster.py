@@ -39,6 +39,8 @@ from testkit.seaweed import free_ports
 from tiered.providers.s3 import S3Provider, S3Settings
 
 KEYS = ("tier.s3_access_key_id=testing", "tier.s3_secret_access_key=testing")
+START_TIMEOUT_S = 240  # a rejoining broker waits for its old life's takeover (under load:
+#                        up to a minute or more) before it listens
 
 
 def broker_settings(endpoint: str, bucket: str, name: str, lease_s: float) -> list[str]:
@@ -113,7 +115,7 @@ class Cluster:
                     f"server.port={b.port}"]
         try:
             p = ServerProcess(b.data_dir, *settings, log_level=self.log_level,
-                              clock_ahead_s=clock_ahead_s)
+                              clock_ahead_s=clock_ahead_s, start_timeout_s=START_TIMEOUT_S)
         except RuntimeError as exc:
             b.logs.append([str(exc)])
             raise
