@@ -328,8 +328,6 @@ class Takeover:
         tiered = self._b.tiered
         if tiered is not None:
             tiered.wait_durable(self._b.store.commitlog.confirmed_offset, DURABLE_WAIT_S)
-            tiered.wait_published(catalogue_path(self._b.prefix),
-                                  DURABLE_WAIT_S)
 
     def _own(self, departed: str, taken: dict[str, int], state: dict[str, Any]) -> None:
         """Owner records of the taken topics: those naming the departed broker, or a

@@ -57,7 +57,6 @@ from store.names import DELAYED_STREAM, TIMER_STREAM, is_system_stream
 from store.store import MessageStore
 from tiered.config import TierConfig
 from tiered.durable import DurablePosition, Linger
-from tiered.errors import TierUnavailable
 from tiered.health import TierStats, upload_lag
 from tiered.index import TieredIndex
 from tiered.provider import Provider
@@ -381,21 +380,8 @@ class TieredDispatcher:
 
     def publish(self, path: str, data: bytes) -> None:
         """Keep a small object in the tier up to date (the latest content, written with
-        the next commit; ``tiered.uploads.Mirror``): the topic catalogue's copy
-        (``wait_published`` waits for it)."""
+        the next commit; ``tiered.uploads.Mirror``): the journal's snapshot pointer."""
         self._mirror.put(path, data)
-
-    def wait_published(self, path: str, timeout_s: float) -> None:
-        """Return once the latest content ``publish`` was given for ``path`` is in the
-        tier; ``TierUnavailable`` after ``timeout_s``, ``TakenOver`` once fenced."""
-        deadline = time.monotonic() + timeout_s  # real time: it bounds real I/O
-        while self._mirror.due(path):
-            if self.durable.fenced is not None:
-                raise self.durable.fenced
-            if time.monotonic() >= deadline:
-                raise TierUnavailable(f"{path} could not be written to the tier within "
-                                      f"{timeout_s:.0f} s")
-            time.sleep(0.01)  # the dispatcher's next commit writes it
 
     def _meta_copy(self, topic: str, qid: int) -> str:
         """Where the tier keeps the copy of a queue's metadata (what a mount reads)."""

@@ -126,11 +126,6 @@ class Mirror:
             if after is not None:
                 self._after[path] = max(after, self._after.get(path, after))
 
-    def due(self, path: str) -> bool:
-        """Whether ``path`` has content not in the tier yet."""
-        with self._lock:
-            return path in self._due
-
     def floor(self) -> tuple[int, float] | None:
         """The lowest offset and the oldest arrival among the copies not in the tier yet
         (None: all are in)."""
