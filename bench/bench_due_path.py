@@ -39,8 +39,9 @@ def run_once(n: int) -> tuple[float, float]:
             broker.create_topic(Topic("hot", 4))
             now = clock.now_ms()
             due = now + 50_000
-            sends = [broker.send([Draft("", "hot", "", "", b"x" * 100, b"", now, due,
-                                        FLAG_DELAYED, 0) for _ in range(i, min(n, i + 1000))])
+            sends = [broker.sender.send([Draft("", "hot", "", "", b"x" * 100, b"", now, due,
+                                               FLAG_DELAYED, 0)
+                                         for _ in range(i, min(n, i + 1000))])
                      for i in range(0, n, 1000)]
             for f in sends:
                 f.result(120)

@@ -136,8 +136,8 @@ def s3_requests(tmp: Path, n: int) -> None:
         broker.create_topic(Topic("s3", 4))
         t0 = time.monotonic()
         for b in range(0, n, 1000):
-            broker.send([draft_of(Message("", "s3", BODY, key=f"k{i % 1000}"))
-                         for i in range(b, min(n, b + 1000))]).result(60)
+            broker.sender.send([draft_of(Message("", "s3", BODY, key=f"k{i % 1000}"))
+                                for i in range(b, min(n, b + 1000))]).result(60)
         assert broker.tiered is not None
         while broker.tiered.statistics().position < broker.store.commitlog.confirmed_offset:
             time.sleep(0.1)

@@ -1,5 +1,7 @@
-"""Broker: the core object the gRPC fronts call.  Owns the store and the POP service and
-knows the rules that span them (delivery times, topic deletion).  No gRPC here.
+"""Broker: the core object the gRPC fronts call.  Wiring only: it builds, opens and runs
+the store, POP, the timer and the tier; the rules are in the parts it exposes (sends in
+``chronomq.sending``, queries in ``chronomq.queries``, mounts and topic ownership in
+``chronomq.mounts``, topic changes in ``cluster.topics``).  No gRPC here.
 
 Thread-safe.
 """
@@ -10,43 +12,41 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from functools import partial
 from typing import TypeVar
 
 from chronomq.config import BrokerConfig
 from chronomq.dedupe import SendDedupe
+from chronomq.mounts import Mounts
 from chronomq.providers import make_lease_provider, make_provider
 from chronomq.queries import Queries
 from chronomq.recurrence import open_schedules
-from chronomq.sending import Sender, Submission
-from cluster.catalogue import CatalogueCopy, departed_topics
+from chronomq.sending import Sender
 from cluster.compaction import attach_compaction
 from cluster.failover import hold_lease, start_failover
 from cluster.fence import Fence
 from cluster.handover import adopted_delayed_ends, publish_secret
 from cluster.layout import broker_prefix
 from cluster.lease import BrokerLease, LeaseWatch
-from cluster.ownership import Owner, TopicOwners
 from cluster.rejoin import Rejoin
 from cluster.takeover import Takeover, TakeoverResult
 from cluster.timersnapshot import TimerCompactor
-from cluster.topics import TopicChanges
+from cluster.topics import broker_topic_changes
 from pop.checkpoint import WRITE_BUFFER_BYTES as POP_WRITE_BUFFER_BYTES
 from pop.leasejournal import Snapshots
 from pop.receipts import load_or_create_secret
 from pop.service import PopService
 from store.clock import Clock
 from store.disk import DiskGuard, unless_full
-from store.errors import ChronomqError, InvalidArgument, TopicNotFound
+from store.errors import TopicNotFound
 from store.journal import StateJournal
 from store.kv import KV
-from store.message import DispatchInfo, Draft, Message
-from store.names import SYSTEM_STREAMS, is_name, is_system_stream
+from store.message import DispatchInfo
+from store.names import SYSTEM_STREAMS, is_system_stream
 from store.store import MessageStore
 from store.topics import Topic
 from tiered.dispatcher import TieredDispatcher
-from tiered.mount import MountedBroker, MountReader
+from tiered.mount import MountReader
 from tiered.provider import Provider
 from tiered.readahead import ReadAheadCache
 from tiered.reader import TieredReader
@@ -63,7 +63,8 @@ class Broker:
     """The composition root of one broker: builds the store, the timer, POP and the tier
     from the configuration (no I/O), opens them in ``open`` (the one place a start touches
     the disk and the tier: a step that fails closes what was opened and raises), runs their
-    threads in ``start``.  The fronts (gRPC API, RocketMQ front, console) call only this.
+    threads in ``start``.  The fronts (gRPC API, RocketMQ front, console) call only this
+    and its parts (``sender``, ``queries``, ``mounts``).
     """
 
     store: MessageStore
@@ -80,7 +81,6 @@ class Broker:
     def __init__(self, config: BrokerConfig, clock: Clock) -> None:
         self.config = config
         self.clock = clock
-        self.owners: TopicOwners | None = None  # set by claim_topics (tier.claim_topics)
         self.tiered: TieredDispatcher | None = None
         self.tier_reader: TieredReader | None = None
         self.mount_reader = MountReader(None)
@@ -106,12 +106,7 @@ class Broker:
                     log.exception("closing %s after a failed start", what)
             self._opened.clear()
             raise
-        for name in filter(None, (n.strip() for n in self.config.tier.mounts.split(","))):
-            try:
-                self.mount(name)
-            except ChronomqError:
-                log.exception("could not mount broker %s (tier.mounts); serving without it",
-                              name)
+        self.mounts.mount_all(self.config.tier.mounts)
         self.takeovers.restore()
 
     def take_over_at_start(self) -> None:
@@ -190,23 +185,10 @@ class Broker:
         self.sender = Sender(self.store, self.disk, self.dedupe, self.journal, self.tiered,
                              self.timer, config.timer.enabled)
         self.queries = Queries(self.store, self.tier_reader, self.mount_reader, self.timer)
-        self.topic_changes = self._topic_changes()
+        self.mounts = Mounts(self.mount_reader, self.tier, self.prefix,
+                             os.path.join(sc.data_dir, "mounts"), self.store, self.pop, clock)
+        self.topic_changes = broker_topic_changes(self, self._forget_topics)
         self.start_retry("writing its topic catalogue's copy", self.topic_changes.open)
-
-    def _topic_changes(self) -> TopicChanges:
-        """CreateTopic and DeleteTopic through the fence (``cluster.topics``); with
-        ``tier.upload`` each waits for the catalogue's copy in the tier."""
-        catalogue = confirm = None
-        if self.tiered is not None:
-            durable = self.tiered.durable
-            catalogue = CatalogueCopy(
-                self.tier, self.prefix, self.topics,
-                lambda: self.store.commitlog.confirmed_offset, lambda: durable.fenced)
-            if self.journal.durable_ack:
-                confirm = self.fence.confirm  # (cluster.fence: group-committed)
-        return TopicChanges(self.store, self.clock, self._forget_topics,
-                            self.journal.check, lambda: self.owners, catalogue, confirm,
-                            self.takeovers.forget_topic)
 
     def _forget_topics(self, names: set[str]) -> None:
         """What this broker keeps of deleted topics: group positions, leases and retry
@@ -348,82 +330,6 @@ class Broker:
         """Delete topic ``name`` and what this broker keeps of it; returns once that is
         durable, in the tier's copy, and past the fence (``cluster.topics``)."""
         self.topic_changes.delete(name)
-
-    def mount(self, broker: str) -> list[str]:
-        """Serve ``broker``'s topics read-only from the shared tier (``tiered.mount``);
-        returns them.  Pop, Subscribe and group figures work on them with this broker's
-        own checkpoints; sends are refused (``FailedPrecondition``)."""
-        if broker == self.prefix:
-            raise InvalidArgument(f"{broker} is this broker: its topics are served already")
-        mounted = MountedBroker(self.tier, broker, os.path.join(
-            self.config.store.data_dir, "mounts", broker))
-        departed_topics(self.tier, mounted)  # not the queues of topics it deleted
-        topics = self.mount_reader.mount(mounted, {t.name for t in self.store.topics.list()})
-        self._set_mounted()
-        if self.owners is not None:  # its topics are served here now: say so in the tier
-            now = self.clock.now_ms()
-            kept = [t for t in topics if not self.owners.take_over(t, broker, now)]
-            if kept:
-                log.warning("mounted %s, but topic(s) %s are owned by another broker",
-                            broker, ", ".join(kept))
-        log.info("mounted broker %s read-only: %d topic(s), %d message(s)", broker,
-                 len(topics), mounted.messages())
-        return topics
-
-    def unmount(self, broker: str) -> list[str]:
-        topics = self.mount_reader.unmount(broker)
-        self._set_mounted()
-        return topics
-
-    def _set_mounted(self) -> None:
-        mounts = self.mount_reader.mounts()
-        self.store.topics.set_mounted({t: n for m in mounts.values()
-                                       for t, n in m.topics().items()})
-        self.pop.tier = self.mount_reader
-        self.pop.mounts = self.mount_reader if mounts else None
-
-    def claim_topics(self, address: str, rocketmq_address: str = "") -> list[str]:
-        """Turn on topic ownership in the shared tier (``tier.claim_topics``) for this
-        broker at ``address``: claim every local topic, and take over the topics of the
-        brokers mounted here; returns the ones another broker owns (served here only by
-        this broker's clients; logged)."""
-        self.owners = TopicOwners(self.tier, Owner(self.prefix, address,
-                                                   rocketmq_address))
-        now = self.clock.now_ms()
-        elsewhere = [t.name for t in self.store.topics.list()
-                     if is_name(t.name) and not self.owners.claim(t.name, now)]
-        elsewhere += [t for name, m in self.mount_reader.mounts().items() for t in m.topics()
-                      if not self.owners.take_over(t, name, now)]
-        for name in elsewhere:
-            owner = self.owners.owner(name)
-            log.warning("topic %s is owned by broker %s in the shared tier, not by this one "
-                        "(%s): its clients may be sent elsewhere", name,
-                        owner.broker if owner else "?", self.prefix)
-        return elsewhere
-
-    # ------------------------------------------------------------------ send, query
-
-    def resolve_deliver_at(self, deliver_at_ms: int, delay_ms: int,
-                           now_ms: int) -> tuple[int, int]:
-        return self.sender.resolve_deliver_at(deliver_at_ms, delay_ms, now_ms)
-
-    def check(self, m: Draft) -> None:
-        self.sender.check(m)
-
-    def send(self, drafts: list[Draft]) -> Future[list[DispatchInfo]]:
-        return self.sender.send(drafts)
-
-    def submit(self, drafts: list[Draft], now_ms: int, dedupe: bool = True) -> Submission:
-        return self.sender.submit(drafts, now_ms, dedupe)
-
-    def stored(self, submission: Submission) -> list[DispatchInfo]:
-        return self.sender.stored(submission)
-
-    def query_by_message_id(self, message_id: str) -> list[Message]:
-        return self.queries.by_message_id(message_id)
-
-    def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
-        return self.queries.by_key(topic, key, limit)
 
     def run_retention(self) -> None:
         """Local retention, then the tier's."""

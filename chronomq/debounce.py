@@ -50,7 +50,8 @@ class Debouncer:
             # the last replace of this id, or any send of it before, is in the timer store
             if not broker.store.wait_visible(10.0):
                 raise StoreError("the dispatcher is behind; replace not attempted")
-            (info,) = broker.stored(broker.submit([draft], broker.clock.now_ms(),
+            sender = broker.sender
+            (info,) = sender.stored(sender.submit([draft], broker.clock.now_ms(),
                                                   dedupe=False))
             crashpoint("debounce.after_append")
             change = broker.timer.cancel(draft.message_id, draft.topic,

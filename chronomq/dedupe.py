@@ -4,7 +4,7 @@ A send whose message carries a client-chosen id its topic accepted within
 ``store.dedupe_window_ms`` is not stored again: a producer that resends after a lost
 answer is answered ``duplicate``, and a replay sent twice delivers once.  Ids accepted a
 moment ago are remembered in memory (at most ``RECENT_IDS``) with where their send ends
-in the CommitLog, so a duplicate's OK can wait for its original (``Broker.stored``);
+in the CommitLog, so a duplicate's OK can wait for its original (``Sender.stored``);
 older ones are found in the store's key index (one multi-get); for a topic taken over,
 ids the broker it came from accepted count too (``cluster.handover``).  An id whose
 send failed is forgotten: a retry is no repeat.

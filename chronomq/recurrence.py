@@ -1,7 +1,7 @@
 """The broker's recurring schedules (``recurring``): their book, kept in the POP
 database under ``R`` keys (journaled to the tier with the groups' state, snapshotted
 with it, adopted by a takeover: ``cluster.takeover``), and the engine whose ticks go
-through ``Broker.submit`` like any Send (checked, the dedupe window of client-chosen
+through ``Sender.submit`` like any Send (checked, the dedupe window of client-chosen
 ids, durable before the book moves on).
 
 Each tick is a message ``<name>@<tick ms>`` due at the tick; a tick whose message the
@@ -42,21 +42,21 @@ def open_schedules(broker: Broker) -> ScheduleEngine:
     book = ScheduleBook(_PopState(broker), broker.config.schedules.max_schedules)
 
     def send(drafts: list[Draft]) -> list[str]:
-        now = broker.clock.now_ms()
+        now, sender = broker.clock.now_ms(), broker.sender
         errors = [""] * len(drafts)
         ok: list[Draft] = []
         for i, d in enumerate(drafts):
             try:
-                due, flags = broker.resolve_deliver_at(d.deliver_at_ms, 0, now)
+                due, flags = sender.resolve_deliver_at(d.deliver_at_ms, 0, now)
                 d = d._replace(born_at_ms=now, deliver_at_ms=due, flags=flags)
-                broker.check(d)
+                sender.check(d)
                 ok.append(d)
             except Unavailable:  # a topic a takeover still adopts: the step, retried,
                 raise  # sends every owed tick then (a refused tick would be skipped)
             except ChronomqError as exc:
                 errors[i] = str(exc)
         if ok:
-            broker.stored(broker.submit(ok, now))  # duplicates: ticks sent before a crash
+            sender.stored(sender.submit(ok, now))  # duplicates: ticks sent before a crash
         return errors
 
     return ScheduleEngine(book, send, broker.clock)

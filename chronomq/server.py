@@ -278,7 +278,7 @@ class BrokerServer:
         cfg, rmq = self.config.server, self.config.rocketmq
         api, front = self._addresses()
         self.broker.start_retry("claiming its topics",  # (a slow tier at start)
-                                lambda: self.broker.claim_topics(api, front))
+                                lambda: self.broker.mounts.claim_topics(api, front))
         others = ""
         for setting, address, given in (("server", api, cfg.advertise_address),
                                         ("rocketmq", front, rmq.advertise_address)):

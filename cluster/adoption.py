@@ -357,8 +357,9 @@ class Adoption:
         made = split_broker_made(topic) is not None  # a retry topic: 1 queue
         b.store.create_topic(Topic(topic, 1 if made else b.config.store.default_queue_count),
                              system=made)
-        if b.owners is not None and is_name(topic):
-            b.owners.take_over(topic, self._departed, b.clock.now_ms())
+        owners = b.mounts.owners
+        if owners is not None and is_name(topic):
+            owners.take_over(topic, self._departed, b.clock.now_ms())
         self._on_topic(topic)
 
 

@@ -1,12 +1,12 @@
 """What the coordination protocols use of the broker they run in: small Protocols.
 
 The takeover (``cluster.takeover``), its lineage, adoption and hand-over, the timer
-snapshots' wiring (``cluster.compaction``) and the failover wiring
-(``cluster.failover``) run inside a broker, on its store, lease book, timer and tier.
-They depend on these Protocols, never on ``chronomq.broker.Broker``, which satisfies
-them structurally: the composition root (``chronomq``) imports this room, this room
-imports the components below it (``pop``, ``timer``, ``recurring``, ``tiered``,
-``store``), never the other way.
+snapshots' wiring (``cluster.compaction``), the failover wiring (``cluster.failover``)
+and the topic changes' (``cluster.topics``) run inside a broker, on its store, lease
+book, timer and tier.  They depend on these Protocols, never on
+``chronomq.broker.Broker``, which satisfies them structurally: the composition root
+(``chronomq``) imports this room, this room imports the components below it (``pop``,
+``timer``, ``recurring``, ``tiered``, ``store``), never the other way.
 
 ``HostConfig`` is the part of the broker's configuration they read; ``Host`` the parts
 of the broker, each read-only here (a protocol changes the state of a part through its
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from cluster.fence import Fence
 from cluster.lease import BrokerLease
 from cluster.ownership import TopicOwners
 from pop.service import PopService
@@ -24,6 +25,7 @@ from recurring.engine import ScheduleEngine
 from store.clock import Clock
 from store.journal import StateJournal
 from store.store import MessageStore, StoreConfig
+from store.topics import Topic
 from tiered.config import TierConfig
 from tiered.dispatcher import TieredDispatcher
 from tiered.mount import MountReader
@@ -46,6 +48,16 @@ class HostConfig(Protocol):
     def tier(self) -> TierConfig: ...
 
     def tier_local_dir(self) -> str: ...
+
+
+class HostMounts(Protocol):
+    """The broker's mounts and topic ownership (``chronomq.mounts.Mounts`` has them)."""
+
+    @property
+    def owners(self) -> TopicOwners | None: ...
+
+    def unmount(self, broker: str) -> list[str]:
+        """Stop serving ``broker``'s topics read-only."""
 
 
 class Host(Protocol):
@@ -92,7 +104,10 @@ class Host(Protocol):
     def mount_reader(self) -> MountReader: ...
 
     @property
-    def owners(self) -> TopicOwners | None: ...
+    def mounts(self) -> HostMounts: ...
+
+    @property
+    def fence(self) -> Fence: ...
 
     @property
     def lease(self) -> BrokerLease | None: ...
@@ -103,11 +118,11 @@ class Host(Protocol):
     def takeover(self, broker: str, force: bool = False) -> TakeoverResult:
         """Take ``broker`` over (one at a time)."""
 
+    def topics(self) -> list[Topic]:
+        """This broker's own topics (not its system streams)."""
+
     def publish_topics(self) -> None:
         """Put the topic catalogue's copy in the tier."""
-
-    def unmount(self, broker: str) -> list[str]:
-        """Stop serving ``broker``'s topics read-only."""
 
     def advertise(self, address: str, rocketmq_address: str) -> None:
         """Record the addresses clients reach this broker at in its lease."""

@@ -209,7 +209,7 @@ class Takeover:
         mounted = self._mount(departed)
         catalogue = departed_topics(b.tier, mounted)  # its deleted topics' queues dropped
         if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
-            b.unmount(departed)
+            b.mounts.unmount(departed)
         phases.mark("mount")
         taken = {t: c.queue_count for t, c in catalogue.items()}
         # the topics of a takeover the departed broker had begun and not finished are
@@ -332,7 +332,7 @@ class Takeover:
     def _own(self, departed: str, taken: dict[str, int], state: dict[str, Any]) -> None:
         """Owner records of the taken topics: those naming the departed broker, or a
         broker of its chain (one that had taken them over before), name this one now."""
-        owners = self._b.owners
+        owners = self._b.mounts.owners
         if owners is None:
             return
         names = [departed, *(str(link["broker"]) for link in reversed(state.get("chain", []))

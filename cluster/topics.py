@@ -39,6 +39,7 @@ Thread-safe (each step is; two changes of one name are ordered by the store).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cluster.catalogue import CatalogueCopy
 from cluster.ownership import TopicOwners
@@ -48,6 +49,9 @@ from store.errors import FailedPrecondition
 from store.names import check_name
 from store.store import MessageStore
 from store.topics import Topic
+
+if TYPE_CHECKING:
+    from cluster.host import Host
 
 
 class TopicChanges:
@@ -137,3 +141,20 @@ class TopicChanges:
         if self._confirm is not None:
             self._confirm()
         self._check()
+
+
+def broker_topic_changes(broker: Host, forget: Callable[[set[str]], None]) -> TopicChanges:
+    """The broker's CreateTopic and DeleteTopic, through its lease check, its topic owners
+    and its fence; with ``tier.upload`` each waits for the catalogue's copy in the tier.
+    ``forget(names)`` drops what the broker keeps of deleted topics."""
+    catalogue = confirm = None
+    if broker.tiered is not None:
+        durable = broker.tiered.durable
+        catalogue = CatalogueCopy(
+            broker.tier, broker.prefix, broker.topics,
+            lambda: broker.store.commitlog.confirmed_offset, lambda: durable.fenced)
+        if broker.journal.durable_ack:
+            confirm = broker.fence.confirm  # (cluster.fence: group-committed)
+    return TopicChanges(broker.store, broker.clock, forget, broker.journal.check,
+                        lambda: broker.mounts.owners, catalogue, confirm,
+                        broker.takeovers.forget_topic)

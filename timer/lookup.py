@@ -1,5 +1,5 @@
 """PendingLookup: the pending delayed messages of one id, read wherever they wait, for
-QueryMessages and the console (``Broker.query_by_message_id``); nothing is moved.
+QueryMessages and the console (``Queries.by_message_id``); nothing is moved.
 
 The store finds a pending message by id through its CommitLog record (the id's offset,
 or the key index) and the timer's witness (``store.lookup``).  A message a takeover

@@ -173,7 +173,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             topic, key, tag, body, mid = om.topic, om.key, om.tag, om.body, om.message_id
             try:
                 at_ms, delay_ms = om.deliver_at_ms, om.delay_ms
-                due, flags = broker.resolve_deliver_at(at_ms, delay_ms, now) \
+                due, flags = broker.sender.resolve_deliver_at(at_ms, delay_ms, now) \
                     if at_ms or delay_ms else (now, 0)
                 props = om.properties
                 encoded = encode_properties(dict(props), MAX_PROPERTIES_BYTES) \
@@ -183,7 +183,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 # the full check once per topic and for anything out of the ordinary
                 if (mid or topic not in checked_topics or not body or len(body) > max_body
                         or len(key) > _FAST_KEY_CHARS or len(tag) > _FAST_TAG_CHARS):
-                    broker.check(d)
+                    broker.sender.check(d)
                     checked_topics.add(topic)
                 if om.replace:  # stored on its own, now (``chronomq.debounce``)
                     replaced[i] = self._debouncer.replace(d)
@@ -194,14 +194,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             if mid:
                 chosen.append((i, len(accepted)))
             accepted.append(d)
-        submission = broker.submit(accepted, now)
+        submission = broker.sender.submit(accepted, now)
         if chosen:
             duplicates = {i: accepted[at].message_id for i, at in chosen
                           if submission.duplicate[at]}
         return _PendingSend(n, errors, submission, duplicates, replaced)
 
     def _finish_send(self, pending: _PendingSend) -> pb.SendResponse:
-        stored = self._broker.stored(pending.submission)
+        stored = self._broker.sender.stored(pending.submission)
         with self._counts_lock:
             self.sent += len(stored) + len(pending.replaced)
         if not pending.errors and not pending.duplicates and not pending.replaced:
@@ -431,8 +431,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         if request.WhichOneof("delivery") is None:
             raise InvalidArgument("Reschedule needs deliver_at_ms or delay_ms")
         now = self._broker.clock.now_ms()
-        due, _ = self._broker.resolve_deliver_at(request.deliver_at_ms, request.delay_ms,
-                                                 now)
+        due, _ = self._broker.sender.resolve_deliver_at(request.deliver_at_ms,
+                                                        request.delay_ms, now)
         change = self._broker.timer.reschedule(request.message_id, due, request.topic)
         return pb.RescheduleResponse(outcome=change.outcome.name, deliver_at_ms=due,
                                      changed=change.changed)
@@ -446,12 +446,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         broker = self._broker
         if which == "message_id":
             validate_message_id(request.message_id)
-            found = [m for m in broker.query_by_message_id(request.message_id)
+            found = [m for m in broker.queries.by_message_id(request.message_id)
                      if not request.topic or m.topic == request.topic]
         elif which == "key" and request.key:
             if not request.topic:
                 raise InvalidArgument("a query by key needs the topic")
-            found = broker.query_by_key(request.topic, request.key, limit)
+            found = broker.queries.by_key(request.topic, request.key, limit)
         else:
             raise InvalidArgument(
                 "QueryMessages needs a key (with its topic) or a message_id")
@@ -459,7 +459,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     def Mount(self, request: pb.MountRequest, context: Context) -> pb.MountResponse:
         try:
-            return pb.MountResponse(topics=self._broker.mount(request.broker))
+            return pb.MountResponse(topics=self._broker.mounts.mount(request.broker))
         except ChronomqError as exc:
             if status_of(exc) != grpc.StatusCode.INTERNAL:
                 raise
@@ -473,7 +473,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                                    accepting_after_seconds=r.accepting_after_s)
 
     def Unmount(self, request: pb.UnmountRequest, context: Context) -> pb.UnmountResponse:
-        topics = self._broker.unmount(request.broker)
+        topics = self._broker.mounts.unmount(request.broker)
         if not topics:
             raise NotFound(f"broker {request.broker[:140]!r} is not mounted here")
         return pb.UnmountResponse(topics=topics)

@@ -195,7 +195,7 @@ class ConsoleViews:
         validate_message_id(message_id)
         if not message_id:
             raise InvalidArgument("give a message id")
-        found = self.broker.query_by_message_id(message_id)
+        found = self.broker.queries.by_message_id(message_id)
         due = self.broker.timer.pending_due(message_id)
         rows = [message_dict(m, due) for m in found]
         # a client-chosen id's pending messages are in no index until delivered
@@ -210,7 +210,7 @@ class ConsoleViews:
         if not key or len(key) > 1024:
             raise InvalidArgument("give a key of at most 1,024 characters")
         b = self.broker
-        found = b.query_by_key(topic, key, LOOKUP_LIMIT)
+        found = b.queries.by_key(topic, key, LOOKUP_LIMIT)
         rows = [message_dict(m, b.timer.pending_due(m.message_id)) for m in found]
         seen = {m.message_id for m in found}
         # pending ones: the index's delayed records with this key that the timer still holds
@@ -219,7 +219,7 @@ class ConsoleViews:
             if due is None:
                 continue  # delivered (then found above), cancelled, or a duplicate entry
             seen.add(mid)
-            record = [m for m in b.query_by_message_id(mid) if m.topic == topic and m.key == key]
+            record = [m for m in b.queries.by_message_id(mid) if m.topic == topic and m.key == key]
             rows.append(message_dict(record[-1], due) if record else
                         pending_stub(mid, topic, key, due))
         return {"messages": rows}

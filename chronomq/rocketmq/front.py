@@ -232,7 +232,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def _owner_elsewhere(self, topic: str, refused: Refused) -> Owner | None:
         """The other broker that owns a topic missing here (``tier.claim_topics``), when
         it runs a RocketMQ front: QueryRoute sends the client there."""
-        owners = self._broker.owners
+        owners = self._broker.mounts.owners
         if owners is None or refused.code != Code.TOPIC_NOT_FOUND:
             return None
         try:
@@ -319,8 +319,8 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             except Refused as exc:
                 refused[i] = status_of(exc.code, str(exc))
         try:
-            submission = self._broker.submit(drafts, now)
-            stored = iter(self._broker.stored(submission))
+            submission = self._broker.sender.submit(drafts, now)
+            stored = iter(self._broker.sender.stored(submission))
         except ChronomqError as exc:
             status = status_of(code_of(exc), str(exc))
             return rs.SendMessageResponse(status=status, entries=[

@@ -83,7 +83,7 @@ def draft_of(m: Any, now: int, broker: Broker, topic_of: Callable[[str], Topic])
     due, flags = now, 0
     if sp.HasField("delivery_timestamp"):
         try:
-            due, flags = broker.resolve_deliver_at(
+            due, flags = broker.sender.resolve_deliver_at(
                 timestamp_ms(sp.delivery_timestamp), 0, now)
         except ChronomqError as exc:
             raise Refused(Code.ILLEGAL_DELIVERY_TIME, str(exc)) from exc
@@ -112,7 +112,7 @@ def draft_of(m: Any, now: int, broker: Broker, topic_of: Callable[[str], Topic])
     draft = Draft(sp.message_id, topic.name, keys[0] if keys else "", sp.tag, body,
                   encoded, born or now, due, flags)
     try:
-        broker.check(draft)
+        broker.sender.check(draft)
     except ChronomqError as exc:
         raise Refused(code_of(exc), str(exc)) from exc
     return draft

@@ -55,8 +55,8 @@ def test_an_ack_again_passes_the_fence(tmp_path: Path, fence: str) -> None:
     clock = ManualClock()
     with leased_broker(tmp_path, clock) as broker:
         now = clock.now_ms()
-        broker.stored(broker.submit([Draft("m", "t", "", "", b"body", b"", now, now, 0, 0)],
-                                    now))
+        draft = Draft("m", "t", "", "", b"body", b"", now, now, 0, 0)
+        broker.sender.stored(broker.sender.submit([draft], now))
         (got,) = broker.pop.pop("t", "g", 1, 600)
         assert broker.pop.ack_many("g", [got.receipt_handle]) == [None]
         # When the broker may answer no OK any more

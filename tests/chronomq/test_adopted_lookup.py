@@ -28,7 +28,7 @@ from tests.chronomq.test_takeover_adoption import brokers as brokers
 
 def _found(b: Broker, message_id: str) -> list[tuple[str, str, bytes, int]]:
     return [(m.message_id, m.topic, m.body, m.deliver_at_ms)
-            for m in b.query_by_message_id(message_id)]
+            for m in b.queries.by_message_id(message_id)]
 
 
 def test_adopted_pending_messages_are_found_by_id_wherever_they_wait(
@@ -68,5 +68,5 @@ def test_adopted_pending_messages_are_found_by_id_wherever_they_wait(
 
     # When one is delivered, it is found once: its delivered copy
     _run(b, manual_clock, start + 2 * HOUR_MS)
-    (m,) = b.query_by_message_id("near-3")
+    (m,) = b.queries.by_message_id("near-3")
     assert m.message_id == "near-3" and m.body == b"near-3"

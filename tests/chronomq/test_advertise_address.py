@@ -50,8 +50,8 @@ def test_the_advertised_address_is_recorded_without_a_warning(
     try:
         with s.client() as c:
             assert c.create_topic("orders")
-        assert s.server.broker.owners is not None
-        assert s.server.broker.owners.owner("orders").address == "10.1.2.3:7600"
+        assert s.server.broker.mounts.owners is not None
+        assert s.server.broker.mounts.owners.owner("orders").address == "10.1.2.3:7600"
         assert _warnings(caplog) == []
     finally:
         s.stop()

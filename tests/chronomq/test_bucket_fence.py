@@ -45,7 +45,7 @@ def _send(b: Broker, mid: str) -> None:
     """One Send as the gRPC front makes it: submitted, then ``stored`` (the OK)."""
     now = b.clock.now_ms()
     d = Draft(mid, "t", "", "", mid.encode(), b"", now, now, 0)
-    b.stored(b.submit([d], now))
+    b.sender.stored(b.sender.submit([d], now))
 
 
 def test_a_broker_whose_lease_was_claimed_answers_no_ok_whatever_its_clock(
@@ -123,7 +123,7 @@ def test_a_broker_reborn_with_an_empty_data_directory_refuses_and_leaves_its_lea
         tmp_path: Path, manual_clock: ManualClock) -> None:
     a = _broker(tmp_path, "a", manual_clock)
     a.create_topic(Topic("t", 1))
-    a.send([draft_of(Message("", "t", b"x"))]).result(10)
+    a.sender.send([draft_of(Message("", "t", b"x"))]).result(10)
     a.stop()
     lease_before = a.tier.read_versioned(lease_path("a"))
     with pytest.raises(FailedPrecondition, match="holds none of it"):

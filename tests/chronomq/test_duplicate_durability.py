@@ -78,9 +78,9 @@ class Env:
         """Send one message through the path every front takes; True: a duplicate."""
         now = self.clock.now_ms()
         b = self.broker
-        submission = b.submit([Draft(message_id, "t", "", "", b"body", b"", now, now, 0, 0)],
-                              now)
-        b.stored(submission)
+        submission = b.sender.submit([Draft(message_id, "t", "", "", b"body", b"", now, now, 0, 0)],
+                                     now)
+        b.sender.stored(submission)
         return submission.duplicate[0]
 
     def in_tier(self, message_id: str = MID) -> bool:
@@ -173,16 +173,16 @@ def test_a_duplicate_passes_the_fence(tmp_path: Path, fence: str) -> None:
     with leased_broker(tmp_path, clock) as broker:
         now = clock.now_ms()
         draft = Draft(MID, "t", "", "", b"body", b"", now, now, 0, 0)
-        first = broker.submit([draft], now)
-        broker.stored(first)
+        first = broker.sender.submit([draft], now)
+        broker.sender.stored(first)
         assert first.duplicate == [False]
         # When the broker may answer no OK any more
         refused = lose_the_lease(broker, clock, fence)
         # Then the resend is refused like any change, not answered OK-duplicate
-        again = broker.submit([draft], clock.now_ms())
+        again = broker.sender.submit([draft], clock.now_ms())
         assert again.duplicate == [True]
         with pytest.raises(refused):
-            broker.stored(again)
+            broker.sender.stored(again)
 
 
 def test_a_duplicate_of_a_broker_taken_over_is_refused_over_grpc(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def _draft(mid: str, now_ms: int, due_ms: int = 0, flags: int = 0) -> Draft:
 
 def _delayed(b: Broker, mid: str, now_ms: int) -> Draft:
     """``mid`` due an hour from now: it waits in the delayed stream (and the timer)."""
-    due, flags = b.resolve_deliver_at(now_ms + HOUR_MS, 0, now_ms)
+    due, flags = b.sender.resolve_deliver_at(now_ms + HOUR_MS, 0, now_ms)
     return _draft(mid, now_ms, due, flags)
 
 
@@ -83,16 +83,16 @@ def test_a_resend_of_a_message_uploaded_after_the_claim_is_stored_again(
     assert a.tiered is not None
     a.create_topic(Topic("t", 1))
     now = manual_clock.now_ms()
-    first = a.submit([_draft("m0", now)], now)
+    first = a.sender.submit([_draft("m0", now)], now)
     with ThreadPoolExecutor(1) as waiter:
-        stored = waiter.submit(a.stored, first)
+        stored = waiter.submit(a.sender.stored, first)
         while not stored.done():  # what A's upload thread would do
             a.tiered.step()
             a.tiered.commit()
             time.sleep(0.01)
         stored.result()
     x = _delayed(a, "x", now) if delayed else _draft("x", now)
-    pending = a.submit([x], now)
+    pending = a.sender.submit([x], now)
     b = _broker(tmp_path, "b", manual_clock)
     try:
         # When B takes A over, and only then A's commit of x lands in the tier (its
@@ -104,7 +104,7 @@ def test_a_resend_of_a_message_uploaded_after_the_claim_is_stored_again(
         a.tiered.commit()
         wait_until(lambda: a.tiered is not None and a.tiered.fenced, 10, "A fenced")
         with pytest.raises(FailedPrecondition):
-            a.stored(pending)
+            a.sender.stored(pending)
         stream = DELAYED_STREAM if delayed else "t"
         assert _committed_at_a(tmp_path, stream) == 1 + (not delayed), \
             "x's upload did not land in A's tier"
@@ -113,15 +113,15 @@ def test_a_resend_of_a_message_uploaded_after_the_claim_is_stored_again(
         b = _broker(tmp_path, "b", manual_clock)
         # Then a resend of x is stored at B and served, not answered duplicate
         now = manual_clock.now_ms()
-        again = b.submit([_delayed(b, "x", now) if delayed else _draft("x", now)], now)
+        again = b.sender.submit([_delayed(b, "x", now) if delayed else _draft("x", now)], now)
         assert again.duplicate == [False], "x answered duplicate: no broker serves it"
-        b.stored(again)
+        b.sender.stored(again)
         if delayed:  # it comes at its time
             manual_clock.advance(HOUR_MS)
             run_timer(b, manual_clock.now_ms())
         assert _pop_ids(b) == ["m0", "x"]
         # while a resend of m0 (below the ends B took) is still a duplicate
-        repeat = b.submit([_draft("m0", now)], now)
+        repeat = b.sender.submit([_draft("m0", now)], now)
         assert repeat.duplicate == [True]
     finally:
         b.stop()

@@ -60,8 +60,8 @@ def _run_a(root: Path, clock: ManualClock) -> tuple[Broker, list[str], set[str],
     """A with 200 messages: 120 acked one at a time, 10 leased (60 s), the rest new."""
     a = _broker(root, "a", clock)
     a.create_topic(Topic("t", 2))
-    sent = [i.message_id for i in a.send([draft_of(Message("", "t", f"m{i}".encode()))
-                                          for i in range(200)]).result(10)]
+    sent = [i.message_id for i in a.sender.send([draft_of(Message("", "t", f"m{i}".encode()))
+                                                 for i in range(200)]).result(10)]
     acked: set[str] = set()
     assert a.snapshots is not None
     for _ in range(120):
@@ -127,7 +127,7 @@ def test_a_snapshot_comes_by_time_too_once_enough_records_came(
     a.tiered.start()
     try:
         a.create_topic(Topic("t", 1))
-        a.send([draft_of(Message("", "t", f"m{i}".encode())) for i in range(40)]).result(10)
+        a.sender.send([draft_of(Message("", "t", f"m{i}".encode())) for i in range(40)]).result(10)
         snapshots = a.snapshots
 
         def pointed() -> bool:

@@ -50,8 +50,8 @@ def _broker(root: Path, name: str, clock: ManualClock, data: str = "") -> Broker
 def _send(b: Broker, topic: str, mids: list[str]) -> None:
     """Sends as the gRPC front makes them: submitted, then ``stored`` (the OK)."""
     now = b.clock.now_ms()
-    b.stored(b.submit([Draft(m, topic, "", "", m.encode(), b"", now, now, 0)
-                       for m in mids], now))
+    b.sender.stored(b.sender.submit([Draft(m, topic, "", "", m.encode(), b"", now, now, 0)
+                                     for m in mids], now))
 
 
 @pytest.mark.parametrize("disk", ["its data directory", "an empty data directory"])

@@ -228,8 +228,8 @@ def test_a_takeover_cut_in_its_timer_step_resumes_without_twice_or_resurrection(
     with pytest.raises(Unavailable):
         b.timer.cancel("far5-5", "t")
     with pytest.raises(Unavailable):  # a debounce's replace would replace nothing yet
-        b.submit([Draft("far5-5", "t", "", "", b"newer", b"", manual_clock.now_ms(),
-                        start + 31 * HOUR_MS)], manual_clock.now_ms(), dedupe=False)
+        b.sender.submit([Draft("far5-5", "t", "", "", b"newer", b"", manual_clock.now_ms(),
+                               start + 31 * HOUR_MS)], manual_clock.now_ms(), dedupe=False)
     result = b.takeover("a", force=True)
 
     # Then the resumed step schedules the rest: every message once, the cancelled ones

@@ -83,8 +83,8 @@ def _send(b: Broker, mid: str, topic: str = "t") -> bool:
     """One Send as the gRPC front makes it (submitted, then ``stored``: the OK);
     whether it was answered duplicate."""
     now = b.clock.now_ms()
-    submission = b.submit([Draft(mid, topic, "", "", mid.encode(), b"", now, now, 0)], now)
-    b.stored(submission)
+    submission = b.sender.submit([Draft(mid, topic, "", "", mid.encode(), b"", now, now, 0)], now)
+    b.sender.stored(submission)
     return submission.duplicate[0]
 
 
@@ -101,7 +101,7 @@ def test_handles_a_signed_settle_their_leases_at_b(pair: Pair,
     # Given A: 6 messages, all leased by group g for 60 s
     a, b = pair.a, pair.b
     a.create_topic(Topic("t", 2))
-    a.send([draft_of(Message("", "t", f"m{i}".encode())) for i in range(6)]).result(10)
+    a.sender.send([draft_of(Message("", "t", f"m{i}".encode())) for i in range(6)]).result(10)
     leased = a.pop.pop("t", "g", 6, LEASE_S)
     assert len(leased) == 6
     acked, extended, nacked, dead, late, untouched = leased

@@ -66,8 +66,8 @@ def test_adopted_leases_keep_their_remaining_time_on_a_successor_ahead(
     a = _broker(tmp_path, "a", manual_clock)
     try:
         a.create_topic(Topic("t", 1))
-        sent = [i.message_id for i in a.send([draft_of(Message("", "t", f"m{i}".encode()))
-                                              for i in range(10)]).result(10)]
+        sent = [i.message_id for i in a.sender.send([draft_of(Message("", "t", f"m{i}".encode()))
+                                                     for i in range(10)]).result(10)]
         leased = a.pop.pop("t", "g", 4, INVISIBLE_S)
         assert len(leased) == 4
         handles = {p.message.message_id: p.receipt_handle for p in leased}
@@ -132,7 +132,7 @@ def test_a_chain_of_takeovers_on_three_clocks_keeps_the_first_brokers_leases(
     a = _broker(tmp_path, "a", manual_clock)
     try:
         a.create_topic(Topic("t", 1))
-        a.send([draft_of(Message("", "t", f"m{i}".encode())) for i in range(4)]).result(10)
+        a.sender.send([draft_of(Message("", "t", f"m{i}".encode())) for i in range(4)]).result(10)
         leased = a.pop.pop("t", "g", 4, 2 * INVISIBLE_S)
         handles = {p.message.message_id: p.receipt_handle for p in leased}
     finally:
@@ -174,7 +174,7 @@ def test_a_dead_letter_at_the_successor_of_a_broker_far_ahead_is_not_revived_lat
     a = _broker(tmp_path, "a", SkewedClock(manual_clock, 90 * SECOND_MS))
     try:
         a.create_topic(Topic("t", 1))
-        a.send([draft_of(Message("", "t", b"m"))]).result(10)
+        a.sender.send([draft_of(Message("", "t", b"m"))]).result(10)
         (leased,) = a.pop.pop("t", "g", 1, 10 * INVISIBLE_S)
     finally:
         a.stop()

@@ -57,8 +57,8 @@ def test_a_revive_during_a_takeover_keeps_the_adopted_leases(
     a = _broker(tmp_path, "a", manual_clock)
     try:
         a.create_topic(Topic("t", 2))
-        sent = [i.message_id for i in a.send([draft_of(Message("", "t", f"m{i}".encode()))
-                                              for i in range(40)]).result(10)]
+        sent = [i.message_id for i in a.sender.send([draft_of(Message("", "t", f"m{i}".encode()))
+                                                     for i in range(40)]).result(10)]
         short = a.pop.pop("t", "g", 8, SHORT_S)
         long = a.pop.pop("t", "g", 8, LONG_S)
         assert len(short) == len(long) == 8

@@ -80,8 +80,8 @@ def _stream_objects(b: Broker, stream: str) -> int:
 
 def _send_delayed(b: Broker, ids: list[str], due_ms: int) -> None:
     now = b.clock.now_ms()
-    due, flags = b.resolve_deliver_at(due_ms, 0, now)
-    b.send([Draft(i, "t", "", "", i.encode(), b"", now, due, flags) for i in ids]).result(10)
+    due, flags = b.sender.resolve_deliver_at(due_ms, 0, now)
+    b.sender.send([Draft(i, "t", "", "", i.encode(), b"", now, due, flags) for i in ids]).result(10)
 
 
 @pytest.mark.parametrize("compact", [True, False])

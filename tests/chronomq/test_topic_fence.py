@@ -59,7 +59,7 @@ def broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Broker]:
     b.tiered.start()
     try:
         b.start_failover("127.0.0.1:1", "")
-        b.claim_topics("127.0.0.1:1")
+        b.mounts.claim_topics("127.0.0.1:1")
         yield b
     finally:
         b.stop()

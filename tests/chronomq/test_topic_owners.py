@@ -54,8 +54,8 @@ def test_one_owner_per_topic_across_brokers(tmp_path: Path,
         # a restart claims its topics again (they stay b's)
         b.stop()
         b = _broker(tmp_path, request, "broker-b", 2)
-        assert b.server.broker.owners is not None
-        assert b.server.broker.owners.owner("payments").address == b.target
+        assert b.server.broker.mounts.owners is not None
+        assert b.server.broker.mounts.owners.owner("payments").address == b.target
         with a.client() as ca, pytest.raises(RpcError):
             ca.create_topic("payments")
     finally:
@@ -167,7 +167,7 @@ def test_a_mount_takes_over_a_departed_brokers_topics(tmp_path: Path,
     a.stop()  # gone
     b = _broker(tmp_path, request, "broker-b", 2)
     try:
-        owners = b.server.broker.owners
+        owners = b.server.broker.mounts.owners
         assert owners is not None and owners.owner("orders").broker == "broker-a"
         with b.client() as cb:
             assert cb.mount("broker-a") == ["orders"]

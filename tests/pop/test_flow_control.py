@@ -42,7 +42,7 @@ class Env:
         now = self.clock.now_ms()
         drafts = [draft_of(Message("", "t", body.encode(), key=key, born_at_ms=now))
                   for key, body in keyed]
-        self.broker.send(drafts).result(10)
+        self.broker.sender.send(drafts).result(10)
         assert self.broker.store.wait_visible(10)
 
     def take(self, n: int = 32, group: str = "G") -> list[PoppedMessage]:
@@ -259,9 +259,9 @@ def test_a_takeover_hands_out_what_the_departed_broker_held(
     a = _broker(tmp_path, "a", manual_clock, LIMITED)
     try:
         a.create_topic(Topic("t", 2))
-        a.send([draft_of(Message("", "t", f"h{i}".encode(), key="hot")) for i in range(20)]
-               + [draft_of(Message("", "t", f"c{i}".encode(), key=f"c{i}"))
-                  for i in range(5)]).result(10)
+        a.sender.send([draft_of(Message("", "t", f"h{i}".encode(), key="hot")) for i in range(20)]
+                      + [draft_of(Message("", "t", f"c{i}".encode(), key=f"c{i}"))
+                         for i in range(5)]).result(10)
         assert a.store.wait_visible(10)
         got = a.pop.pop("t", "G", 32, 60)
         assert sorted(p.message.body for p in got) == [b"c0", b"c1", b"c2", b"c3", b"c4",

@@ -43,7 +43,7 @@ class Env:
         now = self.clock.now_ms()
         drafts = [draft_of(Message("", topic, f"m{start + i}".encode(), born_at_ms=now))
                   for i in range(n)]
-        infos = self.broker.send(drafts).result(10)
+        infos = self.broker.sender.send(drafts).result(10)
         self.settle()
         return [i.message_id for i in infos]
 

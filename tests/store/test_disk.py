@@ -154,8 +154,8 @@ def test_early_retention_keeps_data_younger_than_retention(
     try:
         broker.create_topic(Topic("t", 1))
         while not broker.disk.should_clean():
-            broker.send([draft_of(Message("", "t", b"b" * (64 << 10)))
-                         for _ in range(8)]).result(10)
+            broker.sender.send([draft_of(Message("", "t", b"b" * (64 << 10)))
+                                for _ in range(8)]).result(10)
         assert broker.store.wait_visible(10)
         assert broker.store.dispatcher is not None
         broker.store.dispatcher.catch_up()

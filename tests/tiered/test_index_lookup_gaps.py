@@ -43,8 +43,8 @@ def test_a_key_is_found_after_local_retention_while_its_index_file_is_open(
         broker.create_topic(Topic("t", 4))
         sent: list[tuple[str, str]] = []
         for b in range(10):
-            infos = broker.send([draft_of(Message("", "t", b"x" * 100, key=f"k{b * 50 + i}"))
-                                 for i in range(50)]).result(10)
+            infos = broker.sender.send([draft_of(Message("", "t", b"x" * 100, key=f"k{b * 50 + i}"))
+                                        for i in range(50)]).result(10)
             sent += [(i.message_id, i.key) for i in infos]
         assert broker.store.wait_visible(10) and broker.store.dispatcher is not None
         broker.store.dispatcher.catch_up()
@@ -61,8 +61,8 @@ def test_a_key_is_found_after_local_retention_while_its_index_file_is_open(
         assert len(gone) > 400  # most records left local disk
         # Then each of them is still found by its key and by its id, in the tier
         for mid, key in gone:
-            assert [m.message_id for m in broker.query_by_key("t", key, 10)] == [mid]
-            assert [m.message_id for m in broker.query_by_message_id(mid)] == [mid]
+            assert [m.message_id for m in broker.queries.by_key("t", key, 10)] == [mid]
+            assert [m.message_id for m in broker.queries.by_message_id(mid)] == [mid]
         assert tiered.statistics().index_files == 0  # found without sealing the file
     finally:
         broker.stop()
@@ -95,8 +95,8 @@ def test_a_mount_of_an_older_catalogue_indexes_by_store_time(
     try:
         broker.create_topic(Topic("t", 2))
         for b in range(4):
-            infos = broker.send([draft_of(Message("", "t", b"x" * 100, key=f"k{i % 7}"))
-                                 for i in range(50)]).result(10)
+            infos = broker.sender.send([draft_of(Message("", "t", b"x" * 100, key=f"k{i % 7}"))
+                                        for i in range(50)]).result(10)
             sent.update({i.message_id: i.key for i in infos})
             assert broker.store.wait_visible(10) and broker.store.dispatcher is not None
             broker.store.dispatcher.catch_up()

@@ -137,10 +137,10 @@ def _send_far(broker: Broker, clock: ManualClock, delays_s: list[int]) -> None:
     now = clock.now_ms()
     drafts = []
     for s in delays_s:
-        due, flags = broker.resolve_deliver_at(0, s * SEC, now)
+        due, flags = broker.sender.resolve_deliver_at(0, s * SEC, now)
         drafts.append(Draft("", "t", "", "", str(s).encode() * 40, b"", now, due, flags, 0,
                             b""))
-    broker.send(drafts).result(10)
+    broker.sender.send(drafts).result(10)
     assert broker.store.wait_visible(10)
     broker.timer.write_parked()
 
@@ -319,8 +319,8 @@ def _tiered_broker(tmp_path: Path, clock: ManualClock) -> tuple[Broker, list[str
     broker.create_topic(Topic("t", 1))
     infos = []
     for b in range(8):
-        infos += broker.send([draft_of(Message("", "t", f"{b}-{i}".encode() * 60))
-                              for i in range(50)]).result(10)
+        infos += broker.sender.send([draft_of(Message("", "t", f"{b}-{i}".encode() * 60))
+                                     for i in range(50)]).result(10)
     assert broker.store.wait_visible(10) and broker.store.dispatcher is not None
     broker.store.dispatcher.catch_up()
     assert broker.tiered is not None
@@ -365,7 +365,7 @@ def test_pop_delivers_everything_but_the_damaged_records_of_the_tier(
         assert any(cq_path in m and f"byte {cq_at + 3}" in m for m in errors)
         assert broker.tiered.statistics().damaged_objects == 2
         # and the queue goes on: a new message is delivered
-        (info,) = broker.send([draft_of(Message("", "t", b"after"))]).result(10)
+        (info,) = broker.sender.send([draft_of(Message("", "t", b"after"))]).result(10)
         assert broker.store.wait_visible(10)
         assert [p.message.message_id for p in broker.pop.pop("t", "g", 32, 60)] == [
             info.message_id]

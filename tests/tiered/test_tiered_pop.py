@@ -42,9 +42,9 @@ def test_a_new_group_pops_everything_from_the_tier(kind: str, tmp_path: Path,
         broker.create_topic(Topic("t", 2))
         sent: list[str] = []
         for b in range(10):
-            infos = broker.send([draft_of(Message("", "t", f"{b}-{i}".encode() * 20,
-                                                  key=f"k{i % 10}"))
-                                 for i in range(50)]).result(10)
+            infos = broker.sender.send([draft_of(Message("", "t", f"{b}-{i}".encode() * 20,
+                                                         key=f"k{i % 10}"))
+                                        for i in range(50)]).result(10)
             sent += [i.message_id for i in infos]
         assert broker.store.wait_visible(10)
         assert broker.store.dispatcher is not None
@@ -65,13 +65,13 @@ def test_a_new_group_pops_everything_from_the_tier(kind: str, tmp_path: Path,
         # QueryMessages falls through to the tier's key index for what left local disk
         first = sent[0]
         assert broker.store.query_by_message_id(first) == []  # gone locally
-        assert [m.message_id for m in broker.query_by_message_id(first)] == [first]
-        by_key = broker.query_by_key("t", "k3", 100)
+        assert [m.message_id for m in broker.queries.by_message_id(first)] == [first]
+        by_key = broker.queries.by_key("t", "k3", 100)
         assert [m.key for m in by_key] == ["k3"] * 50 and len({m.message_id
                                                                  for m in by_key}) == 50
         assert by_key[-1].message_id == sent[-7]  # oldest first; the newest is 9-43
-        assert broker.query_by_key("t", "k3", 5) == by_key[-5:]
-        assert broker.query_by_message_id("0" * 32) == []
+        assert broker.queries.by_key("t", "k3", 5) == by_key[-5:]
+        assert broker.queries.by_message_id("0" * 32) == []
     finally:
         broker.stop()
 
@@ -86,8 +86,8 @@ def _filled(tmp_path: Path, clock: ManualClock, tier: TierConfig,
     broker.create_topic(Topic("t", 1))
     infos = []
     for b in range(8):  # a batch is appended to one CommitLog segment: several batches
-        infos += broker.send([draft_of(Message("", "t", b"x" * 300, key=f"k{i % 10}"))
-                              for i in range(b * 50, b * 50 + 50)]).result(10)
+        infos += broker.sender.send([draft_of(Message("", "t", b"x" * 300, key=f"k{i % 10}"))
+                                     for i in range(b * 50, b * 50 + 50)]).result(10)
     assert broker.store.wait_visible(10) and broker.store.dispatcher is not None
     broker.store.dispatcher.catch_up()
     assert broker.tiered is not None
@@ -132,7 +132,7 @@ def test_disable_never_reads_the_tier(tmp_path: Path, manual_clock: ManualClock,
         assert broker.store.run_retention() > 0
         got = _pop_all(broker, "g")
         assert got and len(got) < len(sent) and got == sent[-len(got):]  # local part only
-        assert broker.query_by_message_id(sent[0]) == []
+        assert broker.queries.by_message_id(sent[0]) == []
     finally:
         broker.stop()
 
@@ -146,10 +146,10 @@ def test_tier_retention_deletes_expired_segments_per_topic(
     assert broker.tiered is not None
     try:
         broker.create_topic(Topic("keep", 1, tier_retention_ms=10 * 3_600_000))
-        broker.send([draft_of(Message("", "keep", b"k" * 100))]).result(10)
+        broker.sender.send([draft_of(Message("", "keep", b"k" * 100))]).result(10)
         manual_clock.advance(120_000)  # newer data of t, in a new segment
-        late = broker.send([draft_of(Message("", "t", b"y" * 300, key="late"))
-                            for _ in range(20)]).result(10)
+        late = broker.sender.send([draft_of(Message("", "t", b"y" * 300, key="late"))
+                                   for _ in range(20)]).result(10)
         broker.store.wait_visible(10)
         assert broker.store.dispatcher is not None
         broker.store.dispatcher.catch_up()
@@ -165,8 +165,8 @@ def test_tier_retention_deletes_expired_segments_per_topic(
         left = broker.tier.list("broker-0/data/t/")
         assert left and len(left) < len(objects)
         assert _pop_all(broker, "g") == [i.message_id for i in late]  # the expired are gone
-        assert broker.query_by_message_id(sent[0]) == []
-        assert len(broker.query_by_key("t", "late", 100)) == 20
+        assert broker.queries.by_message_id(sent[0]) == []
+        assert len(broker.queries.by_key("t", "late", 100)) == 20
         assert broker.tier.list("broker-0/data/keep/")  # its own, longer retention
         manual_clock.advance(3_600_000)
         broker.run_retention()

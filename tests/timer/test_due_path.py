@@ -39,9 +39,9 @@ class Env:
 
     def send(self, topic: str, body: bytes, delay_ms: int, message_id: str = "") -> None:
         now = self.clock.now_ms()
-        due, flags = self.broker.resolve_deliver_at(0, delay_ms, now)
-        self.broker.send([Draft(message_id, topic, "", "", body, b"", now, due, flags,
-                                0)]).result(10)
+        due, flags = self.broker.sender.resolve_deliver_at(0, delay_ms, now)
+        self.broker.sender.send([Draft(message_id, topic, "", "", body, b"", now, due, flags,
+                                       0)]).result(10)
         assert self.broker.store.wait_visible(10)
 
     def tick(self) -> int:
@@ -170,8 +170,8 @@ def test_a_copy_of_a_broker_assigned_id_writes_no_dedupe_entry(env: Env) -> None
     found = env.broker.store.query_by_message_id(assigned)
     assert [m.body for m in found] == [b"assigned"]
     now = env.clock.now_ms()
-    again = env.broker.submit([Draft("order-1", "a", "", "", b"again", b"", now, now, 0, 0)],
-                              now)
+    again = env.broker.sender.submit([Draft("order-1", "a", "", "", b"again", b"", now, now, 0, 0)],
+                                     now)
     assert again.duplicate == [True]
 
 

@@ -35,9 +35,9 @@ class Env:
 
     def send(self, body: bytes, delay_ms: int) -> str:
         now = self.clock.now_ms()
-        due, flags = self.broker.resolve_deliver_at(0, delay_ms, now)
-        (info,) = self.broker.send([Draft("", "t", "", "", body, b"", now, due, flags, 0,
-                                          b"")]).result(10)
+        due, flags = self.broker.sender.resolve_deliver_at(0, delay_ms, now)
+        (info,) = self.broker.sender.send([Draft("", "t", "", "", body, b"", now, due, flags, 0,
+                                                 b"")]).result(10)
         self.settle()
         return info.message_id
 
@@ -141,8 +141,9 @@ def test_a_failed_flat_file_write_keeps_the_records_parked(tmp_path: Path,
         flaky = FaultyProvider(e.broker.flat_files.provider, failures=1)
         e.broker.flat_files.provider = flaky
         now = e.clock.now_ms()
-        due, flags = e.broker.resolve_deliver_at(0, 30 * SEC, now)
-        e.broker.send([Draft("", "t", "", "", b"far", b"", now, due, flags, 0, b"")]).result(10)
+        due, flags = e.broker.sender.resolve_deliver_at(0, 30 * SEC, now)
+        draft = Draft("", "t", "", "", b"far", b"", now, due, flags, 0, b"")
+        e.broker.sender.send([draft]).result(10)
         assert e.broker.store.wait_visible(10)
         # When the tier refuses the write, the record stays parked (durably, in RocksDB;
         # the dispatch position does not wait for it)

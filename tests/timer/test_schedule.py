@@ -34,9 +34,9 @@ class Env:
 
     def send(self, delay_ms: int, n: int = 1) -> list[str]:
         now = self.clock.now_ms()
-        due, flags = self.broker.resolve_deliver_at(0, delay_ms, now)
-        infos = self.broker.send([Draft("", "t", "", "", b"x", b"", now, due, flags, 0, b"")
-                                  for _ in range(n)]).result(10)
+        due, flags = self.broker.sender.resolve_deliver_at(0, delay_ms, now)
+        infos = self.broker.sender.send([Draft("", "t", "", "", b"x", b"", now, due, flags, 0, b"")
+                                         for _ in range(n)]).result(10)
         assert self.broker.store.wait_visible(10)
         self.timer.write_parked()  # far-future ones go into their TimerFlatFile now
         return [i.message_id for i in infos]

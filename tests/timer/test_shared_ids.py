@@ -54,9 +54,9 @@ class Env:
 
     def send(self, topic: str, body: bytes, delay_ms: int, message_id: str = MID) -> None:
         now = self.clock.now_ms()
-        due, flags = self.broker.resolve_deliver_at(0, delay_ms, now)
-        self.broker.send([Draft(message_id, topic, "", "", body, b"", now, due, flags,
-                                0)]).result(10)
+        due, flags = self.broker.sender.resolve_deliver_at(0, delay_ms, now)
+        self.broker.sender.send([Draft(message_id, topic, "", "", body, b"", now, due, flags,
+                                       0)]).result(10)
         self.settle()
 
     def settle(self) -> None:

@@ -145,9 +145,9 @@ def test_two_parked_messages_with_one_id_are_both_delivered(
         # Given: one client-chosen id, far ahead, in two topics (both parked, then written
         # to their TimerFlatFile)
         now = env.clock.now_ms()
-        due, flags = env.broker.resolve_deliver_at(0, 16 * SEC, now)
-        env.broker.send([Draft("same-id", topic, "", "", topic.encode(), b"", now, due, flags,
-                               0, b"") for topic in ("t", "u")]).result(10)
+        due, flags = env.broker.sender.resolve_deliver_at(0, 16 * SEC, now)
+        env.broker.sender.send([Draft("same-id", topic, "", "", topic.encode(), b"", now, due,
+                                      flags, 0, b"") for topic in ("t", "u")]).result(10)
         env.settle()
         # When: their bucket is preloaded and they come due
         env.clock.advance(16 * SEC)

@@ -35,10 +35,10 @@ class Env:
     def send(self, body: bytes, delay_ms: int = 0, deliver_at_ms: int = 0,
              topic: str = "t") -> str:
         now = self.clock.now_ms()
-        due, flags = self.broker.resolve_deliver_at(deliver_at_ms, delay_ms, now)
+        due, flags = self.broker.sender.resolve_deliver_at(deliver_at_ms, delay_ms, now)
         d = Draft("", topic, "", "", body, b"", now, due, flags, 0)
-        self.broker.check(d)
-        (info,) = self.broker.send([d]).result(10)
+        self.broker.sender.check(d)
+        (info,) = self.broker.sender.send([d]).result(10)
         self.visible()
         return info.message_id
 
