@@ -9,15 +9,15 @@ mounted topics, and turning ownership on claims the local topics and takes over 
 of every broker mounted so far.  Kept out of ``chronomq.broker``, which only wires
 this to the store (its mounted topic names) and POP (its tier reader).
 
-Thread-safe as far as its parts are (``MountReader``, ``TopicOwners``); no lock spans a
-mount's steps, so a mount and an unmount running at once each hand the store and POP the
-mounts they saw.
+Thread-safe: a mount's or an unmount's change of the mounted set and its hand-off to the
+store and POP are one step (``_lock``), so two at once never leave a stale set behind.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 
 from cluster.catalogue import departed_topics
 from cluster.ownership import Owner, TopicOwners
@@ -50,6 +50,7 @@ class Mounts:
         self._store = store
         self._pop = pop
         self._clock = clock
+        self._lock = threading.Lock()  # the mounted set and what the store, POP know of it
 
     def mount_all(self, names: str) -> None:
         """Mount the comma-separated brokers of ``tier.mounts``; one that cannot be
@@ -69,8 +70,9 @@ class Mounts:
             raise InvalidArgument(f"{broker} is this broker: its topics are served already")
         mounted = MountedBroker(self._tier, broker, os.path.join(self._dir, broker))
         departed_topics(self._tier, mounted)  # not the queues of topics it deleted
-        topics = self.reader.mount(mounted, {t.name for t in self._store.topics.list()})
-        self._set_mounted()
+        with self._lock:
+            topics = self.reader.mount(mounted, {t.name for t in self._store.topics.list()})
+            self._set_mounted()
         if self.owners is not None:  # its topics are served here now: say so in the tier
             now = self._clock.now_ms()
             kept = [t for t in topics if not self.owners.take_over(t, broker, now)]
@@ -83,8 +85,9 @@ class Mounts:
 
     def unmount(self, broker: str) -> list[str]:
         """Stop serving ``broker``'s topics; returns them (none: it was not mounted)."""
-        topics = self.reader.unmount(broker)
-        self._set_mounted()
+        with self._lock:
+            topics = self.reader.unmount(broker)
+            self._set_mounted()
         return topics
 
     def _set_mounted(self) -> None:
