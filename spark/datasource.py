@@ -17,6 +17,12 @@ tier) or ``s3_bucket``, ``s3_prefix``, ``s3_endpoint_url``, ``s3_region``,
 optionally ``topic`` (comma-separated), ``start_ms``, ``end_ms``, ``key``, and
 ``max_slice_bytes``; ``damage_rows`` (``true``: see below).
 
+``broker`` names a broker (``tier.broker_name``) and reads every incarnation of it: its
+own prefix and each ``<name>--<n>`` a rejoin after a takeover wrote under
+(``cluster.layout``), so nothing a later life stored is missed; a comma-separated list
+reads several brokers, ``*`` every broker in the tier (each prefix holding tiered queue
+metadata), and an incarnation's prefix itself (``broker-0--1``) that incarnation only.
+
 Damaged tier objects (``tiered.scan``) never fail a read: their intact records are read,
 the rest skipped and logged at ERROR by the executor.  With ``damage_rows``, each
 partition also yields one marker row per damaged object (``queue_id`` -1, the object's
@@ -30,6 +36,7 @@ segments using the tier's metadata, the key is checked while decoding.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -49,12 +56,13 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from store.names import check_readable
+from cluster.layout import INCARNATION_SEP
+from store.names import MAX_NAME, check_readable, is_name
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.s3 import S3Provider, S3Settings
 from tiered.scan import SCHEMA as ARROW_SCHEMA
-from tiered.scan import Damage, ScanSlice, Selection, decode_slice, log_damage, plan
+from tiered.scan import Damage, ScanSlice, Selection, decode_slice, log_damage, plan, tier_prefixes
 
 SCHEMA = ("topic string, queue_id int, queue_offset long, message_id string, key string, "
           "tag string, born_at_ms long, store_at_ms long, deliver_at_ms long, "
@@ -62,6 +70,7 @@ SCHEMA = ("topic string, queue_id int, queue_offset long, message_id string, key
 DAMAGE_QUEUE_ID = -1  # marks a damage row (a record's queue id is a u16)
 DAMAGED_OBJECT = "chronomq.damaged_object"
 DAMAGE_REASON = "chronomq.damage"
+ALL_BROKERS = "*"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +84,13 @@ class TierLocation:
     s3_region: str = "us-east-1"
     s3_access_key_id: str = ""
     s3_secret_access_key: str = ""
-    broker: str = "broker-0"
+    broker: str = "broker-0"  # broker names, comma-separated, or "*": broker_prefixes
 
     @staticmethod
     def from_tier(tier: Any, local_dir: str) -> TierLocation:
         """The tier a broker writes to, from its ``[tier]`` settings (a
-        ``chronomq.config.TierConfig``; the S3 fields share their names)."""
+        ``chronomq.config.TierConfig``; the S3 fields share their names), read for every
+        incarnation of the broker."""
         if tier.provider == "s3":
             return TierLocation(broker=tier.broker_name, **{
                 f: getattr(tier, f) for f in TierLocation.__slots__ if f.startswith("s3_")})
@@ -95,6 +105,7 @@ class TierLocation:
         if not loc.path and not loc.s3_bucket:
             raise ValueError("the chronomq data source needs the option 'path' (a "
                              "local-directory tier) or 's3_bucket'")
+        broker_names(loc.broker)
         return loc
 
     def open(self) -> Provider:
@@ -105,6 +116,35 @@ class TierLocation:
                 access_key_id=self.s3_access_key_id,
                 secret_access_key=self.s3_secret_access_key))
         return LocalProvider(self.path)
+
+
+def broker_names(option: str) -> tuple[str, ...]:
+    """The brokers the ``broker`` option names (comma-separated; ``*``: every one); a
+    ValueError naming the option for one that is not a broker name."""
+    names = tuple(n.strip() for n in option.split(","))
+    for name in names:
+        if name != ALL_BROKERS and not is_name(name):
+            raise ValueError(
+                f"the chronomq data source's option 'broker' names {name[:140]!r}, not a "
+                f"broker: use broker names (1-{MAX_NAME} characters from A-Z a-z 0-9 _ -), "
+                f"comma-separated, or {ALL_BROKERS} for every broker in the tier")
+    return names
+
+
+def broker_prefixes(provider: Provider, option: str) -> list[str]:
+    """The tier prefixes the ``broker`` option reads: each broker named, then each later
+    incarnation of it the tier holds (``<name>--<n>``, oldest first); for ``*``, every
+    prefix holding tiered queue metadata."""
+    names = broker_names(option)
+    if ALL_BROKERS in names:
+        return tier_prefixes(provider)
+    prefixes: list[str] = []
+    for name in names:
+        later = re.compile(re.escape(name + INCARNATION_SEP) + "([0-9]+)")
+        found = [(int(m[1]), p) for p in tier_prefixes(provider, name + INCARNATION_SEP)
+                 if (m := later.fullmatch(p))]
+        prefixes += [name, *(p for _, p in sorted(found))]
+    return list(dict.fromkeys(prefixes))
 
 
 def selection_from_options(options: dict[str, str]) -> Selection:
@@ -175,8 +215,10 @@ class ChronomqReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         damaged: list[Damage] = []
-        slices = plan(self.location.open(), self.location.broker, self.selection,
-                      self.max_slice_bytes, _noting(damaged))
+        provider = self.location.open()
+        slices = [s for prefix in broker_prefixes(provider, self.location.broker)
+                  for s in plan(provider, prefix, self.selection, self.max_slice_bytes,
+                                _noting(damaged))]
         parts = [SlicePartition(s) for s in slices]
         if damaged or not parts:
             parts.append(SlicePartition(None, tuple(damaged)))

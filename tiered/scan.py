@@ -3,9 +3,10 @@
 ``plan`` turns the tier's queue metadata (``<broker>/meta/<topic>/<queue>.json``, the
 copy the tiered dispatcher keeps beside the data) into slices: runs of whole log objects
 of one segment, at most ``max_slice_bytes`` each, skipping segments whose store times
-fall outside the wanted range.  ``decode_slice`` reads a slice's objects (one ranged read
-each) and decodes their records, CRC-checked, into columns.  Slices are small picklable
-values, so Spark can ship them to executors, which open their own provider.
+fall outside the wanted range; ``tier_prefixes`` finds the prefixes holding such
+metadata (the brokers in the tier).  ``decode_slice`` reads a slice's objects (one ranged
+read each) and decodes their records, CRC-checked, into columns.  Slices are small
+picklable values, so Spark can ship them to executors, which open their own provider.
 
 Damage never stops a scan; it is reported through ``on_damage`` (default: logged at
 ERROR), one ``Damage`` per object, and the scan goes on with what is intact:
@@ -137,6 +138,19 @@ def plan(provider: Provider, broker: str, selection: Selection,
                 slices.append(_slice(topic, qid, generation, run, seg.first_at_ms,
                                      seg.last_at_ms))
     return slices
+
+
+def tier_prefixes(provider: Provider, start: str = "") -> list[str]:
+    """The tier prefixes, among the paths that begin with ``start``, holding tiered queue
+    metadata (``<prefix>/meta/<topic>/<queue>.json``, what ``plan`` reads): the brokers
+    (their incarnations) whose uploads the tier holds, sorted.  It lists every object
+    under ``start`` (on S3, a request per 1,000)."""
+    found: set[str] = set()
+    for path in provider.list(start):
+        parts = path.split("/")
+        if len(parts) == 4 and parts[1] == "meta" and parts[3].endswith(".json"):
+            found.add(parts[0])
+    return sorted(found)
 
 
 def _slice(topic: str, qid: int, generation: int, run: list[tuple[str, int]],
