@@ -270,7 +270,9 @@ def _selection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--s3-access-key-id", default="",
                    help="default: boto3's credential chain")
     p.add_argument("--s3-secret-access-key", default="", help="with --s3-access-key-id")
-    p.add_argument("--broker-name", default="broker-0", help="whose tier layout to read")
+    p.add_argument("--broker-name", default="broker-0",
+                   help="the broker(s) whose tier to read: a name (every incarnation of it),"
+                   " a comma-separated list, or * (every broker)")
     p.add_argument("--config", default="", metavar="TOML",
                    help="read the tier the broker with this config file writes to "
                         "(its [tier] and store.data_dir; instead of --tier-dir / --s3-*)")
