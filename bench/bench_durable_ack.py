@@ -23,9 +23,17 @@ The tier is left to catch up (Stats ``tier.lag_bytes`` 0) before phases 1, 3 and
 local-mode upload of earlier data does not run under the measurement.  moto runs in its
 own process, so the consumer in this process does not share a GIL with it.
 
+``--s3-latency-ms N`` puts the fault proxy (``testkit.proxy``, ``latency`` mode, in a
+process of its own too) between the brokers and the S3 server: every S3 request waits N ms
+before it is forwarded, as on a real object store (20 ms: S3 Standard in-region; the last
+command below, ~1 min).  Each mode then prints a line more: its unary Send p50 / p99 in
+ms and in round trips (ms / N), its tier commit in round trips, and its Producer and
+Consumer rates.
+
     .venv/bin/python bench/bench_durable_ack.py               # ~1-2 min
     .venv/bin/python bench/bench_durable_ack.py --quick       # ~30 s
     .venv/bin/python bench/bench_durable_ack.py --s3 seaweed --rounds 2  # in turn, twice
+    .venv/bin/python bench/bench_durable_ack.py --s3 seaweed --mode durable --s3-latency-ms 20
 """
 
 from __future__ import annotations
@@ -69,6 +77,17 @@ def _moto(out: Any, stop: Any) -> None:
     out.put(server.get_host_and_port())
     stop.wait()
     server.stop()
+
+
+def _latency_proxy(upstream: str, latency_ms: float, out: Any, stop: Any) -> None:
+    """Child process: delay every request to ``upstream`` by ``latency_ms`` until
+    ``stop`` is set."""
+    from testkit.proxy import FaultProxy
+
+    with FaultProxy(upstream) as proxy:
+        proxy.set_mode("latency", latency_ms=latency_ms)
+        out.put(proxy.endpoint)
+        stop.wait()
 
 
 def _create_bucket(endpoint: str, bucket: str) -> None:
@@ -172,7 +191,7 @@ def _producer(c: ChronomqClient, topic: str, n: int, seconds: float, res: Result
     end = time.monotonic() + seconds
     ok = failed = 0
     t0 = time.monotonic()
-    with Producer(c, **({} if in_flight is None else {"in_flight": in_flight})) as p:
+    with Producer(c) if in_flight is None else Producer(c, in_flight=in_flight) as p:
         futures = []
         for _ in range(n):
             if time.monotonic() > end:
@@ -320,6 +339,7 @@ def run_mode(mode: str, data: Path, endpoint: str, args: argparse.Namespace,
                   f"{res.consumer_msgs:,} taken+acked in {res.consumer_s:.2f} s: "
                   f"{res.consumer_rate:,.0f} msgs/s (credit {res.consumer_credit})",
                   flush=True)
+            _at_latency(res, args.s3_latency_ms)
     finally:
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -328,6 +348,19 @@ def run_mode(mode: str, data: Path, endpoint: str, args: argparse.Namespace,
         if code != 0:
             res.note(f"broker exited {code}: {''.join(srv.output[-5:])}")
     return res
+
+
+def _at_latency(res: Result, latency_ms: float) -> None:
+    """The figures issue 52 asks for at an S3 latency: a lone Send in round trips (goal
+    for durable-ack: p50 <= 2.5, p99 <= 4) and the Producer and Consumer rates."""
+    def trips(ms: float) -> str:
+        return f" = {ms / latency_ms:.1f} round trips" if latency_ms > 0 else ""
+
+    where = f"S3 latency {latency_ms:g} ms" if latency_ms > 0 else "no S3 latency added"
+    print(f"[{res.mode}] at {where}: lone Send p50 {res.p50:.1f} ms{trips(res.p50)}, "
+          f"p99 {res.p99:.1f} ms{trips(res.p99)}; tier commit {res.commit_ms:.1f} ms"
+          f"{trips(res.commit_ms)}; Producer {res.producer_rate:,.0f} msgs/s; Consumer "
+          f"{res.consumer_rate:,.0f} msgs/s", flush=True)
 
 
 def _table(local: Result, durable: Result, args: argparse.Namespace) -> None:
@@ -392,6 +425,9 @@ def main() -> None:
                     help="local and durable in turn, this many times (a table each)")
     ap.add_argument("--mode", choices=["local", "durable"], action="append",
                     help="run only this mode (repeatable; default both)")
+    ap.add_argument("--s3-latency-ms", type=float, default=0.0,
+                    help="delay every S3 request from the brokers by this much through "
+                    "the fault proxy (default 0: no proxy)")
     ap.add_argument("--quick", action="store_true",
                     help="small run (~30 s): 300 sends, 20k stream, 5k backlog")
     args = ap.parse_args()
@@ -403,8 +439,12 @@ def main() -> None:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="chronomq-bench-durable-") as tmp, \
-            _s3(args.s3, Path(tmp)) as endpoint:
-        print(f"{args.s3} S3 at {endpoint}", flush=True)
+            _s3(args.s3, Path(tmp)) as upstream, \
+            _delayed(upstream, args.s3_latency_ms) as endpoint:
+        print(f"{args.s3} S3 at {upstream}", flush=True)
+        if endpoint != upstream:
+            print(f"every S3 request delayed {args.s3_latency_ms:g} ms by the fault proxy "
+                  f"at {endpoint}", flush=True)
         for round_ in range(args.rounds):
             results: dict[str, Result] = {}
             order = modes if round_ % 2 == 0 else modes[::-1]
@@ -443,6 +483,28 @@ def _s3(kind: str, tmp: Path) -> Iterator[str]:
         moto.join(15)
         if moto.is_alive():
             moto.kill()
+
+
+@contextmanager
+def _delayed(upstream: str, latency_ms: float) -> Iterator[str]:
+    """``upstream`` itself, or at a latency the fault proxy before it (its own process,
+    so its threads do not wait for this one's GIL)."""
+    if latency_ms <= 0:
+        yield upstream
+        return
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    stop = ctx.Event()
+    proxy = ctx.Process(target=_latency_proxy, args=(upstream, latency_ms, q, stop),
+                        daemon=True)
+    proxy.start()
+    try:
+        yield q.get(timeout=60)
+    finally:
+        stop.set()
+        proxy.join(15)
+        if proxy.is_alive():
+            proxy.kill()
 
 
 if __name__ == "__main__":

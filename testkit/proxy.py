@@ -11,10 +11,15 @@ connections meet the new mode on their next request instead of going on as befor
             nothing ever comes back: S3 "accepts connections but never answers";
 ``slow``    like ``pass``, but every chunk waits ``delay_s`` before it is forwarded;
 ``http``    every request gets an HTTP error (``status``, default 503 with an S3
-            ``ServiceUnavailable`` body) and the connection is closed.
+            ``ServiceUnavailable`` body) and the connection is closed;
+``latency`` like ``pass``, but every HTTP request waits ``latency_ms`` before it is
+            forwarded (an object store's first-byte latency, e.g. 20 ms for S3 Standard
+            in-region), the same on a fresh connection and on a keep-alive one:
+            ``_Turns`` below says where a request starts.
 
-``connections`` counts accepted connections, ``by_mode`` per mode.  Thread-safe: one
-accept thread, one or two threads per connection (daemons), all named ``proxy-*``.
+``connections`` counts accepted connections, ``by_mode`` per mode, ``requests`` the
+requests ``latency`` mode delayed.  Thread-safe: one accept thread, one or two threads per
+connection (daemons), all named ``proxy-*``.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
-MODES = ("pass", "reset", "stall", "slow", "http")
+MODES = ("pass", "reset", "stall", "slow", "http", "latency")
 _CHUNK = 64 << 10
 _REASONS = {500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",
             504: "Gateway Timeout"}
@@ -51,6 +57,37 @@ def _cut(sock: socket.socket) -> None:
     _hard_close(sock)
 
 
+class _Turns:
+    """Where a request starts on one proxied connection, for ``latency`` mode: the
+    client's first chunk after the server last spoke (or after the connection opened) is
+    a new request's first bytes, and waits ``latency_s`` before it goes on; the rest of
+    the request follows it.  An HTTP client sends its next request on a keep-alive
+    connection only once the answer to the last has come, so this is one wait per
+    request, not per TCP chunk.  An interim ``HTTP/1.1 1xx`` answer (``100 Continue``)
+    does not end a turn: the body sent after it belongs to the same request, as on a
+    real object store, whose 100 Continue costs a network round trip (under a
+    millisecond in-region), not its first-byte latency.  Shared by the connection's two
+    pumps; an ``Event`` carries the turn between their threads."""
+
+    def __init__(self, latency_s: float, counted: Callable[[], None]) -> None:
+        self.latency_s = latency_s
+        self._counted = counted
+        self._answered = threading.Event()
+        self._answered.set()  # a connection's first request waits too
+
+    def to_server(self, data: bytes) -> None:
+        if self._answered.is_set():
+            self._answered.clear()
+            self._counted()
+            time.sleep(self.latency_s)
+
+    def to_client(self, data: bytes) -> None:
+        """Called before ``data`` is forwarded, so the turn has passed by the time the
+        client can send its next request."""
+        if not data.startswith(b"HTTP/1.1 1"):
+            self._answered.set()
+
+
 class FaultProxy:
     def __init__(self, upstream: str) -> None:
         """``upstream``: ``http://host:port`` of the real server."""
@@ -62,8 +99,10 @@ class FaultProxy:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._lock = threading.Lock()
         self._mode, self.delay_s, self.status = "pass", 0.0, 503
+        self.latency_ms = 0.0
         self._open: set[socket.socket] = set()
         self.connections = 0
+        self.requests = 0  # requests delayed in ``latency`` mode
         self.by_mode: Counter[str] = Counter()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="proxy-accept", daemon=True)
@@ -73,12 +112,14 @@ class FaultProxy:
     def mode(self) -> str:
         return self._mode
 
-    def set_mode(self, mode: str, delay_s: float = 0.0, status: int = 503) -> None:
+    def set_mode(self, mode: str, delay_s: float = 0.0, status: int = 503,
+                 latency_ms: float = 0.0) -> None:
         """Switch to ``mode`` and reset every connection open now."""
         if mode not in MODES:
             raise ValueError(f"unknown proxy mode {mode!r}; use one of {', '.join(MODES)}")
         with self._lock:
             self._mode, self.delay_s, self.status = mode, delay_s, status
+            self.latency_ms = latency_ms
             doomed, self._open = self._open, set()
         for sock in doomed:
             _cut(sock)
@@ -129,17 +170,30 @@ class FaultProxy:
             return
         upstream.settimeout(None)
         self._track(client, upstream)
-        back = threading.Thread(target=self._pump, args=(upstream, client),
+        up = down = None
+        if self._mode == "latency":
+            turns = _Turns(self.latency_ms / 1000, self._count_request)
+            up, down = turns.to_server, turns.to_client
+        back = threading.Thread(target=self._pump, args=(upstream, client, down),
                                 name="proxy-pump", daemon=True)
         back.start()
-        self._pump(client, upstream)
+        self._pump(client, upstream, up)
         back.join()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _count_request(self) -> None:
+        with self._lock:
+            self.requests += 1
+
+    def _pump(self, src: socket.socket, dst: socket.socket,
+              before: Callable[[bytes], None] | None = None) -> None:
+        """Forward ``src`` to ``dst`` until either end closes; ``before`` sees each chunk
+        first (and may hold it back)."""
         try:
             while data := src.recv(_CHUNK):
                 if self._mode == "slow" and self.delay_s:
                     time.sleep(self.delay_s)
+                if before is not None:
+                    before(data)
                 dst.sendall(data)
         except OSError:
             pass  # reset by a mode change or by a peer
