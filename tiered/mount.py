@@ -13,21 +13,13 @@ loss window (bounded by ``tier.upload_batch_ms`` / ``upload_batch_bytes``, repor
 its Stats as ``tier.upload_lag_s``).  Metadata read at mount time: a mount of a broker
 that is still running sees a snapshot (mount again to refresh).
 
-QueryMessages by key or id reads the departed broker's sealed key-index files (their
-catalogue's copy in the tier), the same digests its own broker would look up.  What no
-sealed file covers (its open index file, lost with it: at most its last
-``tier.index_entries`` / ``tier.index_ms`` of records) the mount indexes itself on the
-first query: each queue's records after its entries in the last sealed file that lists
-it (the catalogue keeps that queue offset) are read from the tier once, and their digests
-kept packed in memory, 36 bytes per id or key (``tiered.index.scan``), for at most
-``_TAIL_MAX_RECORDS`` records (more only when the catalogue is lost: logged).  A catalogue
-written before it kept those offsets: the tail starts at the first segment holding data
-stored after that file ends (less a minute of clock slack).  ``stored_since`` is the
-same lookup for a broker that took the topics over (its send dedupe), limited to the
-files of a time window that list the topic, and to what that broker serves of this one
-(``serve_below``: the ends its takeover took, not what landed in the tier since: a
-commit this broker had on its way when it was fenced still lands, with plain PUTs, and
-no broker serves it).
+QueryMessages by key or id reads the departed broker's key index
+(``tiered.mountindex.MountIndex``: its sealed files in the tier, and what they miss
+indexed here on the first query).  ``stored_since`` is the same lookup for a broker that
+took the topics over (its send dedupe), limited to the files of a time window that list
+the topic, and to what that broker serves of this one (``serve_below``: the ends its
+takeover took, not what landed in the tier since: a commit this broker had on its way
+when it was fenced still lands, with plain PUTs, and no broker serves it).
 
 ``MountReader`` is the POP service's tier reader with the mounts in front: a mounted
 queue is read from the tier entirely; any other queue goes to the broker's own tiered
@@ -36,61 +28,21 @@ reader (its uploads), if it has one.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
-from store.clock import SystemClock
-from store.consumequeue import ENTRY
 from store.errors import FailedPrecondition, InvalidArgument
-from store.message import FLAG_ASSIGNED_ID, FLAG_FOREIGN_ID, HEADER, Message, decode_record
+from store.message import FLAG_ASSIGNED_ID, FLAG_FOREIGN_ID, Message, decode_record
 from store.names import DELAYED_STREAM, is_name, is_system_stream, split_broker_made
 from tiered.errors import TierError, TierNotFound
-from tiered.index import (
-    OPEN_ENTRY,
-    IndexFile,
-    IndexHit,
-    TieredIndex,
-    digest,
-    id_digest,
-    key_digest,
-    scan,
-)
+from tiered.index import IndexHit, id_digest, key_digest
+from tiered.mountindex import TAIL_THREADS, MountIndex, first_offset_stored
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
 
 log = logging.getLogger(__name__)
-
-_TAIL_CHUNK = 512  # entries read per tier read while indexing the unsealed tail
-_TAIL_MAX_RECORDS = 1 << 21  # memory bound of that index (2 entries of 36 bytes each)
-_CLOCK_SLACK_MS = 60_000  # a catalogue without queue offsets: store times may step back
-
-
-def _tail_entries(key_prefix: bytes, e: TieredEntry) -> bytes:
-    """The packed OPEN_ENTRYs of a record (its id, and its key when set), as the owner's
-    ``TieredIndex.add_batch`` made them (no CommitLog position: a mount has none)."""
-    h = HEADER.unpack_from(e.record)
-    id_len, topic_len, key_len = h[10], h[11], h[12]
-    at = HEADER.size
-    out = OPEN_ENTRY.pack(digest(b"m" + e.record[at : at + id_len]), e.queue_offset,
-                          e.store_at_ms, 0, 0)
-    if key_len:
-        at += id_len + topic_len
-        out += OPEN_ENTRY.pack(digest(key_prefix + e.record[at : at + key_len]),
-                               e.queue_offset, e.store_at_ms, 0, 0)
-    return out
-
-
-class _MountIndex(NamedTuple):
-    reader: TieredIndex  # the sealed files' lookups
-    files: list[IndexFile]
-    tail: list[tuple[int, bytes]]  # (queue ref, packed OPEN_ENTRYs) of what they miss
-    names: list[tuple[str, int, int]]  # queue ref -> (topic, queue, generation)
-    topics: list[frozenset[str]]  # per sealed file: the topics of its queues
-
 
 class OwnTierReader(Protocol):
     """The broker's own tiered reader (``tiered.reader.TieredReader``)."""
@@ -107,21 +59,19 @@ class MountedBroker:
     """The queues of broker ``broker`` in the tier on ``provider``, read-only."""
 
     def __init__(self, provider: Provider, broker: str, work_dir: str,
-                 empty: bool = False) -> None:
+                 empty: bool = False, index_threads: int = TAIL_THREADS) -> None:
         """``work_dir``: a local directory of the serving broker's for this mount's
         index slot caches.  ``empty``: a broker with no queue in the tier is mounted too
         (a takeover of one that made topics and never uploaded a message), else
-        ``TierNotFound``."""
+        ``TierNotFound``.  ``index_threads``: queues whose tails its key index reads at
+        once."""
         if not is_name(broker):
             raise InvalidArgument(f"broker name {broker[:140]!r} is invalid")
         self.broker = broker
-        self._provider = provider
-        self._work_dir = work_dir
-        self._index_lock = threading.Lock()  # the first query builds the index
-        self._mount_index: _MountIndex | None = None
-        self._recent_index: tuple[int, _MountIndex] | None = None  # (since ms, index)
+        self._served_lock = threading.Lock()
         self._served: dict[tuple[str, int], int] | None = None  # (``serve_below``)
         self._queues: dict[tuple[str, int], TieredQueue] = {}
+        self.index = MountIndex(provider, broker, work_dir, self._queues, index_threads)
         prefix = f"{broker}/meta/"
         for path in provider.list(prefix):
             topic, _, name = path[len(prefix):].partition("/")
@@ -203,7 +153,7 @@ class MountedBroker:
         """The first queue offset in ``[lo, hi)`` of a mounted queue stored at or after
         ``at_ms``; ``hi`` if none (or not mounted)."""
         q = self._queues.get((topic, queue_id))
-        return hi if q is None else _first_stored(q, lo, hi, at_ms)
+        return hi if q is None else first_offset_stored(q, lo, hi, at_ms)
 
     def serve_below(self, ends: dict[str, dict[int, int]]) -> None:
         """What a broker that took this one over serves of it: queue offsets below
@@ -211,7 +161,7 @@ class MountedBroker:
         adopted) those below ``ends[DELAYED_STREAM][0]``, else below this mount's end at
         the first call (a takeover adopts from the mount it serves).  ``stored_since``
         counts only these.  Called again, it adds to what it was told."""
-        with self._index_lock:
+        with self._served_lock:
             if self._served is None:
                 bounds = self.bounds(DELAYED_STREAM, 0)
                 self._served = {(DELAYED_STREAM, 0): bounds[1] if bounds else 0}
@@ -226,114 +176,9 @@ class MountedBroker:
 
     # ------------------------------------------------------------------ queries
 
-    def _index(self, since_ms: int = 0) -> _MountIndex:
-        """The departed broker's key index: its sealed files, from its catalogue's copy
-        in the tier, and the tail no sealed file covers, indexed here (once); with
-        ``since_ms``, a tail of only what was stored from then on (a resend's lookup:
-        ``stored_since``), kept apart."""
-        with self._index_lock:
-            if since_ms:
-                if self._recent_index is None or self._recent_index[0] > since_ms:
-                    self._recent_index = since_ms, self._build_index(since_ms)
-                return self._recent_index[1]
-            if self._mount_index is None:
-                self._mount_index = self._build_index(0)
-            return self._mount_index
-
-    def _build_index(self, since_ms: int) -> _MountIndex:
-        files = self._catalogue()
-        reader = TieredIndex(self._provider, self.broker,
-                             os.path.join(self._work_dir, "index"), SystemClock()).open()
-        return _MountIndex(reader, files, *self._index_tail(files, since_ms),
-                           [frozenset(q[0] for q in f.queues) for f in files])
-
     def warm(self, since_ms: int) -> None:
         """Index now what ``stored_since(..., since_ms)`` would at its first call."""
-        self._index(since_ms)
-
-    def _catalogue(self) -> list[IndexFile]:
-        try:
-            raw = json.loads(self._provider.read(f"{self.broker}/index/catalog.json"))
-            return [IndexFile(**{**f, "queues": [tuple(q) for q in f["queues"]]})
-                    for f in raw["files"]]
-        except TierNotFound:
-            return []
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("mount of %s: its key-index catalogue is damaged (its records are "
-                      "indexed here instead): %s", self.broker, exc)
-            return []
-
-    def _tail_start(self, q: TieredQueue, ends: dict[tuple[str, int, int], int],
-                    ends_ms: dict[tuple[str, int, int], int]) -> int:
-        """The first queue offset of ``q`` no sealed file covers."""
-        key = (q.topic, q.queue_id, q.generation)
-        if key in ends:
-            return max(ends[key], q.min_queue_offset)
-        if key in ends_ms:  # a catalogue without queue offsets: by store time
-            position = q.cq.segments_before(ends_ms[key] - _CLOCK_SLACK_MS)
-            return q.first_queue_offset + position // ENTRY.size
-        return q.min_queue_offset
-
-    def _index_tail(self, files: list[IndexFile], since_ms: int = 0
-                    ) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]]:
-        """Read and index, per queue, the records after the last sealed file's (and
-        stored at or after ``since_ms``)."""
-        ends: dict[tuple[str, int, int], int] = {}
-        ends_ms: dict[tuple[str, int, int], int] = {}
-        for f in files:
-            for i, queue in enumerate(f.queues):
-                if i < len(f.ends):
-                    ends[queue] = max(ends.get(queue, 0), f.ends[i])
-                else:
-                    ends_ms[queue] = max(ends_ms.get(queue, 0), f.end_ms)
-        tail: list[tuple[int, bytes]] = []
-        names: list[tuple[str, int, int]] = []
-        records = 0
-        for q in self._queues.values():
-            if is_system_stream(q.topic) and q.topic != DELAYED_STREAM:
-                continue  # the journal's streams: no message a query or a resend can name
-            start, end = self._tail_start(q, ends, ends_ms), q.committed_queue_offset
-            if since_ms:
-                start = _first_stored(q, start, end, since_ms)
-            key_prefix = b"k" + q.topic.encode() + b"\0"
-            body = bytearray()
-            while start < end and records < _TAIL_MAX_RECORDS and \
-                    (got := q.read(start, min(_TAIL_CHUNK, _TAIL_MAX_RECORDS - records))):
-                body += b"".join(_tail_entries(key_prefix, e) for e in got)
-                start = got[-1].queue_offset + 1
-                records += len(got)
-            if body:
-                tail.append((len(names), bytes(body)))
-                names.append((q.topic, q.queue_id, q.generation))
-            if start < end and records >= _TAIL_MAX_RECORDS:
-                log.error("mount of %s: more than %d records no sealed key-index file "
-                          "covers (its catalogue lost or damaged?); QueryMessages will not "
-                          "find the rest (Pop still serves them)", self.broker, records)
-                break
-        log.info("mount of %s: indexed %d record(s) no sealed key-index file covers",
-                 self.broker, records)
-        return tail, names
-
-    def _lookup(self, d: int) -> list[IndexHit]:
-        index = self._index()
-        hits = [IndexHit(*index.names[ref], qo, stored)
-                for ref, qo, stored, _ in scan(index.tail, d)]
-        return hits + (index.reader.lookup(d, index.files) if index.files else [])
-
-    def _lookup_since(self, d: int, topic: str, since_ms: int) -> list[IndexHit]:
-        """``_lookup`` of records stored at or after ``since_ms`` in ``topic``'s queues
-        or the delayed stream: only the sealed files that reach ``since_ms`` and list
-        one of them are read (one ranged read each, a file expired meanwhile skipped)."""
-        index = self._index(since_ms)
-        hits = [IndexHit(*index.names[ref], qo, stored)
-                for ref, qo, stored, _ in scan(index.tail, d)]
-        for f, topics in zip(index.files, index.topics, strict=True):
-            if f.end_ms >= since_ms and (topic in topics or DELAYED_STREAM in topics):
-                try:
-                    hits += index.reader.lookup(d, [f])
-                except TierNotFound:
-                    continue
-        return [h for h in hits if h.store_at_ms >= since_ms]
+        self.index.warm(since_ms)
 
     def _found(self, hits: list[IndexHit]) -> list[Message]:
         out = []
@@ -353,13 +198,13 @@ class MountedBroker:
         """The newest ``limit`` messages of ``topic`` with ``key`` (oldest first)."""
         if limit <= 0:
             return []
-        found = [m for m in self._found(self._lookup(key_digest(topic, key)))
+        found = [m for m in self._found(self.index.lookup(key_digest(topic, key)))
                  if m.topic == topic and m.key == key]
         found.sort(key=lambda m: (m.store_at_ms, m.queue_id, m.queue_offset))
         return found[-limit:]
 
     def query_by_message_id(self, message_id: str) -> list[Message]:
-        return [m for m in self._found(self._lookup(id_digest(message_id)))
+        return [m for m in self._found(self.index.lookup(id_digest(message_id)))
                 if m.message_id == message_id][:1]
 
     def stored_since(self, topic: str, message_id: str, since_ms: int) -> int | None:
@@ -368,7 +213,7 @@ class MountedBroker:
         ``since_ms``, of what the broker asking serves (``serve_below``); None: the tier
         holds none.  What a broker that took ``topic`` over
         asks to drop a resend (``cluster.takeover``).  Raises ``TierError``."""
-        found = [m.store_at_ms for m in self._found(self._served_only(self._lookup_since(
+        found = [m.store_at_ms for m in self._found(self._served_only(self.index.lookup_since(
                      id_digest(message_id), topic, since_ms)))
                  if m.topic == topic and m.message_id == message_id
                  and m.flags & (FLAG_FOREIGN_ID | FLAG_ASSIGNED_ID) == FLAG_FOREIGN_ID
@@ -519,15 +364,3 @@ class MountReader:
             return []
         return self._own.read(topic, queue_id, queue_offset, count)
 
-
-def _first_stored(q: TieredQueue, lo: int, hi: int, at_ms: int) -> int:
-    """The first queue offset in ``[lo, hi)`` stored at or after ``at_ms`` (store times
-    ascend along a queue), by a binary search of one-entry reads; ``hi`` if none."""
-    while lo < hi:
-        mid = (lo + hi) // 2
-        got = q.read(mid, 1)
-        if got and got[0].queue_offset < hi and got[0].store_at_ms < at_ms:
-            lo = got[0].queue_offset + 1
-        else:
-            hi = mid
-    return lo

@@ -1,0 +1,175 @@
+"""MountIndex reads the queues' unsealed tails at once: the same index as one read queue
+after queue, its reads overlapping, bounded by one budget for all, a failed read failing
+it.  A real store and TieredDispatcher write the tier (a local directory); a mount reads
+it while the dispatcher still holds its open key-index file (as a kill -9 leaves it)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from store.clock import ManualClock
+from store.message import Message
+from store.store import MessageStore, StoreConfig
+from store.topics import Topic
+from tiered import mountindex
+from tiered.config import TierConfig
+from tiered.dispatcher import TieredDispatcher
+from tiered.errors import TierError, TierUnavailable
+from tiered.index import id_digest
+from tiered.mount import MountedBroker
+from tiered.providers.local import LocalProvider
+
+TOPICS = ("a", "b", "c")
+QUEUES = 3
+PER_STEP = 30  # messages per topic a minute, for six minutes
+
+
+class Tier:
+    def __init__(self, root: Path, ids: list[str], step_ms: list[int]) -> None:
+        self.root = root
+        self.ids = ids
+        self.step_ms = step_ms  # the store time of each minute's messages
+
+    def mount(self, work: Path, provider: LocalProvider | None = None,
+              threads: int = mountindex.TAIL_THREADS) -> MountedBroker:
+        return MountedBroker(provider or LocalProvider(str(self.root / "tier")), "b0",
+                             str(work), index_threads=threads)
+
+
+@pytest.fixture(scope="module")
+def tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
+    """Three topics of three queues, six minutes of keyed messages: the first three in a
+    sealed key-index file, the rest in the open one (no sealed file covers them)."""
+    root = tmp_path_factory.mktemp("mountindex")
+    clock = ManualClock()
+    store = MessageStore(StoreConfig(str(root / "data")), clock)
+    store.open()
+    store.start()
+    dispatcher = TieredDispatcher(store, LocalProvider(str(root / "tier")), "b0",
+                                  str(root / "data" / "tiered"),
+                                  TierConfig(index_ms=3_600_000), clock)
+    dispatcher.open()
+    ids: list[str] = []
+    step_ms: list[int] = []
+    try:
+        for t in TOPICS:
+            store.create_topic(Topic(t, QUEUES))
+        for step in range(6):
+            step_ms.append(clock.now_ms())
+            for t in TOPICS:
+                batch = [Message(f"{t}-{step}-{i}", t, b"x" * 50, key=f"k{i % 4}")
+                         for i in range(PER_STEP)]
+                store.put(batch).result(10)
+                ids += [m.message_id for m in batch]
+            clock.advance(60_000)
+            while dispatcher.step():
+                pass
+            dispatcher.commit(force=step == 2)  # the key index sealed once
+        clock.advance(TierConfig().upload_batch_ms)
+        dispatcher.commit(force=False)  # the last minute's batch (not the index: 1 h)
+        yield Tier(root, ids, step_ms)
+    finally:
+        dispatcher.stop()
+        store.stop()
+
+
+class _Slow(LocalProvider):
+    """A local tier whose reads each take ``delay_s``, and that records how many queues'
+    data were being read at once (or fails the reads of queue ``fail``)."""
+
+    def __init__(self, root: str, delay_s: float, fail: str = "") -> None:
+        super().__init__(root)
+        self.delay_s = delay_s
+        self.fail = fail
+        self.max_queues = 0
+        self._reading: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+        parts = path.split("/")
+        if parts[1] != "data":
+            return super().read(path, offset, length)
+        queue = "/".join(parts[2:5])  # topic/generation/queue
+        if queue == self.fail:
+            raise TierUnavailable(f"{path}: injected")
+        with self._lock:
+            self._reading[queue] = self._reading.get(queue, 0) + 1
+            self.max_queues = max(self.max_queues, len(self._reading))
+        try:
+            time.sleep(self.delay_s)
+            return super().read(path, offset, length)
+        finally:
+            with self._lock:
+                self._reading[queue] -= 1
+                if not self._reading[queue]:
+                    del self._reading[queue]
+
+
+@pytest.mark.parametrize("since_step", [None, 1, 4])
+def test_the_tails_read_at_once_are_the_tail_read_queue_after_queue(
+        tier: Tier, tmp_path: Path, since_step: int | None) -> None:
+    # Given two mounts of the tier, one reading a queue at a time, one eight
+    since_ms = 0 if since_step is None else tier.step_ms[since_step]
+    serial = tier.mount(tmp_path / "serial", threads=1)
+    parallel = tier.mount(tmp_path / "parallel")
+    # When each indexes the tail (of everything, or of what was stored since a time)
+    tail = parallel.index.tail(since_ms)
+    # Then the tails are the same, entry for entry, every queue in it
+    assert tail == serial.index.tail(since_ms)
+    minutes = 3 if since_step in (None, 1) else 2  # the tail starts after the sealed file
+    assert tail.records == minutes * PER_STEP * len(TOPICS)
+    assert sorted(tail.names) == sorted((t, q, 0) for t in TOPICS for q in range(QUEUES))
+    # and each id is found, by a lookup since the time too when stored since (a lookup
+    # gives candidates: an entry's hash is shorter than the digest)
+    for mid in tier.ids[:: 7]:
+        (found,) = parallel.query_by_message_id(mid)
+        assert found.message_id == mid
+        hits = parallel.index.lookup_since(id_digest(mid), found.topic, since_ms or 1)
+        where = (found.topic, found.queue_id, found.queue_offset)
+        assert (where in [(h.topic, h.queue_id, h.queue_offset) for h in hits]) is \
+            (found.store_at_ms >= since_ms)
+
+
+@pytest.mark.parametrize(("threads", "overlap"), [(1, False), (8, True)])
+def test_the_queues_are_read_at_once(tier: Tier, tmp_path: Path, threads: int,
+                                     overlap: bool) -> None:
+    # Given a tier whose reads take 20 ms each
+    slow = _Slow(str(tier.root / "tier"), 0.02)
+    mounted = tier.mount(tmp_path, slow, threads)
+    # When a takeover warms the mount's index of the last minutes
+    mounted.warm(tier.step_ms[4])
+    # Then several queues were read at once (one at a time with one thread)
+    assert (slow.max_queues > 1) is overlap
+    assert slow.max_queues <= threads
+
+
+def test_one_budget_bounds_the_records_of_all_the_queues(
+        tier: Tier, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Given a bound below the records no sealed file covers (270)
+    monkeypatch.setattr(mountindex, "_TAIL_MAX_RECORDS", 100)
+    # When the queues' tails are read at once (or one after another)
+    with caplog.at_level(logging.ERROR, "tiered.mountindex"):
+        tail = tier.mount(tmp_path / "parallel").index.tail()
+    serial = tier.mount(tmp_path / "serial", threads=1).index.tail()
+    # Then 100 records are indexed, no more, and the cut is logged
+    assert tail.records == serial.records == 100
+    assert sum(len(body) for _, body in tail.entries) == 100 * 2 * 36  # an id and a key
+    assert "QueryMessages will not find the rest" in caplog.text
+
+
+def test_a_failed_read_fails_the_index(tier: Tier, tmp_path: Path) -> None:
+    # Given a tier that fails the reads of one queue
+    failing = _Slow(str(tier.root / "tier"), 0.0, fail="b/0/1")
+    mounted = tier.mount(tmp_path, failing)
+    # When the index is built, Then the read's error is the lookup's
+    with pytest.raises(TierError, match="injected"):
+        mounted.warm(tier.step_ms[4])
+    with pytest.raises(TierError, match="injected"):
+        mounted.query_by_message_id(tier.ids[0])
