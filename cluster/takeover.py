@@ -246,7 +246,7 @@ class Takeover:
         phases.mark("backlog")
         # the first resends' lookups indexed before sends are accepted, while the journal
         # replays and the topics are made (a send that comes sooner waits for the index:
-        # ``MountedBroker``'s lock): both read many small objects of the departed broker's
+        # ``tiered.mountindex``'s lock): both read many small objects of the departed broker's
         with ThreadPoolExecutor(1, "takeover-ids") as warmer:
             warming = warmer.submit(self.ids.warm, b.clock.now_ms())
             groups, journal = self._positions(departed, mounted, taken, catalogue, ends,
