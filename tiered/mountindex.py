@@ -282,9 +282,14 @@ def _tail_entries(key_prefix: bytes, e: TieredEntry) -> bytes:
 
 def first_offset_stored(q: TieredQueue, lo: int, hi: int, at_ms: int) -> int:
     """The first queue offset in ``[lo, hi)`` stored at or after ``at_ms`` (store times
-    ascend along a queue), by a binary search of one-entry reads; ``hi`` if none."""
+    ascend along a queue), by a binary search of consume-queue entries (a hole or damage
+    at a probe: the first readable record after it); ``hi`` if none."""
     while lo < hi:
         mid = (lo + hi) // 2
+        at = q.stored_at(mid)
+        if at is not None:
+            lo, hi = (mid + 1, hi) if at < at_ms else (lo, mid)
+            continue
         got = q.read(mid, 1)
         if got and got[0].queue_offset < hi and got[0].store_at_ms < at_ms:
             lo = got[0].queue_offset + 1

@@ -288,6 +288,16 @@ class TieredQueue:
             start, span = end, max(count, _SKIP_SPAN)
         return []
 
+    def stored_at(self, queue_offset: int) -> int | None:
+        """The store time of the entry at ``queue_offset``, from its consume-queue entry
+        alone (no log read: a binary search by time probes with it); None for a hole,
+        damage or an offset not committed."""
+        if self.first_queue_offset < 0 or \
+                not self.min_queue_offset <= queue_offset < self.committed_queue_offset:
+            return None
+        entry = self._read_entries(queue_offset, queue_offset + 1, set()).get(queue_offset)
+        return None if entry is None else entry[3]
+
     def _read_slots(self, start: int, end: int) -> list[TieredEntry | None]:
         """Queue offsets ``[start, end)`` (committed): each entry with its record, or
         None where the tier's data is damaged (reported)."""
