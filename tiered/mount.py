@@ -123,31 +123,16 @@ class MountedBroker:
         return q.read(queue_offset, count) if q is not None else []
 
     def last_stored_ms(self, topics: list[str]) -> int:
-        """The store time of the latest record of ``topics`` here (0: none)."""
-        last = 0
-        for (topic, _), q in self._queues.items():
-            end = q.committed_queue_offset
-            if topic in topics and end > q.min_queue_offset:
-                got = q.read(end - 1, 1)
-                if got:
-                    last = max(last, got[-1].store_at_ms)
-        return last
+        """The store time of the latest record of ``topics`` here (0: none), from their
+        queues' metadata (``_last_at``)."""
+        return max((_last_at(q) for (topic, _), q in self._queues.items()
+                    if topic in topics), default=0)
 
     def latest_stored_ms(self) -> int:
         """The store time of the latest record of its topics' queues in the tier (0:
-        none), by its clock, from their metadata (a queue whose metadata predates the
-        store times is read)."""
-        last = 0
-        for (topic, _), q in self._queues.items():
-            end = q.committed_queue_offset
-            if is_system_stream(topic) or end <= q.min_queue_offset:
-                continue
-            at = max((seg.last_at_ms for seg in q.cq.meta.segments if seg.length), default=0)
-            if not at:
-                got = q.read(end - 1, 1)
-                at = got[-1].store_at_ms if got else 0
-            last = max(last, at)
-        return last
+        none), by its clock, from their metadata (``_last_at``)."""
+        return max((_last_at(q) for (topic, _), q in self._queues.items()
+                    if not is_system_stream(topic)), default=0)
 
     def first_stored(self, topic: str, queue_id: int, lo: int, hi: int, at_ms: int) -> int:
         """The first queue offset in ``[lo, hi)`` of a mounted queue stored at or after
@@ -364,3 +349,15 @@ class MountReader:
             return []
         return self._own.read(topic, queue_id, queue_offset, count)
 
+
+def _last_at(q: TieredQueue) -> int:
+    """The store time of the latest committed record of ``q`` (0: none), from its
+    consume-queue metadata; a queue whose metadata predates the store times is read."""
+    end = q.committed_queue_offset
+    if end <= q.min_queue_offset:
+        return 0
+    at = max((seg.last_at_ms for seg in q.cq.meta.segments if seg.length), default=0)
+    if not at:
+        got = q.read(end - 1, 1)
+        at = got[-1].store_at_ms if got else 0
+    return at
