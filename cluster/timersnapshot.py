@@ -58,7 +58,6 @@ from __future__ import annotations
 import json
 import logging
 import struct
-import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -252,15 +251,8 @@ class TimerCompactor:
     def __init__(self, tier: Provider, broker: str,
                  read: Callable[[str, int, int], list[TieredEntry]],
                  committed: Callable[[str], int], confirm: Callable[[], bool],
-                 every: int, folds: Callable[[int], list[Fold]] = lambda _: [],
-                 every_s: float = 0.0, monotonic_ms: Callable[[], float] | None = None
-                 ) -> None:
-        """``every_s``: a snapshot also this long after the last (by ``monotonic_ms``)
-        once the streams grew by half what it holds, at least one record (0: off)."""
+                 every: int, folds: Callable[[int], list[Fold]] = lambda _: []) -> None:
         self._tier, self._broker = tier, broker
-        self.every_s = every_s
-        self._monotonic_ms = monotonic_ms or (lambda: time.monotonic() * 1000)
-        self._at_ms = self._monotonic_ms()  # of the last snapshot (or the start)
         self._read, self._committed, self._confirm = read, committed, confirm
         self._folds = folds
         self._unfoldable: set[str] = set()  # digests whose fold failed (till a restart)
@@ -272,9 +264,7 @@ class TimerCompactor:
         p = self.pointer
         grown = (self._committed(DELAYED_STREAM) - p.delayed_from
                  + self._committed(TIMER_STREAM) - p.timer_from)
-        by_time = (self.every_s > 0 and grown >= max(1, p.records // 2)
-                   and self._monotonic_ms() - self._at_ms >= self.every_s * 1000)
-        return self.every > 0 and (grown >= max(self.every, p.records // 2) or by_time
+        return self.every > 0 and (grown >= max(self.every, p.records // 2)
                                    or bool(self._to_fold(self._committed(TIMER_STREAM))))
 
     def _to_fold(self, t1: int) -> list[Fold]:
@@ -319,7 +309,6 @@ class TimerCompactor:
                       sorted({*old.folded_brokers, *(b for f in folds for b in f.brokers)}))
         self._tier.write(f"{self._broker}/{POINTER}", new.encode())
         self.pointer = new
-        self._at_ms = self._monotonic_ms()
         self.snapshots += 1
         crashpoint("timer_snapshot.after_pointer")
         log.info("timer snapshot at delayed record %d, timer record %d: %d pending in %d "

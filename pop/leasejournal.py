@@ -11,9 +11,8 @@ then ``pop`` chunks), so that a write a crash kept out of the journal is in it a
 ``Snapshots`` writes such a snapshot again after every ``tier.journal_snapshot_records``
 records (or as many records as the last snapshot had entries, if more: a snapshot costs
 at most what it saves), and every ``tier.journal_snapshot_s`` once that many came (at
-least one): with durable-ack the stream is many small objects, one per commit, and a
-takeover reads them in requests of its own, so what bounds its replay is time, not
-records) and, once the tier holds it,
+least ``BY_TIME_RECORDS``): with durable-ack the stream is many small objects, one per
+commit, and a takeover reads them one request each) and, once the tier holds it,
 points ``<broker>/state/snapshot.json`` at its first record: a takeover replays the
 state stream from there (``store.journal``), so its time follows the book's size, not
 the broker's history.
@@ -51,7 +50,7 @@ from store.message import DispatchInfo
 
 log = logging.getLogger(__name__)
 
-BY_TIME_RECORDS = 1  # a snapshot by time needs at least this many records since
+BY_TIME_RECORDS = 1_000  # a snapshot by time needs at least this many records since
 JOURNALED_MEMORY = 65_536  # journal records of writes not waited for yet (durable-ack)
 # the book's keys (pop.checkpoint), and the recurring schedules kept beside them
 # (``PopService.write_state``: they ride this journal, its snapshots and a takeover)

@@ -52,32 +52,3 @@ def test_a_finished_adoption_makes_a_snapshot_due_until_it_is_folded_in(
     c = _compactor(tmp_path, ends, every=100, records=10, folds=[fold])
     c.pointer.folded.append("d1")
     assert not c.due()
-
-
-def test_a_small_snapshot_is_due_by_time_too(tmp_path: Path) -> None:
-    """Seen in the failover chaos: a broker with a few dozen pending delayed messages
-    never reached ``journal_snapshot_records`` stream records, so its successor read
-    both streams of its whole life (the takeover's timer step grew to 6 s).  After
-    ``journal_snapshot_s`` a snapshot is due once the streams grew by half what the
-    last one holds (at least one record)."""
-    now = [0.0]
-    tier = LocalProvider(str(tmp_path / "tier"))
-    tier.write(f"b/{POINTER}", Pointer(1_000, 500, [], "", 40).encode())
-    ends = {DELAYED_STREAM: 1_000, TIMER_STREAM: 500}
-    c = TimerCompactor(tier, "b", lambda s, qo, n: [], lambda s: ends[s], lambda: True,
-                       100_000, lambda t: [], every_s=10, monotonic_ms=lambda: now[0])
-    now[0] = 11_000
-    assert not c.due()  # nothing grew
-    ends[TIMER_STREAM] += 19
-    assert not c.due()  # under half of the 40 it holds
-    ends[DELAYED_STREAM] += 1
-    assert c.due()
-    now[0] = 0  # (not yet 10 s since the last one)
-    c2 = TimerCompactor(tier, "b", lambda s, qo, n: [], lambda s: ends[s], lambda: True,
-                        100_000, lambda t: [], every_s=10, monotonic_ms=lambda: now[0])
-    now[0] = 9_000
-    assert not c2.due()
-    c3 = TimerCompactor(tier, "b", lambda s, qo, n: [], lambda s: ends[s], lambda: True,
-                        100_000, lambda t: [], every_s=0, monotonic_ms=lambda: now[0])
-    now[0] = 1e9
-    assert not c3.due()  # by records only
