@@ -57,12 +57,11 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
-from cluster.layout import INCARNATION_SEP
 from pop.flowcontrol import KeyLimits
 from pop.policy import RetryPolicy, parse_backoff
 from recurring.book import ScheduleConfig
 from store.errors import InvalidArgument
-from store.names import check_name, is_name
+from store.names import INCARNATION_SEP, check_name, is_name
 from store.store import StoreConfig
 from tiered.config import TierConfig
 from timer.model import TimerConfig

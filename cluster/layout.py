@@ -36,12 +36,11 @@ records are next to their code (``cluster.lease``, ``cluster.ownership``).
 
 from __future__ import annotations
 
+from store.names import INCARNATION_SEP
+
 LEASES = "brokers/"
 OWNERS = "owners/"
 TAKEOVERS = "takeovers/"
-
-
-INCARNATION_SEP = "--"  # <name>--<n>: a broker name never ends so (chronomq.config)
 
 
 def broker_prefix(name: str, incarnation: int) -> str:

@@ -56,8 +56,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from cluster.layout import INCARNATION_SEP
-from store.names import MAX_NAME, check_readable, is_name
+from store.names import INCARNATION_SEP, MAX_NAME, check_readable, is_name
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.s3 import S3Provider, S3Settings

@@ -31,6 +31,9 @@ DELAYED_STREAM = "%SYS%delayed"
 STATE_STREAM = "%SYS%state"
 TIMER_STREAM = "%SYS%timer"
 SYSTEM_STREAMS = (DELAYED_STREAM, STATE_STREAM, TIMER_STREAM)
+# a broker's later incarnations keep their data under <name>--<n> (cluster.layout,
+# cluster.rejoin): a broker name never ends so (chronomq.config)
+INCARNATION_SEP = "--"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,127}")
 
 
