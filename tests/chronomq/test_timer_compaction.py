@@ -144,3 +144,63 @@ def test_a_takeover_after_a_long_history_reads_the_snapshot_and_keeps_every_prom
         assert all(seen[m] >= start + 80 * HOUR_MS for m in far)
     finally:
         b.stop()
+
+RETRIED = [f"m{i}" for i in range(12)]
+
+
+def _lease_all(b: Broker) -> set[str]:
+    """Pop everything visible (invisible 30 s) and settle none of it."""
+    got: set[str] = set()
+    while batch := b.pop.pop("t", "g", 32, 30):
+        got |= {p.message.message_id for p in batch}
+    return got
+
+
+@pytest.mark.parametrize("snapshot", [True, False])
+@pytest.mark.parametrize("copies_pending", [True, False])
+def test_retry_copies_left_unsettled_come_again_after_a_takeover(
+        snapshot: bool, copies_pending: bool, tmp_path: Path,
+        manual_clock: ManualClock) -> None:
+    """A leases messages, lets the leases run out, revives them (retry copies, delayed by
+    the back-off), delivers the copies and leases them again unsettled, revives those
+    too, runs a timer snapshot (or not), and is taken over by B: every message comes
+    again at B.  Written after a NOT_BACK seen once in the failover chaos (a retry copy
+    left unsettled on a Subscribe stream, its broker killed 8 s later, never delivered
+    again); this in-process form of it passes, so that one's cause lies elsewhere
+    (bench/RESULTS.md)."""
+    a = _broker(tmp_path, "a", manual_clock, every=100_000)
+    assert a.compactor is not None
+    a.create_topic(Topic("t", 2))
+    now = manual_clock.now_ms()
+    a.sender.send([Draft(i, "t", "", "", i.encode(), b"", now, now, 0) for i in RETRIED]
+                  ).result(10)
+    _dispatched(a)
+    assert _lease_all(a) == set(RETRIED)  # attempt 1, unsettled
+    manual_clock.advance(31_000)
+    a.pop.revive_due()  # retry copies, due after the first back-off (1 s)
+    manual_clock.advance(1_500)
+    _tick(a, manual_clock)
+    assert _lease_all(a) == set(RETRIED)  # attempt 2, from the retry topic, unsettled
+    manual_clock.advance(31_000)
+    a.pop.revive_due()  # copies again, due 5 s on
+    if not copies_pending:  # delivered into the retry topic, not leased yet
+        manual_clock.advance(6_000)
+        _tick(a, manual_clock)
+    _caught_up(a)
+    if snapshot:
+        a.compactor.step(force=True)  # (nothing to fold when no copy is a delayed record)
+    _caught_up(a)
+    a.stop()
+
+    b = _broker(tmp_path, "b", manual_clock, every=100_000)
+    try:
+        assert b.takeover("a", force=True).done
+        seen: set[str] = set()
+        for _ in range(12):
+            manual_clock.advance(5_000)
+            b.pop.revive_due()
+            _tick(b, manual_clock)
+            seen |= set(_drain(b))
+        assert seen == set(RETRIED), sorted(set(RETRIED) - seen)
+    finally:
+        b.stop()
