@@ -14,9 +14,11 @@ invisible time), whatever their outcome.
 
 A broker run with its wall clock ahead (a ``ClockAhead`` entry: from when to when, by
 how much) keeps absolute times by that clock: a message sent with ``deliver_at_ms`` is
-due by it, and a lease it gave before its clock jumped ends by it.  A delivery that
-arrived in such a window, early by at most that much (a lease broken: given before the
-window), is counted as ``excused``, not named.
+due by it, and a lease it gave before its clock jumped ends by it.  A delivery early by
+at most that much, whose due time that clock reached while the window lasted (a lease
+broken: given before the window), is counted as ``excused``, not named, whether it
+arrived in the window or after it (what the ahead broker made due and left in a queue,
+its successor delivers from there).
 """
 
 from __future__ import annotations
@@ -195,8 +197,13 @@ def _check_probes(probes: list[Probe], claims: Mapping[str, tuple[str, int]],
 
 
 def _ahead_by(ahead: list[ClockAhead], at_ms: int, due_ms: int) -> bool:
-    """Whether a broker ran ahead at ``at_ms`` by at least ``due_ms - at_ms``."""
-    return any(w.from_ms <= at_ms <= w.to_ms and at_ms + w.ahead_ms >= due_ms for w in ahead)
+    """Whether a broker running ahead could have made ``due_ms`` due by ``at_ms``: its
+    window began by then, its clock reached ``due_ms`` before the window ended, and it ran
+    ahead by at least ``due_ms - at_ms``.  The delivery itself may come after the window:
+    a message the ahead broker put in a queue as due, unconsumed when it died, is
+    delivered by its successor from that queue."""
+    return any(w.from_ms <= at_ms and at_ms + w.ahead_ms >= due_ms
+               and due_ms - w.ahead_ms <= w.to_ms for w in ahead)
 
 
 def _check_body(d: Delivery, attempts: dict[str, SendAttempt],

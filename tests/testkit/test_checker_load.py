@@ -160,6 +160,24 @@ def test_early_is_excused_only_within_a_clock_ahead_window() -> None:
     assert check([*early, short], group="g").count("EARLY") == 1
 
 
+def test_early_after_a_clock_ahead_window_is_excused_only_if_due_by_its_clock() -> None:
+    # Given a broker 30 s ahead from T0 to T0 + 5 s: by its clock T0 + 20 s came in it
+    window = ClockAhead("broker-1", 30_000, T0, T0 + 5000)
+    made_due: list[Entry] = [SendAttempt("u0-4", "t0", T0 + 20_000), SendOk("u0-4", "u0-4"),
+                             _got("u0-4", "u0-4", T0 + 9000, "f")]
+    # When its successor delivers what it left due in a queue, after the window
+    assert check([*made_due, window], group="g").excused == 1
+    assert check([*made_due, window], group="g").count("EARLY") == 0
+    # Then a due time that clock never reached (T0 + 40 s: it died at T0 + 35 s by it)
+    never: list[Entry] = [SendAttempt("u0-5", "t0", T0 + 40_000), SendOk("u0-5", "u0-5"),
+                          _got("u0-5", "u0-5", T0 + 30_000, "h")]
+    assert check([*never, window], group="g").count("EARLY") == 1
+    # nor does a delivery before the window began
+    before: list[Entry] = [SendAttempt("u0-6", "t0", T0 + 1000), SendOk("u0-6", "u0-6"),
+                           _got("u0-6", "u0-6", T0 - 500, "i")]
+    assert check([*before, window], group="g").count("EARLY") == 1
+
+
 def test_a_lease_ended_early_is_excused_only_by_a_clock_jump() -> None:
     # Given a lease of 6 s popped at T0; the message again 3 s later
     entries: list[Entry] = [SendAttempt("u0-2", "t0", T0 - 100), SendOk("u0-2", "u0-2"),
