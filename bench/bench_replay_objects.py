@@ -4,7 +4,10 @@ stops; the state stream is replayed from the tier as a successor would
 (``cluster.replay``), and the script prints the records, the tier objects they lie in,
 and the seconds.  Each durable-ack commit writes a small object per stream it touched,
 so a trickle makes an object pair per record or two, and the replay's time follows the
-objects (fetched ``tiered.flatfile.READ_THREADS`` at a time), not the records.
+objects (fetched ``tiered.flatfile.READ_THREADS`` at a time), not the records.  The
+replay reads the stream's log alone (``TieredQueue.scan``); the same stream is then
+replayed as takeovers did before that, by reads of its consume queue and log, and both
+print their seconds and S3 requests.
 
     .venv/bin/python bench/bench_replay_objects.py --seconds 60 --every-ms 50
 """
@@ -23,7 +26,8 @@ from chronomq.broker import Broker
 from chronomq.config import BrokerConfig, TierConfig
 from cluster.replay import replay
 from store.clock import SystemClock
-from store.message import Draft
+from store.journal import JournalState
+from store.message import Draft, decode_record
 from store.names import STATE_STREAM
 from store.store import StoreConfig
 from store.topics import Topic
@@ -68,16 +72,42 @@ def main() -> None:
             provider = S3Provider(S3Settings(bucket=bucket, endpoint_url=endpoint,
                                              **creds))
             state_objects = len(provider.list(f"a/data/{STATE_STREAM}/"))
+            requests: list[str] = []
+            provider.on_request(requests.append)
             mounted = MountedBroker(provider, "a", str(root / "mount"))
+            print(f"trickle: {n} sends, each popped and acked, over {args.seconds:.0f} s")
+            print(f"state stream in the tier: {state_objects} objects")
+            requests.clear()
             t0 = time.monotonic()
             state = replay(provider, mounted)
             took = time.monotonic() - t0
-            print(f"trickle: {n} sends, each popped and acked, over {args.seconds:.0f} s")
-            print(f"state stream in the tier: {state_objects} objects")
-            print(f"replay: {state.records} records in {took:.2f} s "
-                  f"({took / max(state_objects, 1) * 1000:.2f} ms an object)")
+            print(f"replay (its log scanned): {state.records} records in {took:.2f} s, "
+                  f"{len(requests)} requests")
+            requests.clear()
+            t0 = time.monotonic()
+            by_reads = _replay_by_reads(mounted)
+            took = time.monotonic() - t0
+            print(f"replay by reads of cq and log (before the scan): {by_reads} records in "
+                  f"{took:.2f} s, {len(requests)} requests")
     finally:
         server.stop()
+
+
+def _replay_by_reads(mounted: MountedBroker) -> int:
+    """The state stream replayed as takeovers did before ``TieredQueue.scan``: reads of
+    5,000 entries, each a read of the consume queue's objects, then of the log's."""
+    state = JournalState()
+    bounds = mounted.bounds(STATE_STREAM, 0)
+    offset = bounds[0] if bounds else 0
+    while bounds and offset < bounds[1]:
+        entries = mounted.read(STATE_STREAM, 0, offset, min(5000, bounds[1] - offset))
+        if not entries:
+            break
+        for e in entries:
+            m = decode_record(e.record)
+            state.apply(m.tag, m.body)
+        offset = entries[-1].queue_offset + 1
+    return state.records
 
 
 if __name__ == "__main__":

@@ -27,8 +27,6 @@ from tiered.queue import TieredEntry
 
 log = logging.getLogger(__name__)
 
-READ_BATCH = 5_000  # stream entries read from the tier at a time
-
 
 def _snapshot_at(tier: Provider, mounted: MountedBroker) -> int:
     """The state stream's queue offset of the departed broker's latest snapshot in
@@ -123,17 +121,9 @@ def _replay_state(mounted: MountedBroker, first: int) -> JournalState | None:
 
 
 def stream(mounted: MountedBroker, name: str, start: int = 0) -> Iterator[TieredEntry]:
-    """Every readable entry of one of the departed broker's streams, from ``start``."""
-    bounds = mounted.bounds(name, 0)
-    if bounds is None:
-        return
-    offset = max(start, bounds[0])
-    while offset < bounds[1]:
-        entries = mounted.read(name, 0, offset, min(READ_BATCH, bounds[1] - offset))
-        if not entries:
-            return
-        yield from entries
-        offset = entries[-1].queue_offset + 1
+    """Every readable entry of one of the departed broker's streams, from ``start``
+    (its log read alone: ``TieredQueue.scan``)."""
+    return mounted.scan(name, 0, start)
 
 
 def latest_ms(mounted: MountedBroker) -> int:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from store.errors import FailedPrecondition, InvalidArgument
@@ -121,6 +121,12 @@ class MountedBroker:
              ) -> list[TieredEntry]:
         q = self._queues.get((topic, queue_id))
         return q.read(queue_offset, count) if q is not None else []
+
+    def scan(self, topic: str, queue_id: int, queue_offset: int) -> Iterator[TieredEntry]:
+        """Every readable entry of a mounted queue from ``queue_offset`` on, in order
+        (``TieredQueue.scan``: the log read alone); nothing if not mounted here."""
+        q = self._queues.get((topic, queue_id))
+        return q.scan(queue_offset) if q is not None else iter(())
 
     def last_stored_ms(self, topics: list[str]) -> int:
         """The store time of the latest record of ``topics`` here (0: none), from their
