@@ -15,8 +15,8 @@ what was stored since a time (``lookup_since``: a resend's, at a broker that too
 topics over) has a tail of its own, of only what was stored from then on, and reads only
 the sealed files of that window that list the topic.
 
-Reading the tail: one queue's reads follow each other (a chunk of ``_TAIL_CHUNK``
-entries after the last), the queues' are read at once, ``TAIL_THREADS`` at a time (each
+Reading the tail: one queue's log is read in order (``TieredQueue.scan``: its records,
+``_TAIL_CHUNK`` at a time against the budget), the queues' at once, ``TAIL_THREADS`` at a time (each
 read is an object-store round trip, and a takeover waits for this before it accepts
 sends: ``cluster.handover.InheritedIds.warm``).  Their entries are kept in the queues'
 order, so the index is the one a read of queue after queue makes.  The queues draw their
@@ -28,6 +28,7 @@ and stops the other queues' reads at their next chunk.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -237,11 +238,12 @@ def _queue_tail(q: TieredQueue, start: int, since_ms: int, budget: _Budget
     try:
         if since_ms and not budget.spent():  # (its binary search reads too)
             start = first_offset_stored(q, start, end, since_ms)
+        entries = q.scan(start)  # its log read alone, in order
         while start < end:
             count = budget.take(min(_TAIL_CHUNK, end - start))
             if not count:
                 return bytes(body), True
-            got = q.read(start, count)
+            got = [e for e in itertools.islice(entries, count) if e.queue_offset < end]
             budget.settle(count, len(got))
             if not got:
                 break
