@@ -20,9 +20,10 @@ topic queues in the tier (their metadata holds it) plus ``SLACK_MS``
 A copy is stored at or after its due time by the clock of the broker that delivered it
 (a timer never fires early), so looking for the copy of a message due at ``d`` reads only
 what that broker stored from ``d - SLACK_MS`` on, in the message's topic: found by a
-binary search of store times over each queue (one ranged read per probe), then read in
-batches.  Each (broker, topic) is read once, from the earliest due time asked; an
-earlier one reads only the stretch before it.  Not thread-safe (one takeover's thread).
+binary search of store times over each queue (one ranged read per probe), then its log
+read in order (``TieredQueue.scan``).  Each (broker, topic) is read once, from the
+earliest due time asked; an earlier one reads only the stretch before it.  Not
+thread-safe (one takeover's thread).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from store.message import FLAG_TIMER_DELIVERY, decode_record
 from tiered.mount import MountedBroker
 
 SLACK_MS = 10_000  # a wall clock stepped back this much still finds the copy
-READ_BATCH = 2_000  # entries read at a time
 
 
 class DeliveredCopies:
@@ -72,16 +72,10 @@ class DeliveredCopies:
             start = self._mounted.first_stored(topic, qid, bounds[0], until, at_ms)
             if start >= until:
                 continue
-            offset = start
-            while offset < until:
-                got = self._mounted.read(topic, qid, offset, min(READ_BATCH, until - offset))
-                if not got:
+            for e in self._mounted.scan(topic, qid, start):  # its log alone, in order
+                if e.queue_offset >= until:
                     break
-                for e in got:
-                    if e.queue_offset >= until:
-                        break
-                    m = decode_record(e.record)
-                    if m.flags & FLAG_TIMER_DELIVERY:
-                        self._copies.add((topic, m.message_id.encode(), m.deliver_at_ms))
-                offset = got[-1].queue_offset + 1
+                m = decode_record(e.record)
+                if m.flags & FLAG_TIMER_DELIVERY:
+                    self._copies.add((topic, m.message_id.encode(), m.deliver_at_ms))
             read[qid] = start
