@@ -283,9 +283,10 @@ def _selection_args(p: argparse.ArgumentParser) -> None:
 def _print(result: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=2, sort_keys=True))
-    elif isinstance(result, list):
+    elif isinstance(result, list):  # one line a record: k=v pairs, or the value itself
         for item in result:
-            print("  ".join(f"{k}={v}" for k, v in item.items() if v not in ("", {})))
+            print("  ".join(f"{k}={v}" for k, v in item.items() if v not in ("", {}))
+                  if isinstance(item, dict) else item)
         if not result:
             print("(none)")
     elif isinstance(result, dict):

@@ -1,0 +1,148 @@
+"""Every ``chronomq schedule`` subcommand as a user runs it (the console script, in a
+subprocess) against one real broker on 127.0.0.1, in both output modes: exit 0, nothing
+on stderr (so no traceback), plain output a person can read and ``--json`` output of the
+expected shape, each saying what happened."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from chronomq.cli import _parser
+from chronomq.client import ChronomqClient, RpcError
+from tests.chronomq.test_cli_exit_codes import chronomq
+from tests.conftest import RunningServer, broker_config
+
+START_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z: no tick fires while these tests run
+# "0 9 * * *" in Europe/Berlin from START_MS: 09:00 CET is 08:00 UTC
+NEXT_FIRES = ["2100-01-01T08:00:00.000+00:00", "2100-01-02T08:00:00.000+00:00",
+              "2100-01-03T08:00:00.000+00:00"]
+COVERED = {"create", "list", "next", "pause", "resume", "delete"}
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One broker for every test here, with the topic the schedules send to."""
+    server = RunningServer(broker_config(tmp_path_factory.mktemp("cli-schedules") / "data"))
+    try:
+        with server.client() as c:
+            c.create_topic("t")
+        yield server.target
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["plain", "json"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def name(target: str, mode: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A schedule name of this test's own; the schedule is deleted after, if it is left."""
+    made = f"{request.function.__name__.removeprefix('test_')}-{mode}"
+    yield made
+    with ChronomqClient(target) as c:
+        try:
+            c.delete_schedule(made)
+        except RpcError as exc:
+            assert exc.code == grpc.StatusCode.NOT_FOUND, exc
+
+
+@pytest.fixture
+def made(target: str, name: str) -> str:
+    """The schedule, created through the client (not the CLI under test)."""
+    with ChronomqClient(target) as c:
+        c.create_schedule(name, "t", b"good morning", cron="0 9 * * *",
+                          time_zone="Europe/Berlin", start_ms=START_MS)
+    return name
+
+
+def schedule(target: str, mode: str, *argv: str) -> str:
+    """``chronomq schedule ARGV`` in ``mode``: its stdout, after checking it succeeded."""
+    run = chronomq("schedule", *argv, "--target", target,
+                   *(["--json"] if mode == "json" else []))
+    assert "Traceback" not in run.err, run.err
+    assert run.code == 0 and run.err == "", run
+    return run.out
+
+
+def fields(out: str) -> dict[str, str]:
+    """Plain output of one record: ``key: value`` lines."""
+    lines = out.splitlines()
+    assert lines and all(": " in line for line in lines), out
+    return dict(line.split(": ", 1) for line in lines)
+
+
+def test_every_schedule_subcommand_is_run_here() -> None:
+    """A subcommand added to the CLI needs its cases here too."""
+    (top,) = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    (verbs,) = [a for a in top.choices["schedule"]._actions
+                if isinstance(a, argparse._SubParsersAction)]
+    assert set(verbs.choices) == COVERED
+
+
+def test_create(target: str, mode: str, name: str) -> None:
+    out = schedule(target, mode, "create", name, "--topic", "t", "--cron", "0 9 * * *",
+                   "--tz", "Europe/Berlin", "--body", "good morning",
+                   "--start-ms", str(START_MS))
+    row = json.loads(out) if mode == "json" else fields(out)
+    expected: dict[str, Any] = {"name": name, "topic": "t", "cron": "0 9 * * *",
+                                "time_zone": "Europe/Berlin", "next_fire": NEXT_FIRES[0],
+                                "paused": False, "fired": 0, "created": True}
+    if mode == "plain":
+        expected = {k: str(v) for k, v in expected.items()}
+    assert row.items() >= expected.items(), out
+
+
+def test_list(target: str, mode: str, made: str) -> None:
+    out = schedule(target, mode, "list", "--prefix", made)
+    if mode == "json":
+        (row,) = json.loads(out)
+        assert row["name"] == made and row["next_fire"] == NEXT_FIRES[0], out
+        assert row["cron"] == "0 9 * * *" and row["paused"] is False, out
+    else:
+        (line,) = out.splitlines()  # one line a schedule: name=... topic=... ...
+        words = line.split("  ")
+        assert f"name={made}" in words and f"next_fire={NEXT_FIRES[0]}" in words, out
+        assert "cron=0 9 * * *" in words and "paused=False" in words, out
+
+
+def test_list_of_nothing(target: str, mode: str, name: str) -> None:
+    out = schedule(target, mode, "list", "--prefix", name)  # never created
+    assert (json.loads(out) == []) if mode == "json" else (out == "(none)\n"), out
+
+
+def test_next(target: str, mode: str, made: str) -> None:
+    out = schedule(target, mode, "next", made, "--count", "3")
+    if mode == "json":
+        assert json.loads(out) == NEXT_FIRES, out
+    else:
+        assert out.splitlines() == NEXT_FIRES, out  # one fire time a line
+
+
+def test_pause_next_and_resume(target: str, mode: str, made: str) -> None:
+    out = schedule(target, mode, "pause", made)
+    row = json.loads(out) if mode == "json" else fields(out)
+    assert row["name"] == made and row["paused"] in (True, "True"), out
+    # a paused schedule's next fires: those it would send if resumed now
+    out = schedule(target, mode, "next", made, "--count", "2")
+    assert (json.loads(out) if mode == "json" else out.splitlines()) == NEXT_FIRES[:2], out
+    out = schedule(target, mode, "resume", made)
+    row = json.loads(out) if mode == "json" else fields(out)
+    assert row["name"] == made and row["paused"] in (False, "False"), out
+    assert row["next_fire"] == NEXT_FIRES[0], out
+
+
+def test_delete(target: str, mode: str, made: str) -> None:
+    out = schedule(target, mode, "delete", made)
+    row = json.loads(out) if mode == "json" else fields(out)
+    assert row == ({"name": made, "deleted": True} if mode == "json"
+                   else {"name": made, "deleted": "True"}), out
+    with ChronomqClient(target) as c:
+        assert c.list_schedules(made) == []
