@@ -1,8 +1,8 @@
-"""What one ranged GET of a small tier object costs the broker's process in CPU: through
-the S3 provider (boto3/botocore, as every tier read goes today) and as a bare SigV4-signed
-urllib3 request (botocore's signer, no client), both against a local SeaweedFS.  A
-takeover under load is bound by this CPU (bench/RESULTS.md), so it is the figure a
-lighter read path would have to move.
+"""What one ranged GET of a small tier object costs the broker's process in CPU: a boto3
+``get_object`` call, a bare SigV4-signed urllib3 request (botocore's signer, no client),
+and the S3 provider's read (which is the bare request for an S3-compatible endpoint:
+``tiered.providers.s3read``), against a local SeaweedFS.  A takeover under load is bound
+by this CPU (bench/RESULTS.md).
 
     .venv/bin/python bench/bench_s3_get_cost.py --objects 200
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import boto3
 import urllib3
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
@@ -51,10 +52,18 @@ def main() -> None:
                 r = http.request("GET", url, headers=dict(req.headers.items()))
                 assert r.status == 206 and len(r.data) == 100, r.status
 
+            client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                                  aws_access_key_id="bench", aws_secret_access_key="bench")
+
             def boto(i: int) -> None:
+                got = client.get_object(Bucket=bucket, Key=f"o/{i}", Range="bytes=0-99")
+                assert len(got["Body"].read()) == 100
+
+            def provider_read(i: int) -> None:
                 assert len(provider.read(f"o/{i}", 0, 100)) == 100
 
-            for name, read in (("boto3 (S3Provider.read)", boto), ("bare SigV4 urllib3", bare)):
+            for name, read in (("boto3 get_object", boto), ("bare SigV4 urllib3", bare),
+                               ("S3Provider.read (bare)", provider_read)):
                 for _ in range(args.rounds):
                     cpu, wall = time.process_time(), time.perf_counter()
                     for i in range(args.objects):
