@@ -1,12 +1,14 @@
 """A recurring schedule and its fire times.
 
-A schedule names a topic, a cron expression (five fields, as crontab) or a fixed
-interval in whole seconds, an IANA time zone, the message to send at each tick (body,
-key, tag, properties), an optional start and end, and a misfire policy for ticks missed
-while no broker ran: ``skip`` (none of them), ``once`` (the latest one), ``all`` (each,
-oldest first, at most ``misfire_bound``).
+A schedule names a topic, a cron expression (crontab(5): five fields or a macro) or a
+fixed interval in whole seconds, an IANA time zone, the message to send at each tick
+(body, key, tag, properties), an optional start and end, and a misfire policy for ticks
+missed while no broker ran: ``skip`` (none of them), ``once`` (the latest one), ``all``
+(each, oldest first, at most ``misfire_bound``).
 
-Fire times come from APScheduler's triggers (``CronTrigger.from_crontab`` and
+The cron expression is read as crontab(5) reads it (``recurring/crontab.py``: the
+grammar, the macros, day of month OR weekday).  Fire times come from APScheduler's
+triggers (``CronTrigger``, an ``OrTrigger`` of two for the OR rule, and
 ``IntervalTrigger``), so time zones and daylight-saving changes follow its rules: a
 local time that does not exist (the spring gap) fires once, at the same distance after
 the gap's start (``30 2 * * *`` in Europe/Berlin on the day clocks go from 02:00 to
@@ -27,9 +29,9 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from apscheduler.triggers.base import BaseTrigger
-from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from recurring import crontab
 from store.errors import InvalidArgument
 from store.message import (
     MAX_KEY_BYTES,
@@ -111,11 +113,7 @@ class ScheduleSpec:
         if self.every_s:
             return IntervalTrigger(seconds=self.every_s, start_date=start or _dt(0),
                                    end_date=end, timezone=zone)
-        try:
-            return CronTrigger(**_cron_fields(self.cron), start_date=start, end_date=end,
-                               timezone=zone)
-        except (ValueError, TypeError) as exc:
-            raise InvalidArgument(f"bad cron expression {self.cron!r}: {exc}") from exc
+        return crontab.trigger(self.cron, zone, start, end)
 
     def message_id(self, tick_ms: int) -> str:
         return f"{self.name}@{tick_ms}"
@@ -130,51 +128,9 @@ class ScheduleSpec:
         return ScheduleSpec(**{**raw, "body": bytes.fromhex(raw["body"])})
 
 
-_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-
-
 @functools.cache
 def _zone_names() -> frozenset[str]:
     return frozenset(available_timezones())
-
-
-def _cron_fields(expr: str) -> dict[str, str]:
-    """APScheduler's fields of a crontab expression, the weekday as crontab counts it (0
-    and 7 Sunday; APScheduler 3 counts 0 as Monday): written out as day names."""
-    parts = expr.split()
-    if len(parts) != 5:
-        raise ValueError(f"five fields (minute hour day month weekday), not {len(parts)}")
-    fields = dict(zip(("minute", "hour", "day", "month", "day_of_week"), parts, strict=True))
-    fields["day_of_week"] = _weekdays(parts[4])
-    return fields
-
-
-def _weekdays(text: str) -> str:
-    """A crontab weekday field (``*``, ``1-5``, ``0,6``, ``*/2``, ``mon-fri``) as the
-    comma-separated day names it selects."""
-    if text == "*":
-        return "*"
-    days: set[int] = set()
-    for item in text.split(","):
-        span, _, step_text = item.partition("/")
-        step = int(step_text) if step_text else 1
-        if step < 1:
-            raise ValueError(f"weekday step {step_text!r}")
-        low, _, high = span.partition("-")
-        first, last = (0, 6) if span == "*" else (_day(low), _day(high) if high else None)
-        last = first if last is None else last
-        if last < first:
-            raise ValueError(f"weekday range {span!r} runs backwards")
-        days.update(d % 7 for d in range(first, last + 1, step))
-    return ",".join(_DAYS[d] for d in sorted(days))
-
-
-def _day(text: str) -> int:
-    if text.lower()[:3] in _DAYS and len(text) == 3:
-        return _DAYS.index(text.lower())
-    if not text.isdigit() or int(text) > 7:
-        raise ValueError(f"weekday {text!r}: 0-7 (0 and 7 are Sunday) or sun..sat")
-    return int(text)
 
 
 def _dt(ms: int) -> datetime:
