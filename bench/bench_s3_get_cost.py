@@ -1,7 +1,7 @@
 """What one ranged GET of a small tier object costs the broker's process in CPU: a boto3
 ``get_object`` call, a bare SigV4-signed urllib3 request (botocore's signer, no client),
 and the S3 provider's read (which is the bare request for an S3-compatible endpoint:
-``tiered.providers.s3read``), against a local SeaweedFS.  A takeover under load is bound
+``tiered.providers.s3bare``), against a local SeaweedFS.  A takeover under load is bound
 by this CPU (bench/RESULTS.md).
 
     .venv/bin/python bench/bench_s3_get_cost.py --objects 200

@@ -1,11 +1,11 @@
 """A Provider over S3 (any S3-compatible endpoint) through boto3.
 
 Objects are keys under ``prefix`` in ``bucket``.  Requests: exists/size = 1 HEAD,
-read = 1 ranged GET (a bare signed request for an S3-compatible endpoint:
-``tiered.providers.s3read``, under half of boto3's CPU), write = 1 PUT (atomic per
-object), delete = 1 DELETE, list = 1 GET per 1,000 keys.  botocore errors are wrapped:
-a missing key is ``TierNotFound``, a connection failure, throttling or 5xx is
-``TierUnavailable``.  Thread-safe (a boto3 client is).
+read = 1 ranged GET, write = 1 PUT (atomic per object; both bare signed requests for an
+S3-compatible endpoint, under half of boto3's CPU: ``tiered.providers.s3bare``), delete
+= 1 DELETE, list = 1 GET per 1,000 keys.  botocore errors are wrapped: a missing key is
+``TierNotFound``, a connection failure, throttling or 5xx is ``TierUnavailable``.
+Thread-safe (a boto3 client is).
 
 Every request is bounded: ``connect_timeout_s`` to open a connection, ``read_timeout_s``
 for each wait on the socket (an S3 that accepts a request and never answers), and at most
@@ -46,7 +46,7 @@ from tiered.errors import (
     TierUnavailable,
     check_path,
 )
-from tiered.providers.s3read import BareReads
+from tiered.providers.s3bare import BareRequests
 
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _RETRYABLE = {"SlowDown", "Throttling", "RequestTimeout", "ServiceUnavailable",
@@ -124,9 +124,9 @@ def client_config(settings: S3Settings) -> Config:
                   max_pool_connections=settings.max_pool_connections)
 
 
-def _bare_reads(settings: S3Settings) -> BareReads | None:
-    """Ranged GETs without a boto3 call, for an S3-compatible endpoint with credentials
-    (``tiered.providers.s3read``); None: reads go through boto3."""
+def _bare_requests(settings: S3Settings) -> BareRequests | None:
+    """Reads and writes without a boto3 call, for an S3-compatible endpoint with
+    credentials (``tiered.providers.s3bare``); None: they go through boto3."""
     if not settings.endpoint_url:
         return None
     if settings.access_key_id:
@@ -136,7 +136,7 @@ def _bare_reads(settings: S3Settings) -> BareReads | None:
         if credentials is None:
             return None
     timeout = settings.timeout_s
-    return BareReads(settings.endpoint_url, settings.bucket, settings.region, credentials,
+    return BareRequests(settings.endpoint_url, settings.bucket, settings.region, credentials,
                      timeout or settings.connect_timeout_s, timeout or settings.read_timeout_s,
                      settings.max_attempts, settings.max_pool_connections)
 
@@ -157,7 +157,7 @@ class S3Provider:
         self._s3 = boto3.client("s3", **kwargs)
         self._bucket = settings.bucket
         self._prefix = settings.prefix.strip("/") + "/" if settings.prefix.strip("/") else ""
-        self._bare = _bare_reads(settings)
+        self._bare = _bare_requests(settings)
 
     def on_request(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(operation name)`` before every S3 request (for counting)."""
@@ -202,6 +202,9 @@ class S3Provider:
             return bytes(obj["Body"].read())
 
     def write(self, path: str, data: bytes) -> None:
+        if self._bare is not None:
+            self._bare.write(self._key(path), data, path)
+            return
         with _wrapped(path):
             self._s3.put_object(Bucket=self._bucket, Key=self._key(path), Body=data)
 

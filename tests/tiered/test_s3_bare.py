@@ -1,8 +1,9 @@
-"""The S3 provider's reads as bare signed requests (``tiered.providers.s3read``), against
-real S3 servers on 127.0.0.1 (SeaweedFS, and moto's where it differs) and the fault proxy
-in front of SeaweedFS: the same bytes boto3 reads for every range and awkward key, the
-same outcomes (missing key, past the end, a missing bucket, a refusal, an S3 that stalls,
-resets or answers 503), and every request counted."""
+"""The S3 provider's reads and writes as bare signed requests
+(``tiered.providers.s3bare``), against real S3 servers on 127.0.0.1 (SeaweedFS, and
+moto's where it differs) and the fault proxy in front of SeaweedFS: what boto3 reads is
+what was written, for every range and awkward key; the same outcomes (missing key, past
+the end, a missing bucket, a refusal, an S3 that stalls, resets or answers 503); every
+request counted."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def endpoint_bucket(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]
     yield endpoint, bucket
 
 
-def test_reads_are_bare_requests_for_an_s3_compatible_endpoint() -> None:
+def test_reads_and_writes_are_bare_requests_for_an_s3_compatible_endpoint() -> None:
     assert _provider("http://127.0.0.1:1", "b")._bare is not None
     assert S3Provider(S3Settings(bucket="b", **CREDS))._bare is None  # AWS: boto3
 
@@ -92,7 +93,10 @@ def test_a_refusal_is_an_error_at_once_not_retried(seaweed_endpoint: str,
         with pytest.raises(TierError, match="403") as refused:
             p.read("x")
         assert not isinstance(refused.value, TierNotFound | TierUnavailable)
-        assert proxy.connections == opened + 1
+        with pytest.raises(TierError, match="403") as refused:
+            p.write("x", b"other")
+        assert not isinstance(refused.value, TierUnavailable)
+        assert proxy.connections == opened + 2
     finally:
         proxy.close()
 
@@ -107,17 +111,20 @@ def test_an_s3_that_fails_is_unavailable_after_the_attempts(
         p.write("x", b"data")
         assert p.read("x") == b"data"
         proxy.set_mode(mode)
-        started = time.monotonic()
-        with pytest.raises(TierUnavailable):
-            p.read("x")
-        assert time.monotonic() - started < 2 * 0.5 + 1 + 1  # two attempts, one back-off
+        for request in (lambda: p.read("x"), lambda: p.write("y", b"more")):
+            started = time.monotonic()
+            with pytest.raises(TierUnavailable):
+                request()
+            assert time.monotonic() - started < 2 * 0.5 + 1 + 1  # two attempts, a back-off
         proxy.set_mode("pass")
-        assert p.read("x") == b"data"  # and it reads again once S3 answers
+        assert p.read("x") == b"data"  # and it reads and writes again once S3 answers
+        p.write("y", b"more")
+        assert p.read("y") == b"more"
     finally:
         proxy.close()
 
 
-def test_every_bare_read_is_counted(seaweed_endpoint: str, seaweed_bucket: str) -> None:
+def test_every_bare_request_is_counted(seaweed_endpoint: str, seaweed_bucket: str) -> None:
     p = _provider(seaweed_endpoint, seaweed_bucket)
     seen: list[str] = []
     p.on_request(seen.append)
