@@ -12,9 +12,16 @@ at the next start, and the broker's dedupe window of client-chosen ids
 never none.
 
 Ticks more than ``MISFIRE_GRACE_MS`` old when their step comes (the broker was down, or
-stopped) follow the schedule's misfire policy: ``skip`` sends none of them, ``once`` the
-latest, ``all`` each, up to ``misfire_bound`` (the latest ones).  Ticks within the grace
-are sent as they are, a little late.  Thread-safe.
+stopped) follow the schedule's misfire policy, applied once to all of them, the whole
+outage since the tick the book last recorded, however long: ``skip`` sends none of
+them, ``once`` the latest, ``all`` the latest ``misfire_bound``, oldest first.  The
+step that meets them decides and sends them with the ticks within the grace (sent as
+they are, a little late), and the book moves past all of them; the ticks it skips are
+never walked one by one (``latest_ticks`` looks back from the grace), so a step sends
+at most ``misfire_bound`` ticks and the grace's of a schedule (62 at ``every_s = 1``).
+A crash before the book moves is a longer outage: the step is taken again with a later
+clock, its kept ticks are the same or later ones (those sent already are stored once),
+never older ones.  Thread-safe.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+
+from apscheduler.triggers.base import BaseTrigger
 
 from recurring.book import ScheduleBook, ScheduleState
 from recurring.model import next_fire
@@ -35,10 +44,56 @@ log = logging.getLogger(__name__)
 MISFIRE_GRACE_MS = 60_000
 AHEAD_MS = 1_000  # a tick is sent this much before it, due at it (the timer delivers it
 #                   on time, never early): lateness is the timer's, not the send's
-MAX_TICKS_PER_STEP = 10_000  # a schedule's ticks sent in one step (the rest: next step)
 
 # drafts -> one error text per draft ("" = stored, or a duplicate of a tick sent before)
 Send = Callable[[list[Draft]], list[str]]
+
+
+def ticks_due(state: ScheduleState, now_ms: int) -> tuple[list[int], int | None]:
+    """The ticks of ``state`` to send at ``now_ms``, those up to ``AHEAD_MS`` ahead
+    included, the misfire policy applied to all it missed; and the next tick after them."""
+    trigger = state.trigger()
+    ticks: list[int] = []
+    nxt = state.next_ms
+    missed_before_ms = now_ms - MISFIRE_GRACE_MS  # ticks before it are misfires
+    if nxt is not None and nxt < missed_before_ms:
+        spec = state.spec
+        keep = {"skip": 0, "once": 1, "all": spec.misfire_bound}[spec.misfire]
+        ticks = latest_ticks(trigger, nxt, missed_before_ms, keep)
+        nxt = next_fire(trigger, ticks[-1] if ticks else missed_before_ms - 1)
+    while nxt is not None and nxt <= now_ms + AHEAD_MS:
+        ticks.append(nxt)
+        nxt = next_fire(trigger, nxt)
+    return ticks, nxt
+
+
+def latest_ticks(trigger: BaseTrigger, first_ms: int, before_ms: int, count: int
+                 ) -> list[int]:
+    """The last ``count`` ticks from ``first_ms`` (a tick) to before ``before_ms``, oldest
+    first.  Found looking back from ``before_ms`` in windows that double, the first one
+    ``count`` periods wide: about ``count`` ticks walked, not the outage's."""
+    if count == 0:
+        return []
+    after = next_fire(trigger, first_ms)
+    span_ms = count * max((after or before_ms) - first_ms, 1)
+    found: list[int] = []
+    end_ms = before_ms
+    while len(found) < count and end_ms > first_ms:
+        start_ms = max(end_ms - span_ms, first_ms)
+        found = _ticks_between(trigger, start_ms, end_ms, first_ms) + found
+        end_ms, span_ms = start_ms, span_ms * 2
+    return found[-count:]
+
+
+def _ticks_between(trigger: BaseTrigger, start_ms: int, end_ms: int, first_ms: int
+                   ) -> list[int]:
+    """The ticks in ``[start_ms, end_ms)``, none before ``first_ms`` (a tick)."""
+    out: list[int] = []
+    tick = first_ms if start_ms <= first_ms else next_fire(trigger, start_ms - 1)
+    while tick is not None and tick < end_ms:
+        out.append(tick)
+        tick = next_fire(trigger, tick)
+    return out
 
 
 class ScheduleEngine:
@@ -54,24 +109,6 @@ class ScheduleEngine:
         self.sent = 0
         self.last_step_s = 0.0  # how long the last step that sent something took
 
-    def ticks_due(self, state: ScheduleState, now_ms: int) -> tuple[list[int], int | None]:
-        """The ticks of ``state`` to send now, those up to ``AHEAD_MS`` ahead included
-        (misfire policy applied), and the next tick after them."""
-        spec = state.spec
-        trigger = state.trigger()
-        ticks: list[int] = []
-        nxt = state.next_ms
-        while nxt is not None and nxt <= now_ms + AHEAD_MS and \
-                len(ticks) < MAX_TICKS_PER_STEP:
-            ticks.append(nxt)
-            nxt = next_fire(trigger, nxt)
-        missed = [t for t in ticks if t < now_ms - MISFIRE_GRACE_MS]
-        if missed:
-            keep = {"skip": [], "once": missed[-1:],
-                    "all": missed[-spec.misfire_bound:]}[spec.misfire]
-            ticks = keep + ticks[len(missed):]
-        return ticks, nxt
-
     def fire_due(self, now_ms: int | None = None) -> int:
         """Send every tick due by ``now_ms``; returns how many were sent."""
         now = self._clock.now_ms() if now_ms is None else now_ms
@@ -80,7 +117,7 @@ class ScheduleEngine:
         for state in self.book.states(by_name=False):
             if state.paused or state.next_ms is None or state.next_ms > now + AHEAD_MS:
                 continue
-            ticks, nxt = self.ticks_due(state, now)
+            ticks, nxt = ticks_due(state, now)
             plan.append((state, ticks, nxt))
         if not plan:
             return 0
