@@ -375,15 +375,19 @@ class _Delivered:
         self._brokers = list(dict.fromkeys(brokers))
         self._copies: dict[str, DeliveredCopies | None] = {}
         self.skipped = 0
+        started = time.monotonic()
         self._risk_ms = -1
         for name in self._brokers:
             copies = self._copies_of(name)
             if copies is not None:
                 self._risk_ms = max(self._risk_ms, copies.delivered_until_ms)
+        self.seconds = time.monotonic() - started  # spent looking for copies
 
     def fresh(self, rows: list[Adopted]) -> list[Adopted]:
+        started = time.monotonic()
         out = [r for r in rows if r[1] > self._risk_ms or not self._delivered(r)]
         self.skipped += len(rows) - len(out)
+        self.seconds += time.monotonic() - started
         return out
 
     def _copies_of(self, name: str) -> DeliveredCopies | None:

@@ -433,6 +433,7 @@ class Takeover:
                 state: dict[str, Any]) -> int:
         """Schedule the departed broker's pending delayed messages here
         (``cluster.adoption``); returns how many."""
+        started = time.monotonic()
         manifest = state.get("timers")
         replayed: JournalState | None = journal
         now = manifest_of(self._b.tier, mounted, journal, state.get("adopted"))
@@ -442,6 +443,7 @@ class Takeover:
             self._lineage.save(departed, state)
         elif manifest != now:
             replayed = None  # resumed after the departed broker's tier moved: as read then
+        manifest_s = time.monotonic() - started
         mounts = {departed: mounted}
 
         def mount(name: str) -> MountedBroker:
@@ -467,8 +469,10 @@ class Takeover:
         placed = adoption.placed
         log.info("takeover of %s: %d pending delayed messages scheduled; this run: %d into "
                  "RocksDB, %d left in TimerFlatFiles the tier held (scanned in %.1f s), %d "
-                 "written into new ones", departed, count, placed.rocksdb, placed.in_place,
-                 adoption.seconds_scanning, placed.written)
+                 "written into new ones; %d found delivered already (%.1f s looking); its "
+                 "manifest in %.1f s", departed, count, placed.rocksdb, placed.in_place,
+                 adoption.seconds_scanning, placed.written, adoption.delivered.skipped,
+                 adoption.delivered.seconds, manifest_s)
         return count
 
 
