@@ -3,13 +3,14 @@
 At each step (the ``schedules`` thread wakes ``AHEAD_MS`` before the earliest tick;
 tests call ``fire_due`` with a manual clock) every schedule whose next tick is due within
 ``AHEAD_MS`` has its ticks sent as messages through the broker's normal write path
-(``send``), all schedules' in one batch: id ``<name>@<tick ms>``, due at the tick, so
-the timer delivers each at its tick, never before (a pause or delete takes effect from
-the first tick not yet sent).  Only once they are durable does the
-book move past them (one synced write).  A crash in between sends the same ticks again
-at the next start, and the broker's dedupe window of client-chosen ids
-(``store.dedupe_window_ms``) stores each id once: one message per tick, never two,
-never none.
+(``send``), all schedules' in one batch: id ``<name>@<tick ms>`` (with the schedule's
+generation if its name was created again: ``recurring.model.tick_id``), due at the tick,
+so the timer delivers each at its tick, never before (an update, pause or delete takes
+effect from the first tick not yet handed to a send: ``ScheduleBook.sending``).  Only
+once they are durable does the book move past them (one synced write).  A crash in
+between sends the same ticks again at the next start, and the broker's dedupe window of
+client-chosen ids (``store.dedupe_window_ms``) stores each id once: one message per tick,
+never two, never none.
 
 Ticks more than ``MISFIRE_GRACE_MS`` old when their step comes (the broker was down, or
 stopped) follow the schedule's misfire policy, applied once to all of them, the whole
@@ -33,7 +34,7 @@ from collections.abc import Callable
 
 from apscheduler.triggers.base import BaseTrigger
 
-from recurring.book import ScheduleBook, ScheduleState
+from recurring.book import Planned, ScheduleBook, ScheduleState
 from recurring.model import next_fire
 from store.clock import Clock
 from store.crashpoint import crashpoint
@@ -113,12 +114,13 @@ class ScheduleEngine:
         """Send every tick due by ``now_ms``; returns how many were sent."""
         now = self._clock.now_ms() if now_ms is None else now_ms
         began = time.monotonic()
-        plan: list[tuple[ScheduleState, list[int], int | None]] = []
+        plan: list[Planned] = []
         for state in self.book.states(by_name=False):
             if state.paused or state.next_ms is None or state.next_ms > now + AHEAD_MS:
                 continue
             ticks, nxt = ticks_due(state, now)
             plan.append((state, ticks, nxt))
+        plan = self.book.sending(plan) if plan else plan
         if not plan:
             return 0
         drafts: list[Draft] = []
@@ -127,7 +129,7 @@ class ScheduleEngine:
             s = state.spec
             props = encode_properties(s.properties)
             for tick in ticks:
-                drafts.append(Draft(s.message_id(tick), s.topic, s.key, s.tag, s.body, props,
+                drafts.append(Draft(state.message_id(tick), s.topic, s.key, s.tag, s.body, props,
                                     now, tick))
                 owners.append(n)
         errors = self._send(drafts) if drafts else []
@@ -136,7 +138,7 @@ class ScheduleEngine:
         for n, error in zip(owners, errors, strict=True):
             if error:
                 failed.setdefault(n, error)
-        self.book.advance([(state.spec.name, nxt, len(ticks) - (1 if n in failed else 0),
+        self.book.advance([(state, nxt, len(ticks) - (1 if n in failed else 0),
                             failed.get(n, "")) for n, (state, ticks, nxt) in enumerate(plan)])
         for n, error in failed.items():
             log.warning("schedule %s: a tick could not be sent: %s", plan[n][0].spec.name,

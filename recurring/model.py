@@ -15,7 +15,10 @@ the gap's start (``30 2 * * *`` in Europe/Berlin on the day clocks go from 02:00
 03:00 fires at 03:30 CEST); a local time that happens twice (the autumn repeat) fires
 twice (``30 1 * * *`` in America/New_York fires at 01:30 EDT and at 01:30 EST); an
 interval counts real time, whatever the wall clock does.  A tick is named by its
-instant in UTC milliseconds, and its message's id is ``<name>@<tick ms>``.
+instant in UTC milliseconds, and its message's id is ``<name>@<tick ms>``, or
+``<name>~<generation>@<tick ms>`` for a name created again after a delete (``tick_id``:
+the generation tells the new schedule's ticks from the old one's; ``~`` is never in a
+name, so no other schedule's ids can be the same).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ MISFIRE = ("skip", "once", "all")
 MAX_MISFIRE_BOUND = 10_000
 MAX_BODY_BYTES = 64 << 10  # a schedule's message: kept in the schedule itself
 MAX_INTERVAL_S = 10 * 366 * 86_400
-MAX_NAME_BYTES = 100  # the message id is ``<name>@<ms>``: at most 128 characters
+MAX_NAME_BYTES = 100  # a tick's id ``<name>~<generation>@<ms>``: at most 128 characters,
+MAX_GENERATION = 9_999_999  # 100 + 1 + 7 + 1 + 19 (a time below 2**63 ms); then wraps to 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -69,10 +73,7 @@ class ScheduleSpec:
 
     def validate(self, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         """Raise ``InvalidArgument`` naming what is wrong (builds the trigger too)."""
-        if not self.name or len(self.name) > MAX_NAME_BYTES or not _NAME.match(self.name):
-            raise InvalidArgument(
-                f"schedule name {self.name!r}: 1 to {MAX_NAME_BYTES} characters of letters, "
-                "digits, '.', '_' and '-', starting with a letter or digit")
+        check_schedule_name(self.name)
         check_name(self.topic, "topic")
         if bool(self.cron) == bool(self.every_s):
             raise InvalidArgument("give a cron expression or an interval (every_s), one of "
@@ -115,9 +116,6 @@ class ScheduleSpec:
                                    end_date=end, timezone=zone)
         return crontab.trigger(self.cron, zone, start, end)
 
-    def message_id(self, tick_ms: int) -> str:
-        return f"{self.name}@{tick_ms}"
-
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["body"] = self.body.hex()
@@ -126,6 +124,19 @@ class ScheduleSpec:
     @staticmethod
     def from_json(raw: dict[str, Any]) -> ScheduleSpec:
         return ScheduleSpec(**{**raw, "body": bytes.fromhex(raw["body"])})
+
+
+def check_schedule_name(name: str, what: str = "schedule name") -> None:
+    """Raise ``InvalidArgument`` unless ``name`` is a schedule's name."""
+    if not name or len(name) > MAX_NAME_BYTES or not _NAME.fullmatch(name):
+        raise InvalidArgument(
+            f"{what} {name[:MAX_NAME_BYTES + 1]!r}: 1 to {MAX_NAME_BYTES} characters of "
+            "letters, digits, '.', '_' and '-', starting with a letter or digit")
+
+
+def tick_id(name: str, generation: int, tick_ms: int) -> str:
+    """The message id of a schedule's tick (see the module docstring)."""
+    return f"{name}@{tick_ms}" if generation == 0 else f"{name}~{generation}@{tick_ms}"
 
 
 @functools.cache
@@ -162,6 +173,7 @@ def fires(trigger: BaseTrigger, after_ms: int, count: int) -> list[int]:
 
 
 def encode_state(spec: ScheduleSpec, next_ms: int | None, paused: bool, fired: int,
-                 last_error: str) -> bytes:
+                 last_error: str, generation: int = 0, last_ms: int = 0) -> bytes:
     return json.dumps({"spec": spec.to_json(), "next_ms": next_ms, "paused": paused,
-                       "fired": fired, "last_error": last_error}, sort_keys=True).encode()
+                       "fired": fired, "last_error": last_error, "generation": generation,
+                       "last_ms": last_ms}, sort_keys=True).encode()

@@ -60,7 +60,7 @@ def pause(broker: Broker, name: str, paused: bool) -> pb.ScheduleResponse:
 
 
 def delete(broker: Broker, name: str) -> pb.DeleteScheduleResponse:
-    broker.schedules.book.delete(name)
+    broker.schedules.book.delete(name, broker.clock.now_ms())
     return pb.DeleteScheduleResponse(deleted=True)
 
 
