@@ -29,6 +29,8 @@ Every duration and size carries its unit in its name.  Example ``chronomq.toml``
     max_in_flight_per_key = 1    # leases held at once for one message key
     rate_per_key = 50            # messages a second for one key (rate_burst_per_key:
     #                              the tokens a key saves up; default 1, smooth)
+    max_held = 100000            # messages held for their keys at once (then a Pop
+    #                              stops reading ahead)
 
     [timer]
     enabled = true
@@ -57,7 +59,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
-from pop.flowcontrol import KeyLimits
+from pop.flowcontrol import MAX_HELD, KeyLimits
 from pop.policy import RetryPolicy, parse_backoff
 from recurring.book import ScheduleConfig
 from store.errors import InvalidArgument
@@ -66,7 +68,8 @@ from store.store import StoreConfig
 from tiered.config import TierConfig
 from timer.model import TimerConfig
 
-KEY_LIMITS = frozenset({"max_in_flight_per_key", "rate_per_key", "rate_burst_per_key"})
+KEY_LIMITS = frozenset({"max_in_flight_per_key", "rate_per_key", "rate_burst_per_key",
+                        "max_held"})
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -370,7 +373,9 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
                         where + ".max_in_flight_per_key"),
                 _coerce(float, values.get("rate_per_key", 0), where + ".rate_per_key"),
                 _coerce(int, values.get("rate_burst_per_key", 0),
-                        where + ".rate_burst_per_key"))
+                        where + ".rate_burst_per_key"),
+                _coerce(int, values.get("max_held", MAX_HELD),
+                        where + ".max_held"))
     config = dataclasses.replace(config, groups=groups, key_limits=key_limits)
     config.validate()
     return config

@@ -89,7 +89,6 @@ __all__ = [  # the POP API, whichever module of the package defines it
 ]
 
 
-
 class Leased(NamedTuple):
     """What a Pop leased from some queues: the messages, the writes that must be durable
     before they leave, the new leases' deadlines, and how many entries it held for their
@@ -315,23 +314,26 @@ class PopService:
         self._store.wait_visible()
         out = _NOTHING
         with self._book.lock(group, topic):
-            # held entries whose keys have room first (``pop.flowcontrol``), then retries
-            # up to half, then fresh messages, then retries again: a backlog of either
-            # kind never starves the other
-            out = self._hand_out(group, topic, rtopic, max_messages, now, expire)
+            # a share of held entries, keys in turn (``pop.flowcontrol``), retries up to
+            # half, fresh messages, retries, held ones: no backlog starves another kind
+            flow = self.flow
+            out = self._hand_out(group, topic, rtopic, flow.first_share(group, max_messages),
+                                 now, expire)
             plan = [(rtopic, 1, (max_messages + 1) // 2)] if retry else []
             plan.append((topic, queue_count, max_messages))
             if retry:
                 plan.append((rtopic, 1, max_messages))
             for ltopic, queues, limit in plan:
                 for _ in range(HOLD_ROUNDS):  # what it held does not count: read on
-                    want = min(limit, max_messages) - len(out.messages)
-                    if want <= 0:
+                    want = flow.read_room(group, min(limit, max_messages) - len(out.messages))
+                    if want <= 0:  # (or it holds max_held: it stops reading ahead)
                         break
                     got = self._lease(group, ltopic, topic, queues, want, now, expire, tf)
                     out = _join(out, got)
                     if not got.held:
                         break
+            out = _join(out, self._hand_out(group, topic, rtopic,
+                                            max_messages - len(out.messages), now, expire))
             ticket = self._book.write(out.puts)
         self._schedule.add(out.deadlines)
         self._book.count_popped(len(out.messages))
@@ -425,14 +427,12 @@ class PopService:
         for entry, key in flow.take_ready(group, topic, want, now):
             recorded = self._book.hand_out(group, entry, expire)
             msg = self._read_entry(entry) if recorded is not None else None
+            if recorded is not None:
+                puts += recorded.puts
+                deadlines += [recorded.deadline] if recorded.deadline else []
             if recorded is None or msg is None:  # it ended meanwhile, or cannot be read:
                 flow.returned(group, topic, key, entry)  # (then its lease runs out)
-                if recorded is not None:
-                    puts += recorded.puts
-                    deadlines += [recorded.deadline] if recorded.deadline else []
                 continue
-            puts += recorded.puts
-            deadlines += [recorded.deadline] if recorded.deadline else []
             out.append(self._popped(group, entry.ltopic, topic, entry.queue_id,
                                     entry.ck_start, entry.queue_offset, expire, msg))
         return Leased(out, puts, deadlines)
