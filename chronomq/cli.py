@@ -130,26 +130,23 @@ def _parser() -> argparse.ArgumentParser:
     ssub = sc.add_subparsers(dest="schedule_command", required=True)
     scc = ssub.add_parser("create", help="create a schedule (cron or a fixed interval)")
     scc.add_argument("name", help="the schedule's name (its ticks' ids: NAME@<tick ms>)")
-    scc.add_argument("--topic", required=True, help="topic each tick is sent to")
-    every = scc.add_mutually_exclusive_group(required=True)
-    every.add_argument("--cron", help='five crontab fields, e.g. "0 9 * * 1-5"')
-    every.add_argument("--every-s", type=_bounded(10 * 366 * 86_400),
-                       help="a fixed interval in seconds")
-    scc.add_argument("--tz", default="UTC", help="IANA time zone, e.g. Europe/Berlin")
-    scc.add_argument("--body", default="", help="the message body (UTF-8)")
-    scc.add_argument("--key", default="", help="the message key")
-    scc.add_argument("--tag", default="", help="the message tag")
-    scc.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
-                     help="a message property (repeatable)")
-    scc.add_argument("--start-ms", type=_ms, default=0, help="no tick before (epoch ms)")
-    scc.add_argument("--end-ms", type=_ms, default=0, help="no tick after (epoch ms)")
-    scc.add_argument("--misfire", choices=("skip", "once", "all"), default="once",
-                     help="ticks missed while no broker ran: none, the latest, or all")
-    scc.add_argument("--misfire-bound", type=_bounded(10_000), default=0,
-                     help="with --misfire all: at most this many (default 100)")
+    _schedule_settings(scc, update=False)
+    scc.add_argument("--upsert", action="store_true", help="a schedule of that name with "
+                     "other settings is updated in place (else: refused)")
     _client_args(scc)
-    sl = ssub.add_parser("list", help="list schedules with their next fire times")
+    scu = ssub.add_parser("update", help="change a schedule in place (only the settings "
+                          "given): ticks sent stay sent, the next follows the new rule")
+    scu.add_argument("name", help="the schedule's name")
+    _schedule_settings(scu, update=True)
+    scu.add_argument("--clear-properties", action="store_true",
+                     help="remove every message property (with --property: only those)")
+    _client_args(scu)
+    sl = ssub.add_parser("list", help="list schedules with their next fire times (all of "
+                         "them, page after page)")
     sl.add_argument("--prefix", default="", help="only names starting with this")
+    sl.add_argument("--page-token", default="", metavar="NAME",
+                    help="start after this name (the last one a list showed)")
+    sl.add_argument("--limit", type=_u32, default=0, help="at most this many (0: all)")
     _client_args(sl)
     for verb, text in (("pause", "stop sending ticks"), ("resume", "send ticks again, "
                        "from the next one after now"), ("delete", "delete a schedule")):
@@ -252,6 +249,32 @@ def _parser() -> argparse.ArgumentParser:
                     help="replace what --output holds (refused without it)")
     ex.add_argument("--json", action="store_true", help="print JSON")
     return ap
+
+
+def _schedule_settings(p: argparse.ArgumentParser, update: bool) -> None:
+    """The flags of a schedule's settings: create's defaults, or (update) none: only
+    those given change."""
+    def default(value: object) -> object:
+        return None if update else value
+    p.add_argument("--topic", required=not update, help="topic each tick is sent to")
+    every = p.add_mutually_exclusive_group(required=not update)
+    every.add_argument("--cron", help='five crontab fields or a macro, e.g. "0 9 * * 1-5"')
+    every.add_argument("--every-s", type=_bounded(10 * 366 * 86_400),
+                       help="a fixed interval in seconds")
+    p.add_argument("--tz", default=default("UTC"), help="IANA time zone, e.g. Europe/Berlin")
+    p.add_argument("--body", default=default(""), help="the message body (UTF-8)")
+    p.add_argument("--key", default=default(""), help="the message key")
+    p.add_argument("--tag", default=default(""), help="the message tag")
+    p.add_argument("--property", action="append", default=default([]),
+                   metavar="NAME=VALUE", help="a message property (repeatable)")
+    p.add_argument("--start-ms", type=_ms, default=default(0), help="no tick before "
+                   "(epoch ms; 0: from now)")
+    p.add_argument("--end-ms", type=_ms, default=default(0), help="no tick after (epoch "
+                   "ms; 0: no end)")
+    p.add_argument("--misfire", choices=("skip", "once", "all"), default=default("once"),
+                   help="ticks missed while no broker ran: none, the latest, or all")
+    p.add_argument("--misfire-bound", type=_bounded(10_000), default=default(0),
+                   help="with --misfire all: at most this many (default 100)")
 
 
 def _selection_args(p: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import itertools
 import os
 import sys
 import time
@@ -149,14 +150,26 @@ def _schedule_row(s: pb.Schedule) -> dict[str, Any]:
 def _schedule(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
     verb = args.schedule_command
     if verb == "create":
-        made, created = c.create_schedule(
-            args.name, args.topic, args.body.encode(), cron=args.cron or "",
+        r = c.put_schedule(pb.Schedule(
+            name=args.name, topic=args.topic, body=args.body.encode(), cron=args.cron or "",
             every_s=args.every_s or 0, time_zone=args.tz, key=args.key, tag=args.tag,
             properties=properties(args.property), start_ms=args.start_ms,
+            end_ms=args.end_ms, misfire=args.misfire, misfire_bound=args.misfire_bound),
+            args.upsert)
+        return Outcome({**_schedule_row(r.schedule), "created": r.created,
+                        **({"updated": r.updated} if args.upsert else {})})
+    if verb == "update":
+        props = properties(args.property or []) if args.property or args.clear_properties \
+            else None
+        changed, updated = c.update_schedule(
+            args.name, topic=args.topic, cron=args.cron, every_s=args.every_s,
+            time_zone=args.tz, body=None if args.body is None else args.body.encode(),
+            key=args.key, tag=args.tag, properties=props, start_ms=args.start_ms,
             end_ms=args.end_ms, misfire=args.misfire, misfire_bound=args.misfire_bound)
-        return Outcome({**_schedule_row(made), "created": created})
+        return Outcome({**_schedule_row(changed), "updated": updated})
     if verb == "list":
-        return Outcome([_schedule_row(s) for s in c.list_schedules(args.prefix)])
+        rows = c.iter_schedules(args.prefix, page_token=args.page_token)
+        return Outcome([_schedule_row(s) for s in itertools.islice(rows, args.limit or None)])
     if verb in ("pause", "resume"):
         changed = c.pause_schedule(args.name) if verb == "pause" else \
             c.resume_schedule(args.name)

@@ -399,6 +399,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                        context: Context) -> pb.CreateScheduleResponse:
         return schedules.create(self._broker, request)
 
+    def UpdateSchedule(self, request: pb.UpdateScheduleRequest,
+                       context: Context) -> pb.UpdateScheduleResponse:
+        return schedules.update(self._broker, request)
+
     def ListSchedules(self, request: pb.ListSchedulesRequest,
                       context: Context) -> pb.ListSchedulesResponse:
         return schedules.listing(self._broker, request)

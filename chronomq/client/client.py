@@ -250,19 +250,73 @@ class ChronomqClient:
                         every_s: int = 0, time_zone: str = "UTC", key: str = "",
                         tag: str = "", properties: Mapping[str, str] | None = None,
                         start_ms: int = 0, end_ms: int = 0, misfire: str = "once",
-                        misfire_bound: int = 0) -> tuple[pb.Schedule, bool]:
+                        misfire_bound: int = 0, upsert: bool = False
+                        ) -> tuple[pb.Schedule, bool]:
         """Create a recurring schedule (``cron`` or ``every_s``); the schedule as stored
-        (with its next fire time) and whether it is new (an identical one is kept)."""
-        r = self.call("CreateSchedule", pb.CreateScheduleRequest(schedule=pb.Schedule(
+        (with its next fire time) and whether it is new (an identical one is kept).  With
+        ``upsert``, one of that name with other settings is updated in place (refused
+        otherwise)."""
+        r = self.put_schedule(pb.Schedule(
             name=name, topic=topic, body=body, cron=cron, every_s=every_s,
             time_zone=time_zone, key=key, tag=tag, properties=dict(properties or {}),
             start_ms=start_ms, end_ms=end_ms, misfire=misfire,
-            misfire_bound=misfire_bound)))
+            misfire_bound=misfire_bound), upsert)
         return r.schedule, r.created
 
+    def put_schedule(self, schedule: pb.Schedule, upsert: bool = False
+                     ) -> pb.CreateScheduleResponse:
+        """CreateSchedule as it answers: the schedule, ``created``, ``updated``."""
+        r: pb.CreateScheduleResponse = self.call("CreateSchedule", pb.CreateScheduleRequest(
+            schedule=schedule, upsert=upsert))
+        return r
+
+    def update_schedule(self, name: str, *, topic: str | None = None,
+                        cron: str | None = None, every_s: int | None = None,
+                        time_zone: str | None = None, body: bytes | None = None,
+                        key: str | None = None, tag: str | None = None,
+                        properties: Mapping[str, str] | None = None,
+                        start_ms: int | None = None, end_ms: int | None = None,
+                        misfire: str | None = None, misfire_bound: int | None = None
+                        ) -> tuple[pb.Schedule, bool]:
+        """Change the settings given (not None) of a schedule in place: ticks sent stay
+        sent, the next follows the new rule (a cron clears the interval and the other way
+        round).  The schedule as stored and whether anything changed."""
+        given: dict[str, Any] = {
+            k: v for k, v in (("topic", topic), ("cron", cron), ("every_s", every_s),
+                              ("time_zone", time_zone), ("body", body), ("key", key),
+                              ("tag", tag), ("start_ms", start_ms), ("end_ms", end_ms),
+                              ("misfire", misfire), ("misfire_bound", misfire_bound))
+            if v is not None}
+        mask = [*given, *(["properties"] if properties is not None else [])]
+        r = self.call("UpdateSchedule", pb.UpdateScheduleRequest(schedule=pb.Schedule(
+            name=name, properties=dict(properties or {}), **given), update_mask=mask))
+        return r.schedule, r.updated
+
     def list_schedules(self, prefix: str = "", limit: int = 0) -> list[pb.Schedule]:
-        return list(self.call("ListSchedules", pb.ListSchedulesRequest(
-            prefix=prefix, limit=limit)).schedules)
+        """The schedules whose names start with ``prefix``, by name: every one (limit 0,
+        page after page), or the first ``limit``."""
+        if limit:
+            return self.list_schedules_page(prefix, limit)[0]
+        return list(self.iter_schedules(prefix))
+
+    def list_schedules_page(self, prefix: str = "", limit: int = 0, page_token: str = ""
+                            ) -> tuple[list[pb.Schedule], str]:
+        """One page (``limit`` 0: the broker's most, 1,000) after ``page_token``; with
+        the token of the next page ("": none)."""
+        r = self.call("ListSchedules", pb.ListSchedulesRequest(
+            prefix=prefix, limit=limit, page_token=page_token))
+        return list(r.schedules), r.next_page_token
+
+    def iter_schedules(self, prefix: str = "", page_size: int = 0, page_token: str = ""
+                       ) -> Iterator[pb.Schedule]:
+        """Every schedule whose name starts with ``prefix`` (after ``page_token``), by
+        name, a page of ``page_size`` (0: 1,000) at a time."""
+        token = page_token
+        while True:
+            page, token = self.list_schedules_page(prefix, page_size, token)
+            yield from page
+            if not token:
+                return
 
     def pause_schedule(self, name: str) -> pb.Schedule:
         r: pb.ScheduleResponse = self.call("PauseSchedule", pb.ScheduleNameRequest(name=name))

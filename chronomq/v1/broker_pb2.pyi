@@ -441,7 +441,7 @@ class TakeoverResponse(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[str]] = ..., pending: _Optional[int] = ..., groups: _Optional[int] = ..., seconds: _Optional[float] = ..., accepting_after_seconds: _Optional[float] = ...) -> None: ...
 
 class Schedule(_message.Message):
-    __slots__ = ("name", "topic", "cron", "every_s", "time_zone", "body", "key", "tag", "properties", "start_ms", "end_ms", "misfire", "misfire_bound", "paused", "next_fire_ms", "fired", "last_error")
+    __slots__ = ("name", "topic", "cron", "every_s", "time_zone", "body", "key", "tag", "properties", "start_ms", "end_ms", "misfire", "misfire_bound", "paused", "next_fire_ms", "fired", "last_error", "generation")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -466,6 +466,7 @@ class Schedule(_message.Message):
     NEXT_FIRE_MS_FIELD_NUMBER: _ClassVar[int]
     FIRED_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     topic: str
     cron: str
@@ -483,37 +484,62 @@ class Schedule(_message.Message):
     next_fire_ms: int
     fired: int
     last_error: str
-    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., cron: _Optional[str] = ..., every_s: _Optional[int] = ..., time_zone: _Optional[str] = ..., body: _Optional[bytes] = ..., key: _Optional[str] = ..., tag: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., misfire: _Optional[str] = ..., misfire_bound: _Optional[int] = ..., paused: _Optional[bool] = ..., next_fire_ms: _Optional[int] = ..., fired: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
+    generation: int
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., cron: _Optional[str] = ..., every_s: _Optional[int] = ..., time_zone: _Optional[str] = ..., body: _Optional[bytes] = ..., key: _Optional[str] = ..., tag: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., misfire: _Optional[str] = ..., misfire_bound: _Optional[int] = ..., paused: _Optional[bool] = ..., next_fire_ms: _Optional[int] = ..., fired: _Optional[int] = ..., last_error: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class CreateScheduleRequest(_message.Message):
-    __slots__ = ("schedule",)
+    __slots__ = ("schedule", "upsert")
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    UPSERT_FIELD_NUMBER: _ClassVar[int]
     schedule: Schedule
-    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ...) -> None: ...
+    upsert: bool
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., upsert: _Optional[bool] = ...) -> None: ...
 
 class CreateScheduleResponse(_message.Message):
-    __slots__ = ("schedule", "created")
+    __slots__ = ("schedule", "created", "updated")
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
     schedule: Schedule
     created: bool
-    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+    updated: bool
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., created: _Optional[bool] = ..., updated: _Optional[bool] = ...) -> None: ...
+
+class UpdateScheduleRequest(_message.Message):
+    __slots__ = ("schedule", "update_mask")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    update_mask: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., update_mask: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UpdateScheduleResponse(_message.Message):
+    __slots__ = ("schedule", "updated")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    updated: bool
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., updated: _Optional[bool] = ...) -> None: ...
 
 class ListSchedulesRequest(_message.Message):
-    __slots__ = ("prefix", "limit")
+    __slots__ = ("prefix", "limit", "page_token")
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     prefix: str
     limit: int
-    def __init__(self, prefix: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, prefix: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListSchedulesResponse(_message.Message):
-    __slots__ = ("schedules", "total")
+    __slots__ = ("schedules", "total", "next_page_token")
     SCHEDULES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     schedules: _containers.RepeatedCompositeFieldContainer[Schedule]
     total: int
-    def __init__(self, schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., total: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ScheduleNameRequest(_message.Message):
     __slots__ = ("name",)

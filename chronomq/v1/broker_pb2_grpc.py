@@ -129,6 +129,11 @@ class BrokerStub:
                 request_serializer=chronomq_dot_v1_dot_broker__pb2.CreateScheduleRequest.SerializeToString,
                 response_deserializer=chronomq_dot_v1_dot_broker__pb2.CreateScheduleResponse.FromString,
                 _registered_method=True)
+        self.UpdateSchedule = channel.unary_unary(
+                '/chronomq.v1.Broker/UpdateSchedule',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.UpdateScheduleRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.UpdateScheduleResponse.FromString,
+                _registered_method=True)
         self.ListSchedules = channel.unary_unary(
                 '/chronomq.v1.Broker/ListSchedules',
                 request_serializer=chronomq_dot_v1_dot_broker__pb2.ListSchedulesRequest.SerializeToString,
@@ -276,6 +281,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListSchedules(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -403,6 +414,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.CreateSchedule,
                     request_deserializer=chronomq_dot_v1_dot_broker__pb2.CreateScheduleRequest.FromString,
                     response_serializer=chronomq_dot_v1_dot_broker__pb2.CreateScheduleResponse.SerializeToString,
+            ),
+            'UpdateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSchedule,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.UpdateScheduleRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.UpdateScheduleResponse.SerializeToString,
             ),
             'ListSchedules': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSchedules,
@@ -943,6 +959,33 @@ class Broker:
             '/chronomq.v1.Broker/CreateSchedule',
             chronomq_dot_v1_dot_broker__pb2.CreateScheduleRequest.SerializeToString,
             chronomq_dot_v1_dot_broker__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/UpdateSchedule',
+            chronomq_dot_v1_dot_broker__pb2.UpdateScheduleRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.UpdateScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,7 +22,7 @@ START_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z: no tick fires while these 
 # "0 9 * * *" in Europe/Berlin from START_MS: 09:00 CET is 08:00 UTC
 NEXT_FIRES = ["2100-01-01T08:00:00.000+00:00", "2100-01-02T08:00:00.000+00:00",
               "2100-01-03T08:00:00.000+00:00"]
-COVERED = {"create", "list", "next", "pause", "resume", "delete"}
+COVERED = {"create", "update", "list", "next", "pause", "resume", "delete"}
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +146,30 @@ def test_delete(target: str, mode: str, made: str) -> None:
                    else {"name": made, "deleted": "True"}), out
     with ChronomqClient(target) as c:
         assert c.list_schedules(made) == []
+
+
+def test_update(target: str, mode: str, made: str) -> None:
+    out = schedule(target, mode, "update", made, "--cron", "30 9 * * *", "--body", "later")
+    row = json.loads(out) if mode == "json" else fields(out)
+    expected: dict[str, Any] = {"name": made, "cron": "30 9 * * *", "every_s": 0,
+                                "time_zone": "Europe/Berlin", "paused": False,
+                                "next_fire": NEXT_FIRES[0].replace("08:00", "08:30"),
+                                "updated": True}
+    if mode == "plain":
+        expected = {k: str(v) for k, v in expected.items()}
+    assert row.items() >= expected.items(), out
+    with ChronomqClient(target) as c:
+        (s,) = c.list_schedules(made)
+        assert (s.body, s.topic, s.start_ms) == (b"later", "t", START_MS)
+    # the same again: nothing changed, said so
+    out = schedule(target, mode, "update", made, "--cron", "30 9 * * *")
+    row = json.loads(out) if mode == "json" else fields(out)
+    assert row["updated"] in (False, "False"), out
+
+
+def test_create_with_upsert(target: str, mode: str, made: str) -> None:
+    out = schedule(target, mode, "create", made, "--topic", "t", "--every-s", "3600",
+                   "--body", "hourly", "--start-ms", str(START_MS), "--upsert")
+    row = json.loads(out) if mode == "json" else fields(out)
+    assert row["every_s"] in (3600, "3600") and row["cron"] in ("", None), out
+    assert row["created"] in (False, "False") and row["updated"] in (True, "True"), out

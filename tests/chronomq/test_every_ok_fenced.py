@@ -5,7 +5,7 @@ A broker over real gRPC on 127.0.0.1 with a local-directory tier and ``tier.dura
 claim is in its lease, every RPC that changes state answers FAILED_PRECONDITION naming
 the successor: Send, a replace, SendStream, Pop, Subscribe, Ack, Nack, DeadLetter,
 ChangeInvisibleTime, Cancel, Reschedule, CreateTopic, DeleteTopic, and a schedule's
-create, pause, resume and delete.  docs/DESIGN.md, "Every OK and its gate", names the
+create, upsert, update, pause, resume and delete.  docs/DESIGN.md, "Every OK and its gate", names the
 gate of each.
 """
 
@@ -67,6 +67,10 @@ def _calls(c: ChronomqClient, mid: str, handles: list[str]
         "CreateTopic": lambda: c.create_topic("new", queue_count=1),
         "DeleteTopic": lambda: c.delete_topic("gone"),
         "CreateSchedule": lambda: c.create_schedule("s2", "t", b"tick", every_s=60),
+        "CreateSchedule upsert": lambda: c.create_schedule("s", "t", b"new", every_s=60,
+                                                           upsert=True),
+        "UpdateSchedule": lambda: c.update_schedule("s", every_s=30),
+        "UpdateSchedule unchanged": lambda: c.update_schedule("s", every_s=60),
         "PauseSchedule": lambda: c.pause_schedule("s"),
         "ResumeSchedule": lambda: c.resume_schedule("s"),
         "DeleteSchedule": lambda: c.delete_schedule("s"),
