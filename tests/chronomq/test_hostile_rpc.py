@@ -19,12 +19,13 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chronomq.client import message
+from chronomq.api.schedules import SETTINGS, spec_of
+from chronomq.client import RpcError, message
 from chronomq.config import PopConfig, RocketMQConfig, TierConfig
 from chronomq.rocketmq.pb import service as rs
 from chronomq.v1 import broker_pb2
 from store.store import StoreConfig
-from tests.chronomq.fuzz import BAD_CODES, Tally, call, frames, tree
+from tests.chronomq.fuzz import BAD_CODES, Tally, call, frames, message_strategy, tree
 from tests.conftest import RunningServer, broker_config
 
 EXAMPLES = int(os.environ.get("CHRONOMQ_FUZZ_EXAMPLES", "60"))
@@ -91,3 +92,49 @@ def _fuzz(channel: grpc.Channel, service: str, method: object, tally: Tally) -> 
         assert not any(SECRET in a for a in answers), "the canary leaked"
 
     run()
+
+
+def test_hostile_updates_and_page_tokens_leave_every_schedule_valid(tmp_path: Path) -> None:
+    """UpdateSchedule of an existing schedule with hostile values in any settings, and
+    hostile page tokens: answered OK, INVALID_ARGUMENT or NOT_FOUND (never INTERNAL or
+    UNKNOWN), and what the broker holds afterwards is a schedule a create accepts, with
+    its name and generation unchanged."""
+    server = RunningServer(broker_config(tmp_path / "data"))
+    allowed = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT,
+               grpc.StatusCode.NOT_FOUND}
+    seen: dict[grpc.StatusCode, int] = {}
+    hostile = message_strategy(broker_pb2.Schedule.DESCRIPTOR)
+    masks = st.lists(st.one_of(st.sampled_from(SETTINGS), st.sampled_from(
+        ["fired", "paused", "name", "generation", "", "cron ", "\x00"]), st.text(
+            max_size=8)), max_size=5)
+    try:
+        with server.client() as c:
+            c.create_topic("t")
+            c.create_schedule("s", "t", b"x", cron="0 9 * * *")
+
+            @settings(max_examples=EXAMPLES * 3, deadline=None, database=None,
+                      suppress_health_check=list(HealthCheck))
+            @given(hostile, masks, st.booleans(), st.text(max_size=12))
+            def run(schedule: broker_pb2.Schedule, mask: list[str], own_name: bool,
+                    token: str) -> None:
+                if own_name:
+                    schedule.name = "s"
+                try:
+                    c.call("UpdateSchedule", broker_pb2.UpdateScheduleRequest(
+                        schedule=schedule, update_mask=mask))
+                    code = grpc.StatusCode.OK
+                except RpcError as exc:
+                    code = exc.code
+                assert code in allowed, (code, schedule, mask)
+                seen[code] = seen.get(code, 0) + 1
+                (held,) = c.list_schedules()
+                spec_of(held, 64 << 10)  # still what a create accepts
+                assert (held.name, held.generation) == ("s", 0)
+                try:
+                    c.list_schedules_page(page_token=token)
+                except RpcError as exc:
+                    assert exc.code == grpc.StatusCode.INVALID_ARGUMENT, exc
+            run()
+    finally:
+        server.stop()
+    assert seen.get(grpc.StatusCode.OK) and seen.get(grpc.StatusCode.INVALID_ARGUMENT)
