@@ -5,8 +5,8 @@ A broker over real gRPC on 127.0.0.1 with a local-directory tier and ``tier.dura
 claim is in its lease, every RPC that changes state answers FAILED_PRECONDITION naming
 the successor: Send, a replace, SendStream, Pop, Subscribe, Ack, Nack, DeadLetter,
 ChangeInvisibleTime, Cancel, Reschedule, CreateTopic, DeleteTopic, and a schedule's
-create, upsert, update, pause, resume and delete.  docs/DESIGN.md, "Every OK and its
-gate", names the gate of each.
+create, upsert, update, pause, resume and delete.
+docs/DESIGN.md, "Every OK and its gate", names the gate of each.
 """
 
 from __future__ import annotations
