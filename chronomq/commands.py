@@ -184,6 +184,12 @@ def run_client(args: argparse.Namespace) -> Outcome:
     if args.command == "topic" and args.topic_command == "delete" and not args.yes:
         raise InvalidArgument(f"topic delete removes {args.name!r} and every message in it: "
                               "add --yes to confirm")
+    if args.command == "schedule" and args.schedule_command == "update" and not (
+            args.clear_properties or any(getattr(args, f) is not None for f in (
+                "topic", "cron", "every_s", "tz", "body", "key", "tag", "property",
+                "start_ms", "end_ms", "misfire", "misfire_bound"))):
+        raise InvalidArgument("schedule update: give the settings to change (--cron, "
+                              "--every-s, --tz, --body, ...)")
     if args.command == "send":  # input checked before connecting
         if args.replace and not args.message_id:
             raise InvalidArgument("--replace needs --id: the id of the message to replace")

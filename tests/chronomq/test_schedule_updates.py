@@ -134,6 +134,9 @@ def test_update_through_the_cli(env: ManualBroker, capsys: pytest.CaptureFixture
         5, "", False, True)
     assert main(["schedule", "update", "missing", "--every-s", "5", *target]) == 1
     assert "NOT_FOUND" in capsys.readouterr().err
+    assert main(["schedule", "update", "c", *target]) == 2  # nothing to change: not sent
+    assert "give the settings to change" in capsys.readouterr().err
+    assert main(["schedule", "update", "c", "--clear-properties", *target]) == 0
 
 
 def test_list_schedules_pages_through_2500(tmp_path: Path,
