@@ -124,10 +124,12 @@ class FlowStats:
 class _Key:
     __slots__ = ("held", "in_flight", "recent", "swept", "tat", "where")
 
-    def __init__(self, now_ms: int) -> None:
+    def __init__(self) -> None:
         self.held: deque[HeldEntry] | None = None  # created with its first held entry
         self.in_flight = 0
-        self.tat = float(now_ms)  # rate: when the next one is due (GCRA's arrival time)
+        # rate: when the next one is due (GCRA's arrival time; 0.0, one shared float:
+        # none handed out yet)
+        self.tat = 0.0
         self.recent: deque[int] | None = None  # rate: hand-outs of the last second
         self.where = NOWHERE  # RING, TIMED or NOWHERE, while it has held entries
         self.swept = False  # on the idle heap
@@ -155,7 +157,9 @@ class FlowControl:
         self._lock = threading.Condition()
         self._lanes: dict[tuple[str, str], _Lane] = {}
         self._held: Counter[str] = Counter()  # group -> entries held
-        self._leased: dict[tuple[str, str, int, int], tuple[str, str]] = {}  # -> topic, key
+        # (group, leased topic, queue id) -> (topic, {queue offset: key}): a leased entry
+        # costs a slot of a queue's dictionary
+        self._leased: dict[tuple[str, str, int], tuple[str, dict[int, str]]] = {}
         self._idle: list[tuple[float, int, _Lane, str, _Key]] = []  # forget_at, seq, ...
         self._seq = itertools.count()
         self._rebuilt: set[tuple[str, str]] = set()
@@ -211,7 +215,7 @@ class FlowControl:
             return True
         with self._lock:
             self._sweep(now_ms)
-            k = self._key(self._lane(group, topic), key, now_ms)
+            k = self._key(self._lane(group, topic), key)
             if k.held or not self._room(limits, k, now_ms):
                 return False
             self._take(limits, k, now_ms)
@@ -227,7 +231,10 @@ class FlowControl:
         for its key until it is done."""
         if group in self._limits and key:
             with self._lock:
-                self._leased[(group, ltopic, qid, queue_offset)] = (topic, key)
+                queue = self._leased.get((group, ltopic, qid))
+                if queue is None:
+                    queue = self._leased[(group, ltopic, qid)] = (topic, {})
+                queue[1][queue_offset] = key
 
     def take_ready(self, group: str, topic: str, want: int, now_ms: int
                    ) -> list[tuple[HeldEntry, str]]:
@@ -284,7 +291,10 @@ class FlowControl:
             now = self._clock.now_ms()
             self._sweep(now)
             for ltopic, qid, offset in entries:
-                topic, name = self._leased.pop((group, ltopic, qid, offset), ("", ""))
+                topic, queue = self._leased.get((group, ltopic, qid), ("", {}))
+                name = queue.pop(offset, "")
+                if not queue:
+                    self._leased.pop((group, ltopic, qid), None)
                 lane = self._lanes.get((group, topic))
                 k = lane.keys.get(name) if lane is not None else None
                 if lane is None or k is None:
@@ -307,7 +317,7 @@ class FlowControl:
             self._sweep(self._clock.now_ms())
             return FlowStats(sum(len(lane.keys) for lane in self._lanes.values()),
                              sum(lane.held for lane in self._lanes.values()),
-                             len(self._leased))
+                             sum(len(q) for _, q in self._leased.values()))
 
     # ------------------------------------------------------------------ internals
 
@@ -318,14 +328,14 @@ class FlowControl:
         return lane
 
     @staticmethod
-    def _key(lane: _Lane, key: str, now_ms: int) -> _Key:
+    def _key(lane: _Lane, key: str) -> _Key:
         k = lane.keys.get(key)
         if k is None:
-            k = lane.keys[key] = _Key(now_ms)
+            k = lane.keys[key] = _Key()
         return k
 
     def _add_held(self, lane: _Lane, key: str, entry: HeldEntry, now_ms: int) -> None:
-        k = self._key(lane, key, now_ms)
+        k = self._key(lane, key)
         if k.held is None:
             k.held = deque()
         k.held.append(entry)
@@ -423,7 +433,8 @@ class FlowControl:
         if limits.rate_per_key:
             interval = 1000 / limits.rate_per_key
             # on schedule: a hand-out a little late does not push the next ones back
-            k.tat = max(k.tat, now_ms - interval) + interval
+            # (a key's first one: as if its bucket filled up just now)
+            k.tat = max(k.tat or now_ms, now_ms - interval) + interval
             if k.recent is None:
                 k.recent = deque()
             k.recent.append(now_ms)
