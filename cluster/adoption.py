@@ -71,7 +71,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from cluster.delivered import DeliveredCopies
+from cluster.delivered import SLACK_MS, DeliveredCopies
 from cluster.layout import chain_prefix
 from cluster.replay import stream
 from cluster.timersnapshot import Pointer, decode_pointer, read_part, read_residual
@@ -385,6 +385,15 @@ class _Delivered:
 
     def fresh(self, rows: list[Adopted]) -> list[Adopted]:
         started = time.monotonic()
+        wants: dict[str, int] = {}  # topic -> the earliest due time to look for
+        for r in rows:
+            if r[1] <= self._risk_ms:
+                topic = _topic_of(r[3]).decode()
+                wants[topic] = min(wants.get(topic, r[1]), r[1] - SLACK_MS)
+        for name in self._brokers:  # every topic's queues at once, before the lookups
+            copies = self._copies_of(name)
+            if copies is not None and wants:
+                copies.read_since(wants)
         out = [r for r in rows if r[1] > self._risk_ms or not self._delivered(r)]
         self.skipped += len(rows) - len(out)
         self.seconds += time.monotonic() - started

@@ -22,16 +22,20 @@ A copy is stored at or after its due time by the clock of the broker that delive
 what that broker stored from ``d - SLACK_MS`` on, in the message's topic: found by a
 binary search of store times over each queue (one ranged read per probe), then its log
 read in order (``TieredQueue.scan``).  Each (broker, topic) is read once, from the
-earliest due time asked; an earlier one reads only the stretch before it.  Not
-thread-safe (one takeover's thread).
+earliest due time asked; an earlier one reads only the stretch before it.  A takeover
+asks for each batch's topics at once (``read_since``: their queues read in parallel).
+Not thread-safe (one takeover's thread; its reads fan out inside a call).
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 from store.message import FLAG_TIMER_DELIVERY, decode_record
 from tiered.mount import MountedBroker
 
 SLACK_MS = 10_000  # a wall clock stepped back this much still finds the copy
+READ_THREADS = 8  # queues read at once
 
 
 class DeliveredCopies:
@@ -52,30 +56,50 @@ class DeliveredCopies:
         ``topic`` and the copy is in the tier."""
         if topic not in self._queues:
             return False
-        self._read_since(topic, due_ms - SLACK_MS)
+        self.read_since({topic: due_ms - SLACK_MS})
         return (topic, message_id, due_ms) in self._copies
 
-    def _read_since(self, topic: str, at_ms: int) -> None:
-        if at_ms >= self._since.get(topic, at_ms + 1):
-            return  # read already
-        self._since[topic] = at_ms
-        read = self._from.setdefault(topic, {})
-        for qid in range(self._queues[topic]):
-            bounds = self._mounted.bounds(topic, qid)
-            if bounds is None or bounds[0] >= bounds[1]:
-                continue
-            until = read.get(qid, bounds[1])
-            last = self._mounted.read(topic, qid, until - 1, 1) if until > bounds[0] else []
-            if not last or last[-1].store_at_ms < at_ms:  # (no copy can be this late)
-                read[qid] = until
-                continue
-            start = self._mounted.first_stored(topic, qid, bounds[0], until, at_ms)
-            if start >= until:
-                continue
-            for e in self._mounted.scan(topic, qid, start):  # its log alone, in order
-                if e.queue_offset >= until:
-                    break
-                m = decode_record(e.record)
-                if m.flags & FLAG_TIMER_DELIVERY:
-                    self._copies.add((topic, m.message_id.encode(), m.deliver_at_ms))
-            read[qid] = start
+    def read_since(self, wants: dict[str, int]) -> None:
+        """Read what each topic of ``wants`` stored from its time on (less what was read
+        already): every queue of every topic at once, ``READ_THREADS`` at a time (each
+        queue is a binary search by time, then its log; under load a round trip is tens
+        of ms, and a takeover's timer step waits for this)."""
+        todo: list[tuple[str, int, int, int]] = []  # topic, queue, until, at_ms
+        for topic, at_ms in wants.items():
+            if topic not in self._queues or at_ms >= self._since.get(topic, at_ms + 1):
+                continue  # not here, or read already
+            self._since[topic] = at_ms
+            read = self._from.setdefault(topic, {})
+            for qid in range(self._queues[topic]):
+                bounds = self._mounted.bounds(topic, qid)
+                if bounds is not None and bounds[0] < bounds[1]:
+                    todo.append((topic, qid, read.get(qid, bounds[1]), at_ms))
+        if len(todo) > 1:
+            with ThreadPoolExecutor(min(READ_THREADS, len(todo)), "delivered") as pool:
+                results = list(pool.map(lambda t: self._read_queue(*t), todo))
+        else:
+            results = [self._read_queue(*t) for t in todo]
+        for (topic, qid, _, _), (start, copies) in zip(todo, results, strict=True):
+            self._copies |= copies
+            if start is not None:
+                self._from[topic][qid] = start
+
+    def _read_queue(self, topic: str, qid: int, until: int, at_ms: int
+                    ) -> tuple[int | None, set[tuple[str, bytes, int]]]:
+        """The copies queue ``qid`` of ``topic`` stored from ``at_ms`` to before queue
+        offset ``until``, and the first offset now read (None: unchanged)."""
+        low = (self._mounted.bounds(topic, qid) or (0, 0))[0]
+        last = self._mounted.read(topic, qid, until - 1, 1) if until > low else []
+        if not last or last[-1].store_at_ms < at_ms:  # (no copy can be this late)
+            return until, set()
+        start = self._mounted.first_stored(topic, qid, low, until, at_ms)
+        if start >= until:
+            return None, set()
+        copies = set()
+        for e in self._mounted.scan(topic, qid, start):  # its log alone, in order
+            if e.queue_offset >= until:
+                break
+            m = decode_record(e.record)
+            if m.flags & FLAG_TIMER_DELIVERY:
+                copies.add((topic, m.message_id.encode(), m.deliver_at_ms))
+        return start, copies
