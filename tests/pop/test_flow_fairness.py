@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from chronomq.config import load_config
-from pop.flowcontrol import KeyLimits
+from pop.flowcontrol import FlowStats, KeyLimits
 from store.clock import ManualClock
 from store.errors import InvalidArgument
 from tests.pop.test_flow_control import Env
@@ -41,7 +41,7 @@ def test_keys_sent_one_after_another_all_get_their_turn(tmp_path: Path,
             env.ack(got)
         assert bodies == {f"k{k}": [f"k{k}-{i}".encode() for i in range(10)]
                           for k in range(100)}
-        assert env.pop.flow.statistics().held == 0
+        assert env.pop.flow.statistics() == FlowStats(keys=0, held=0, leased=0)
     finally:
         env.close()
 
