@@ -110,6 +110,16 @@ class PendingMessages:
                 return TimerOutcome.ALREADY_DELIVERED  # delivered copy, or sent as due
         return TimerOutcome.NOT_FOUND
 
+    def topics(self, message_id: str) -> list[tuple[str, bool]]:
+        """``(topic, delivering)`` of each message with this id pending here, or fired
+        and on its way into its topic (parked ones first moved into RocksDB), by offset."""
+        with self._lot.flat_lock, self._lock:
+            self._lot.unpark(message_id)
+            keys = [timer_key(*loc) for loc in self._timers.locate(message_id)]
+            return [(decode_dispatch_infos(record, 0)[0][0].topic, key in self._delivering)
+                    for key, record in zip(keys, self._timers.records(keys), strict=True)
+                    if record is not None]
+
     def cancel(self, message_id: str, topic: str = "", keep: int = -1) -> TimerChange:
         """Cancel every pending message with this id (only those of ``topic``, if given;
         not the one stored at CommitLog offset ``keep``: a debounce's new message)."""

@@ -39,10 +39,11 @@ One named thread (``timer``) drives loading and delivery; tests drive ``load_due
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Container
+from collections.abc import Container, Iterator
 from concurrent.futures import Future
 from typing import NamedTuple
 
@@ -114,6 +115,10 @@ class TimerService:
         # the entry each copy on its way into the log stands for (``timer.delivery``)
         self._copies = CopyRegistry(timers)
         self._due_now: list[tuple[bytes, int]] = []  # loaded entries already due
+        # ids a debounce's replace is deciding about (``pinned``): how many replaces pin
+        # each, and the entries of it that came due meanwhile, held back until unpinned
+        self._pinned: dict[str, int] = {}
+        self._held: dict[str, list[tuple[bytes, int]]] = {}
         self._position = self._pending_position = 0  # read by ``open``
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -333,11 +338,17 @@ class TimerService:
             done.append((key, draft.message_id))
         if orphans:
             self._timers.remove(orphans)
-        if dropped:
-            with self._lock:
+        held: set[bytes] = set()
+        with self._lock:
+            if dropped:
                 self._delivering.difference_update(dropped)
+            if self._pinned:  # before the journal's record names them delivered
+                drafts, done, held = self._hold_pinned(drafts, done)
         if not drafts:
             return None
+        if held:
+            kept = [(k, r) for k, r in zip(keys, records, strict=True) if k not in held]
+            keys, records = [k for k, _ in kept], [r for _, r in kept]
         journal = self._journal  # off (no tier upload): no record of the deliveries
         marker = journal.done_draft(stream_offsets(journal, keys, records)) \
             if journal is not None and journal.enabled else None
@@ -381,7 +392,48 @@ class TimerService:
                 self._delivering.discard(key)
                 self._due_now.append((key, parse_timer_key(key)[0]))  # the next round
 
+    def _hold_pinned(self, drafts: list[Draft], done: list[tuple[bytes, str]]
+                     ) -> tuple[list[Draft], list[tuple[bytes, str]], set[bytes]]:
+        """Hold back the copies of pinned ids (the lock held): not delivering, they wait
+        in ``_held`` for ``pinned`` to end.  Returns the others and the keys held."""
+        kept: list[Draft] = []
+        kept_done: list[tuple[bytes, str]] = []
+        held: set[bytes] = set()
+        for draft, (key, mid) in zip(drafts, done, strict=True):
+            if mid in self._pinned:
+                self._delivering.discard(key)
+                self._held.setdefault(mid, []).append((key, parse_timer_key(key)[0]))
+                held.add(key)
+            else:
+                kept.append(draft)
+                kept_done.append((key, mid))
+        return kept, kept_done, held
+
     # ------------------------------------------------------------------ by id
+
+    @contextlib.contextmanager
+    def pinned(self, message_id: str) -> Iterator[None]:
+        """While inside, no entry with this id starts its delivery: one that comes due
+        is held back, and goes out when the block ends (if still pending).  One already
+        on its way is not stopped (``pending_topics`` says it is delivering).  What a
+        debounce's replace decides under (``chronomq.debounce``); in memory only."""
+        with self._lock:
+            self._pinned[message_id] = self._pinned.get(message_id, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._pinned.pop(message_id) - 1
+                if left:
+                    self._pinned[message_id] = left
+                else:
+                    self._due_now.extend(self._held.pop(message_id, ()))
+            self._wake.set()
+
+    def pending_topics(self, message_id: str) -> list[tuple[str, bool]]:
+        """``PendingMessages.topics``."""
+        return self._pending.topics(message_id)
+
 
     def set_journal(self, journal: StateJournal) -> None:
         """Journal deliveries, cancels and reschedules (``store.journal``)."""

@@ -41,7 +41,7 @@ from chronomq.api.subscription import (
 )
 from chronomq.api.wire import encode_send_response
 from chronomq.broker import Broker
-from chronomq.debounce import Debouncer
+from chronomq.debounce import Debouncer, IfDelivered, Replaced, ReplaceOutcome
 from chronomq.sending import Submission
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
@@ -51,7 +51,6 @@ from store.message import (
     MAX_KEY_BYTES,
     MAX_PROPERTIES_BYTES,
     MAX_TAG_BYTES,
-    DispatchInfo,
     Draft,
     encode_properties,
     validate_message_id,
@@ -78,12 +77,29 @@ def _check_timer_target(message_id: str, topic: str, rpc: str) -> None:
         check_readable(topic)
 
 
+_REPLACE_OUTCOMES = {
+    ReplaceOutcome.REPLACED: pb.REPLACE_OUTCOME_REPLACED,
+    ReplaceOutcome.NONE_PENDING: pb.REPLACE_OUTCOME_NONE_PENDING,
+    ReplaceOutcome.ALREADY_DELIVERED: pb.REPLACE_OUTCOME_ALREADY_DELIVERED,
+}
+
+
+def _if_delivered(value: int) -> IfDelivered:
+    """``OutgoingMessage.if_delivered`` (proto3 keeps a number the enum does not name)."""
+    if value == pb.IF_DELIVERED_NEW_ID:
+        return IfDelivered.NEW_ID
+    if value == pb.IF_DELIVERED_REFUSE:
+        return IfDelivered.REFUSE
+    raise InvalidArgument(f"if_delivered must be IF_DELIVERED_NEW_ID (0) or "
+                          f"IF_DELIVERED_REFUSE (1), not {value}")
+
+
 class _PendingSend(NamedTuple):
     messages: int
     errors: dict[int, pb.Error]
     submission: Submission
     duplicates: dict[int, str]  # index -> the client's message id, sent before
-    replaced: dict[int, tuple[DispatchInfo, int]]  # index -> stored, how many it replaced
+    replaced: dict[int, Replaced]  # index -> what a replace stored, its case
 
 
 def _topic_pb(t: Topic) -> pb.Topic:
@@ -164,7 +180,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         max_body = broker.config.store.max_body_bytes
         errors: dict[int, pb.Error] = {}
         duplicates: dict[int, str] = {}
-        replaced: dict[int, tuple[DispatchInfo, int]] = {}
+        replaced: dict[int, Replaced] = {}
         accepted: list[Draft] = []
         chosen: list[tuple[int, int]] = []  # (request index, position in accepted)
         checked_topics: set[str] = set()
@@ -186,8 +202,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     broker.sender.check(d)
                     checked_topics.add(topic)
                 if om.replace:  # stored on its own, now (``chronomq.debounce``)
-                    replaced[i] = self._debouncer.replace(d)
+                    replaced[i] = self._debouncer.replace(d, _if_delivered(om.if_delivered))
                     continue
+                if om.if_delivered:
+                    raise InvalidArgument("if_delivered is a setting of replace: send it "
+                                          "with replace = true")
             except ChronomqError as exc:
                 errors[i] = pb.Error(code=code_number(exc), message=str(exc))
                 continue
@@ -217,10 +236,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 results.append(pb.SendResult(message_id=pending.duplicates[i],
                                              duplicate=True))
             elif i in pending.replaced:
-                info, count = pending.replaced[i]
+                info, outcome, count = pending.replaced[i]
                 results.append(pb.SendResult(message_id=info.message_id,
                                              deliver_at_ms=info.deliver_at_ms,
-                                             replaced=count))
+                                             replaced=count,
+                                             replace_outcome=_REPLACE_OUTCOMES[outcome]))
             else:
                 m = next(it)
                 results.append(pb.SendResult(message_id=m.message_id,

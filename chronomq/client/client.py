@@ -53,26 +53,53 @@ class SendOutcome:
     error: str = ""
     duplicate: bool = False  # sent before within the broker's dedupe window: not stored
     replaced: int = 0  # sent with ``replace``: the pending messages with its id it replaced
+    # sent with ``replace``: the case it met, "REPLACED", "NONE_PENDING" (the id never
+    # stored in the topic) or "ALREADY_DELIVERED" (delivered or in flight: stored under
+    # a new id, ``message_id``, with ``if_delivered = "NEW_ID"``); "" without replace
+    replace_outcome: str = ""
 
     @property
     def ok(self) -> bool:
         return not self.error_code
 
 
+IF_DELIVERED = {"NEW_ID": pb.IF_DELIVERED_NEW_ID, "REFUSE": pb.IF_DELIVERED_REFUSE}
+
+
+def replace_outcome(result: pb.SendResult) -> str:
+    """``SendResult.replace_outcome`` by its name without the prefix ("" without
+    replace; the number, for a case this client does not know)."""
+    value = result.replace_outcome
+    if not value:
+        return ""
+    try:
+        return pb.ReplaceOutcome.Name(value).removeprefix("REPLACE_OUTCOME_")
+    except ValueError:
+        return str(value)
+
+
 def message(topic: str, body: bytes, key: str = "", tag: str = "",
             properties: Mapping[str, str] | None = None, deliver_at_ms: int | None = None,
             delay_ms: int | None = None, message_id: str = "",
-            replace: bool = False) -> pb.OutgoingMessage:
+            replace: bool = False, if_delivered: str = "NEW_ID") -> pb.OutgoingMessage:
     """Build one outgoing message (``deliver_at_ms`` and ``delay_ms`` are exclusive).
     ``replace`` (with ``message_id``): replace the messages with that id still pending in
-    the topic instead of being dropped as a duplicate (debounce)."""
+    the topic instead of being dropped as a duplicate (debounce).  ``if_delivered``
+    (with ``replace``): when the id's message was already delivered or is in flight,
+    "NEW_ID" stores this one under the id's next generation, ``<id>~<n>``; "REFUSE"
+    stores nothing and answers FAILED_PRECONDITION."""
     if deliver_at_ms is not None and delay_ms is not None:
         raise ValueError("give deliver_at_ms or delay_ms, not both")
     if replace and not message_id:
         raise ValueError("replace needs the message_id of the message to replace")
+    if if_delivered not in IF_DELIVERED:
+        raise ValueError(f"if_delivered is one of {', '.join(IF_DELIVERED)}, not "
+                         f"{if_delivered!r}")
+    if if_delivered != "NEW_ID" and not replace:
+        raise ValueError("if_delivered is a setting of replace")
     m = pb.OutgoingMessage(topic=topic, body=body, key=key, tag=tag,
                            properties=dict(properties or {}), message_id=message_id,
-                           replace=replace)
+                           replace=replace, if_delivered=IF_DELIVERED[if_delivered])
     if deliver_at_ms is not None:
         m.deliver_at_ms = deliver_at_ms
     elif delay_ms is not None:
@@ -87,7 +114,7 @@ def _outcomes(response: pb.SendResponse) -> list[SendOutcome]:
             out.append(SendOutcome("", 0, r.error.code, r.error.message))
         else:
             out.append(SendOutcome(r.message_id, r.deliver_at_ms, duplicate=r.duplicate,
-                                   replaced=r.replaced))
+                                   replaced=r.replaced, replace_outcome=replace_outcome(r)))
     return out
 
 

@@ -44,7 +44,14 @@ from concurrent.futures import Future
 
 import grpc
 
-from chronomq.client.client import ChronomqClient, RpcError, SendOutcome, message, status_by_number
+from chronomq.client.client import (
+    ChronomqClient,
+    RpcError,
+    SendOutcome,
+    message,
+    replace_outcome,
+    status_by_number,
+)
 from chronomq.client.errors import ClientError
 from chronomq.v1 import broker_pb2 as pb
 
@@ -134,14 +141,15 @@ class Producer:
     def send(self, topic: str, body: bytes, *, key: str = "", tag: str = "",
              properties: Mapping[str, str] | None = None, deliver_at_ms: int | None = None,
              delay_ms: int | None = None, message_id: str = "",
-             replace: bool = False) -> Future[SendOutcome]:
+             replace: bool = False, if_delivered: str = "NEW_ID") -> Future[SendOutcome]:
         """Queue one message; the future resolves once it is durable (see the module).
-        ``replace``: debounce by ``message_id`` (``chronomq.client.message``)."""
+        ``replace``, ``if_delivered``: debounce by ``message_id``
+        (``chronomq.client.message``)."""
         if self.idempotent and not message_id and not replace:
             message_id = uuid.uuid4().hex.upper()
         m = message(topic, body, key=key, tag=tag, properties=properties,
                     deliver_at_ms=deliver_at_ms, delay_ms=delay_ms, message_id=message_id,
-                    replace=replace)
+                    replace=replace, if_delivered=if_delivered)
         future: Future[SendOutcome] = Future()
         deadline = time.monotonic() + self.block_s
         with self._cond:
@@ -297,7 +305,8 @@ class Producer:
                 f.set_exception(RpcError(status_by_number(r.error.code), r.error.message))
             else:
                 f.set_result(SendOutcome(r.message_id, r.deliver_at_ms,
-                                         duplicate=r.duplicate, replaced=r.replaced))
+                                         duplicate=r.duplicate, replaced=r.replaced,
+                                         replace_outcome=replace_outcome(r)))
         with self._cond:  # counted out only once resolved: flush() returns after them
             self._count -= len(batch.futures)
             self._cond.notify_all()

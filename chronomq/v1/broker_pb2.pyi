@@ -7,6 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class IfDelivered(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IF_DELIVERED_NEW_ID: _ClassVar[IfDelivered]
+    IF_DELIVERED_REFUSE: _ClassVar[IfDelivered]
+
+class ReplaceOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLACE_OUTCOME_UNSPECIFIED: _ClassVar[ReplaceOutcome]
+    REPLACE_OUTCOME_REPLACED: _ClassVar[ReplaceOutcome]
+    REPLACE_OUTCOME_NONE_PENDING: _ClassVar[ReplaceOutcome]
+    REPLACE_OUTCOME_ALREADY_DELIVERED: _ClassVar[ReplaceOutcome]
+
 class TimerOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TIMER_OUTCOME_UNSPECIFIED: _ClassVar[TimerOutcome]
@@ -14,6 +26,12 @@ class TimerOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESCHEDULED: _ClassVar[TimerOutcome]
     ALREADY_DELIVERED: _ClassVar[TimerOutcome]
     NOT_FOUND: _ClassVar[TimerOutcome]
+IF_DELIVERED_NEW_ID: IfDelivered
+IF_DELIVERED_REFUSE: IfDelivered
+REPLACE_OUTCOME_UNSPECIFIED: ReplaceOutcome
+REPLACE_OUTCOME_REPLACED: ReplaceOutcome
+REPLACE_OUTCOME_NONE_PENDING: ReplaceOutcome
+REPLACE_OUTCOME_ALREADY_DELIVERED: ReplaceOutcome
 TIMER_OUTCOME_UNSPECIFIED: TimerOutcome
 CANCELLED: TimerOutcome
 RESCHEDULED: TimerOutcome
@@ -75,7 +93,7 @@ class DeleteTopicResponse(_message.Message):
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class OutgoingMessage(_message.Message):
-    __slots__ = ("topic", "key", "tag", "body", "properties", "deliver_at_ms", "delay_ms", "message_id", "replace")
+    __slots__ = ("topic", "key", "tag", "body", "properties", "deliver_at_ms", "delay_ms", "message_id", "replace", "if_delivered")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +110,7 @@ class OutgoingMessage(_message.Message):
     DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
+    IF_DELIVERED_FIELD_NUMBER: _ClassVar[int]
     topic: str
     key: str
     tag: str
@@ -101,7 +120,8 @@ class OutgoingMessage(_message.Message):
     delay_ms: int
     message_id: str
     replace: bool
-    def __init__(self, topic: _Optional[str] = ..., key: _Optional[str] = ..., tag: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., deliver_at_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., message_id: _Optional[str] = ..., replace: _Optional[bool] = ...) -> None: ...
+    if_delivered: IfDelivered
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[str] = ..., tag: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., deliver_at_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., message_id: _Optional[str] = ..., replace: _Optional[bool] = ..., if_delivered: _Optional[_Union[IfDelivered, str]] = ...) -> None: ...
 
 class SendRequest(_message.Message):
     __slots__ = ("messages",)
@@ -118,18 +138,20 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class SendResult(_message.Message):
-    __slots__ = ("message_id", "error", "deliver_at_ms", "duplicate", "replaced")
+    __slots__ = ("message_id", "error", "deliver_at_ms", "duplicate", "replaced", "replace_outcome")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     REPLACED_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     error: Error
     deliver_at_ms: int
     duplicate: bool
     replaced: int
-    def __init__(self, message_id: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., deliver_at_ms: _Optional[int] = ..., duplicate: _Optional[bool] = ..., replaced: _Optional[int] = ...) -> None: ...
+    replace_outcome: ReplaceOutcome
+    def __init__(self, message_id: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., deliver_at_ms: _Optional[int] = ..., duplicate: _Optional[bool] = ..., replaced: _Optional[int] = ..., replace_outcome: _Optional[_Union[ReplaceOutcome, str]] = ...) -> None: ...
 
 class SendResponse(_message.Message):
     __slots__ = ("results",)
