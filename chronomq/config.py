@@ -29,8 +29,8 @@ Every duration and size carries its unit in its name.  Example ``chronomq.toml``
     max_in_flight_per_key = 1    # leases held at once for one message key
     rate_per_key = 50            # messages a second for one key (rate_burst_per_key:
     #                              the tokens a key saves up; default 1, smooth)
-    max_held = 100000            # messages held for their keys at once (then a Pop
-    #                              stops reading ahead)
+    max_held = 100000            # messages held for their keys at once, per topic
+    #                              (then a Pop stops reading ahead)
 
     [timer]
     enabled = true

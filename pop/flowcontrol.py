@@ -27,9 +27,10 @@ a key's rate allows again, the topic's waiting Pops and Subscribe streams are wo
 Bounds.  A key waits in one place at a time: the ring (room now), its lane's rate heap
 (room at a known time), or nowhere (at ``max_in_flight_per_key``: an end of one of its
 leases puts it back), so a Pop costs O(entries handed out), whatever the number of keys.
-A group holds at most ``max_held`` entries: past it a Pop stops reading ahead rather
-than holding more (``read_room``).  A key with nothing held or leased is forgotten at
-once, or, with a rate, once its last second has passed (a heap of idle keys, swept a
+A group holds at most ``max_held`` entries of a topic: past it a Pop stops reading ahead
+rather than holding more (``read_room``; per topic, so that a deleted topic's entries,
+never handed out, bound nothing else).  A key with nothing held or leased is forgotten
+at once, or, with a rate, once its last second has passed (a heap of idle keys, swept a
 bounded batch at a time by each call).
 
 After a restart or a takeover the held entries are read back from their checkpoints on
@@ -48,7 +49,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -75,7 +76,7 @@ class KeyLimits:
     max_in_flight_per_key: int = 0
     rate_per_key: float = 0.0  # messages a second per key
     rate_burst_per_key: int = 0  # how many may go at once; 0: one (smooth)
-    max_held: int = MAX_HELD  # entries held for their keys at once, in the whole group
+    max_held: int = MAX_HELD  # entries held for their keys at once, per topic
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_in_flight_per_key <= 1_000_000:
@@ -156,7 +157,6 @@ class FlowControl:
         self._clock = clock
         self._lock = threading.Condition()
         self._lanes: dict[tuple[str, str], _Lane] = {}
-        self._held: Counter[str] = Counter()  # group -> entries held
         # (group, leased topic, queue id) -> (topic, {queue offset: key}): a leased entry
         # costs a slot of a queue's dictionary
         self._leased: dict[tuple[str, str, int], tuple[str, dict[int, str]]] = {}
@@ -198,14 +198,15 @@ class FlowControl:
         on: an eighth (at least one) for a limited group."""
         return max(1, want // 8) if group in self._limits else want
 
-    def read_room(self, group: str, want: int) -> int:
+    def read_room(self, group: str, topic: str, want: int) -> int:
         """How many messages a Pop may read ahead now: ``want``, or fewer once the group
-        holds nearly ``max_held`` (each one read may be held)."""
+        holds nearly ``max_held`` of ``topic`` (each one read may be held)."""
         limits = self._limits.get(group)
         if limits is None:
             return want
         with self._lock:
-            return min(want, limits.max_held - self._held[group])
+            lane = self._lanes.get((group, topic))
+            return min(want, limits.max_held - (lane.held if lane is not None else 0))
 
     def admit(self, group: str, topic: str, key: str, now_ms: int) -> bool:
         """Whether a message of ``key`` just read may be leased now (then it is counted);
@@ -265,7 +266,6 @@ class FlowControl:
                     self._take(limits, k, now_ms)
                 out.append((k.held.popleft(), name))
                 lane.held -= 1
-                self._held[group] -= 1
                 self._park(lane, limits, name, now_ms)  # to the back, if more are held
             if lane.timed:  # the next key whose rate allows it wakes the waiting Pops
                 self._arm(topic, int(lane.timed[0][0]) + 1)
@@ -340,7 +340,6 @@ class FlowControl:
             k.held = deque()
         k.held.append(entry)
         lane.held += 1
-        self._held[lane.group] += 1
         if k.where == NOWHERE:
             self._park(lane, self._limits.get(lane.group), key, now_ms)
 

@@ -316,17 +316,17 @@ class PopService:
         with self._book.lock(group, topic):
             # a share of held entries, keys in turn (``pop.flowcontrol``), retries up to
             # half, fresh messages, retries, held ones: no backlog starves another kind
-            flow = self.flow
-            out = self._hand_out(group, topic, rtopic, flow.first_share(group, max_messages),
-                                 now, expire)
+            share = self.flow.first_share(group, max_messages)
+            out = self._hand_out(group, topic, rtopic, share, now, expire)
             plan = [(rtopic, 1, (max_messages + 1) // 2)] if retry else []
             plan.append((topic, queue_count, max_messages))
             if retry:
                 plan.append((rtopic, 1, max_messages))
             for ltopic, queues, limit in plan:
                 for _ in range(HOLD_ROUNDS):  # what it held does not count: read on
-                    want = flow.read_room(group, min(limit, max_messages) - len(out.messages))
-                    if want <= 0:  # (or it holds max_held: it stops reading ahead)
+                    want = min(limit, max_messages) - len(out.messages)
+                    want = self.flow.read_room(group, topic, want)  # none past max_held
+                    if want <= 0:
                         break
                     got = self._lease(group, ltopic, topic, queues, want, now, expire, tf)
                     out = _join(out, got)
