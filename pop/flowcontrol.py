@@ -39,8 +39,9 @@ queue order; leases handed out before are not counted again (they run out as lea
 do), so just after a restart a key may briefly have more than its limit.  A held entry
 is never lost: it is in a durable checkpoint until acked like any lease.
 
-Memory: per key with something held or leased about 200 bytes (a few hundred more for a
-rate's log of the last second); per held or leased entry one small tuple.
+Memory: per key with something held or leased about 200 bytes with its leased entry (a
+few hundred more for a rate's log of the last second): a slot of its queue's dictionary
+per leased entry, a small tuple per held one.
 Thread-safe (one lock; callers hold the group's lease lock around a Pop's use).
 """
 
