@@ -27,6 +27,7 @@ from chronomq.v1 import broker_pb2
 from store.store import StoreConfig
 from tests.chronomq.fuzz import BAD_CODES, Tally, call, frames, message_strategy, tree
 from tests.conftest import RunningServer, broker_config
+from tests.manual_broker import ManualBroker
 
 EXAMPLES = int(os.environ.get("CHRONOMQ_FUZZ_EXAMPLES", "60"))
 CANARY = "canary-7f3a9c"
@@ -138,3 +139,73 @@ def test_hostile_updates_and_page_tokens_leave_every_schedule_valid(tmp_path: Pa
     finally:
         server.stop()
     assert seen.get(grpc.StatusCode.OK) and seen.get(grpc.StatusCode.INVALID_ARGUMENT)
+
+
+_STEPS = st.lists(st.one_of(
+    st.tuples(st.just("send"), st.sampled_from(["a", "b", "a~1"]),
+              st.binary(min_size=1, max_size=4), st.sampled_from([0, 0, 1000]),
+              st.sampled_from([0, 1, 2, -1, 7, 2**31 - 1, -(2**31)]), st.booleans()),
+    st.tuples(st.just("tick"), st.sampled_from([0, 500, 1000])),
+    st.tuples(st.just("pop"), st.booleans())), max_size=12)
+
+
+def test_hostile_debounces_never_put_two_bodies_under_one_id(tmp_path: Path) -> None:
+    """Any sequence of Sends with replace (any ``if_delivered`` number, ids that look like
+    a generation), timer steps, acks and nacks: each answer is OK with its case, or
+    INVALID_ARGUMENT (an ``if_delivered`` the enum does not name) or FAILED_PRECONDITION
+    (``REFUSE``); an OK's id is the id sent or one of its generations; and no id ever
+    reaches a consumer with two bodies."""
+    env = ManualBroker(tmp_path, {})
+    topics = iter(range(10**6))
+    try:
+        @settings(max_examples=max(EXAMPLES // 2, 10), deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(_STEPS)
+        def run(steps: list[tuple[object, ...]]) -> None:
+            topic = f"d{next(topics)}"
+            env.client.create_topic(topic, queue_count=1)
+            bodies: dict[str, set[bytes]] = {}
+
+            def received(ack: bool) -> None:
+                for group in ("g1", "g2"):
+                    got = env.client.pop(topic, group, max_messages=32)
+                    for m in got:
+                        bodies.setdefault(m.message_id, set()).add(m.body)
+                    handles = [m.receipt_handle for m in got]
+                    if handles:
+                        if ack or group == "g2":
+                            env.client.ack(group, handles)
+                        else:
+                            env.client.nack(group, handles, delay_ms=500)
+
+            for step in steps:
+                if step[0] == "tick":
+                    env.tick(int(step[1]))  # type: ignore[call-overload]
+                elif step[0] == "pop":
+                    received(bool(step[1]))
+                else:
+                    _, mid, body, delay, if_delivered, replace = step
+                    m = broker_pb2.OutgoingMessage(topic=topic, body=body, message_id=mid,
+                                                   replace=replace, delay_ms=delay,
+                                                   if_delivered=if_delivered)
+                    (out,) = env.client.send([m])
+                    if if_delivered == 0 or (replace and if_delivered == 1):
+                        assert out.ok or out.error_code == 9, out  # FAILED_PRECONDITION
+                    else:  # not a value of the enum, or a setting without replace
+                        assert out.error_code == 3, out  # INVALID_ARGUMENT
+                    if out.ok and replace:
+                        assert out.replace_outcome in ("REPLACED", "NONE_PENDING",
+                                                       "ALREADY_DELIVERED")
+                        assert out.message_id == mid or \
+                            out.message_id.removeprefix(f"{mid}~").isdigit()
+                    elif out.error_code == 9:
+                        assert replace and if_delivered == 1
+            env.tick(3000)
+            received(True)
+            env.tick(3000)
+            received(True)
+            assert all(len(b) == 1 for b in bodies.values()), bodies
+
+        run()
+    finally:
+        env.close()
