@@ -149,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     sl.add_argument("--limit", type=_u32, default=0, help="at most this many (0: all)")
     _client_args(sl)
     for verb, text in (("pause", "stop sending ticks"), ("resume", "send ticks again, "
-                       "from the next one after now"), ("delete", "delete a schedule")):
+                       "from the next one after now"), ("delete", "delete a schedule"),
+                       ("trigger", "send one tick now (its id: NAME!<now ms>)")):
         sv = ssub.add_parser(verb, help=text)
         sv.add_argument("name", help="the schedule's name")
         _client_args(sv)
@@ -275,6 +276,9 @@ def _schedule_settings(p: argparse.ArgumentParser, update: bool) -> None:
                    help="ticks missed while no broker ran: none, the latest, or all")
     p.add_argument("--misfire-bound", type=_bounded(10_000), default=default(0),
                    help="with --misfire all: at most this many (default 100)")
+    p.add_argument("--jitter-ms", type=_bounded(3_600_000), default=default(0),
+                   help="deliver each tick up to this much after it, the same offset for "
+                        "the same tick (0: none)")
 
 
 def _selection_args(p: argparse.ArgumentParser) -> None:

@@ -144,6 +144,9 @@ def _schedule_row(s: pb.Schedule) -> dict[str, Any]:
     return {"name": s.name, "topic": s.topic, "cron": s.cron, "every_s": s.every_s,
             "time_zone": s.time_zone, "misfire": s.misfire, "paused": s.paused,
             "next_fire": _iso(s.next_fire_ms), "fired": s.fired,
+            **({"jitter_ms": s.jitter_ms} if s.jitter_ms else {}),
+            **({"recent": [f"{_iso(t.tick_ms)} {t.message_id}" for t in s.recent_ticks]}
+               if s.recent_ticks else {}),
             **({"last_error": s.last_error} if s.last_error else {})}
 
 
@@ -154,8 +157,8 @@ def _schedule(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
             name=args.name, topic=args.topic, body=args.body.encode(), cron=args.cron or "",
             every_s=args.every_s or 0, time_zone=args.tz, key=args.key, tag=args.tag,
             properties=properties(args.property), start_ms=args.start_ms,
-            end_ms=args.end_ms, misfire=args.misfire, misfire_bound=args.misfire_bound),
-            args.upsert)
+            end_ms=args.end_ms, misfire=args.misfire, misfire_bound=args.misfire_bound,
+            jitter_ms=args.jitter_ms), args.upsert)
         return Outcome({**_schedule_row(r.schedule), "created": r.created,
                         **({"updated": r.updated} if args.upsert else {})})
     if verb == "update":
@@ -165,7 +168,8 @@ def _schedule(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
             args.name, topic=args.topic, cron=args.cron, every_s=args.every_s,
             time_zone=args.tz, body=None if args.body is None else args.body.encode(),
             key=args.key, tag=args.tag, properties=props, start_ms=args.start_ms,
-            end_ms=args.end_ms, misfire=args.misfire, misfire_bound=args.misfire_bound)
+            end_ms=args.end_ms, misfire=args.misfire, misfire_bound=args.misfire_bound,
+            jitter_ms=args.jitter_ms)
         return Outcome({**_schedule_row(changed), "updated": updated})
     if verb == "list":
         rows = c.iter_schedules(args.prefix, page_token=args.page_token)
@@ -174,6 +178,10 @@ def _schedule(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
         changed = c.pause_schedule(args.name) if verb == "pause" else \
             c.resume_schedule(args.name)
         return Outcome(_schedule_row(changed))
+    if verb == "trigger":
+        t = c.trigger_schedule(args.name)
+        return Outcome({"name": args.name, "message_id": t.message_id,
+                        "sent_at": _iso(t.tick_ms)})
     if verb == "delete":
         c.delete_schedule(args.name)
         return Outcome({"name": args.name, "deleted": True})
@@ -187,7 +195,7 @@ def run_client(args: argparse.Namespace) -> Outcome:
     if args.command == "schedule" and args.schedule_command == "update" and not (
             args.clear_properties or any(getattr(args, f) is not None for f in (
                 "topic", "cron", "every_s", "tz", "body", "key", "tag", "property",
-                "start_ms", "end_ms", "misfire", "misfire_bound"))):
+                "start_ms", "end_ms", "misfire", "misfire_bound", "jitter_ms"))):
         raise InvalidArgument("schedule update: give the settings to change (--cron, "
                               "--every-s, --tz, --body, ...)")
     if args.command == "send":  # input checked before connecting

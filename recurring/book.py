@@ -4,18 +4,20 @@ mirrored in memory over a durable key-value store the broker gives it.
 Keys and values (JSON, keys sorted; a field missing from an older record reads as 0)::
 
     b"Rs" + name -> {"spec", "next_ms", "paused", "fired", "last_error",
-                     "generation", "last_ms"}                      a schedule
+                     "generation", "last_ms", "recent"}            a schedule
     b"Rg" + name -> {"generation", "deleted_ms"}                   a deleted name
 
 ``next_ms`` is the next tick not yet sent (None: the schedule has ended); ``last_ms``
-the latest tick handed to a send (an update or a resume starts after it: a tick is
-never sent twice); ``generation`` tells the creates of one name apart, and is in the
-ticks' ids (``recurring.model.tick_id``).  A delete leaves the name's tombstone with its
-generation; the next create of the name takes the next one and removes the tombstone in
-its own write, so a schedule deleted and created again is a new schedule whose ticks
-never have the old one's ids.  A tombstone goes after ``TOMBSTONE_KEEP_MS`` (swept by a
-later delete): a create then starts again at generation 0, its ticks after now, a day
-after any tick of the old schedule, so no id can be the same either.
+the latest tick handed to a send (an update or a resume starts after it: a tick is never
+sent twice); ``recent`` the last ``RECENT_TICKS`` ticks sent, scheduled or by hand
+(``[tick ms, message id]``, oldest first; missing: none); ``generation`` tells the
+creates of one name apart, and is in the ticks' ids (``recurring.model.tick_id``).  A
+delete leaves the name's tombstone with its generation; the next create of the name
+takes the next one and removes the tombstone in its own write, so a schedule deleted and
+created again is a new schedule whose ticks never have the old one's ids.  A tombstone
+goes after ``TOMBSTONE_KEEP_MS`` (swept by a later delete): a create then starts again
+at generation 0, its ticks after now, a day after any tick of the old schedule, so no id
+can be the same either.
 
 Every change is one durable write (``StateStore.write`` returns once it is), so a
 schedule answered OK, and the tick a send moved past, survive a crash.  The broker keeps
@@ -36,7 +38,7 @@ import bisect
 import json
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from apscheduler.triggers.base import BaseTrigger
@@ -44,6 +46,7 @@ from apscheduler.triggers.base import BaseTrigger
 from recurring.model import (
     MAX_GENERATION,
     MAX_NAME_BYTES,
+    RECENT_TICKS,
     ScheduleSpec,
     encode_state,
     next_fire,
@@ -84,6 +87,7 @@ class ScheduleState:
     last_error: str = ""
     generation: int = 0  # which create of the name (module docstring)
     last_ms: int = 0  # the latest tick handed to a send
+    recent: list[tuple[int, str]] = field(default_factory=list)  # (tick ms, id), oldest first
     _trigger: BaseTrigger | None = None
 
     def trigger(self) -> BaseTrigger:
@@ -97,11 +101,17 @@ class ScheduleState:
 
     def encode(self) -> bytes:
         return encode_state(self.spec, self.next_ms, self.paused, self.fired,
-                            self.last_error, self.generation, self.last_ms)
+                            self.last_error, self.generation, self.last_ms, self.recent)
+
+    def remember(self, sent: list[tuple[int, str]]) -> None:
+        """Keep ``sent`` ticks as the latest (the last ``RECENT_TICKS`` of all)."""
+        self.recent = [*self.recent, *sent][-RECENT_TICKS:]
 
 
 # (the planned state, its ticks, the next tick after them): one schedule's part of a step
 Planned = tuple[ScheduleState, list[int], int | None]
+# (the planned state, its next tick, ticks stored, an error, (tick ms, id) of those stored)
+Move = tuple[ScheduleState, int | None, int, str, list[tuple[int, str]]]
 
 
 def _key(name: str) -> bytes:
@@ -116,7 +126,8 @@ def decode_state(raw: bytes) -> ScheduleState:
     d = json.loads(raw)
     return ScheduleState(ScheduleSpec.from_json(d["spec"]), d["next_ms"], d["paused"],
                          d["fired"], d["last_error"], d.get("generation", 0),
-                         d.get("last_ms", 0))
+                         d.get("last_ms", 0),
+                         [(int(t), str(i)) for t, i in d.get("recent", [])])
 
 
 def encode_tombstone(generation: int, deleted_ms: int) -> bytes:
@@ -231,7 +242,7 @@ class ScheduleBook:
                 raise InvalidArgument(f"schedule {spec.name!r} would never fire again (no "
                                       "tick after now and before its end)")
             state = ScheduleState(spec, first, old.paused, old.fired, "", old.generation,
-                                  old.last_ms)
+                                  old.last_ms, list(old.recent))
             self._store.write([(_key(spec.name), state.encode())], [])
             self._states[spec.name] = state
             return state, True
@@ -270,7 +281,8 @@ class ScheduleBook:
             if state.paused != paused:
                 nxt = next_fire(state.trigger(), max(now_ms, state.last_ms)) \
                     if not paused and state.next_ms is not None else state.next_ms
-                changed = replace(state, next_ms=nxt, paused=paused)
+                changed = replace(state, next_ms=nxt, paused=paused,
+                                  recent=list(state.recent))
                 self._store.write([(_key(name), changed.encode())], [])
                 self._states[name] = state = changed
             return state
@@ -306,21 +318,34 @@ class ScheduleBook:
                 state.last_ms = max([state.last_ms, *ticks])
             return kept
 
-    def advance(self, moves: list[tuple[ScheduleState, int | None, int, str]]) -> None:
-        """``(planned state, next_ms, ticks sent, error)`` after a send: one synced write.
+    def triggered(self, name: str, generation: int, tick_ms: int, message_id: str) -> None:
+        """A tick sent by hand (TriggerSchedule) is stored: count and remember it (one
+        write; a schedule deleted or created again meanwhile is left alone)."""
+        with self._lock:
+            state = self._states.get(name)
+            if state is None or state.generation != generation:
+                return
+            state.fired += 1
+            state.remember([(tick_ms, message_id)])
+            self._store.write([(_key(name), state.encode())], [])
+
+    def advance(self, moves: list[Move]) -> None:
+        """``(planned state, next_ms, ticks sent, error, (tick, id) of those ticks)``
+        after a send: one synced write.
         A schedule changed meanwhile (updated, paused, resumed) keeps the next tick that
         change gave it, already after these ticks; one deleted, or deleted and created
         again (another generation), is left as it is."""
         with self._lock:
             puts = []
-            for planned, next_ms, sent, error in moves:
+            for planned, next_ms, count, error, sent in moves:
                 name = planned.spec.name
                 state = self._states.get(name)
                 if state is None or state.generation != planned.generation:
                     continue
                 if state is planned:
                     state.next_ms = next_ms
-                state.fired += sent
+                state.fired += count
+                state.remember(sent)
                 state.last_error = error
                 puts.append((_key(name), state.encode()))
             for i in range(0, len(puts), WRITE_CHUNK):  # journal records of bounded size

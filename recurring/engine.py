@@ -4,8 +4,10 @@ At each step (the ``schedules`` thread wakes ``AHEAD_MS`` before the earliest ti
 tests call ``fire_due`` with a manual clock) every schedule whose next tick is due within
 ``AHEAD_MS`` has its ticks sent as messages through the broker's normal write path
 (``send``), all schedules' in one batch: id ``<name>@<tick ms>`` (with the schedule's
-generation if its name was created again: ``recurring.model.tick_id``), due at the tick,
-so the timer delivers each at its tick, never before (an update, pause or delete takes
+generation if its name was created again: ``recurring.model.tick_id``), due at the tick
+plus the schedule's jitter offset (``recurring.model.jitter_offset_ms``: 0 without
+``jitter_ms``, the same for a tick sent again), so the timer delivers each then, never
+before (an update, pause or delete takes
 effect from the first tick not yet handed to a send: ``ScheduleBook.sending``).  Only
 once they are durable does the book move past them (one synced write).  A crash in
 between sends the same ticks again at the next start, and the broker's dedupe window of
@@ -22,7 +24,10 @@ never walked one by one (``latest_ticks`` looks back from the grace), so a step 
 at most ``misfire_bound`` ticks and the grace's of a schedule (62 at ``every_s = 1``).
 A crash before the book moves is a longer outage: the step is taken again with a later
 clock, its kept ticks are the same or later ones (those sent already are stored once),
-never older ones.  Thread-safe.
+never older ones.
+
+``trigger`` sends one tick by hand now (id ``<name>!<now ms>``: ``trigger_id``), through
+the same send, and counts and remembers it once it is stored.  Thread-safe.
 """
 
 from __future__ import annotations
@@ -35,9 +40,10 @@ from collections.abc import Callable
 from apscheduler.triggers.base import BaseTrigger
 
 from recurring.book import Planned, ScheduleBook, ScheduleState
-from recurring.model import next_fire
+from recurring.model import jitter_offset_ms, next_fire, trigger_id
 from store.clock import Clock
 from store.crashpoint import crashpoint
+from store.errors import FailedPrecondition
 from store.message import Draft, encode_properties
 
 log = logging.getLogger(__name__)
@@ -124,28 +130,50 @@ class ScheduleEngine:
         if not plan:
             return 0
         drafts: list[Draft] = []
-        owners: list[int] = []
+        owners: list[tuple[int, int]] = []  # (plan entry, tick) of each draft
         for n, (state, ticks, _) in enumerate(plan):
             s = state.spec
             props = encode_properties(s.properties)
             for tick in ticks:
-                drafts.append(Draft(state.message_id(tick), s.topic, s.key, s.tag, s.body, props,
-                                    now, tick))
-                owners.append(n)
+                due = tick + jitter_offset_ms(s.name, state.generation, tick, s.jitter_ms)
+                drafts.append(Draft(state.message_id(tick), s.topic, s.key, s.tag, s.body,
+                                    props, now, due))
+                owners.append((n, tick))
         errors = self._send(drafts) if drafts else []
         crashpoint("schedule.after_send")
         failed: dict[int, str] = {}
-        for n, error in zip(owners, errors, strict=True):
+        sent: list[list[tuple[int, str]]] = [[] for _ in plan]  # per plan entry
+        for (n, tick), draft, error in zip(owners, drafts, errors, strict=True):
             if error:
                 failed.setdefault(n, error)
+            else:
+                sent[n].append((tick, draft.message_id))
         self.book.advance([(state, nxt, len(ticks) - (1 if n in failed else 0),
-                            failed.get(n, "")) for n, (state, ticks, nxt) in enumerate(plan)])
+                            failed.get(n, ""), sent[n])
+                           for n, (state, ticks, nxt) in enumerate(plan)])
         for n, error in failed.items():
             log.warning("schedule %s: a tick could not be sent: %s", plan[n][0].spec.name,
                         error)
         self.sent += len(drafts) - len(failed)
         self.last_step_s = time.monotonic() - began
         return len(drafts) - len(failed)
+
+    def trigger(self, name: str, now_ms: int | None = None) -> tuple[str, int]:
+        """Send one tick of ``name`` now, whatever its rule (paused too); its
+        ``(message id, tick ms)`` once stored.  A tick the broker refuses raises
+        ``FailedPrecondition`` with the reason; a broker-wide failure raises as a Send's."""
+        now = self._clock.now_ms() if now_ms is None else now_ms
+        state = self.book.get(name)
+        s = state.spec
+        mid = trigger_id(s.name, state.generation, now)
+        draft = Draft(mid, s.topic, s.key, s.tag, s.body, encode_properties(s.properties),
+                      now, now)
+        error = self._send([draft])[0]
+        if error:
+            raise FailedPrecondition(f"schedule {name!r}: the tick was not stored: {error}")
+        self.book.triggered(s.name, state.generation, now, mid)
+        self.sent += 1
+        return mid, now
 
     # ------------------------------------------------------------------ thread
 

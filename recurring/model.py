@@ -19,11 +19,19 @@ instant in UTC milliseconds, and its message's id is ``<name>@<tick ms>``, or
 ``<name>~<generation>@<tick ms>`` for a name created again after a delete (``tick_id``:
 the generation tells the new schedule's ticks from the old one's; ``~`` is never in a
 name, so no other schedule's ids can be the same).
+
+With ``jitter_ms`` a tick is delivered at its instant plus an offset in
+``[0, jitter_ms)`` (``jitter_offset_ms``: a blake2b hash of the name, the generation and
+the tick, so a tick sent again keeps its time, and schedules on the same minute spread
+over the window); the id still names the tick, never the offset.  A tick sent by hand
+(TriggerSchedule) is ``<name>!<ms>`` (``trigger_id``; ``!`` is in no name nor in a tick's
+id, so it never meets a scheduled tick).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -50,6 +58,8 @@ MAX_BODY_BYTES = 64 << 10  # a schedule's message: kept in the schedule itself
 MAX_INTERVAL_S = 10 * 366 * 86_400
 MAX_NAME_BYTES = 100  # a tick's id ``<name>~<generation>@<ms>``: at most 128 characters,
 MAX_GENERATION = 9_999_999  # 100 + 1 + 7 + 1 + 19 (a time below 2**63 ms); then wraps to 1
+MAX_JITTER_MS = 3_600_000
+RECENT_TICKS = 5  # sent ticks a schedule remembers (``recent``)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -70,6 +80,7 @@ class ScheduleSpec:
     end_ms: int = 0  # 0: no end
     misfire: str = "once"
     misfire_bound: int = 100
+    jitter_ms: int = 0  # 0: each tick delivered at its instant
 
     def validate(self, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         """Raise ``InvalidArgument`` naming what is wrong (builds the trigger too)."""
@@ -95,6 +106,10 @@ class ScheduleSpec:
         if self.start_ms < 0 or self.end_ms < 0 or (self.end_ms and
                                                     self.end_ms <= self.start_ms):
             raise InvalidArgument("end_ms must be after start_ms (0: none)")
+        if not 0 <= self.jitter_ms <= MAX_JITTER_MS:
+            raise InvalidArgument(f"jitter_ms must be between 0 and {MAX_JITTER_MS}")
+        if self.every_s and self.jitter_ms >= self.every_s * 1000:
+            raise InvalidArgument("jitter_ms must be less than the interval (every_s)")
         self.trigger()
 
     def zone(self) -> ZoneInfo:
@@ -139,6 +154,20 @@ def tick_id(name: str, generation: int, tick_ms: int) -> str:
     return f"{name}@{tick_ms}" if generation == 0 else f"{name}~{generation}@{tick_ms}"
 
 
+def trigger_id(name: str, generation: int, now_ms: int) -> str:
+    """The message id of a tick sent by hand at ``now_ms`` (see the module docstring)."""
+    return f"{name}!{now_ms}" if generation == 0 else f"{name}~{generation}!{now_ms}"
+
+
+def jitter_offset_ms(name: str, generation: int, tick_ms: int, jitter_ms: int) -> int:
+    """The tick's delivery offset in ``[0, jitter_ms)``: the same for the same tick."""
+    if jitter_ms <= 0:
+        return 0
+    digest = hashlib.blake2b(f"{name}~{generation}@{tick_ms}".encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "big") % jitter_ms
+
+
 @functools.cache
 def _zone_names() -> frozenset[str]:
     return frozenset(available_timezones())
@@ -173,7 +202,9 @@ def fires(trigger: BaseTrigger, after_ms: int, count: int) -> list[int]:
 
 
 def encode_state(spec: ScheduleSpec, next_ms: int | None, paused: bool, fired: int,
-                 last_error: str, generation: int = 0, last_ms: int = 0) -> bytes:
+                 last_error: str, generation: int = 0, last_ms: int = 0,
+                 recent: list[tuple[int, str]] | None = None) -> bytes:
     return json.dumps({"spec": spec.to_json(), "next_ms": next_ms, "paused": paused,
                        "fired": fired, "last_error": last_error, "generation": generation,
-                       "last_ms": last_ms}, sort_keys=True).encode()
+                       "last_ms": last_ms, "recent": [list(r) for r in recent or []]},
+                      sort_keys=True).encode()

@@ -1,5 +1,5 @@
-"""The recurring-schedule RPCs (``CreateSchedule``, ``UpdateSchedule``,
-``ListSchedules``, ``PauseSchedule``, ``ResumeSchedule``, ``DeleteSchedule``,
+"""The recurring-schedule RPCs (``CreateSchedule``, ``UpdateSchedule``, ``ListSchedules``,
+``PauseSchedule``, ``ResumeSchedule``, ``DeleteSchedule``, ``TriggerSchedule``,
 ``NextFires``) over the broker's schedule engine (``chronomq.recurrence``).  Every field
 is checked before anything is stored; errors raise (the servicer's handlers turn them
 into status codes).  Each change is one write of the schedule book, journaled
@@ -20,7 +20,7 @@ MAX_LIST = 1_000
 MAX_FIRES = 1_000
 # the settings UpdateSchedule changes (its update_mask), as Schedule's fields
 SETTINGS = ("topic", "cron", "every_s", "time_zone", "body", "key", "tag", "properties",
-            "start_ms", "end_ms", "misfire", "misfire_bound")
+            "start_ms", "end_ms", "misfire", "misfire_bound", "jitter_ms")
 _RULE = {"cron": "every_s", "every_s": "cron"}  # naming one clears the other
 
 
@@ -32,7 +32,9 @@ def schedule_pb(state: ScheduleState) -> pb.Schedule:
                        misfire=s.misfire, misfire_bound=s.misfire_bound,
                        paused=state.paused, next_fire_ms=state.next_ms or 0,
                        fired=state.fired, last_error=state.last_error,
-                       generation=state.generation)
+                       generation=state.generation, jitter_ms=s.jitter_ms,
+                       recent_ticks=[pb.RecentTick(tick_ms=t, message_id=i)
+                                     for t, i in state.recent])
 
 
 def spec_of(m: pb.Schedule, max_body_bytes: int) -> ScheduleSpec:
@@ -40,7 +42,7 @@ def spec_of(m: pb.Schedule, max_body_bytes: int) -> ScheduleSpec:
                         every_s=m.every_s, time_zone=m.time_zone or "UTC", body=m.body,
                         key=m.key, tag=m.tag, properties=dict(m.properties),
                         start_ms=m.start_ms, end_ms=m.end_ms, misfire=m.misfire or "once",
-                        misfire_bound=m.misfire_bound or 100)
+                        misfire_bound=m.misfire_bound or 100, jitter_ms=m.jitter_ms)
     spec.validate(max_body_bytes)
     return spec
 
@@ -129,6 +131,16 @@ def pause(broker: Broker, name: str, paused: bool) -> pb.ScheduleResponse:
 def delete(broker: Broker, name: str) -> pb.DeleteScheduleResponse:
     broker.schedules.book.delete(name, broker.clock.now_ms())
     return pb.DeleteScheduleResponse(deleted=True)
+
+
+def trigger(broker: Broker, name: str) -> pb.TriggerScheduleResponse:
+    """One tick now through the engine's send (the fence of any Send: ``Sender.stored``),
+    then the book's write (``Fence.check``)."""
+    check_schedule_name(name)
+    broker.store.topics.require(broker.schedules.book.get(name).spec.topic)
+    mid, tick_ms = broker.schedules.trigger(name, broker.clock.now_ms())
+    return pb.TriggerScheduleResponse(message_id=mid, tick_ms=tick_ms,
+                                      schedule=schedule_pb(broker.schedules.book.get(name)))
 
 
 def next_fires(broker: Broker, request: pb.NextFiresRequest) -> pb.NextFiresResponse:

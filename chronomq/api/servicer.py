@@ -439,6 +439,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                        context: Context) -> pb.DeleteScheduleResponse:
         return schedules.delete(self._broker, request.name)
 
+    def TriggerSchedule(self, request: pb.ScheduleNameRequest,
+                        context: Context) -> pb.TriggerScheduleResponse:
+        return schedules.trigger(self._broker, request.name)
+
     def NextFires(self, request: pb.NextFiresRequest, context: Context) -> pb.NextFiresResponse:
         return schedules.next_fires(self._broker, request)
 

@@ -277,7 +277,7 @@ class ChronomqClient:
                         every_s: int = 0, time_zone: str = "UTC", key: str = "",
                         tag: str = "", properties: Mapping[str, str] | None = None,
                         start_ms: int = 0, end_ms: int = 0, misfire: str = "once",
-                        misfire_bound: int = 0, upsert: bool = False
+                        misfire_bound: int = 0, upsert: bool = False, jitter_ms: int = 0
                         ) -> tuple[pb.Schedule, bool]:
         """Create a recurring schedule (``cron`` or ``every_s``); the schedule as stored
         (with its next fire time) and whether it is new (an identical one is kept).  With
@@ -287,7 +287,7 @@ class ChronomqClient:
             name=name, topic=topic, body=body, cron=cron, every_s=every_s,
             time_zone=time_zone, key=key, tag=tag, properties=dict(properties or {}),
             start_ms=start_ms, end_ms=end_ms, misfire=misfire,
-            misfire_bound=misfire_bound), upsert)
+            misfire_bound=misfire_bound, jitter_ms=jitter_ms), upsert)
         return r.schedule, r.created
 
     def put_schedule(self, schedule: pb.Schedule, upsert: bool = False
@@ -303,8 +303,8 @@ class ChronomqClient:
                         key: str | None = None, tag: str | None = None,
                         properties: Mapping[str, str] | None = None,
                         start_ms: int | None = None, end_ms: int | None = None,
-                        misfire: str | None = None, misfire_bound: int | None = None
-                        ) -> tuple[pb.Schedule, bool]:
+                        misfire: str | None = None, misfire_bound: int | None = None,
+                        jitter_ms: int | None = None) -> tuple[pb.Schedule, bool]:
         """Change the settings given (not None) of a schedule in place: ticks sent stay
         sent, the next follows the new rule (a cron clears the interval and the other way
         round).  The schedule as stored and whether anything changed."""
@@ -312,7 +312,8 @@ class ChronomqClient:
             k: v for k, v in (("topic", topic), ("cron", cron), ("every_s", every_s),
                               ("time_zone", time_zone), ("body", body), ("key", key),
                               ("tag", tag), ("start_ms", start_ms), ("end_ms", end_ms),
-                              ("misfire", misfire), ("misfire_bound", misfire_bound))
+                              ("misfire", misfire), ("misfire_bound", misfire_bound),
+                              ("jitter_ms", jitter_ms))
             if v is not None}
         mask = [*given, *(["properties"] if properties is not None else [])]
         r = self.call("UpdateSchedule", pb.UpdateScheduleRequest(schedule=pb.Schedule(
@@ -356,6 +357,13 @@ class ChronomqClient:
 
     def delete_schedule(self, name: str) -> None:
         self.call("DeleteSchedule", pb.ScheduleNameRequest(name=name))
+
+    def trigger_schedule(self, name: str) -> pb.TriggerScheduleResponse:
+        """Send one tick of the schedule now (id ``<name>!<now ms>``): its message id,
+        its time and the schedule as it stands after it."""
+        r: pb.TriggerScheduleResponse = self.call("TriggerSchedule",
+                                                  pb.ScheduleNameRequest(name=name))
+        return r
 
     def next_fires(self, name: str, count: int = 10) -> list[int]:
         """The schedule's next ``count`` fire times (epoch ms)."""

@@ -182,9 +182,11 @@ def recurring_part(d: dict[str, Any], prefix: str) -> str:
              e(r["cron"] or f'every {r["every_s"]:,} s') + f' <small>{e(r["time_zone"])}</small>',
              "paused" if r["paused"] else ("ended" if not r["next_fires"] else "active"),
              "<br>".join(when(ms) for ms in r["next_fires"]) or "-", f'{r["fired"]:,}',
-             e(r["misfire"]), e(r["last_error"]) or "-"] for r in d["rows"]]
-    return (_table(["name", "topic", "when", "state", "next fires (UTC)", "sent", "misfire",
-                    "last error"], rows, "recurring-table") +
+             "<br>".join(f"{when(ms)} <small>{e(mid)}</small>" for ms, mid in r["recent"])
+             or "-", e(r["misfire"]), e(r["last_error"]) or "-"] for r in d["rows"]]
+    return (_table(["name", "topic", "when", "state", "next fires (UTC)", "sent",
+                    "recent ticks (UTC)", "misfire", "last error"], rows,
+                    "recurring-table") +
             _pager("/recurring", d["page"], d["page_size"], d["total"], {"q": prefix}))
 
 

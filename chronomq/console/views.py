@@ -115,7 +115,8 @@ class ConsoleViews:
         return asdict(self.broker.timer.schedule())
 
     def recurring(self, page: int, prefix: str) -> dict[str, Any]:
-        """One page of the recurring schedules, each with its next three fire times."""
+        """One page of the recurring schedules, each with its next three fire times and
+        its last ticks sent (``[tick ms, message id]``, newest first)."""
         states = [s for s in self.broker.schedules.book.states()
                   if s.spec.name.startswith(prefix)]
         rows = []
@@ -126,7 +127,8 @@ class ConsoleViews:
             rows.append({"name": s.name, "topic": s.topic, "cron": s.cron,
                          "every_s": s.every_s, "time_zone": s.time_zone,
                          "paused": st.paused, "next_fires": nexts, "fired": st.fired,
-                         "misfire": s.misfire, "last_error": st.last_error})
+                         "misfire": s.misfire, "last_error": st.last_error,
+                         "recent": [list(r) for r in reversed(st.recent)]})
         return {"page": page, "page_size": PAGE, "total": len(states), "rows": rows}
 
     # ------------------------------------------------------------------ topics, groups

@@ -463,7 +463,7 @@ class TakeoverResponse(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[str]] = ..., pending: _Optional[int] = ..., groups: _Optional[int] = ..., seconds: _Optional[float] = ..., accepting_after_seconds: _Optional[float] = ...) -> None: ...
 
 class Schedule(_message.Message):
-    __slots__ = ("name", "topic", "cron", "every_s", "time_zone", "body", "key", "tag", "properties", "start_ms", "end_ms", "misfire", "misfire_bound", "paused", "next_fire_ms", "fired", "last_error", "generation")
+    __slots__ = ("name", "topic", "cron", "every_s", "time_zone", "body", "key", "tag", "properties", "start_ms", "end_ms", "misfire", "misfire_bound", "paused", "next_fire_ms", "fired", "last_error", "generation", "jitter_ms", "recent_ticks")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -489,6 +489,8 @@ class Schedule(_message.Message):
     FIRED_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    JITTER_MS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_TICKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     topic: str
     cron: str
@@ -507,7 +509,27 @@ class Schedule(_message.Message):
     fired: int
     last_error: str
     generation: int
-    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., cron: _Optional[str] = ..., every_s: _Optional[int] = ..., time_zone: _Optional[str] = ..., body: _Optional[bytes] = ..., key: _Optional[str] = ..., tag: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., misfire: _Optional[str] = ..., misfire_bound: _Optional[int] = ..., paused: _Optional[bool] = ..., next_fire_ms: _Optional[int] = ..., fired: _Optional[int] = ..., last_error: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+    jitter_ms: int
+    recent_ticks: _containers.RepeatedCompositeFieldContainer[RecentTick]
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., cron: _Optional[str] = ..., every_s: _Optional[int] = ..., time_zone: _Optional[str] = ..., body: _Optional[bytes] = ..., key: _Optional[str] = ..., tag: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., misfire: _Optional[str] = ..., misfire_bound: _Optional[int] = ..., paused: _Optional[bool] = ..., next_fire_ms: _Optional[int] = ..., fired: _Optional[int] = ..., last_error: _Optional[str] = ..., generation: _Optional[int] = ..., jitter_ms: _Optional[int] = ..., recent_ticks: _Optional[_Iterable[_Union[RecentTick, _Mapping]]] = ...) -> None: ...
+
+class RecentTick(_message.Message):
+    __slots__ = ("tick_ms", "message_id")
+    TICK_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    tick_ms: int
+    message_id: str
+    def __init__(self, tick_ms: _Optional[int] = ..., message_id: _Optional[str] = ...) -> None: ...
+
+class TriggerScheduleResponse(_message.Message):
+    __slots__ = ("message_id", "tick_ms", "schedule")
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TICK_MS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    tick_ms: int
+    schedule: Schedule
+    def __init__(self, message_id: _Optional[str] = ..., tick_ms: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ...) -> None: ...
 
 class CreateScheduleRequest(_message.Message):
     __slots__ = ("schedule", "upsert")

@@ -154,6 +154,11 @@ class BrokerStub:
                 request_serializer=chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.SerializeToString,
                 response_deserializer=chronomq_dot_v1_dot_broker__pb2.DeleteScheduleResponse.FromString,
                 _registered_method=True)
+        self.TriggerSchedule = channel.unary_unary(
+                '/chronomq.v1.Broker/TriggerSchedule',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.TriggerScheduleResponse.FromString,
+                _registered_method=True)
         self.NextFires = channel.unary_unary(
                 '/chronomq.v1.Broker/NextFires',
                 request_serializer=chronomq_dot_v1_dot_broker__pb2.NextFiresRequest.SerializeToString,
@@ -311,6 +316,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TriggerSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def NextFires(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -439,6 +450,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DeleteSchedule,
                     request_deserializer=chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.FromString,
                     response_serializer=chronomq_dot_v1_dot_broker__pb2.DeleteScheduleResponse.SerializeToString,
+            ),
+            'TriggerSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.TriggerSchedule,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.TriggerScheduleResponse.SerializeToString,
             ),
             'NextFires': grpc.unary_unary_rpc_method_handler(
                     servicer.NextFires,
@@ -1094,6 +1110,33 @@ class Broker:
             '/chronomq.v1.Broker/DeleteSchedule',
             chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.SerializeToString,
             chronomq_dot_v1_dot_broker__pb2.DeleteScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TriggerSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/TriggerSchedule',
+            chronomq_dot_v1_dot_broker__pb2.ScheduleNameRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.TriggerScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,7 +22,7 @@ START_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z: no tick fires while these 
 # "0 9 * * *" in Europe/Berlin from START_MS: 09:00 CET is 08:00 UTC
 NEXT_FIRES = ["2100-01-01T08:00:00.000+00:00", "2100-01-02T08:00:00.000+00:00",
               "2100-01-03T08:00:00.000+00:00"]
-COVERED = {"create", "update", "list", "next", "pause", "resume", "delete"}
+COVERED = {"create", "update", "list", "next", "pause", "resume", "delete", "trigger"}
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +173,24 @@ def test_create_with_upsert(target: str, mode: str, made: str) -> None:
     row = json.loads(out) if mode == "json" else fields(out)
     assert row["every_s"] in (3600, "3600") and row["cron"] in ("", None), out
     assert row["created"] in (False, "False") and row["updated"] in (True, "True"), out
+
+
+def test_trigger(target: str, mode: str, made: str) -> None:
+    out = schedule(target, mode, "trigger", made)
+    row = json.loads(out) if mode == "json" else fields(out)
+    assert row["name"] == made and row["message_id"].startswith(f"{made}!"), out
+    sent_ms = int(row["message_id"].rsplit("!", 1)[1])
+    # the tick sent by hand is counted and listed among the recent ticks
+    out = schedule(target, mode, "list", "--prefix", made)
+    if mode == "json":
+        (listed,) = json.loads(out)
+        assert listed["fired"] == 1 and listed["recent"] == [
+            f"{row['sent_at']} {row['message_id']}"], out
+    else:
+        assert "fired=1" in out.split("  ") and row["message_id"] in out, out
+    with ChronomqClient(target) as c:
+        (s,) = c.list_schedules(made)
+        assert [(r.tick_ms, r.message_id) for r in s.recent_ticks] == [
+            (sent_ms, row["message_id"])]
+        got = c.pop("t", f"g-{mode}", max_messages=32)
+        assert row["message_id"] in [m.message_id for m in got]

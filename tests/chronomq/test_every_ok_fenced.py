@@ -5,7 +5,7 @@ A broker over real gRPC on 127.0.0.1 with a local-directory tier and ``tier.dura
 claim is in its lease, every RPC that changes state answers FAILED_PRECONDITION naming
 the successor: Send, a replace, SendStream, Pop, Subscribe, Ack, Nack, DeadLetter,
 ChangeInvisibleTime, Cancel, Reschedule, CreateTopic, DeleteTopic, and a schedule's
-create, upsert, update, pause, resume and delete.
+create, upsert, update, pause, resume, trigger and delete.
 docs/DESIGN.md, "Every OK and its gate", names the gate of each.
 """
 
@@ -74,6 +74,7 @@ def _calls(c: ChronomqClient, mid: str, handles: list[str]
         "PauseSchedule": lambda: c.pause_schedule("s"),
         "ResumeSchedule": lambda: c.resume_schedule("s"),
         "DeleteSchedule": lambda: c.delete_schedule("s"),
+        "TriggerSchedule": lambda: c.trigger_schedule("s"),
     }
 
 

@@ -242,7 +242,7 @@ def test_a_pending_message_is_replaced_from_its_page(console: RunningServer,
     assert broker.timer.pending_due("reminder-7") == after
 
 
-def test_the_recurring_page_lists_schedules_with_their_next_fires(
+def test_the_recurring_page_lists_schedules_with_their_next_fires_and_recent_ticks(
         console: RunningServer, browser: Browser) -> None:
     with console.client(token=TOKEN) as c:
         c.create_topic("orders", 1)
@@ -250,11 +250,15 @@ def test_the_recurring_page_lists_schedules_with_their_next_fires(
                           time_zone="Europe/Berlin")
         c.create_schedule("heartbeat", "orders", b"beat", every_s=30)
         c.pause_schedule("heartbeat")
+        by_hand = c.trigger_schedule("heartbeat")
         expected = c.next_fires("nightly-report", 3)
     browser.login()
     rows = json.loads(browser.get("/api/recurring")[2])["rows"]
     assert [(r["name"], r["paused"]) for r in rows] == [("heartbeat", True),
                                                         ("nightly-report", False)]
     assert rows[1]["next_fires"] == expected and rows[0]["next_fires"] == []
+    assert rows[0]["recent"] == [[by_hand.tick_ms, by_hand.message_id]]
+    assert rows[1]["recent"] == []
+    assert f"heartbeat!{by_hand.tick_ms}" in browser.get("/recurring?q=heart")[2]
     page = browser.get("/recurring?q=nightly")[2]
     assert "nightly-report" in page and "heartbeat" not in page and "Europe/Berlin" in page

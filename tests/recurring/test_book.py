@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 
 from recurring.book import TOMBSTONE_KEEP_MS, ScheduleBook, ScheduleState
 from recurring.engine import ScheduleEngine
-from recurring.model import MAX_GENERATION, MAX_NAME_BYTES, ScheduleSpec, tick_id
+from recurring.model import (
+    MAX_GENERATION,
+    MAX_JITTER_MS,
+    MAX_NAME_BYTES,
+    ScheduleSpec,
+    jitter_offset_ms,
+    tick_id,
+    trigger_id,
+)
 from store.clock import ManualClock
 from store.errors import InvalidArgument, NotFound
 from store.message import MAX_ID_BYTES, Draft
@@ -209,3 +217,35 @@ def test_the_state_record_reads_back_and_old_records_are_generation_zero() -> No
     state = env.reloaded().get("s")
     assert (state.generation, state.last_ms) == (0, 0)
     assert state.encode() == raw
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="ab.-_9", min_size=1, max_size=MAX_NAME_BYTES).filter(
+    lambda n: n[0] not in ".-_"), st.integers(0, MAX_GENERATION),
+    st.integers(0, 2**63 - 1), st.integers(0, MAX_JITTER_MS))
+def test_trigger_ids_fit_never_meet_a_tick_and_jitter_stays_in_its_window(
+        name: str, generation: int, ms: int, jitter_ms: int) -> None:
+    mid = trigger_id(name, generation, ms)
+    assert len(mid) <= MAX_ID_BYTES and "@" not in mid and "!" not in tick_id(name, 0, ms)
+    offset = jitter_offset_ms(name, generation, ms, jitter_ms)
+    assert offset == jitter_offset_ms(name, generation, ms, jitter_ms)  # the same again
+    assert 0 <= offset < jitter_ms or offset == jitter_ms == 0
+
+
+def test_recent_ticks_and_jitter_read_back_and_old_records_have_none() -> None:
+    env = Env()
+    env.book.create(_spec(jitter_ms=5_000), S)
+    env.engine.fire_due(S + MIN)
+    env.book.triggered("s", 0, S + MIN + SEC, trigger_id("s", 0, S + MIN + SEC))
+    state = env.reloaded().get("s")
+    assert (state.spec.jitter_ms, state.fired) == (5_000, 2)
+    assert state.recent == [(S + MIN, "s@" + str(S + MIN)),
+                            (S + MIN + SEC, f"s!{S + MIN + SEC}")]
+    old = Env()
+    old.book.create(_spec(), S)
+    raw = old.store.data[b"Rs" + b"s"]
+    stripped = raw.replace(b', "recent": []', b"").replace(b', "jitter_ms": 0', b"")
+    assert b"recent" not in stripped and b"jitter_ms" not in stripped
+    old.store.data[b"Rs" + b"s"] = stripped
+    again = old.reloaded().get("s")
+    assert (again.recent, again.spec.jitter_ms) == ([], 0) and again.encode() == raw
