@@ -42,7 +42,7 @@ from testkit.ledger import (
     Skip,
     load,
 )
-from testkit.promises import LOAD_KINDS, check_load, plain
+from testkit.promises import LOAD_KINDS, ahead_by, check_load, plain
 
 VIOLATION_KINDS = ("LOST", "REDELIVERED_AFTER_ACK", "LEASE_BROKEN", "EARLY", "UNEXPECTED",
                    "CORRUPT")
@@ -135,7 +135,7 @@ def check(entries: Iterable[Entry], drain: Iterable[Entry] = (), *, group: str,
     out = report.violations
     for d in deliveries:
         for v in _check_body(d, attempts, sent):
-            if v.kind == "EARLY" and _ahead_by(ahead, d.at_ms, attempts[d.token].lb_ms):
+            if v.kind == "EARLY" and ahead_by(ahead, d.at_ms, attempts[d.token].lb_ms):
                 report.excused += 1
             else:
                 out.append(v)
@@ -144,7 +144,7 @@ def check(entries: Iterable[Entry], drain: Iterable[Entry] = (), *, group: str,
                for token, mid in sent.items() if token not in delivered)
     out.extend(_check_acks(deliveries, acks))
     for v, earlier, later, bound in _check_leases(deliveries, acks, all_entries):
-        if _ahead_by([w for w in ahead if w.from_ms > earlier.start_ms], later.at_ms, bound):
+        if ahead_by([w for w in ahead if w.from_ms > earlier.start_ms], later.at_ms, bound):
             report.excused += 1
         else:
             out.append(v)
@@ -194,16 +194,6 @@ def _check_probes(probes: list[Probe], claims: Mapping[str, tuple[str, int]],
                             f"{p.start_ms}), {p.at_ms - claimed} ms after {by} claimed its "
                             f"lease (claimed_ms {claimed})")
     report.closest_ok_to_claim_ms = max(margins) if margins else None
-
-
-def _ahead_by(ahead: list[ClockAhead], at_ms: int, due_ms: int) -> bool:
-    """Whether a broker running ahead could have made ``due_ms`` due by ``at_ms``: its
-    window began by then, its clock reached ``due_ms`` before the window ended, and it ran
-    ahead by at least ``due_ms - at_ms``.  The delivery itself may come after the window:
-    a message the ahead broker put in a queue as due, unconsumed when it died, is
-    delivered by its successor from that queue."""
-    return any(w.from_ms <= at_ms and at_ms + w.ahead_ms >= due_ms
-               and due_ms - w.ahead_ms <= w.to_ms for w in ahead)
 
 
 def _check_body(d: Delivery, attempts: dict[str, SendAttempt],

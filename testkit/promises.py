@@ -20,7 +20,8 @@ and deleted topics across failovers (issue 51, "Tests and figures").
   last for an id is not the last one answered OK, though surely pending when that was
   sent.  A broker's clock jumping ahead between the two (``ClockAhead``) moves due times
   (pairs across it are not judged).  EARLY for a debounced body delivered before its
-  lower bound.
+  lower bound, unless a broker's clock ahead made it due (``ahead_by``, as the plain
+  checker excuses it).
 * **Deleted topics** (``TopicDeleted`` after an OK DeleteTopic): DELETED_BACK for a
   deleted topic listed by a broker or named by an owner record later (``TopicSeen``,
   written by the harness when it looks), and for any delivery of it arriving after the
@@ -162,15 +163,27 @@ def owed_debounced(entries: list[Entry]) -> set[str]:
             if tokens[-1] in oks and not deliveries.get(tokens[-1])}
 
 
+def ahead_by(ahead: list[ClockAhead], at_ms: int, due_ms: int) -> bool:
+    """Whether a broker running ahead could have made ``due_ms`` due by ``at_ms``: its
+    window began by then, its clock reached ``due_ms`` before the window ended, and it ran
+    ahead by at least ``due_ms - at_ms``.  The delivery itself may come after the window:
+    a message the ahead broker put in a queue as due, unconsumed when it died, is
+    delivered by its successor from that queue."""
+    return any(w.from_ms <= at_ms and at_ms + w.ahead_ms >= due_ms
+               and due_ms - w.ahead_ms <= w.to_ms for w in ahead)
+
+
 def check_debounce(entries: list[Entry]) -> list[str]:
     attempts, oks, deliveries = _debounce_facts(entries)
     acked = {a.lease: a.at_ms for a in entries if isinstance(a, AckOk)}
     lb = {e.token: e.lb_ms for e in entries if isinstance(e, SendAttempt)}
+    ahead = [e for e in entries if isinstance(e, ClockAhead)]
     out = []
-    for token, ds in deliveries.items():
+    for token, ds in deliveries.items():  # (made due early by a clock ahead: excused)
         out += [f"EARLY id={d.message_id} token={token}: arrived at {d.at_ms}, "
                 f"{lb[token] - d.at_ms} ms before its lower bound {lb[token]}"
-                for d in ds if token in lb and d.at_ms < lb[token]]
+                for d in ds if token in lb and d.at_ms < lb[token]
+                and not ahead_by(ahead, d.at_ms, lb[token])]
 
     def first(token: str) -> int | None:
         return min((d.at_ms for d in deliveries.get(token, [])), default=None)

@@ -119,6 +119,19 @@ def test_a_body_due_before_its_replacement_was_sent_may_come_after_it() -> None:
     assert _kinds(entries) == []
 
 
+def test_a_debounced_body_made_due_by_a_clock_ahead_is_excused_only_then() -> None:
+    # Given the last body delivered 1.5 s before its lower bound (the CI run met one)
+    early: list[Entry] = [
+        SendAttempt("deb-t0-1#1", "t0", T0 + 3000),
+        ReplaceOk("deb-t0-1#1", "deb-t0-1", 0, T0, T0 + 20),
+        _got("deb-t0-1", "deb-t0-1#1", T0 + 1500, "e"), AckOk("e", "deb-t0-1", "g", T0 + 1510)]
+    assert _kinds(early) == ["EARLY"]
+    # When its broker ran 30 s ahead from T0 - 1 s to T0 + 1 s: its clock made it due
+    assert _kinds([*early, ClockAhead("broker-1", 30_000, T0 - 1000, T0 + 1000)]) == []
+    # Then a window 1 s ahead does not excuse it
+    assert _kinds([*early, ClockAhead("broker-1", 1_000, T0 - 1000, T0 + 1000)]) == ["EARLY"]
+
+
 def test_a_body_of_unknown_outcome_last_leaves_the_id_unjudged() -> None:
     entries = [*_debounce(last_lost=True), SendAttempt("deb-t0-0#3", "t0", T0 + 9000)]
     assert _kinds(entries) == []
