@@ -20,9 +20,12 @@ pending stays pending until the decision is made), it meets one of three cases
   pending retry copies (a group that nacked gets the new data, under the new id, instead
   of the old); ``REFUSE`` stores nothing (FAILED_PRECONDITION) and leaves the copies.
 
-A replace of ``<id>`` works on the id's latest generation stored in the topic (found in
-the store's dedupe index, ``MessageStore.stored_at``), so the debounce key stays
-``<id>``: a replace while ``<id>~1`` is pending replaces it, under ``<id>~1``.
+A replace of ``<id>`` looks at every generation of the id stored in the topic (the
+store's dedupe index, ``MessageStore.stored_at``, past gaps: a generation stored by a
+broker this one took the topic over from is not in it) and at ``<id>`` itself: it
+replaces the latest one pending (cancelling any other generation still pending), so the
+debounce key stays ``<id>``: a replace while ``<id>~1`` is pending replaces it, under
+``<id>~1``; a new generation is the one after the latest seen.
 
 Order: the new message is appended (durable) first, then the others are cancelled (a
 synced RocksDB write, and with ``tier.durable_ack`` in the tier).  A crash between the
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import enum
 import threading
+from contextlib import ExitStack
 from typing import NamedTuple
 
 from chronomq.broker import Broker
@@ -103,48 +107,65 @@ class Debouncer:
             # the last replace of this id, or any send of it before, is in the timer store
             if not broker.store.wait_visible(10.0):
                 raise StoreError("the dispatcher is behind; replace not attempted")
-            generation, seen = self._latest_generation(topic, draft.message_id)
-            current = generation_id(draft.message_id, generation)
-            with broker.timer.pinned(current):
-                found = broker.timer.pending_topics(current)
-                own = [delivering for t, delivering in found if t == topic]
-                retries = sorted({t for t, _ in found if t != topic and origin_of(t) == topic})
-                if own and not any(own):
+            stored = self._generations(topic, draft.message_id)
+            # every generation stored here, and the first (a takeover's adopted messages
+            # are pending in the timer, not in this broker's dedupe index)
+            candidates = sorted({0, *stored})
+            ids = {g: generation_id(draft.message_id, g) for g in candidates}
+            with ExitStack() as pins:
+                for g in candidates:
+                    pins.enter_context(broker.timer.pinned(ids[g]))
+                found = {g: broker.timer.pending_topics(ids[g]) for g in candidates}
+                own = {g: [delivering for t, delivering in found[g] if t == topic]
+                       for g in candidates}
+                retries = sorted({t for g in candidates for t, _ in found[g]
+                                  if t != topic and origin_of(t) == topic})
+                waiting = [g for g in candidates if own[g] and not any(own[g])]
+                in_flight = any(any(own[g]) for g in candidates)
+                seen = bool(stored) or any(found.values())
+                if waiting and not in_flight:  # the latest pending generation is replaced
+                    current = ids[waiting[-1]]
                     info = self._append(draft._replace(message_id=current))
-                    count = self._cancel(current, [topic, *retries], info.commit_offset)
+                    count = self._cancel(list(ids.values()), [topic, *retries],
+                                         info.commit_offset, current)
                     out = Replaced(info, ReplaceOutcome.REPLACED, count)
                 elif not seen:
                     out = Replaced(self._append(draft), ReplaceOutcome.NONE_PENDING, 0)
                 elif if_delivered is IfDelivered.REFUSE:
                     raise FailedPrecondition(
-                        f"message {current!r} was already delivered or is in flight in "
-                        f"{topic!r}; nothing replaced (if_delivered = REFUSE; NEW_ID "
-                        "stores it under a new id)")
+                        f"message {ids[candidates[-1]]!r} was already delivered or is in "
+                        f"flight in {topic!r}; nothing replaced (if_delivered = REFUSE; "
+                        "NEW_ID stores it under a new id)")
                 else:
-                    new_id = generation_id(draft.message_id, generation + 1)
+                    new_id = generation_id(draft.message_id, candidates[-1] + 1)
                     try:
                         validate_message_id(new_id)
                     except InvalidArgument as exc:
                         raise FailedPrecondition(
-                            f"message {current!r} was already delivered or is in flight "
-                            f"and its next id {new_id!r} is too long: {exc}") from exc
+                            f"message {ids[candidates[-1]]!r} was already delivered or is "
+                            f"in flight and its next id {new_id!r} is too long: {exc}"
+                        ) from exc
                     info = self._append(draft._replace(message_id=new_id))
-                    count = self._cancel(current, [topic, *retries], -1)
+                    count = self._cancel(list(ids.values()), [topic, *retries], -1, "")
                     out = Replaced(info, ReplaceOutcome.ALREADY_DELIVERED, count)
             broker.store.wait_visible(10.0)  # the next replace of this id finds it
         return out
 
-    def _latest_generation(self, topic: str, message_id: str) -> tuple[int, bool]:
-        """The id's latest generation stored in the topic, and whether any was."""
+    def _generations(self, topic: str, message_id: str) -> list[int]:
+        """The id's generations stored in the topic by this broker's dedupe index, in
+        order.  Not always from the first on: a generation stored by a broker this one
+        took the topic over from is not in it, so the probe goes on past a missing one
+        while a block of ``GENERATION_PROBE`` has any."""
         store = self._broker.store
+        out: list[int] = []
         base = 0
         while True:
             probe = [(topic, generation_id(message_id, base + i))
                      for i in range(GENERATION_PROBE)]
-            stored = store.stored_at(probe)
-            if None in stored:
-                first_free = base + stored.index(None)
-                return max(first_free - 1, 0), first_free > 0
+            hits = [base + i for i, at in enumerate(store.stored_at(probe)) if at is not None]
+            if not hits:
+                return out
+            out += hits
             base += GENERATION_PROBE
 
     def _append(self, draft: Draft) -> DispatchInfo:
@@ -154,8 +175,10 @@ class Debouncer:
         crashpoint("debounce.after_append")
         return info
 
-    def _cancel(self, message_id: str, topics: list[str], keep: int) -> int:
-        """Cancel what is pending with this id in these topics (not the record at
-        ``keep``); how many."""
+    def _cancel(self, message_ids: list[str], topics: list[str], keep: int,
+                kept_id: str) -> int:
+        """Cancel what is pending with these ids in these topics (not the record at
+        ``keep`` of ``kept_id``); how many."""
         timer = self._broker.timer
-        return sum(timer.cancel(message_id, t, keep=keep).changed for t in topics)
+        return sum(timer.cancel(mid, t, keep=keep if mid == kept_id else -1).changed
+                   for mid in message_ids for t in topics)
