@@ -64,7 +64,7 @@ class DeliveredCopies:
         already): every queue of every topic at once, ``READ_THREADS`` at a time (each
         queue is a binary search by time, then its log; under load a round trip is tens
         of ms, and a takeover's timer step waits for this)."""
-        todo: list[tuple[str, int, int, int]] = []  # topic, queue, until, at_ms
+        todo: list[tuple[str, int, int, int, int]] = []  # topic, queue, low, until, at_ms
         for topic, at_ms in wants.items():
             if topic not in self._queues or at_ms >= self._since.get(topic, at_ms + 1):
                 continue  # not here, or read already
@@ -73,22 +73,22 @@ class DeliveredCopies:
             for qid in range(self._queues[topic]):
                 bounds = self._mounted.bounds(topic, qid)
                 if bounds is not None and bounds[0] < bounds[1]:
-                    todo.append((topic, qid, read.get(qid, bounds[1]), at_ms))
+                    todo.append((topic, qid, bounds[0], read.get(qid, bounds[1]), at_ms))
         if len(todo) > 1:
             with ThreadPoolExecutor(min(READ_THREADS, len(todo)), "delivered") as pool:
                 results = list(pool.map(lambda t: self._read_queue(*t), todo))
         else:
             results = [self._read_queue(*t) for t in todo]
-        for (topic, qid, _, _), (start, copies) in zip(todo, results, strict=True):
+        for (topic, qid, *_), (start, copies) in zip(todo, results, strict=True):
             self._copies |= copies
             if start is not None:
                 self._from[topic][qid] = start
 
-    def _read_queue(self, topic: str, qid: int, until: int, at_ms: int
+    def _read_queue(self, topic: str, qid: int, low: int, until: int, at_ms: int
                     ) -> tuple[int | None, set[tuple[str, bytes, int]]]:
-        """The copies queue ``qid`` of ``topic`` stored from ``at_ms`` to before queue
-        offset ``until``, and the first offset now read (None: unchanged)."""
-        low = (self._mounted.bounds(topic, qid) or (0, 0))[0]
+        """The copies queue ``qid`` of ``topic`` (its oldest offset ``low``) stored from
+        ``at_ms`` to before queue offset ``until``, and the first offset now read (None:
+        unchanged)."""
         last = self._mounted.read(topic, qid, until - 1, 1) if until > low else []
         if not last or last[-1].store_at_ms < at_ms:  # (no copy can be this late)
             return until, set()

@@ -34,7 +34,6 @@ import json
 import logging
 import struct
 import threading
-import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -338,9 +337,9 @@ class TieredQueue:
                 record = data[at : at + size]
                 if self._check(record, qo):
                     return
-                tag_at = _NAMES_AT + sum(_LENGTHS.unpack_from(record, 52)[:3])
-                tag = record[tag_at : tag_at + _LENGTHS.unpack_from(record, 52)[3]]
-                yield TieredEntry(qo, zlib.crc32(tag) if tag else 0,
+                id_len, topic_len, key_len, tag_len = _LENGTHS.unpack_from(record, 52)
+                tag_at = _NAMES_AT + id_len + topic_len + key_len
+                yield TieredEntry(qo, tag_hash(record[tag_at : tag_at + tag_len].decode()),
                                   _STORE_AT.unpack_from(record, 32)[0], record)
                 at += size
                 qo += 1
