@@ -27,6 +27,7 @@ sent).  Errors are one line on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -39,6 +40,10 @@ from chronomq.client.client import RpcError
 from chronomq.commands import Outcome, run_client, run_spark_job
 from chronomq.config import load_config
 from store.errors import ChronomqError
+
+# groups of subcommands kept in modules of their own: each module has
+# ``add_parser(sub)`` (registers its subcommand) and ``run(args) -> int`` (its exit status)
+COMMAND_GROUPS: dict[str, str] = {}
 
 UNAVAILABLE_HINT = ("  (no broker answered at {target}: is `chronomq serve` running there? "
                     "Start one with `chronomq serve`, or pass --target HOST:PORT)")
@@ -84,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="chronomq", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
+
+    for module in COMMAND_GROUPS.values():
+        importlib.import_module(module).add_parser(sub)
 
     s = sub.add_parser("serve", help="run the broker")
     s.add_argument("--config", help="TOML config file")
@@ -337,6 +345,9 @@ def configure_logging(level_name: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # bad usage: argparse prints it and exits 2
     try:
+        if args.command in COMMAND_GROUPS:
+            exit_status: int = importlib.import_module(COMMAND_GROUPS[args.command]).run(args)
+            return exit_status
         if args.command == "serve":
             config = load_config(args.config, args.set)
             configure_logging(args.log_level)
