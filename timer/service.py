@@ -43,7 +43,7 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Container, Iterator
+from collections.abc import Container
 from concurrent.futures import Future
 from typing import NamedTuple
 
@@ -71,6 +71,7 @@ from timer.model import (
 )
 from timer.parking import ParkingLot
 from timer.pending import PendingMessages, stream_offsets
+from timer.pins import Pins
 from timer.schedule import Schedule, due_schedule
 from timer.store import TimerStore, parse_timer_key, timer_key
 from timer.wheel import TimingWheel
@@ -115,12 +116,10 @@ class TimerService:
         # the entry each copy on its way into the log stands for (``timer.delivery``)
         self._copies = CopyRegistry(timers)
         self._due_now: list[tuple[bytes, int]] = []  # loaded entries already due
-        # ids a debounce's replace is deciding about (``pinned``): how many replaces pin
-        # each, and the entries of it that came due meanwhile, held back until unpinned
-        self._pinned: dict[str, int] = {}
-        self._held: dict[str, list[tuple[bytes, int]]] = {}
         self._position = self._pending_position = 0  # read by ``open``
         self._wake = threading.Event()
+        # ids a debounce's replace is deciding about, their due entries held back
+        self._pins = Pins(self._lock, self._due_now, self._delivering, self._wake)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._delivered = 0
@@ -342,8 +341,8 @@ class TimerService:
         with self._lock:
             if dropped:
                 self._delivering.difference_update(dropped)
-            if self._pinned:  # before the journal's record names them delivered
-                drafts, done, held = self._hold_pinned(drafts, done)
+            if self._pins:  # before the journal's record names them delivered
+                drafts, done, held = self._pins.hold(drafts, done)
         if not drafts:
             return None
         if held:
@@ -392,48 +391,16 @@ class TimerService:
                 self._delivering.discard(key)
                 self._due_now.append((key, parse_timer_key(key)[0]))  # the next round
 
-    def _hold_pinned(self, drafts: list[Draft], done: list[tuple[bytes, str]]
-                     ) -> tuple[list[Draft], list[tuple[bytes, str]], set[bytes]]:
-        """Hold back the copies of pinned ids (the lock held): not delivering, they wait
-        in ``_held`` for ``pinned`` to end.  Returns the others and the keys held."""
-        kept: list[Draft] = []
-        kept_done: list[tuple[bytes, str]] = []
-        held: set[bytes] = set()
-        for draft, (key, mid) in zip(drafts, done, strict=True):
-            if mid in self._pinned:
-                self._delivering.discard(key)
-                self._held.setdefault(mid, []).append((key, parse_timer_key(key)[0]))
-                held.add(key)
-            else:
-                kept.append(draft)
-                kept_done.append((key, mid))
-        return kept, kept_done, held
-
     # ------------------------------------------------------------------ by id
 
-    @contextlib.contextmanager
-    def pinned(self, message_id: str) -> Iterator[None]:
-        """While inside, no entry with this id starts its delivery: one that comes due
-        is held back, and goes out when the block ends (if still pending).  One already
-        on its way is not stopped (``pending_topics`` says it is delivering).  What a
-        debounce's replace decides under (``chronomq.debounce``); in memory only."""
-        with self._lock:
-            self._pinned[message_id] = self._pinned.get(message_id, 0) + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                left = self._pinned.pop(message_id) - 1
-                if left:
-                    self._pinned[message_id] = left
-                else:
-                    self._due_now.extend(self._held.pop(message_id, ()))
-            self._wake.set()
+    def pinned(self, message_id: str) -> contextlib.AbstractContextManager[None]:
+        """``Pins.pinned``: while inside, no entry with this id starts its delivery (what
+        a debounce's replace decides under, ``chronomq.debounce``)."""
+        return self._pins.pinned(message_id)
 
     def pending_topics(self, message_id: str) -> list[tuple[str, bool]]:
         """``PendingMessages.topics``."""
         return self._pending.topics(message_id)
-
 
     def set_journal(self, journal: StateJournal) -> None:
         """Journal deliveries, cancels and reschedules (``store.journal``)."""
