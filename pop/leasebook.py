@@ -1,27 +1,16 @@
 """LeaseBook: every consumer group's position and open leases, and their durability.
 
-Per (group, leased topic, queue) it keeps ``QueueLeases``: the ack offset (the first
-queue offset not yet done), the pop offset (the first never leased) and the open
-PopCheckpoints by start offset, all mirrored in the POP RocksDB (``pop.checkpoint``
-layouts) and loaded from it when the book is built.  Writes go through a
-``GroupCommit``: callers that answer a client wait for their ticket (``wait``), so an
-OK answer is durable, and one WAL fsync covers every consumer waiting at that moment.
+Per (group, leased topic, queue) a ``QueueLeases``: the ack offset, the pop offset and
+the open PopCheckpoints, mirrored in the POP RocksDB (``pop.checkpoint``) and written
+through a ``GroupCommit``: a caller that answers a client waits for its ticket, so an
+OK is durable and one WAL fsync covers everyone waiting then.  It checks receipt
+handles against the leases (a taken-over broker's too: ``adopt``), remembers why an
+entry is done, and keeps the groups' figures.  Deadlines' timing is ``pop.schedule``'s
+and redelivery ``pop.requeue``'s (docs/DESIGN.md, "Pop, Ack and redelivery").
 
-The book also checks receipt handles against its leases (``lease_of``; a taken-over
-broker's too: ``adopt``).  Its ``receipts`` (``pop.receipts``) issue and read them, and
-remember why an entry is done (a late settle of one put back for redelivery gets a clear
-error).  It keeps every group's figures (``statistics``, ``group_statistics``).
-
-It knows nothing of deadlines' timing nor of copies: an operation that closes a lease
-returns the lease's deadlines (``retired``) for the caller to take off the revive
-schedule (``pop.schedule``); redelivery is ``pop.requeue``'s, which marks the entries it
-copied done here (``mark_requeued``).  This is the state a takeover of a lost broker's
-consumers needs: positions (``o``/``p`` keys) and open checkpoints (``c`` keys).
-
-Thread-safe: a lock per (group, user topic) (``lock``) orders that group's leases and
-their writes (its retry topic shares the lock).  Methods that take a ``ReceiptHandle``
-or a queue and say "caller holds the lock" need it held; the others take it
-themselves.  An internal lock guards the shared dicts and counters.
+Thread-safe: a lock per (group, user topic) (``lock``; its retry topic shares it)
+orders that group's leases; methods that take a handle or a queue and say "caller
+holds the lock" need it held.  An internal lock guards the shared dicts and counters.
 """
 
 from __future__ import annotations

@@ -1,30 +1,20 @@
 """PopService: lease messages to a consumer group, acknowledge, release, revive them.
 
-Every group sees every message of a topic; within a group a message is leased to one
-consumer at a time.  Per (group, topic, queue) the lease book keeps the next queue offset
-to lease (pop offset), the open PopCheckpoints (leases) and the first queue offset not
-yet done (ack offset, only moves forward).
+Every group sees every message of a topic; within a group one consumer at a time holds a
+message.  A Pop writes its PopCheckpoints and pop offset durably before any message
+leaves, and schedules each lease's deadline; Acks, leases and new deadlines answer OK
+once group-committed.  Pop takes from the group's retry topic and the topic in turn, so
+neither starves the other (docs/DESIGN.md, "Pop, Ack and redelivery").
 
-A Pop writes its PopCheckpoints and the queue's pop offset durably before any message
-leaves the broker, and schedules each lease's deadline.  An Ack marks a bit; a
-fully-done checkpoint is deleted and the ack offset moves to the start of the oldest
-open one.  Leases, acks and new deadlines answer OK only once durable: they are
-group-committed (one WAL fsync covers the writes of every consumer waiting at that
-moment).  Pop takes from the group's retry topic and the topic itself in turn, so
-neither starves the other.
+The facade the broker and the servicers use; it composes the lease book
+(``pop.leasebook``: positions, leases, receipt handles, their writes, figures), the
+revive schedule (``pop.schedule``), the requeuer (``pop.requeue``: release, dead-letter,
+revive through the CommitLog, settled across crashes by ``pop.settle``), the queue
+source (``pop.source``: local disk, tier, mounted tier) and per-key flow control
+(``pop.flowcontrol``).
 
-This class is the facade the broker and the servicers use; it composes:
-
-- ``pop.leasebook.LeaseBook``: positions, leases, receipt handles (its
-  ``pop.receipts.Receipts``), their durable writes and the groups' figures;
-- ``pop.schedule.ReviveSchedule``: the deadlines of open leases;
-- ``pop.requeue.Requeuer``: release, dead-letter and revive through the CommitLog
-  (retry copies with back-off, dead letters), settled across crashes (``pop.settle``);
-- ``pop.source.QueueSource``: where a queue's messages are read (local disk, tier,
-  mounted tier).
-
-Thread-safe: the book's lock per (group, topic) orders that group's leases and their
-writes (its retry topic shares the lock); different groups and topics work in parallel.
+Thread-safe: the book's lock per (group, topic) orders that group's leases (its retry
+topic shares it); different groups and topics work in parallel.
 """
 
 from __future__ import annotations
