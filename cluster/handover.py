@@ -50,6 +50,7 @@ from cluster.layout import secret_path
 from cluster.replay import latest_ms, stream
 from pop.checkpoint import ck_start_of_key
 from pop.leaseclock import encode_shift, lease_clock, move_checkpoint, shift_key, shifts_in
+from pop.renewals import moved_marks
 from pop.service import PopService
 from pop.settle import LeaseEntry, lease_replaced_by
 from store.journal import JournalState
@@ -116,8 +117,9 @@ def adopt_leases(pop: PopService, now_ms: int, mounted: MountedBroker,
     log.info("takeover of %s: its leases keep their remaining time from its latest "
              "record (%d ms by its clock), %+d ms off this broker's clock at the "
              "adoption", departed, clock.departed_ms, -shift_ms)
+    marks = moved_marks(journal.pop.items(), shift_ms)  # push consumers' renewals
     return pop.adopt({k: move_checkpoint(ck_start_of_key(k), v, shift_ms, adopted_at_ms)
-                      if k[:1] == b"c" else v for k, v in items.items()}, kept)
+                      if k[:1] == b"c" else v for k, v in items.items()}, kept + marks)
 
 
 def handle_shift(pop: PopService, broker: str) -> int:

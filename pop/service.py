@@ -163,18 +163,23 @@ class PopService:
         the leases' moved: ``pop.leaseclock``)."""
         self._book.receipts.adopt_secret(secret, shift_ms)
 
-    def write_state(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+    def write_state(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes],
+                    wait: bool = True) -> None:
         """Write other broker state (keys starting with ``STATE_PREFIX``) into the POP
-        RocksDB through the lease journal, and return once durable (with durable-ack: in
-        the tier), then the fencing check: it is journaled, snapshotted and replayed by a
-        takeover with the groups' state."""
+        RocksDB through the lease journal, and (``wait``) return once durable (with
+        durable-ack: in the tier), then the fencing check: it is journaled, snapshotted
+        and replayed by a takeover with the groups' state."""
         assert all(k.startswith(STATE_PREFIX) for k, _ in puts) and \
             all(k.startswith(STATE_PREFIX) for k in deletes)
-        self._book.wait(self._book.write(puts, deletes))
+        ticket = self._book.write(puts, deletes)
+        if wait:
+            self._book.wait(ticket)
 
-    def state_items(self) -> list[tuple[bytes, bytes]]:
-        """The other broker state (``write_state``) this broker holds."""
-        return list(self._book.kv_scan(STATE_PREFIX))
+    def state_items(self, prefix: bytes = STATE_PREFIX) -> list[tuple[bytes, bytes]]:
+        """The other broker state (``write_state``) this broker holds, of keys starting
+        with ``prefix``."""
+        assert prefix.startswith(STATE_PREFIX)
+        return list(self._book.kv_scan(prefix))
 
     def start(self) -> None:
         """Start the revive thread (``pop-revive``)."""
@@ -479,6 +484,10 @@ class PopService:
         return [p._replace(receipt_handle=receipts.encode(group, receipts.decode(
                     group, p.receipt_handle, 0, verify=False)._replace(renewable=True)))
                 for p in got]
+
+    def handle_topic(self, group: str, receipt_handle: str) -> str | None:
+        """The topic a receipt handle of ``group`` was signed for (``Receipts.topic_of``)."""
+        return self._book.receipts.topic_of(group, receipt_handle)
 
     def change_invisible_time(self, group: str, receipt_handle: str,
                               invisible_time_s: int) -> str:

@@ -382,11 +382,15 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 Code.MESSAGE_NOT_FOUND, "no message became visible before the long-polling "
                 "timeout"))
             return
-        self._count(received=len(got))
         if request.auto_renew:  # handles that survive their renewals and a failover
             got = self._broker.pop.renewable(request.group.name, got)
-            self.leases.track(request.group.name, client_id(context), got,
-                              self._broker.clock.now_ms(), invisible_s)
+            try:  # durable before the messages leave: a successor renews them too
+                self.leases.track(request.group.name, client_id(context), got,
+                                  self._broker.clock.now_ms(), invisible_s)
+            except ChronomqError as exc:  # their leases run out: they come again
+                yield rs.ReceiveMessageResponse(status=status_of(code_of(exc), str(exc)))
+                return
+        self._count(received=len(got))
         yield rs.ReceiveMessageResponse(status=ok_status())
         for p in got:
             yield rs.ReceiveMessageResponse(message=message_pb(p, request.message_queue,

@@ -114,3 +114,60 @@ def test_a_push_consumers_ack_after_a_failover_is_accepted(tmp_path: Path) -> No
         for running in (a, b):
             if running is not None:
                 running.stop()
+
+
+def test_a_push_consumers_lease_goes_on_renewing_after_a_failover(tmp_path: Path) -> None:
+    clock = ManualClock(int(time.time() * 1000))
+    (port,) = free_ports(1)
+    endpoint = f"127.0.0.1:{port}"
+    config = ClientConfiguration(endpoint, Credentials("", ""), request_timeout=5)
+    a: RunningServer | None = _server(tmp_path, "a", clock, port)
+    assert a is not None
+    b: RunningServer | None = None
+    listener = _Blocking()
+    consumer = PushConsumer(config, "pushers", listener, {"orders": FilterExpression()})
+    try:
+        # Given a message the push consumer's listener works on at A, renewed once there
+        a.server.broker.create_topic(Topic("orders", 2))
+        producer = Producer(config, ("orders",))
+        producer.startup()
+        m = Message()
+        m.topic, m.body = "orders", b"slow work"
+        sent = producer.send(m).message_id
+        producer.shutdown()
+        consumer.startup()
+        wait_until(lambda: listener.seen, 30, "the message at the listener", poll_s=0.05)
+        assert a.server.rocketmq.renew_leases(clock.advance(STEP_MS)) == 1
+        # When A is gone and B takes it over on A's address, and hears of the client
+        a.stop()
+        a = None
+        b = _server(tmp_path, "b", clock, port)
+        assert b.server.broker.takeover("a", force=True).done
+        front = b.server.rocketmq
+        wait_until(lambda: front.figures()["rocketmq.clients"], 30, "the client heard at B",
+                   poll_s=0.05)
+        # Then B goes on renewing the lease while the listener works (A's renewal list
+        # came with its leases), for three invisible times and more
+        renewals = [front.renew_leases(clock.advance(STEP_MS)) for _ in range(4)]
+        assert renewals == [1, 1, 1, 1]
+        now = clock.advance(STEP_MS - 1_000)  # the last renewal's lease still runs
+        b.server.broker.pop.revive_due(now)
+        b.server.broker.store.wait_visible()
+        assert b.server.broker.pop.pop("orders", "pushers", 16, 30) == []
+        assert listener.seen == [(sent, 1)]  # not handed out again
+        # and the ack ends it: no more renewals, nothing comes again
+        listener.release.set()
+        wait_until(lambda: front.figures()["rocketmq.acked"], 30, "the client's ack at B",
+                   poll_s=0.05)
+        assert front.renew_leases(clock.advance(STEP_MS)) == 0
+        assert front.figures()["rocketmq.renewing"] == 0
+        b.server.broker.pop.revive_due(clock.advance(2 * INVISIBLE_MS))
+        b.server.broker.store.wait_visible()
+        assert b.server.broker.pop.pop("orders", "pushers", 16, 30) == []
+        assert listener.seen == [(sent, 1)]
+    finally:
+        listener.release.set()
+        consumer.shutdown()
+        for running in (a, b):
+            if running is not None:
+                running.stop()
