@@ -9,7 +9,8 @@ input found before anything is sent raises ``InvalidArgument`` (exit 2).  Destru
 commands check their confirmation flag before they connect.
 
 The Spark commands (``replay``, ``export``) import Spark only when run, so the other
-commands start in a fraction of a second.
+commands start in a fraction of a second, and in a base install (the client only, no
+``spark`` extra: ``chronomq.extras``) they say what to install instead.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from chronomq.client.client import ChronomqClient, RpcError, message, status_by_number
-from chronomq.config import load_config
+from chronomq.extras import require
 from chronomq.v1 import broker_pb2 as pb
 from pop.policy import parse_duration_ms
 from store.errors import InvalidArgument
@@ -295,12 +296,14 @@ def _damage_warnings(damaged: list[Damage], done: str) -> list[str]:
 
 
 def run_spark_job(args: argparse.Namespace) -> Outcome:
+    require("spark", f"chronomq {args.command}")  # a base install is the client only
     if args.command == "export" and not args.overwrite and os.path.isdir(args.output) \
             and os.listdir(args.output):
         raise InvalidArgument(f"{args.output} is not empty: export replaces what it holds; "
                               "add --overwrite to confirm, or choose another --output")
     if args.command == "replay":
         _check_replay_target(args)
+    from chronomq.config import load_config
     from chronomq.replay_sink import GrpcReplaySink
     from spark.datasource import TierLocation
     from spark.jobs import export, replay, select

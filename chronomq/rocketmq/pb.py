@@ -25,8 +25,8 @@ def _load() -> tuple[Any, Any, Any]:
                      for n in names)
     spec = importlib.util.find_spec("rocketmq")
     if spec is None or spec.submodule_search_locations is None:
-        raise ImportError("the RocketMQ front needs the rocketmq-python-client package "
-                          "(pip install rocketmq-python-client)")
+        raise ImportError("the RocketMQ 5 front needs the rocketmq extra: "
+                          "pip install 'chronomq[rocketmq]'")  # chronomq.extras
     placeholder = types.ModuleType("rocketmq")
     placeholder.__path__ = list(spec.submodule_search_locations)
     sys.modules["rocketmq"] = placeholder
