@@ -38,7 +38,7 @@ import grpc
 
 from chronomq.client.client import RpcError
 from chronomq.commands import Outcome, run_client, run_spark_job
-from chronomq.config import load_config
+from chronomq.extras import require
 from store.errors import ChronomqError
 
 # groups of subcommands kept in modules of their own: each module has
@@ -342,6 +342,21 @@ def configure_logging(level_name: str) -> None:
                                               else max(level, logging.WARNING))
 
 
+def _serve(args: argparse.Namespace) -> None:
+    """The broker: the server extra first (a base install is the client only), then the
+    config, then the RocketMQ extra when the config turns the front on."""
+    require("server", "the broker")
+    from chronomq.config import load_config  # the store's modules: RocksDB, APScheduler
+
+    config = load_config(args.config, args.set)
+    if config.rocketmq.enabled:
+        require("rocketmq", "the RocketMQ 5 front (rocketmq.enabled)")
+    configure_logging(args.log_level)
+    from chronomq.server import serve
+
+    serve(config)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # bad usage: argparse prints it and exits 2
     try:
@@ -349,11 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             exit_status: int = importlib.import_module(COMMAND_GROUPS[args.command]).run(args)
             return exit_status
         if args.command == "serve":
-            config = load_config(args.config, args.set)
-            configure_logging(args.log_level)
-            from chronomq.server import serve
-
-            serve(config)
+            _serve(args)
             return 0
         outcome: Outcome = (run_spark_job(args) if args.command in ("replay", "export")
                             else run_client(args))
