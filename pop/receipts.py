@@ -69,6 +69,14 @@ class Receipts:
                 "and the message may have been redelivered")
         return h
 
+    def topic_of(self, group: str, text: str) -> str | None:
+        """The leased topic a handle of ``group`` names when its MAC verifies, expired or
+        not (what a front checks the caller's rights on); None for any other text."""
+        try:
+            return self._codec.decode(group, text).topic
+        except (ChronomqError, ValueError):
+            return None
+
     def decode_all(self, group: str, texts: list[str], issued: Container[str] = ()
                    ) -> tuple[list[ReceiptHandle | None], list[ChronomqError | None]]:
         """Decode several handles: each, or the error that rejected it.  Handles in

@@ -25,9 +25,10 @@ DESIGN = ROOT / "docs" / "DESIGN.md"
 SELF = Path(__file__).resolve()
 
 # First folders of the repository that a backticked path may start with.
-REPO_DIRS = ("store", "timer", "pop", "tiered", "spark", "chronomq", "tests", "bench",
-             "scripts", "docs")
-PACKAGES = ("store", "timer", "pop", "tiered", "cluster", "spark", "chronomq", "tests")
+REPO_DIRS = ("store", "timer", "pop", "tiered", "spark", "chronomq", "access", "tests",
+             "bench", "scripts", "docs")
+PACKAGES = ("store", "timer", "pop", "tiered", "cluster", "spark", "chronomq", "access",
+            "tests")
 FILE_SUFFIXES = (".py", ".md", ".toml", ".proto")
 NOT_A_PATH = set("<>{}*%: =")  # placeholders, globs and settings are not repository paths
 
@@ -40,7 +41,9 @@ ALLOWED_IMPORTS = {
     "pop": {"timer", "tiered", "store"},
     "spark": {"tiered", "store"},
     "recurring": {"store"},
-    "chronomq": {"pop", "timer", "cluster", "tiered", "store", "spark", "recurring"},
+    "access": {"tiered", "store"},
+    "chronomq": {"pop", "timer", "cluster", "tiered", "store", "spark", "recurring",
+                 "access"},
 }
 
 
