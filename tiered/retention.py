@@ -4,7 +4,9 @@ long.
 Topic data by time, per topic (``tier_retention_ms``, else ``tier.retention_ms``; 0 keeps
 forever): whole segments whose data is all older leave the queue's metadata, it is
 persisted, then their objects are deleted; key-index files go when every topic they
-index is past retention.  System streams never by time: only below the floors their
+index is past retention.  A deleted topic's segments all go at the next pass (its
+deletion is in the catalogue's copy in the tier before DeleteTopic answers, so no
+takeover reads them; a namesake created since has queues of its own).  System streams never by time: only below the floors their
 snapshots set (``system_floors``, from ``cluster.compaction``), where no takeover reads
 them any more.
 
@@ -36,6 +38,7 @@ from tiered.queue import TieredQueue
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
+MAX_MS = (1 << 63) - 1  # stored before it: every entry
 
 
 class Uploads(Protocol):
@@ -68,9 +71,12 @@ class TierRetention:
         self.expired = 0  # objects deleted since start
 
     def ttl_ms(self, topic: str) -> int:
+        """How long the tier keeps ``topic``'s data (0: forever); -1 for a deleted topic:
+        none of it."""
         t = self._topics.get(topic)
-        ttl = t.tier_retention_ms if t is not None else 0
-        return ttl or self._config.retention_ms
+        if t is None:
+            return -1 if not is_system_stream(topic) else self._config.retention_ms
+        return t.tier_retention_ms or self._config.retention_ms
 
     def run(self) -> int:
         """Delete what is past each topic's tier retention; returns the objects deleted.
@@ -108,13 +114,14 @@ class TierRetention:
             if is_system_stream(q.topic):  # never by time: below their snapshots only
                 floor = floors.get(q.topic, 0)
                 paths = q.expire_below(floor) if floor > 0 else []
-            else:
+            else:  # a deleted topic's every segment (its data never comes back)
                 ttl = self.ttl_ms(q.topic)
-                paths = q.expire_stored_before(now - ttl) if ttl > 0 else []
+                paths = q.expire_stored_before(now - ttl) if ttl > 0 else \
+                    q.expire_stored_before(MAX_MS) if ttl < 0 else []
             if paths and self._uploads.save_if_current(key, q):  # else re-created: orphans
                 doomed += paths
 
         def keep(f: IndexFile) -> bool:
             ttls = [self.ttl_ms(topic) for topic, _, _ in f.queues]
-            return any(t <= 0 or f.end_ms >= now - t for t in ttls)
+            return any(t == 0 or (t > 0 and f.end_ms >= now - t) for t in ttls)
         return doomed + self._uploads.index.expire(keep)

@@ -206,3 +206,47 @@ def test_a_pop_that_meets_retention_mid_read_reads_the_tier_at_once(
         assert sent[:32] + _pop_all(broker, "g") == sent
     finally:
         broker.stop()
+
+
+def test_a_deleted_topics_objects_leave_the_tier(tmp_path: Path, manual_clock: ManualClock,
+                                                 request: pytest.FixtureRequest) -> None:
+    """A deleted topic's data stayed in the tier for good (its queues' segments and the
+    key-index files naming it only), though nothing reads it again; with tier retention
+    off (keep forever) nothing ever removed it.  The next retention pass deletes it all,
+    and nothing of the topics that live on, nor of a namesake created since."""
+    broker, _ = _filled(tmp_path, manual_clock, _tier("local", tmp_path, request))
+    assert broker.tiered is not None
+
+    def uploaded() -> None:
+        broker.store.wait_visible(10)
+        assert broker.store.dispatcher is not None and broker.tiered is not None
+        broker.store.dispatcher.catch_up()
+        while broker.tiered.step():
+            pass
+        broker.tiered.commit()
+    try:
+        broker.create_topic(Topic("keep", 1))
+        kept = broker.sender.send([draft_of(Message("", "keep", b"k" * 100, key="kk"))
+                                   for _ in range(30)]).result(10)
+        uploaded()
+        assert broker.tier.list("broker-0/data/t/")
+        keep_objects = broker.tier.list("broker-0/data/keep/")
+        broker.run_retention()
+        assert broker.tier.list("broker-0/data/t/")  # kept forever while it lives
+        broker.delete_topic("t")
+        broker.run_retention()
+        assert broker.tier.list("broker-0/data/t/") == []
+        assert broker.tier.list("broker-0/data/keep/") == keep_objects
+        assert [m.message_id for m in broker.queries.by_key("keep", "kk", 100)] == \
+            [i.message_id for i in kept]
+        # a namesake created afterwards keeps its own data
+        broker.create_topic(Topic("t", 1))
+        again = broker.sender.send([draft_of(Message("", "t", b"z" * 300, key="again"))
+                                    for _ in range(10)]).result(10)
+        uploaded()
+        broker.store.run_retention()  # local copies gone: reads need the tier
+        broker.run_retention()
+        assert broker.tier.list("broker-0/data/t/")
+        assert _pop_all(broker, "g") == [i.message_id for i in again]
+    finally:
+        broker.stop()
