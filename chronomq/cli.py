@@ -43,7 +43,7 @@ from store.errors import ChronomqError
 
 # groups of subcommands kept in modules of their own: each module has
 # ``add_parser(sub)`` (registers its subcommand) and ``run(args) -> int`` (its exit status)
-COMMAND_GROUPS: dict[str, str] = {}
+COMMAND_GROUPS: dict[str, str] = {"cluster": "chronomq.devcluster"}
 
 UNAVAILABLE_HINT = ("  (no broker answered at {target}: is `chronomq serve` running there? "
                     "Start one with `chronomq serve`, or pass --target HOST:PORT)")
