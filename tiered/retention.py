@@ -6,9 +6,9 @@ forever): whole segments whose data is all older leave the queue's metadata, it 
 persisted, then their objects are deleted; key-index files go when every topic they
 index is past retention.  A deleted topic's segments all go at the next pass (its
 deletion is in the catalogue's copy in the tier before DeleteTopic answers, so no
-takeover reads them; a namesake created since has queues of its own).  System streams never by time: only below the floors their
-snapshots set (``system_floors``, from ``cluster.compaction``), where no takeover reads
-them any more.
+takeover reads them; a namesake created since has queues of its own).  System streams
+never by time: only below the floors their snapshots set (``system_floors``, from
+``cluster.compaction``), where no takeover reads them any more.
 
 Order of durable steps: the metadata without the segments first, then the deletes, and
 those only while the broker still holds its lease (``confirm_deletes``): a crash between
