@@ -15,6 +15,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
+from access.backends import Backend, FileBackend, TierBackend
+from access.directory import UserDirectory
+from access.principals import Authenticator
 from chronomq.config import BrokerConfig
 from chronomq.dedupe import SendDedupe
 from chronomq.mounts import Mounts
@@ -75,6 +78,7 @@ class Broker:
     disk: DiskGuard
     journal: StateJournal
     dedupe: SendDedupe
+    access: Authenticator  # who a call's credentials name (the fronts enforce it)
     _pop_kv: KV
     _timer_store: TimerStore
 
@@ -140,6 +144,7 @@ class Broker:
         self.tier = make_provider(config)
         if config.tier.upload:  # before anything is opened, written or served
             self._hold_lease()
+        self._open_access()
         self.flat_files = TimerFlatFiles(self.tier, config.timer.bucket_ms,
                                          prefix=f"{self.prefix}/timer")
         self.store = MessageStore(sc, clock)
@@ -195,6 +200,17 @@ class Broker:
         topics (``PopService.forget_topics``), the client-chosen ids they accepted."""
         self.pop.forget_topics(names)
         self.dedupe.forget_topics(names)
+
+    def _open_access(self) -> None:
+        """The users (``access.directory``): one object in the bucket when brokers share
+        it (``tier.upload``, ``tier.claim_topics`` or ``tier.mounts``), else a file of the
+        data directory; read before anything is served."""
+        t = self.config.tier
+        backend: Backend = (TierBackend(self.tier) if t.upload or t.claim_topics or t.mounts
+                            else FileBackend(self.config.store.data_dir))
+        users = UserDirectory(backend, self.clock.now_ms)
+        self.start_retry("reading its users", users.load)
+        self.access = Authenticator(users, self.config.server.auth_token)
 
     def _hold_lease(self) -> None:
         """This broker's lease, before the store opens, and the incarnation it is of

@@ -13,6 +13,7 @@
     chronomq stats
     chronomq mount|unmount BROKER
     chronomq takeover BROKER [--force]
+    chronomq user add|grant|revoke|list|remove|whoami ...  (chronomq.usercli)
     chronomq replay --topic T [--from T0] [--to T1] [--key K] [--into-topic T2]
                     [--spread DURATION] [--rate N] [--master local[2]] [--tier-dir D]
     chronomq export --topic T [--from T0] [--to T1] [--key K] --output DIR [--overwrite]
@@ -44,6 +45,7 @@ from store.errors import ChronomqError
 # groups of subcommands kept in modules of their own: each module has
 # ``add_parser(sub)`` (registers its subcommand) and ``run(args) -> int`` (its exit status)
 COMMAND_GROUPS: dict[str, str] = {"cluster": "chronomq.devcluster"}
+COMMAND_GROUPS["user"] = "chronomq.usercli"  # users and permissions
 
 UNAVAILABLE_HINT = ("  (no broker answered at {target}: is `chronomq serve` running there? "
                     "Start one with `chronomq serve`, or pass --target HOST:PORT)")

@@ -42,7 +42,7 @@ COUNTERS = frozenset({
     "tier.damaged_objects", "tier.cache_hits", "tier.cache_fetches", "tier.cache_fetched",
     "tier.cache_expired_unread", "rocketmq.sent", "rocketmq.received", "rocketmq.acked",
     "gc.collections_young", "gc.collections_middle", "gc.collections_full",
-    "gc.pause_seconds", "gc.collected_objects",
+    "gc.pause_seconds", "gc.collected_objects", "access.denied", "access.refresh_failures",
 })
 GROUP_FIGURES = {  # group.<group>.<topic>.<figure>
     "in_flight": ("chronomq_group_in_flight_messages", "gauge",

@@ -25,11 +25,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from access.directory import REFRESH_S
 from chronomq import collector, memtrace
 from chronomq.api.budget import CallBudget
-from chronomq.api.handlers import add_service, bearer
+from chronomq.api.guard import BrokerLookup, Guard
+from chronomq.api.handlers import add_service
 from chronomq.api.notify import ArrivalNotifier
 from chronomq.api.servicer import BrokerServicer
+from chronomq.api.users import UserServicer
 from chronomq.broker import Broker
 from chronomq.config import BrokerConfig
 from chronomq.listeners import (
@@ -89,6 +92,7 @@ class BrokerServer:
         self.notifier = ArrivalNotifier()
         self.port = 0
         self.servicer: BrokerServicer | None = None
+        self.guard: Guard | None = None
         self._server: grpc.Server | None = None
         self.rocketmq_port = 0
         self.rocketmq: Any = None  # the RocketMQServicer when [rocketmq] is enabled
@@ -120,9 +124,11 @@ class BrokerServer:
             CallBudget(cfg.max_streams, cfg.max_long_polls, cfg.max_waiting_per_connection))
         server = _grpc_server(cfg.worker_threads + cfg.max_streams + cfg.max_long_polls,
                               "rpc", cfg.max_concurrent_rpcs)
+        # every call's principal and rights (chronomq.api.guard), the user RPCs beside
+        self.guard = Guard(self.broker.access, BrokerLookup(self.broker))
+        self.servicer.more_figures.append(self.guard.figures)
         add_service(server, self.servicer, broker_pb2.DESCRIPTOR.services_by_name["Broker"],
-                    bearer(cfg.auth_token) if cfg.auth_token else None,
-                    "missing or wrong bearer token (metadata 'authorization')")
+                    gate=self.guard, also=[UserServicer(self.broker.access)])
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         names = (broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name,
@@ -159,6 +165,9 @@ class BrokerServer:
                                 max_instances=1, coalesce=True)
         self._scheduler.add_job(self.broker.watch_disk, "interval", id="disk", seconds=1,
                                 max_instances=1, coalesce=True)
+        self._scheduler.add_job(self.broker.access.directory.refresh, "interval",
+                                id="users-refresh", seconds=REFRESH_S, max_instances=1,
+                                coalesce=True)  # another broker's changes, within ~1 s
         if self.broker.snapshots is not None:  # tier.upload: the journal's snapshots
             self._scheduler.add_job(self.broker.snapshots.step, "interval",
                                     id="journal-snapshots", seconds=1, max_instances=1,

@@ -9,28 +9,76 @@ on a stream they leave the call half-broken.  Here:
   INVALID_ARGUMENT naming the message type; on a client stream the servicer sees the
   stream end there (as if the client had closed it) and the call then ends with
   INVALID_ARGUMENT, after the answers it already gave;
-- the credential check (``allow(metadata)``) runs inside every method, streams included,
-  so each kind of call is refused the same way: UNAUTHENTICATED.  Health and reflection
-  are separate services and stay open;
+- the credentials and rights are checked inside every method, streams included, by a
+  ``Gate`` (``chronomq.api.guard.Guard`` for the chronomq API; ``Credentials`` for a
+  plain yes/no credential check): ``open`` at the start of a call (no credentials:
+  UNAUTHENTICATED, for each kind of call the same way), ``check`` on each request (a
+  stream's as they are read: one refused ends the stream there, as a malformed one
+  does, and the call ends with the refusal after the answers already given), ``narrow``
+  on a unary answer.  Health and reflection are separate services and stay open;
 - a project error (``ChronomqError``) that a servicer method lets out still gets its own
   status (``chronomq.api.errors``), never UNKNOWN.
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 
 from chronomq.api.errors import abort
-from store.errors import ChronomqError
+from store.errors import ChronomqError, InvalidArgument
 
 Metadata = Sequence[tuple[str, str | bytes]]
 Allow = Callable[[Metadata], bool]
+
+
+class CallGate(Protocol):
+    """One call's checks (``Gate.open``)."""
+
+    def check(self, request: Any) -> None:
+        """Raise a ``ChronomqError`` (``AccessDenied``) to refuse ``request``."""
+        ...
+
+    def narrow(self, request: Any, answer: Any) -> Any:
+        """``answer`` (of a unary call) cut to what the caller may see."""
+        ...
+
+
+class Gate(Protocol):
+    def open(self, rpc: str, context: grpc.ServicerContext) -> CallGate:
+        """The checks of one call of ``rpc``; aborts it UNAUTHENTICATED when the
+        credentials name nobody."""
+        ...
+
+
+class _Pass:
+    """Every request allowed, every answer whole."""
+
+    def check(self, request: Any) -> None:
+        pass
+
+    def narrow(self, request: Any, answer: Any) -> Any:
+        return answer
+
+
+PASS = _Pass()
+
+
+class Credentials:
+    """A ``Gate`` that only checks the credentials (``allow``), the same for every call."""
+
+    def __init__(self, allow: Allow, denied: str) -> None:
+        self._allow = allow
+        self._denied = denied
+
+    def open(self, rpc: str, context: grpc.ServicerContext) -> CallGate:
+        if not self._allow(context.invocation_metadata() or ()):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, self._denied)
+        return PASS
 
 
 class Malformed:
@@ -52,23 +100,34 @@ def _parser(cls: Any) -> Callable[[bytes], Any]:
 
 
 class _Checked:
-    """A request stream that ends at the first malformed request (kept in ``error``)."""
+    """A request stream that ends at the first malformed or refused request (its error
+    kept in ``error``)."""
 
-    def __init__(self, requests: Iterator[Any]) -> None:
+    def __init__(self, requests: Iterator[Any], check: Callable[[Any], None]) -> None:
         self._requests = requests
-        self.error = ""
+        self._check = check
+        self.error: ChronomqError | None = None
 
     def __iter__(self) -> _Checked:
         return self
 
     def __next__(self) -> Any:
-        if self.error:
+        if self.error is not None:
             raise StopIteration
         request = next(self._requests)
-        if type(request) is Malformed:
-            self.error = request.error
-            raise StopIteration
+        try:
+            if type(request) is Malformed:
+                raise InvalidArgument(request.error)
+            self._check(request)
+        except ChronomqError as exc:
+            self.error = exc
+            raise StopIteration from None
         return request
+
+    def finish(self, context: grpc.ServicerContext) -> None:
+        """End the call with the error that ended the stream, if one did."""
+        if self.error is not None:
+            abort(context, self.error)
 
 
 def one_header(metadata: Metadata, name: str) -> str | None:
@@ -79,58 +138,58 @@ def one_header(metadata: Metadata, name: str) -> str | None:
     return values[0]
 
 
-def bearer(token: str) -> Allow:
-    """Calls must carry exactly one ``authorization: Bearer <token>`` (constant-time
-    compare)."""
-    expected = f"Bearer {token}".encode()
-
-    def allow(metadata: Metadata) -> bool:
-        value = one_header(metadata, "authorization")
-        return value is not None and hmac.compare_digest(value.encode(), expected)
-    return allow
+def bearer_token(metadata: Metadata) -> str | None:
+    """The token of the call's one ``authorization: Bearer <token>`` header; None when it
+    has none (or two, or another scheme)."""
+    value = one_header(metadata, "authorization")
+    if value is None or not value.startswith("Bearer "):
+        return None
+    return value[len("Bearer "):]
 
 
-def _wrap(method: MethodDescriptor, behavior: Callable[..., Any], allow: Allow | None,
-          denied: str) -> grpc.RpcMethodHandler:
-    def check(request: Any, context: grpc.ServicerContext) -> None:
-        if allow is not None and not allow(context.invocation_metadata() or ()):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, denied)
+def _wrap(method: MethodDescriptor, behavior: Callable[..., Any],
+          gate: Gate | None) -> grpc.RpcMethodHandler:
+    rpc = method.name
+
+    def start(request: Any, context: grpc.ServicerContext) -> CallGate:
+        call = gate.open(rpc, context) if gate is not None else PASS
         if type(request) is Malformed:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+        return call
 
     def unary_in(request: Any, context: grpc.ServicerContext) -> Any:
-        check(request, context)
+        call = start(request, context)
         try:
-            return behavior(request, context)
+            call.check(request)
+            return call.narrow(request, behavior(request, context))
         except ChronomqError as exc:
             abort(context, exc)
 
     def unary_in_stream_out(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        check(request, context)
+        call = start(request, context)
         try:
+            call.check(request)
             yield from behavior(request, context)
         except ChronomqError as exc:
             abort(context, exc)
 
     def stream_in(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-        check(None, context)
-        checked = _Checked(requests)
+        checked = _Checked(requests, start(None, context).check)
         try:
             answer = behavior(checked, context)
         except ChronomqError as exc:
             abort(context, exc)
-        check(Malformed(checked.error) if checked.error else None, context)
+        checked.finish(context)
         return answer
 
     def stream_in_stream_out(requests: Iterator[Any],
                              context: grpc.ServicerContext) -> Iterator[Any]:
-        check(None, context)
-        checked = _Checked(requests)
+        checked = _Checked(requests, start(None, context).check)
         try:
             yield from behavior(checked, context)
         except ChronomqError as exc:
             abort(context, exc)
-        check(Malformed(checked.error) if checked.error else None, context)
+        checked.finish(context)
 
     parse = _parser(message_factory.GetMessageClass(method.input_type))
     serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
@@ -146,9 +205,19 @@ def _wrap(method: MethodDescriptor, behavior: Callable[..., Any], allow: Allow |
 
 def add_service(server: grpc.Server, servicer: Any, service: ServiceDescriptor,
                 allow: Allow | None = None,
-                denied: str = "missing or wrong credentials") -> None:
-    """Serve ``servicer``'s methods of ``service`` on ``server`` (see the module doc)."""
-    handlers = {m.name: _wrap(m, getattr(servicer, m.name), allow, denied)
-                for m in service.methods}
+                denied: str = "missing or wrong credentials", *,
+                gate: Gate | None = None, also: Sequence[Any] = ()) -> None:
+    """Serve the methods of ``service`` on ``server`` (see the module doc): each from the
+    first of ``also`` that has it, else from ``servicer``.  ``gate`` checks every call
+    (``allow``: only the credentials, refused with ``denied``)."""
+    if gate is None and allow is not None:
+        gate = Credentials(allow, denied)
+
+    def behavior(name: str) -> Callable[..., Any]:
+        owner = next((o for o in also if hasattr(o, name)), servicer)
+        method: Callable[..., Any] = getattr(owner, name)
+        return method
+
+    handlers = {m.name: _wrap(m, behavior(m.name), gate) for m in service.methods}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),))

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import grpc
 
 from chronomq.client.errors import ClientError
+from chronomq.client.users import Users
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
 
@@ -156,6 +157,11 @@ class ChronomqClient:
 
     def close(self) -> None:
         self._channel.close()
+
+    @property
+    def users(self) -> Users:
+        """User management (``chronomq.client.users``): add, grant, revoke, list, ..."""
+        return Users(self)
 
     @property
     def stub(self) -> pb_grpc.BrokerStub:

@@ -631,3 +631,99 @@ class StatsResponse(_message.Message):
     figures: _containers.ScalarMap[str, float]
     json: str
     def __init__(self, figures: _Optional[_Mapping[str, float]] = ..., json: _Optional[str] = ...) -> None: ...
+
+class Permission(_message.Message):
+    __slots__ = ("effect", "action", "pattern")
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    effect: str
+    action: str
+    pattern: str
+    def __init__(self, effect: _Optional[str] = ..., action: _Optional[str] = ..., pattern: _Optional[str] = ...) -> None: ...
+
+class User(_message.Message):
+    __slots__ = ("name", "permissions", "created_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PERMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    permissions: _containers.RepeatedCompositeFieldContainer[Permission]
+    created_ms: int
+    def __init__(self, name: _Optional[str] = ..., permissions: _Optional[_Iterable[_Union[Permission, _Mapping]]] = ..., created_ms: _Optional[int] = ...) -> None: ...
+
+class AddUserRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class AddUserResponse(_message.Message):
+    __slots__ = ("user", "token", "rocketmq_access_key", "rocketmq_secret_key")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ROCKETMQ_ACCESS_KEY_FIELD_NUMBER: _ClassVar[int]
+    ROCKETMQ_SECRET_KEY_FIELD_NUMBER: _ClassVar[int]
+    user: User
+    token: str
+    rocketmq_access_key: str
+    rocketmq_secret_key: str
+    def __init__(self, user: _Optional[_Union[User, _Mapping]] = ..., token: _Optional[str] = ..., rocketmq_access_key: _Optional[str] = ..., rocketmq_secret_key: _Optional[str] = ...) -> None: ...
+
+class GrantPermissionRequest(_message.Message):
+    __slots__ = ("user", "permission")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    permission: Permission
+    def __init__(self, user: _Optional[str] = ..., permission: _Optional[_Union[Permission, _Mapping]] = ...) -> None: ...
+
+class RevokePermissionRequest(_message.Message):
+    __slots__ = ("user", "action", "pattern")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    action: str
+    pattern: str
+    def __init__(self, user: _Optional[str] = ..., action: _Optional[str] = ..., pattern: _Optional[str] = ...) -> None: ...
+
+class UserResponse(_message.Message):
+    __slots__ = ("user",)
+    USER_FIELD_NUMBER: _ClassVar[int]
+    user: User
+    def __init__(self, user: _Optional[_Union[User, _Mapping]] = ...) -> None: ...
+
+class ListUsersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListUsersResponse(_message.Message):
+    __slots__ = ("users",)
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedCompositeFieldContainer[User]
+    def __init__(self, users: _Optional[_Iterable[_Union[User, _Mapping]]] = ...) -> None: ...
+
+class RemoveUserRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RemoveUserResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: bool
+    def __init__(self, removed: _Optional[bool] = ...) -> None: ...
+
+class WhoAmIRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WhoAmIResponse(_message.Message):
+    __slots__ = ("user", "all_topics")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ALL_TOPICS_FIELD_NUMBER: _ClassVar[int]
+    user: User
+    all_topics: bool
+    def __init__(self, user: _Optional[_Union[User, _Mapping]] = ..., all_topics: _Optional[bool] = ...) -> None: ...

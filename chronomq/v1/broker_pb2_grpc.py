@@ -164,6 +164,36 @@ class BrokerStub:
                 request_serializer=chronomq_dot_v1_dot_broker__pb2.NextFiresRequest.SerializeToString,
                 response_deserializer=chronomq_dot_v1_dot_broker__pb2.NextFiresResponse.FromString,
                 _registered_method=True)
+        self.AddUser = channel.unary_unary(
+                '/chronomq.v1.Broker/AddUser',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.AddUserRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.AddUserResponse.FromString,
+                _registered_method=True)
+        self.GrantPermission = channel.unary_unary(
+                '/chronomq.v1.Broker/GrantPermission',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.GrantPermissionRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.UserResponse.FromString,
+                _registered_method=True)
+        self.RevokePermission = channel.unary_unary(
+                '/chronomq.v1.Broker/RevokePermission',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.RevokePermissionRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.UserResponse.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/chronomq.v1.Broker/ListUsers',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.ListUsersRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.ListUsersResponse.FromString,
+                _registered_method=True)
+        self.RemoveUser = channel.unary_unary(
+                '/chronomq.v1.Broker/RemoveUser',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.RemoveUserRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.RemoveUserResponse.FromString,
+                _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/chronomq.v1.Broker/WhoAmI',
+                request_serializer=chronomq_dot_v1_dot_broker__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=chronomq_dot_v1_dot_broker__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -328,6 +358,42 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GrantPermission(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokePermission(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WhoAmI(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -460,6 +526,36 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.NextFires,
                     request_deserializer=chronomq_dot_v1_dot_broker__pb2.NextFiresRequest.FromString,
                     response_serializer=chronomq_dot_v1_dot_broker__pb2.NextFiresResponse.SerializeToString,
+            ),
+            'AddUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddUser,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.AddUserRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.AddUserResponse.SerializeToString,
+            ),
+            'GrantPermission': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantPermission,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.GrantPermissionRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.UserResponse.SerializeToString,
+            ),
+            'RevokePermission': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokePermission,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.RevokePermissionRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.UserResponse.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.ListUsersRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.ListUsersResponse.SerializeToString,
+            ),
+            'RemoveUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveUser,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.RemoveUserRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.RemoveUserResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=chronomq_dot_v1_dot_broker__pb2.WhoAmIRequest.FromString,
+                    response_serializer=chronomq_dot_v1_dot_broker__pb2.WhoAmIResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1164,6 +1260,168 @@ class Broker:
             '/chronomq.v1.Broker/NextFires',
             chronomq_dot_v1_dot_broker__pb2.NextFiresRequest.SerializeToString,
             chronomq_dot_v1_dot_broker__pb2.NextFiresResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/AddUser',
+            chronomq_dot_v1_dot_broker__pb2.AddUserRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.AddUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantPermission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/GrantPermission',
+            chronomq_dot_v1_dot_broker__pb2.GrantPermissionRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.UserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokePermission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/RevokePermission',
+            chronomq_dot_v1_dot_broker__pb2.RevokePermissionRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.UserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/ListUsers',
+            chronomq_dot_v1_dot_broker__pb2.ListUsersRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.ListUsersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/RemoveUser',
+            chronomq_dot_v1_dot_broker__pb2.RemoveUserRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.RemoveUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronomq.v1.Broker/WhoAmI',
+            chronomq_dot_v1_dot_broker__pb2.WhoAmIRequest.SerializeToString,
+            chronomq_dot_v1_dot_broker__pb2.WhoAmIResponse.FromString,
             options,
             channel_credentials,
             insecure,
