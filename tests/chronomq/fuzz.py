@@ -111,10 +111,11 @@ def frames(method: MethodDescriptor) -> st.SearchStrategy[list[bytes]]:
 def call(channel: grpc.Channel, service: str, method: MethodDescriptor,
          requests: list[bytes], answers: list[bytes],
          metadata: tuple[tuple[str, str], ...] = (), timeout_s: float = 1.0,
-         max_answers: int = 4) -> grpc.StatusCode:
-    """Make one call with raw frames, collecting the raw answers; its final status (OK
-    for a stream we stopped reading after ``max_answers`` answers, or one that ran into
-    the deadline: a long poll or an idle stream waits its time)."""
+         max_answers: int = 4, details: list[str] | None = None) -> grpc.StatusCode:
+    """Make one call with raw frames, collecting the raw answers (and, into ``details``,
+    an error status's message); its final status (OK for a stream we stopped reading
+    after ``max_answers`` answers, or one that ran into the deadline: a long poll or an
+    idle stream waits its time)."""
     path = f"/{service}/{method.name}"
     raw = {"request_serializer": None, "response_deserializer": None}
     try:
@@ -137,6 +138,8 @@ def call(channel: grpc.Channel, service: str, method: MethodDescriptor,
                 requests[0], timeout=timeout_s, metadata=metadata))
     except grpc.RpcError as exc:
         code: grpc.StatusCode = exc.code()
+        if details is not None:
+            details.append(exc.details() or "")
         if code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
             return grpc.StatusCode.OK
         return code

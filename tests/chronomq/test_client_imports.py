@@ -7,7 +7,8 @@ import json
 import subprocess
 import sys
 
-SERVER_SIDE = ("store", "timer", "pop", "tiered", "spark", "rocksdict", "boto3", "pyspark",
+SERVER_SIDE = ("store", "timer", "pop", "tiered", "spark", "access", "rocksdict", "boto3",
+               "pyspark",
                "chronomq.broker", "chronomq.api", "chronomq.rocketmq", "chronomq.console",
                "chronomq.server")
 

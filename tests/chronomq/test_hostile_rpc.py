@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chronomq.api.schedules import SETTINGS, spec_of
-from chronomq.client import RpcError, message
+from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.config import PopConfig, RocketMQConfig, TierConfig
 from chronomq.rocketmq.pb import service as rs
 from chronomq.v1 import broker_pb2
@@ -91,6 +91,87 @@ def _fuzz(channel: grpc.Channel, service: str, method: object, tally: Tally) -> 
         tally.record(f"{service}/{method.name}", code, requests)  # type: ignore[attr-defined]
         assert code not in BAD_CODES
         assert not any(SECRET in a for a in answers), "the canary leaked"
+
+    run()
+
+
+def test_a_limited_user_never_reaches_a_topic_outside_its_permissions(tmp_path: Path) -> None:
+    """Hostile requests on every RPC as a user allowed every action on every topic but
+    the canary's (``deny`` on ``canary*``: deny wins): besides the oracles above, no
+    answer and no error message names the canary topic (ListTopics never lists it, Stats
+    never counts its group), and afterwards its messages, queue offsets, pending delayed
+    message, group position and schedule are what they were."""
+    data = tmp_path / "data"
+    base = broker_config(data, auth_token="root-7f3a9c")
+    config = dataclasses.replace(
+        base, pop=PopConfig(max_wait_ms=100),
+        store=StoreConfig(str(data), segment_bytes=1 << 20, max_body_bytes=64 << 10,
+                          auto_create_topics=True))
+    server = RunningServer(config)
+    tally = Tally()
+    try:
+        with server.client(token="root-7f3a9c") as admin:
+            admin.create_topic(CANARY, queue_count=2)
+            assert all(o.ok for o in admin.send(
+                [message(CANARY, SECRET + b"-%d" % i) for i in range(6)]))
+            delayed = admin.send_one(CANARY, SECRET + b"-later", delay_ms=3_600_000)
+            first = admin.pop(CANARY, "canary-group", max_messages=1)  # a position
+            admin.ack("canary-group", [m.receipt_handle for m in first])
+            admin.create_schedule("canary-ticks", CANARY, SECRET, every_s=3600)
+            user = admin.users.add("fuzzer").token
+            for action in ("send", "consume", "admin"):
+                admin.users.grant("fuzzer", action, "*")
+                admin.users.grant("fuzzer", action, "canary*", deny=True)
+            before = _canary_state(server, admin)
+        metadata = (("authorization", f"Bearer {user}"),)
+        with grpc.insecure_channel(server.target) as channel:
+            for method in SERVICES[0].methods:
+                _fuzz_as(channel, SERVICES[0].full_name, method, tally, metadata)
+        assert not tally.defects, "\n".join(tally.defects[:20])
+        with server.client(token=user) as c:  # (the user's own view, once more)
+            assert CANARY not in {t.name for t in c.list_topics()}
+            assert not any(CANARY in f for f in c.stats())
+        with server.client(token="root-7f3a9c") as admin:
+            assert _canary_state(server, admin) == before
+            assert admin.query(message_id=delayed)  # still pending
+            got = []
+            while batch := admin.pop(CANARY, "canary-check", max_messages=32):
+                got += [m.body for m in batch]
+            assert sorted(got) == sorted(SECRET + b"-%d" % i for i in range(6))
+    finally:
+        server.stop()
+    assert sum(tally.statuses.values()) >= EXAMPLES * 20
+    print("\n".join(tally.lines()))
+
+
+def _canary_state(server: RunningServer, admin: ChronomqClient) -> object:
+    """What a user outside the canary must not change: its queues' offsets, its group's
+    figures, its schedule."""
+    store = server.server.broker.store
+    (schedule,) = [s for s in admin.list_schedules() if s.topic == CANARY]
+    figures = {k: v for k, v in admin.stats().items() if f".{CANARY}." in k}
+    return ([store.queue_bounds(CANARY, q) for q in range(2)], sorted(figures.items()),
+            (schedule.name, schedule.every_s, schedule.paused, schedule.body,
+             schedule.generation))
+
+
+def _fuzz_as(channel: grpc.Channel, service: str, method: object, tally: Tally,
+             metadata: tuple[tuple[str, str], ...]) -> None:
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def run(data: st.DataObject) -> None:
+        requests = data.draw(frames(method))  # type: ignore[arg-type]
+        answers: list[bytes] = []
+        details: list[str] = []
+        code = call(channel, service, method, requests, answers,  # type: ignore[arg-type]
+                    metadata=metadata, timeout_s=0.5, details=details)
+        tally.record(f"{service}/{method.name}", code, requests)  # type: ignore[attr-defined]
+        assert code not in BAD_CODES
+        assert code != grpc.StatusCode.UNAUTHENTICATED, details
+        assert not any(SECRET in a or CANARY.encode() in a for a in answers), \
+            "the canary leaked"
+        assert not any(CANARY in d for d in details), details
 
     run()
 
