@@ -17,6 +17,8 @@ object                             written by                      read by
                                                                    chain of older tiers)
 ``<broker>/pop-secret``            its broker at start             its successor (receipt
                                                                    handles)
+``access/users.json``              any broker (conditional puts)   every broker, each second
+                                                                   (``access.backends``)
 =================================  ==============================  =========================
 
 ``<broker>`` is a broker's *tier prefix*, ``broker_prefix(tier.broker_name, incarnation)``:
