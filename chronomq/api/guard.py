@@ -7,7 +7,8 @@ Per call:
 1. ``open``: the principal of the call's ``authorization: Bearer <token>`` header
    (``access.principals``: a user, the ``server.auth_token`` admin, or, on a broker
    that needs no credentials, the anonymous one).  None: the call is refused
-   UNAUTHENTICATED before anything else, as before users existed.
+   UNAUTHENTICATED before anything else, as before users existed.  (Another front, with
+   another credential, passes its own ``identify`` and table of rules.)
 2. ``GuardedCall.check`` on each request (a stream: each request as it is read): the
    RPC's row of ``chronomq.api.permissions.RULES``.  A denial raises ``AccessDenied``,
    answered PERMISSION_DENIED with its message (``user 'billing' may not send to topic
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from access.errors import AccessDenied
 from access.principals import Authenticator, Principal
-from chronomq.api.handlers import bearer_token
+from chronomq.api.handlers import Metadata, bearer_token
 from chronomq.api.permissions import RULES, CallState, Rule
 from chronomq.api.schedules import schedule_pb
 from chronomq.broker import Broker
@@ -40,6 +42,7 @@ from store.errors import ChronomqError
 
 audit = logging.getLogger("chronomq.audit")
 UNAUTHENTICATED = "missing or wrong bearer token (metadata 'authorization')"
+Identify = Callable[[Metadata], Principal | None]
 
 
 class BrokerLookup:
@@ -97,20 +100,27 @@ class Guard:
     """The principals and rights of every call of one service (see the module doc)."""
 
     def __init__(self, authenticator: Authenticator, lookup: Any,
-                 rules: dict[str, Rule] = RULES) -> None:
+                 rules: dict[str, Rule] = RULES, identify: Identify | None = None,
+                 unauthenticated: str = UNAUTHENTICATED) -> None:
+        """``identify``: the principal of a call's metadata (None: nobody); by default
+        its bearer token's (another front passes its own: a signature's access key)."""
         self.authenticator = authenticator
         self.lookup = lookup
         self._rules = rules
+        self._identify = identify or self._bearer
+        self._unauthenticated = unauthenticated
         self._lock = threading.Lock()
         self._denied = 0
 
+    def _bearer(self, metadata: Metadata) -> Principal | None:
+        auth = self.authenticator
+        return auth.principal(bearer_token(metadata) if auth.required else None)
+
     def open(self, rpc: str, context: grpc.ServicerContext) -> GuardedCall:
         """The call's principal; aborts the call UNAUTHENTICATED when it has none."""
-        principal = self.authenticator.principal(
-            bearer_token(context.invocation_metadata() or ())
-            if self.authenticator.required else None)
+        principal = self._identify(context.invocation_metadata() or ())
         if principal is None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, self._unauthenticated)
             raise AssertionError("context.abort returns only by raising")
         return GuardedCall(self, principal, rpc, self._rules[rpc], context)
 
