@@ -75,7 +75,15 @@ def replay(tier: Provider, mounted: MountedBroker) -> JournalState:
     cannot be read), its timer stream from its latest timer snapshot (whole without one;
     ``cluster.timersnapshot``)."""
     start = time.monotonic()
+    steps: list[tuple[str, float]] = []  # what each part took, for the log line
+
+    def step(name: str, since: float) -> float:
+        now = time.monotonic()
+        steps.append((name, now - since))
+        return now
+
     first = _snapshot_at(tier, mounted)
+    at = step("pointer", start)
     state = _replay_state(mounted, first) if first else None
     if state is None:
         if first:
@@ -84,6 +92,8 @@ def replay(tier: Provider, mounted: MountedBroker) -> JournalState:
                       mounted.broker, first)
         state = _replay_state(mounted, 0)
         assert state is not None  # from 0 nothing is checked
+    state_records = state.records
+    at = step("state", at)
     state.timer_snapshot = timer_pointer(tier, mounted)
     timer_from = 0
     if state.timer_snapshot is not None:
@@ -92,15 +102,20 @@ def replay(tier: Provider, mounted: MountedBroker) -> JournalState:
             done, moved = read_residual(tier, state.timer_snapshot.residual)
             state.done |= done
             state.moved.update(moved)
+    at = step("timer snapshot", at)
     for entry in stream(mounted, TIMER_STREAM, timer_from):
         m = decode_record(entry.record)
         state.apply(m.tag, m.body)
+    step("timer stream", at)
     if state.bad:
         log.error("takeover of %s: %d journal records could not be read", mounted.broker,
                   state.bad)
     state.seconds = time.monotonic() - start
-    log.info("takeover of %s: %d journal records replayed in %.1f s", mounted.broker,
-             state.records, state.seconds)
+    log.info("takeover of %s: %d journal records replayed in %.1f s (%d of the state "
+             "stream from record %d, %d of the timer stream from record %d; %s)",
+             mounted.broker, state.records, state.seconds, state_records, first,
+             state.records - state_records, timer_from,
+             ", ".join(f"{name} {took:.2f} s" for name, took in steps))
     return state
 
 
