@@ -65,11 +65,11 @@ def _timer_topic_arg(p: argparse.ArgumentParser) -> None:
                    "(a group's retry copies: %%RETRY%%GROUP%%TOPIC); default: every topic")
 
 
-def _bounded(hi: int) -> Callable[[str], int]:
+def _bounded(hi: int, lo: int = 0) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = int(text)  # argparse turns a ValueError into a usage error (exit 2)
-        if not 0 <= value <= hi:
-            raise ValueError(f"{value} is out of range (0 to {hi})")
+        if not lo <= value <= hi:
+            raise ValueError(f"{value} is out of range ({lo} to {hi})")
         return value
     parse.__name__ = "number"
     return parse
@@ -134,6 +134,10 @@ def _parser() -> argparse.ArgumentParser:
     se.add_argument("--replace", action="store_true",
                     help="with --id: replace the messages with that id still pending in "
                          "the topic (debounce)")
+    se.add_argument("--if-delivered", choices=("NEW_ID", "REFUSE"), default=None,
+                    help="with --replace, when the id's message was delivered already: "
+                         "store this one as the id's next generation <id>~N (NEW_ID, the "
+                         "default) or refuse it (REFUSE)")
     _client_args(se)
 
     sc = sub.add_parser("schedule", help="recurring schedules: a message at each tick")
@@ -166,7 +170,8 @@ def _parser() -> argparse.ArgumentParser:
         _client_args(sv)
     sn = ssub.add_parser("next", help="the next fire times")
     sn.add_argument("name", help="the schedule's name")
-    sn.add_argument("--count", type=_bounded(1000), default=10, help="how many (10)")
+    sn.add_argument("--count", type=_bounded(1000, lo=1), default=10,
+                    help="how many (1 to 1000; default 10)")
     _client_args(sn)
 
     po = sub.add_parser("pop", help="pop messages (and ack them unless --no-ack)")
@@ -273,7 +278,8 @@ def _schedule_settings(p: argparse.ArgumentParser, update: bool) -> None:
     every.add_argument("--every-s", type=_bounded(10 * 366 * 86_400),
                        help="a fixed interval in seconds")
     p.add_argument("--tz", default=default("UTC"), help="IANA time zone, e.g. Europe/Berlin")
-    p.add_argument("--body", default=default(""), help="the message body (UTF-8)")
+    p.add_argument("--body", required=not update, default=None,
+                   help="the message body (UTF-8); '-' reads stdin")
     p.add_argument("--key", default=default(""), help="the message key")
     p.add_argument("--tag", default=default(""), help="the message tag")
     p.add_argument("--property", action="append", default=default([]),

@@ -22,8 +22,9 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import grpc
 
@@ -136,26 +137,50 @@ def _topic(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
                     for t in c.list_topics()])
 
 
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds") \
+def _zone(name: str) -> tzinfo:
+    """A schedule's time zone (UTC for one this machine does not know)."""
+    try:
+        return ZoneInfo(name) if name else UTC
+    except (ZoneInfoNotFoundError, ValueError):
+        return UTC
+
+
+def _local(ms: int, zone: tzinfo) -> str:
+    """``ms`` in a schedule's zone, ISO-8601 with its offset ("" for 0)."""
+    return datetime.fromtimestamp(ms / 1000, zone).isoformat(timespec="milliseconds") \
         if ms else ""
 
 
+def _zone_of(c: ChronomqClient, name: str) -> tzinfo:
+    """The zone of schedule ``name`` as the broker holds it (UTC if it is not listed)."""
+    found = [s for s in c.list_schedules(name) if s.name == name]
+    return _zone(found[0].time_zone) if found else UTC
+
+
 def _schedule_row(s: pb.Schedule) -> dict[str, Any]:
+    """One schedule for people: its times in its own zone."""
+    zone = _zone(s.time_zone)
     return {"name": s.name, "topic": s.topic, "cron": s.cron, "every_s": s.every_s,
             "time_zone": s.time_zone, "misfire": s.misfire, "paused": s.paused,
-            "next_fire": _iso(s.next_fire_ms), "fired": s.fired,
+            "next_fire": _local(s.next_fire_ms, zone), "fired": s.fired,
             **({"jitter_ms": s.jitter_ms} if s.jitter_ms else {}),
-            **({"recent": [f"{_iso(t.tick_ms)} {t.message_id}" for t in s.recent_ticks]}
-               if s.recent_ticks else {}),
+            **({"recent": [f"{_local(t.tick_ms, zone)} {t.message_id}"
+                           for t in s.recent_ticks]} if s.recent_ticks else {}),
             **({"last_error": s.last_error} if s.last_error else {})}
+
+
+def _body(text: str | None) -> bytes | None:
+    """A ``--body``: its UTF-8, stdin's bytes for ``-``, None when not given."""
+    if text is None:
+        return None
+    return sys.stdin.buffer.read() if text == "-" else text.encode()
 
 
 def _schedule(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
     verb = args.schedule_command
     if verb == "create":
         r = c.put_schedule(pb.Schedule(
-            name=args.name, topic=args.topic, body=args.body.encode(), cron=args.cron or "",
+            name=args.name, topic=args.topic, body=_body(args.body), cron=args.cron or "",
             every_s=args.every_s or 0, time_zone=args.tz, key=args.key, tag=args.tag,
             properties=properties(args.property), start_ms=args.start_ms,
             end_ms=args.end_ms, misfire=args.misfire, misfire_bound=args.misfire_bound,
@@ -167,7 +192,7 @@ def _schedule(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
             else None
         changed, updated = c.update_schedule(
             args.name, topic=args.topic, cron=args.cron, every_s=args.every_s,
-            time_zone=args.tz, body=None if args.body is None else args.body.encode(),
+            time_zone=args.tz, body=_body(args.body),
             key=args.key, tag=args.tag, properties=props, start_ms=args.start_ms,
             end_ms=args.end_ms, misfire=args.misfire, misfire_bound=args.misfire_bound,
             jitter_ms=args.jitter_ms)
@@ -182,11 +207,13 @@ def _schedule(c: ChronomqClient, args: argparse.Namespace) -> Outcome:
     if verb == "trigger":
         t = c.trigger_schedule(args.name)
         return Outcome({"name": args.name, "message_id": t.message_id,
-                        "sent_at": _iso(t.tick_ms)})
+                        "sent_at": _local(t.tick_ms, _zone_of(c, args.name))})
     if verb == "delete":
         c.delete_schedule(args.name)
         return Outcome({"name": args.name, "deleted": True})
-    return Outcome([_iso(ms) for ms in c.next_fires(args.name, args.count)])
+    fires = c.next_fires(args.name, args.count)
+    zone = _zone_of(c, args.name)
+    return Outcome([_local(ms, zone) for ms in fires])
 
 
 def run_client(args: argparse.Namespace) -> Outcome:
@@ -202,6 +229,8 @@ def run_client(args: argparse.Namespace) -> Outcome:
     if args.command == "send":  # input checked before connecting
         if args.replace and not args.message_id:
             raise InvalidArgument("--replace needs --id: the id of the message to replace")
+        if args.if_delivered and not args.replace:
+            raise InvalidArgument("--if-delivered is a setting of --replace (with --id)")
         props = properties(args.property)
         body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
     with ChronomqClient(args.target, args.token, args.tls_ca, args.timeout_s) as c:
@@ -212,7 +241,7 @@ def run_client(args: argparse.Namespace) -> Outcome:
         if args.command == "send":
             (out,) = c.send([message(args.topic, body, args.key, args.tag, props,
                                      args.deliver_at_ms, args.delay_ms, args.message_id,
-                                     args.replace)])
+                                     args.replace, args.if_delivered or "NEW_ID")])
             if not out.ok:
                 return Outcome({}, [f"{status_by_number(out.error_code).name}: {out.error}"])
             sent = {"message_id": out.message_id, "deliver_at_ms": out.deliver_at_ms,

@@ -5,6 +5,7 @@ traceback; destructive commands refuse without ``--overwrite`` / ``--yes``."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import socket
 import subprocess
@@ -161,3 +162,22 @@ def test_serve_at_info_prints_no_line_per_tick(tmp_path: Path) -> None:
     assert any("listening on" in line for line in lines), out
     assert proc.returncode == 0, out  # SIGTERM: a clean stop
     assert len(lines) <= 5 and not any("apscheduler" in line for line in lines), out
+
+
+def test_send_if_delivered_refuse_and_new_id(server: RunningServer) -> None:
+    """A debounced send's ``if_delivered`` had no flag in the CLI (the API and the client
+    have it): ``--if-delivered REFUSE`` refuses a replace of an id already delivered,
+    ``NEW_ID`` (the default) stores it under the id's next generation."""
+    t = ("--target", server.target)
+    assert chronomq("topic", "create", "deb", *t).code == 0
+    run = chronomq("send", "deb", "first", "--id", "order-9", *t)
+    assert run.code == 0, run
+    assert chronomq("pop", "deb", "g", *t).code == 0  # delivered (and acked)
+    run = chronomq("send", "deb", "second", "--id", "order-9", "--replace",
+                   "--if-delivered", "REFUSE", *t)
+    assert run.code == 1 and "FAILED_PRECONDITION" in run.err, run
+    run = chronomq("send", "deb", "third", "--id", "order-9", "--replace",
+                   "--if-delivered", "NEW_ID", "--json", *t)
+    assert run.code == 0 and json.loads(run.out)["message_id"] == "order-9~1", run
+    run = chronomq("send", "deb", "x", "--if-delivered", "REFUSE", *t)
+    assert run.code == 2 and "--replace" in run.err, run

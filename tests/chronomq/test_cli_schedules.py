@@ -19,9 +19,9 @@ from tests.chronomq.test_cli_exit_codes import chronomq
 from tests.conftest import RunningServer, broker_config
 
 START_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z: no tick fires while these tests run
-# "0 9 * * *" in Europe/Berlin from START_MS: 09:00 CET is 08:00 UTC
-NEXT_FIRES = ["2100-01-01T08:00:00.000+00:00", "2100-01-02T08:00:00.000+00:00",
-              "2100-01-03T08:00:00.000+00:00"]
+# "0 9 * * *" in Europe/Berlin from START_MS, printed in the schedule's zone
+NEXT_FIRES = ["2100-01-01T09:00:00.000+01:00", "2100-01-02T09:00:00.000+01:00",
+              "2100-01-03T09:00:00.000+01:00"]
 COVERED = {"create", "update", "list", "next", "pause", "resume", "delete", "trigger"}
 
 
@@ -153,7 +153,7 @@ def test_update(target: str, mode: str, made: str) -> None:
     row = json.loads(out) if mode == "json" else fields(out)
     expected: dict[str, Any] = {"name": made, "cron": "30 9 * * *", "every_s": 0,
                                 "time_zone": "Europe/Berlin", "paused": False,
-                                "next_fire": NEXT_FIRES[0].replace("08:00", "08:30"),
+                                "next_fire": NEXT_FIRES[0].replace("09:00", "09:30"),
                                 "updated": True}
     if mode == "plain":
         expected = {k: str(v) for k, v in expected.items()}
@@ -194,3 +194,43 @@ def test_trigger(target: str, mode: str, made: str) -> None:
             (sent_ms, row["message_id"])]
         got = c.pop("t", f"g-{mode}", max_messages=32)
         assert row["message_id"] in [m.message_id for m in got]
+
+
+def test_create_without_a_body_is_bad_usage(target: str, name: str) -> None:
+    """``--body`` looked optional (default ""), and the broker refused the schedule: a
+    usage error now, before anything is sent."""
+    run = chronomq("schedule", "create", name, "--topic", "t", "--cron", "0 9 * * *",
+                   "--target", target)
+    assert run.code == 2 and "--body" in run.err, run
+    with ChronomqClient(target) as c:
+        assert c.list_schedules(name) == []
+
+
+def test_a_body_of_dash_is_read_from_stdin(target: str, name: str) -> None:
+    """``--body -`` was taken literally (a body of one dash), as ``send``'s is not."""
+    run = chronomq("schedule", "create", name, "--topic", "t", "--every-s", "3600",
+                   "--body", "-", "--start-ms", str(START_MS), "--target", target,
+                   stdin="from stdin\n")
+    assert run.code == 0, run
+    run = chronomq("schedule", "update", name, "--body", "-", "--target", target,
+                   stdin="again")
+    assert run.code == 0, run
+    with ChronomqClient(target) as c:
+        (s,) = c.list_schedules(name)
+        assert s.body == b"again"
+
+
+def test_next_count_zero_is_bad_usage(target: str, made: str) -> None:
+    """``next --count 0`` printed 10 fire times (0: the broker's default)."""
+    run = chronomq("schedule", "next", made, "--count", "0", "--target", target)
+    assert run.code == 2 and "--count" in run.err, run
+
+
+def test_times_print_in_the_schedules_zone(target: str, made: str) -> None:
+    """Fire times printed in UTC for a schedule kept in Europe/Berlin: now in its zone,
+    with the offset (the same instants)."""
+    run = chronomq("schedule", "next", made, "--count", "1", "--target", target, "--json")
+    assert json.loads(run.out) == ["2100-01-01T09:00:00.000+01:00"], run
+    run = chronomq("schedule", "list", "--prefix", made, "--target", target, "--json")
+    (row,) = json.loads(run.out)
+    assert row["next_fire"] == "2100-01-01T09:00:00.000+01:00", run
