@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from cluster.adoption import brokers_of, is_manifest, manifest_digest, pending
 from cluster.timersnapshot import Fold, PendingRecord, TimerCompactor, stream_floors
 from store.errors import ChronomqError
+from tiered.errors import TierNotFound
 from tiered.mount import MountedBroker
 
 if TYPE_CHECKING:
@@ -115,8 +116,22 @@ class AdoptionFolds:
 
         def mount(name: str) -> MountedBroker:
             if name not in mounts:
-                mounts[name] = MountedBroker(self._b.tier, name,
-                                             os.path.join(data_dir, "mounts", name))
+                where = os.path.join(data_dir, "mounts", name)
+                try:
+                    mounts[name] = MountedBroker(self._b.tier, name, where)
+                except TierNotFound:  # nothing of it in the tier: it held nothing, if
+                    if not _held_nothing(m, name):  # its takeover found nothing either
+                        raise
+                    mounts[name] = MountedBroker(self._b.tier, name, where, empty=True)
             return mounts[name]
         for chunk in pending(self._b.tier, m, mount):
             yield [PendingRecord(offset, due, record) for _, due, offset, record in chunk]
+
+
+def _held_nothing(m: dict[str, Any], broker: str) -> bool:
+    """Whether the adoption manifest ``m`` says ``broker`` had nothing pending: no
+    delayed record and no timer snapshot when it was taken over (a broker that died
+    before it uploaded anything)."""
+    if m.get("broker") == broker:
+        return int(m.get("delayed_end", -1)) == 0 and m.get("pointer") is None
+    return any(_held_nothing(child, broker) for child in m.get("adopted", ()))

@@ -204,3 +204,28 @@ def test_retry_copies_left_unsettled_come_again_after_a_takeover(
         assert seen == set(RETRIED), sorted(set(RETRIED) - seen)
     finally:
         b.stop()
+
+
+def test_the_adoption_of_a_broker_that_wrote_nothing_folds_into_a_snapshot(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    """A broker that died before it uploaded anything (a new incarnation killed at once,
+    seen in the failover chaos) is taken over with nothing pending.  The taker's timer
+    snapshots then failed every second, for good ("cannot fold the adoption ... broker
+    'e' has no queues in the tier"), so its delayed and timer streams were never
+    compacted again.  Its adoption folds in as the nothing it holds."""
+    e = _broker(tmp_path, "e", manual_clock, every=200)
+    e.stop()
+    assert e.tier.list("e/meta/") == []  # nothing of it in the tier
+    b = _broker(tmp_path, "b", manual_clock, every=200)
+    try:
+        result = b.takeover("e", force=True)
+        assert result.done and result.pending == 0
+        assert b.compactor is not None
+        b.create_topic(Topic("t", 1))
+        _send_delayed(b, ["x", "y"], manual_clock.now_ms() + HOUR_MS)
+        _caught_up(b)
+        assert b.compactor.step(force=True)
+        pointer = read_pointer(b.tier, "b")
+        assert pointer is not None and pointer.records == 2
+    finally:
+        b.stop()
