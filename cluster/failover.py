@@ -27,6 +27,7 @@ from cluster.layout import broker_prefix
 from cluster.lease import BrokerLease, LeaseWatch
 from cluster.rejoin import KEPT, Rejoin
 from store.clock import Clock
+from store.errors import FailedPrecondition
 from tiered.provider import Provider
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ def start_failover(broker: Host, address: str, rocketmq_address: str) -> LeaseWa
         def run() -> None:
             try:
                 broker.takeover(departed, force=True)
+            except FailedPrecondition as exc:  # taken by another, or not to be taken now
+                log.warning("automatic takeover of %s not run: %s", departed, exc)
             except Exception:  # logged; the takeover can be run again by hand
                 log.exception("automatic takeover of %s failed", departed)
         threading.Thread(target=run, name=f"takeover-{departed}", daemon=True).start()
