@@ -21,6 +21,12 @@ class AccessDenied(AccessError):
         self.resource = resource
 
 
+class Unauthenticated(AccessError):
+    """Raised when a call's credentials name nobody (none, a wrong one, a removed
+    user's) on a broker that requires them (the gRPC front answers UNAUTHENTICATED, the
+    RocketMQ front UNAUTHORIZED)."""
+
+
 class UsersUnavailable(AccessError, Unavailable):
     """Raised when the users cannot be read or written where they live (the bucket or
     the data directory); the last users known stay in force."""

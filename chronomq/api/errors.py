@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import grpc
 
-from access.errors import AccessDenied
+from access.errors import AccessDenied, Unauthenticated
 from store.errors import (
     AlreadyExists,
     ChronomqError,
@@ -27,6 +27,7 @@ from store.errors import (
 
 # Most specific first: TopicNotFound is both NotFound and InvalidArgument -> NOT_FOUND.
 _CODES: list[tuple[type[ChronomqError], grpc.StatusCode]] = [
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (AccessDenied, grpc.StatusCode.PERMISSION_DENIED),
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),

@@ -8,13 +8,16 @@ Per call:
    (``access.principals``: a user, the ``server.auth_token`` admin, or, on a broker
    that needs no credentials, the anonymous one).  None: the call is refused
    UNAUTHENTICATED before anything else, as before users existed.  (Another front, with
-   another credential, passes its own ``identify`` and table of rules.)
+   another credential, passes its own ``identify`` and table of rules:
+   ``chronomq.rocketmq.access``; the console checks its actions by the API's rows with
+   ``Guard.call``.)
 2. ``GuardedCall.check`` on each request (a stream: each request as it is read): the
    RPC's row of ``chronomq.api.permissions.RULES``.  A denial raises ``AccessDenied``,
    answered PERMISSION_DENIED with its message (``user 'billing' may not send to topic
    'orders'``); it is counted (Stats ``access.denied``, Prometheus
-   ``chronomq_access_denied_total``) and logged as one line to the ``chronomq.audit``
-   logger: ``denied user=... action=... resource=... rpc=... peer=...``.
+   ``chronomq_access_denied_total``: one ``Denials`` shared by every front) and logged
+   as one line to the ``chronomq.audit`` logger: ``denied user=... action=...
+   resource=... rpc=... peer=...``.
 3. ``GuardedCall.narrow`` on a unary answer: cut to what the principal may see
    (ListTopics, Stats, QueryMessages, ListSchedules).
 
@@ -31,7 +34,7 @@ from typing import Any
 
 import grpc
 
-from access.errors import AccessDenied
+from access.errors import AccessDenied, Unauthenticated
 from access.principals import Authenticator, Principal
 from chronomq.api.handlers import Metadata, bearer_token
 from chronomq.api.permissions import RULES, CallState, Rule
@@ -68,15 +71,29 @@ class BrokerLookup:
         return schedule_pb(self._broker.schedules.book.get(name))
 
 
+class Denials:
+    """Every front's refusals of a known principal: counted and audited.  Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def record(self, exc: AccessDenied, rpc: str, peer: str) -> None:
+        with self._lock:
+            self.count += 1
+        audit.warning("denied user=%r action=%s resource=%r rpc=%s peer=%s", exc.user,
+                      exc.action, exc.resource, rpc, peer)
+
+
 class GuardedCall:
     """One call's principal and the checks of its RPC."""
 
-    __slots__ = ("_context", "_guard", "_rpc", "_rule", "_state", "principal")
+    __slots__ = ("_guard", "_peer", "_rpc", "_rule", "_state", "principal")
 
     def __init__(self, guard: Guard, principal: Principal, rpc: str, rule: Rule,
-                 context: grpc.ServicerContext) -> None:
+                 peer: Callable[[], str]) -> None:
         self._guard, self.principal, self._rpc, self._rule = guard, principal, rpc, rule
-        self._context = context
+        self._peer = peer
         self._state = CallState()
 
     def check(self, request: Any) -> None:
@@ -86,7 +103,7 @@ class GuardedCall:
         try:
             self._rule.check(self.principal, request, self._guard.lookup, self._state)
         except AccessDenied as exc:
-            self._guard.denied(exc, self._rpc, self._context.peer())
+            self._guard.denied(exc, self._rpc, self._peer())
             raise
 
     def narrow(self, request: Any, answer: Any) -> Any:
@@ -101,38 +118,40 @@ class Guard:
 
     def __init__(self, authenticator: Authenticator, lookup: Any,
                  rules: dict[str, Rule] = RULES, identify: Identify | None = None,
-                 unauthenticated: str = UNAUTHENTICATED) -> None:
+                 unauthenticated: str = UNAUTHENTICATED,
+                 denials: Denials | None = None) -> None:
         """``identify``: the principal of a call's metadata (None: nobody); by default
-        its bearer token's (another front passes its own: a signature's access key)."""
+        its bearer token's (another front passes its own: a signature's access key).
+        ``denials``: where refusals are counted (another front shares the API's)."""
         self.authenticator = authenticator
         self.lookup = lookup
-        self._rules = rules
+        self.rules = rules
         self._identify = identify or self._bearer
         self._unauthenticated = unauthenticated
-        self._lock = threading.Lock()
-        self._denied = 0
+        self.denials = denials or Denials()
 
     def _bearer(self, metadata: Metadata) -> Principal | None:
         auth = self.authenticator
         return auth.principal(bearer_token(metadata) if auth.required else None)
 
     def open(self, rpc: str, context: grpc.ServicerContext) -> GuardedCall:
-        """The call's principal; aborts the call UNAUTHENTICATED when it has none."""
+        """The call's principal; raises ``Unauthenticated`` when it has none."""
         principal = self._identify(context.invocation_metadata() or ())
         if principal is None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, self._unauthenticated)
-            raise AssertionError("context.abort returns only by raising")
-        return GuardedCall(self, principal, rpc, self._rules[rpc], context)
+            raise Unauthenticated(self._unauthenticated)
+        return GuardedCall(self, principal, rpc, self.rules[rpc], context.peer)
+
+    def call(self, principal: Principal, rpc: str, peer: str) -> GuardedCall:
+        """The checks of ``rpc``'s row for a principal known otherwise (the console's
+        session), refusals counted and audited with ``peer``."""
+        return GuardedCall(self, principal, rpc, self.rules[rpc], lambda: peer)
 
     def denied(self, exc: AccessDenied, rpc: str, peer: str) -> None:
-        with self._lock:
-            self._denied += 1
-        audit.warning("denied user=%r action=%s resource=%r rpc=%s peer=%s", exc.user,
-                      exc.action, exc.resource, rpc, peer)
+        self.denials.record(exc, rpc, peer)
 
     def figures(self) -> dict[str, float]:
         """``access.*`` figures for Stats and /metrics."""
         d = self.authenticator.directory.statistics()
-        return {"access.denied": float(self._denied), "access.users": float(d.users),
+        return {"access.denied": float(self.denials.count), "access.users": float(d.users),
                 "access.refresh_failures": float(d.refresh_failures)}
 

@@ -10,12 +10,14 @@ on a stream they leave the call half-broken.  Here:
   stream end there (as if the client had closed it) and the call then ends with
   INVALID_ARGUMENT, after the answers it already gave;
 - the credentials and rights are checked inside every method, streams included, by a
-  ``Gate`` (``chronomq.api.guard.Guard`` for the chronomq API; ``Credentials`` for a
-  plain yes/no credential check): ``open`` at the start of a call (no credentials:
-  UNAUTHENTICATED, for each kind of call the same way), ``check`` on each request (a
-  stream's as they are read: one refused ends the stream there, as a malformed one
-  does, and the call ends with the refusal after the answers already given), ``narrow``
-  on a unary answer.  Health and reflection are separate services and stay open;
+  ``Gate`` (``chronomq.api.guard.Guard``, with a table of rules per service): ``open``
+  at the start of a call (no credentials: ``Unauthenticated``, for each kind of call
+  the same way), ``check`` on each request (a stream's as they are read: one refused
+  ends the stream there, as a malformed one does, and the call ends with the refusal
+  after the answers already given), ``narrow`` on a unary answer.  A refusal ends the
+  call with its gRPC status (UNAUTHENTICATED, PERMISSION_DENIED), or, for a front whose
+  protocol answers refusals inside its responses (``Refuse``: the RocketMQ front), is
+  that answer.  Health and reflection are separate services and stay open;
 - a project error (``ChronomqError``) that a servicer method lets out still gets its own
   status (``chronomq.api.errors``), never UNKNOWN.
 """
@@ -33,7 +35,10 @@ from chronomq.api.errors import abort
 from store.errors import ChronomqError, InvalidArgument
 
 Metadata = Sequence[tuple[str, str | bytes]]
-Allow = Callable[[Metadata], bool]
+Refuse = Callable[[Any, ChronomqError], Any]
+"""``(answer class, error) -> answer | None``: a front whose protocol answers refusals in
+its responses (the RocketMQ front: a status code inside every answer) gives the answer
+refusing the call with this error; None: the call ends with the error's gRPC status."""
 
 
 class CallGate(Protocol):
@@ -50,7 +55,7 @@ class CallGate(Protocol):
 
 class Gate(Protocol):
     def open(self, rpc: str, context: grpc.ServicerContext) -> CallGate:
-        """The checks of one call of ``rpc``; aborts it UNAUTHENTICATED when the
+        """The checks of one call of ``rpc``; raises ``Unauthenticated`` when the
         credentials name nobody."""
         ...
 
@@ -66,19 +71,6 @@ class _Pass:
 
 
 PASS = _Pass()
-
-
-class Credentials:
-    """A ``Gate`` that only checks the credentials (``allow``), the same for every call."""
-
-    def __init__(self, allow: Allow, denied: str) -> None:
-        self._allow = allow
-        self._denied = denied
-
-    def open(self, rpc: str, context: grpc.ServicerContext) -> CallGate:
-        if not self._allow(context.invocation_metadata() or ()):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, self._denied)
-        return PASS
 
 
 class Malformed:
@@ -124,11 +116,6 @@ class _Checked:
             raise StopIteration from None
         return request
 
-    def finish(self, context: grpc.ServicerContext) -> None:
-        """End the call with the error that ended the stream, if one did."""
-        if self.error is not None:
-            abort(context, self.error)
-
 
 def one_header(metadata: Metadata, name: str) -> str | None:
     """The value of header ``name`` when the call has it exactly once, else None."""
@@ -147,9 +134,10 @@ def bearer_token(metadata: Metadata) -> str | None:
     return value[len("Bearer "):]
 
 
-def _wrap(method: MethodDescriptor, behavior: Callable[..., Any],
-          gate: Gate | None) -> grpc.RpcMethodHandler:
+def _wrap(method: MethodDescriptor, behavior: Callable[..., Any], gate: Gate | None,
+          refuse: Refuse | None) -> grpc.RpcMethodHandler:
     rpc = method.name
+    answer_class = message_factory.GetMessageClass(method.output_type)
 
     def start(request: Any, context: grpc.ServicerContext) -> CallGate:
         call = gate.open(rpc, context) if gate is not None else PASS
@@ -157,42 +145,51 @@ def _wrap(method: MethodDescriptor, behavior: Callable[..., Any],
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
         return call
 
+    def refused(exc: ChronomqError, context: grpc.ServicerContext) -> Any:
+        """The answer that refuses the call (``refuse``), else the call ends with the
+        error's status."""
+        answer = refuse(answer_class, exc) if refuse is not None else None
+        if answer is None:
+            abort(context, exc)
+        return answer
+
     def unary_in(request: Any, context: grpc.ServicerContext) -> Any:
-        call = start(request, context)
         try:
+            call = start(request, context)
             call.check(request)
             return call.narrow(request, behavior(request, context))
         except ChronomqError as exc:
-            abort(context, exc)
+            return refused(exc, context)
 
     def unary_in_stream_out(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        call = start(request, context)
         try:
+            call = start(request, context)
             call.check(request)
             yield from behavior(request, context)
         except ChronomqError as exc:
-            abort(context, exc)
+            yield refused(exc, context)
 
     def stream_in(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-        checked = _Checked(requests, start(None, context).check)
         try:
+            checked = _Checked(requests, start(None, context).check)
             answer = behavior(checked, context)
         except ChronomqError as exc:
-            abort(context, exc)
-        checked.finish(context)
-        return answer
+            return refused(exc, context)
+        return answer if checked.error is None else refused(checked.error, context)
 
     def stream_in_stream_out(requests: Iterator[Any],
                              context: grpc.ServicerContext) -> Iterator[Any]:
-        checked = _Checked(requests, start(None, context).check)
         try:
+            checked = _Checked(requests, start(None, context).check)
             yield from behavior(checked, context)
         except ChronomqError as exc:
-            abort(context, exc)
-        checked.finish(context)
+            yield refused(exc, context)
+            return
+        if checked.error is not None:
+            yield refused(checked.error, context)
 
     parse = _parser(message_factory.GetMessageClass(method.input_type))
-    serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
+    serialize = answer_class.SerializeToString
     kind = (method.client_streaming, method.server_streaming)
     if kind == (False, False):
         return grpc.unary_unary_rpc_method_handler(unary_in, parse, serialize)
@@ -203,21 +200,18 @@ def _wrap(method: MethodDescriptor, behavior: Callable[..., Any],
     return grpc.stream_stream_rpc_method_handler(stream_in_stream_out, parse, serialize)
 
 
-def add_service(server: grpc.Server, servicer: Any, service: ServiceDescriptor,
-                allow: Allow | None = None,
-                denied: str = "missing or wrong credentials", *,
-                gate: Gate | None = None, also: Sequence[Any] = ()) -> None:
+def add_service(server: grpc.Server, servicer: Any, service: ServiceDescriptor, *,
+                gate: Gate | None = None, refuse: Refuse | None = None,
+                also: Sequence[Any] = ()) -> None:
     """Serve the methods of ``service`` on ``server`` (see the module doc): each from the
-    first of ``also`` that has it, else from ``servicer``.  ``gate`` checks every call
-    (``allow``: only the credentials, refused with ``denied``)."""
-    if gate is None and allow is not None:
-        gate = Credentials(allow, denied)
+    first of ``also`` that has it, else from ``servicer``.  ``gate`` checks every call;
+    ``refuse`` turns a refusal into an answer (see ``Refuse``)."""
 
     def behavior(name: str) -> Callable[..., Any]:
         owner = next((o for o in also if hasattr(o, name)), servicer)
         method: Callable[..., Any] = getattr(owner, name)
         return method
 
-    handlers = {m.name: _wrap(m, behavior(m.name), gate) for m in service.methods}
+    handlers = {m.name: _wrap(m, behavior(m.name), gate, refuse) for m in service.methods}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),))
