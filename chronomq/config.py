@@ -116,8 +116,8 @@ class RocketMQConfig:
     max_long_polls: int = 1000  # ReceiveMessage calls waiting for messages
     max_waiting_per_connection: int = 200
     max_concurrent_rpcs: int = 4000
-    access_key: str = ""  # when set, clients must sign requests with it and secret_key
-    secret_key: str = ""
+    access_key: str = ""  # the front's admin: clients signing with it and secret_key may
+    secret_key: str = ""  # do everything; set, or users or server.auth_token: signed only
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,10 +222,6 @@ class BrokerConfig:
         r = self.rocketmq
         if bool(r.access_key) != bool(r.secret_key):
             raise InvalidArgument("set both rocketmq.access_key and rocketmq.secret_key")
-        if r.enabled and self.server.auth_token and not r.access_key:
-            raise InvalidArgument(
-                "server.auth_token protects the chronomq API; the RocketMQ front needs "
-                "its own credentials too: set rocketmq.access_key and rocketmq.secret_key")
         if r.advertise_address and not _is_host_port(r.advertise_address):
             raise InvalidArgument(
                 f"rocketmq.advertise_address must be host:port, got {r.advertise_address!r}")

@@ -241,7 +241,7 @@ class BrokerServer:
 
     def _start_rocketmq(self) -> None:
         """The RocketMQ 5 front on a port of its own (imported only when enabled)."""
-        from chronomq.rocketmq.auth import AccessKeyAuth
+        from chronomq.rocketmq.access import front_guard, refusal
         from chronomq.rocketmq.front import RocketMQServicer
         from chronomq.rocketmq.pb import service as rs
 
@@ -256,11 +256,12 @@ class BrokerServer:
                 cfg.advertise_address or f"{host}:{self.rocketmq_port}",
                 CallBudget(cfg.max_streams, cfg.max_long_polls,
                            cfg.max_waiting_per_connection, "rocketmq"))
+            assert self.guard is not None  # signatures and rights, the API's count
+            gate = front_guard(self.broker.access, self.guard.lookup, self.guard.denials,
+                               cfg.access_key, cfg.secret_key)
             add_service(server, self.rocketmq,
-                        rs.DESCRIPTOR.services_by_name["MessagingService"],
-                        AccessKeyAuth(cfg.access_key, cfg.secret_key).signed
-                        if cfg.access_key else None,
-                        "missing or wrong RocketMQ credentials (access key / secret key)")
+                        rs.DESCRIPTOR.services_by_name["MessagingService"], gate=gate,
+                        refuse=refusal)
         finally:  # a bound gRPC server keeps its port until it has been started and stopped
             server.start()
             self._rocketmq_server = server

@@ -27,11 +27,11 @@ Every unary answer carries ``status.code = OK (20000)`` on success; errors are R
 codes with chronomq's message.
 
 This module is the servicer: each RPC mapped onto the broker.  Around it:
-``rocketmq_codec`` (statuses, codes, protobuf conversions), ``rocketmq_message`` (a
-RocketMQ message into a Draft with every send check, and a popped message back),
-``rocketmq_startup`` (the settings answer and when to give it), ``rocketmq_renewal``
-(push consumers' lease renewal), ``rocketmq_auth`` (access-key signatures) and
-``rocketmq_pb`` (the protocol classes from the official client package).
+``codec`` (statuses, codes, protobuf conversions), ``message`` (a RocketMQ message into
+a Draft with every send check, and a popped message back), ``startup`` (the settings
+answer and when to give it), ``renewal`` (push consumers' lease renewal), ``auth`` and
+``access`` (signatures; users' rights per RPC, checked before a call reaches this
+servicer) and ``pb`` (the protocol classes from the official client package).
 """
 
 from __future__ import annotations
