@@ -186,8 +186,9 @@ class BrokerServer:
                                     coalesce=True)
         if self.config.console.port:
             from chronomq.console import SAMPLE_INTERVAL_S, open_console
+            assert self.guard is not None
             self.console_port, sampler, self._console_stop = open_console(
-                self.config, self.broker, self.servicer, self.rocketmq)
+                self.config, self.broker, self.servicer, self.guard, self.rocketmq)
             self._scheduler.add_job(sampler.sample, "interval", id="console-rates",
                                     seconds=SAMPLE_INTERVAL_S, max_instances=1, coalesce=True)
             log.info("console on http://%s:%d/ (%s)", cfg.host, self.console_port,

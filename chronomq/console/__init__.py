@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from chronomq.api.guard import Guard
 from chronomq.api.servicer import BrokerServicer
 from chronomq.broker import Broker
 from chronomq.config import BrokerConfig
@@ -27,9 +28,12 @@ SAMPLE_INTERVAL_S = 5
 
 
 def open_console(config: BrokerConfig, broker: Broker, servicer: BrokerServicer,
-                 rocketmq: Any = None) -> tuple[int, RateSampler, Callable[[], None]]:
+                 guard: Guard, rocketmq: Any = None
+                 ) -> tuple[int, RateSampler, Callable[[], None]]:
     """Start the console on ``server.host:console.port``: ``(bound port, its rate
-    sampler (call ``sample`` every ``SAMPLE_INTERVAL_S``), a function that stops it)``."""
+    sampler (call ``sample`` every ``SAMPLE_INTERVAL_S``), a function that stops it)``.
+    Logins are the broker's users and ``server.auth_token``; ``guard`` checks actions by
+    the API's rows and counts refusals with the API's."""
 
     def counters() -> dict[str, float]:
         p = broker.pop.statistics()
@@ -45,8 +49,9 @@ def open_console(config: BrokerConfig, broker: Broker, servicer: BrokerServicer,
 
     sampler = RateSampler(counters, time.time)
     sampler.sample()
-    console = Console(ConsoleViews(broker, sampler, totals), ConsoleActions(servicer, broker),
-                      Sessions(config.server.auth_token, config.console.session_ttl_s),
+    console = Console(ConsoleViews(broker, sampler, totals),
+                      ConsoleActions(servicer, broker, guard),
+                      Sessions(broker.access, config.console.session_ttl_s), guard,
                       config.console.actions, config.console.refresh_s)
     with binding(console_listener(config)):  # a taken port: one line naming console.port
         port, stop = start_console(config.server.host, config.console.port, console)

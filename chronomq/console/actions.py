@@ -7,6 +7,13 @@ and answers exactly as the API does: the page shows the broker's definite result
 outcome name, or the status code and its message).  No action is taken unless
 ``console.actions`` is on (``chronomq.console.server`` checks it, and the CSRF token).
 
+Each is checked first by the API's own row for that RPC (``Guard.call``: the session's
+principal, its refusal counted and audited with the API's, ``peer`` naming the
+console): cancel and reschedule need ``send`` on the message's topic (the page sends
+it; without one, ``send`` on ``*``), replace ``send`` on its topic, redrive ``consume``
+on the topic whose dead letters it reads (a QueryMessages of the group's dead-letter
+topic) and ``send`` on each topic it sends back to.
+
 Redrive reads the chosen dead letters again from the broker (the page sends only their
 queue offsets, never a body) and sends each back to its topic as a new message: its
 key, tag, body and properties, without the ``chronomq.dlq.*`` ones, plus
@@ -21,6 +28,8 @@ from typing import Any, NoReturn
 
 import grpc
 
+from access.principals import Principal
+from chronomq.api.guard import Guard
 from chronomq.api.servicer import BrokerServicer
 from chronomq.broker import Broker
 from chronomq.console.views import PAGE, REDRIVE_ID
@@ -69,30 +78,41 @@ def _ctx() -> Any:
 
 
 class ConsoleActions:
-    def __init__(self, servicer: BrokerServicer, broker: Broker) -> None:
+    def __init__(self, servicer: BrokerServicer, broker: Broker, guard: Guard) -> None:
         self._servicer = servicer
         self._broker = broker
+        self._guard = guard
 
-    def cancel(self, message_id: str) -> dict[str, Any]:
-        r = self._servicer.Cancel(pb.CancelRequest(message_id=message_id), _ctx())
+    def _check(self, who: Principal, peer: str, rpc: str, request: Any) -> None:
+        """Raise ``AccessDenied`` (counted, audited) unless ``who`` may make it."""
+        self._guard.call(who, rpc, peer).check(request)
+
+    def cancel(self, message_id: str, topic: str, who: Principal,
+               peer: str) -> dict[str, Any]:
+        req = pb.CancelRequest(message_id=message_id, topic=topic)
+        self._check(who, peer, "Cancel", req)
+        r = self._servicer.Cancel(req, _ctx())
         return {"outcome": pb.TimerOutcome.Name(r.outcome), "changed": r.changed}
 
-    def reschedule(self, message_id: str, deliver_at_ms: int | None,
-                   delay_ms: int | None) -> dict[str, Any]:
-        req = pb.RescheduleRequest(message_id=message_id)
+    def reschedule(self, message_id: str, topic: str, deliver_at_ms: int | None,
+                   delay_ms: int | None, who: Principal, peer: str) -> dict[str, Any]:
+        req = pb.RescheduleRequest(message_id=message_id, topic=topic)
         if deliver_at_ms is not None:
             req.deliver_at_ms = deliver_at_ms
         elif delay_ms is not None:
             req.delay_ms = delay_ms
+        self._check(who, peer, "Reschedule", req)
         r = self._servicer.Reschedule(req, _ctx())
         return {"outcome": pb.TimerOutcome.Name(r.outcome), "deliver_at_ms": r.deliver_at_ms,
                 "changed": r.changed}
 
     def replace(self, message_id: str, topic: str, body: str, deliver_at_ms: int | None,
-                delay_ms: int | None) -> dict[str, Any]:
+                delay_ms: int | None, who: Principal, peer: str) -> dict[str, Any]:
         """Debounce from the page: replace the messages with this id pending in ``topic``
         by one with the new body (empty: the current one) and due time (none given: the
         current one), keeping their key, tag and properties (``chronomq.debounce``)."""
+        self._check(who, peer, "Send", pb.SendRequest(messages=[pb.OutgoingMessage(
+            topic=topic)]))
         validate_message_id(message_id)
         check_name(topic)
         current = next((m for m in self._broker.timer.pending_messages(message_id, True)
@@ -114,10 +134,13 @@ class ConsoleActions:
             raise Refused(_CODE_NAMES.get(r.error.code, str(r.error.code)), r.error.message)
         return {"replaced": r.replaced, "deliver_at_ms": r.deliver_at_ms}
 
-    def redrive(self, group: str, topic: str, offsets: list[int]) -> dict[str, Any]:
+    def redrive(self, group: str, topic: str, offsets: list[int], who: Principal,
+                peer: str) -> dict[str, Any]:
         """Send the dead letters at ``offsets`` of ``group``'s DLQ of ``topic`` back to the
         topic; one result per offset: ``sent`` (with the new id), ``duplicate`` (redriven
         before, within the dedupe window), ``gone`` (no longer stored) or the refusal."""
+        self._check(who, peer, "QueryMessages",
+                    pb.QueryMessagesRequest(topic=dlq_topic(group, topic)))
         check_name(group)
         check_name(topic)
         if not offsets or len(offsets) > PAGE:
@@ -149,6 +172,7 @@ class ConsoleActions:
             request.messages.add(topic=m.properties.get(PROP_ORIGIN_TOPIC, topic), body=m.body,
                                  key=m.key, tag=m.tag, properties=props,
                                  message_id=REDRIVE_ID + m.message_id)
+        self._check(who, peer, "Send", request)
         try:
             response = self._servicer.Send(request, _ctx())
         except Refused as exc:

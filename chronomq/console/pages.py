@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -20,6 +21,18 @@ TITLES = {"overview": "Overview", "schedule": "Schedule", "recurring": "Recurrin
           "dead-letters": "Dead letters"}
 NAV = (("/", "Overview"), ("/schedule", "Schedule"), ("/recurring", "Recurring"),
        ("/topics", "Topics"), ("/groups", "Groups"), ("/messages", "Messages"))
+
+
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    """Who looks: the name shown in the header ("" on a broker that needs no login), and
+    whether it sees the broker-wide pages (``admin`` on ``*``)."""
+
+    name: str = ""
+    broker_wide: bool = True
+
+
+OPEN = Viewer()  # a broker that needs no login
 
 
 def e(value: object) -> str:
@@ -41,10 +54,12 @@ def size(n: float) -> str:
 
 
 def layout(title: str, active: str, body: str, csrf: str, actions: bool,
-           refresh_ms: int = 5000) -> str:
+           refresh_ms: int = 5000, viewer: Viewer = OPEN) -> str:
     nav = "".join(f'<a href="{href}"{" class=on" if href == active else ""}>{e(name)}</a>'
-                  for href, name in NAV)
+                  for href, name in NAV if viewer.broker_wide or href != "/schedule")
     mode = "actions on" if actions else "read-only"
+    if viewer.name:
+        mode = f'<span id="who">{e(viewer.name)}</span> · {mode}'
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -70,7 +85,7 @@ def login_page(error: str = "") -> str:
 <link rel="stylesheet" href="/static/console.css"></head><body>
 <main class="login"><h1>chronomq console</h1>{msg}
 <form method="post" action="/login">
-<label>API token (server.auth_token)
+<label>Token (a user's, from chronomq user add, or server.auth_token)
 <input type="password" name="token" id="token" autocomplete="current-password" autofocus>
 </label><button id="login">Log in</button></form></main></body></html>"""
 
@@ -108,7 +123,19 @@ def live(src: str, inner: str, element_id: str) -> str:
 
 # ---------------------------------------------------------------------- overview
 
+def _own_overview(d: dict[str, Any]) -> str:
+    """A user without ``admin`` on ``*``: the counts of what it may see."""
+    figures = [["topics you may use", f'<span id="fig-topics">{d["topics"]:,}</span>'],
+               ["groups of topics you may consume",
+                f'<span id="fig-groups">{d["groups"]:,}</span>']]
+    return (_table(["figure", "value"], figures, "figures") +
+            '<p id="scope">The broker-wide figures (rates, lateness, the timer, the tier, '
+            "the disk, the schedule) need admin on *.</p>")
+
+
 def overview_part(d: dict[str, Any]) -> str:
+    if d.get("scope") == "user":
+        return _own_overview(d)
     t, tier, disk, c = d["timer"], d["tier"], d["disk"], d["counters"]
     if tier["enabled"]:
         tier_rows = [["health", f'<span class="{e(tier["health"])}" id="tier-health">'
@@ -145,6 +172,8 @@ def overview_part(d: dict[str, Any]) -> str:
 
 
 def overview_body(d: dict[str, Any]) -> str:
+    if d.get("scope") == "user":
+        return live("/part/overview", overview_part(d), "overview")
     return ('<div class="charts"><div class="chart" id="chart-rates" data-chart="rates">'
             '<h2>Messages per second</h2></div>'
             '<div class="chart" id="chart-lateness" data-chart="lateness">'
@@ -255,17 +284,19 @@ def message_card(m: dict[str, Any], csrf: str, actions: bool) -> str:
     state = (f'<span class="pending">pending, due {when(due)}</span>' if due is not None
              else "not pending (delivered, or never delayed)")
     acts = ""
-    if actions and due is not None:
-        mid = m["message_id"]
+    if actions and due is not None and m.get("may_act", True):
+        mid, topic = m["message_id"], m["topic"]
         acts = (f'<form method="post" action="/messages/cancel" class="act">'
-                f'{_hidden(csrf, message_id=mid)}<button id="cancel">Cancel</button></form>'
+                f'{_hidden(csrf, message_id=mid, topic=topic)}<button id="cancel">Cancel'
+                '</button></form>'
                 f'<form method="post" action="/messages/reschedule" class="act">'
-                f'{_hidden(csrf, message_id=mid)}<input name="delay_s" id="delay-s" '
+                f'{_hidden(csrf, message_id=mid, topic=topic)}<input name="delay_s" '
+                'id="delay-s" '
                 'placeholder="delay, seconds from now" size="22"> or <input name="deliver_at" '
                 'id="deliver-at" placeholder="YYYY-MM-DDTHH:MM:SSZ" size="22">'
                 '<button id="reschedule">Reschedule</button></form>'
                 f'<form method="post" action="/messages/replace" class="act">'
-                f'{_hidden(csrf, message_id=mid, topic=m["topic"])}<input name="body" '
+                f'{_hidden(csrf, message_id=mid, topic=topic)}<input name="body" '
                 'id="replace-body" placeholder="new body (empty: keep)" size="30"> due '
                 '<input name="delay_s" id="replace-delay-s" placeholder="seconds from now" '
                 'size="14"> or <input name="deliver_at" id="replace-deliver-at" '

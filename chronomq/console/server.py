@@ -6,8 +6,13 @@ for a few operators, not for traffic).
 
 * Pages (``GET /``, ``/schedule``, ``/topics``, ``/groups``, ``/messages``,
   ``/dead-letters``), their refreshable parts (``/part/...``) and their data as JSON
-  (``/api/...``) need a session (``chronomq.console.session``): with an API token, a
-  login first; without one, a session is opened on the first visit.
+  (``/api/...``) need a session (``chronomq.console.session``): while the broker
+  requires credentials, a login first (a user's token or ``server.auth_token``);
+  otherwise a session is opened on the first visit.  The session's principal is
+  resolved again at every request, and each page shows what it may see
+  (``chronomq.console.views``); a page or action it may not is answered 403 naming
+  user, action and resource, counted and audited with the API's refusals
+  (``Guard.denied``; the peer is ``console:<address>``).
 * Actions (``POST /messages/cancel``, ``/messages/reschedule``,
   ``/dead-letters/redrive``) need the session's CSRF token and ``console.actions =
   true``; otherwise 403 and nothing is done.  Their answer is the page with the broker's
@@ -33,7 +38,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from access.errors import AccessDenied
+from access.model import Action
+from access.principals import ANONYMOUS, Principal
 from chronomq.api.errors import status_of
+from chronomq.api.guard import Guard
 from chronomq.console import pages
 from chronomq.console.actions import ConsoleActions, Refused
 from chronomq.console.session import COOKIE, Session, Sessions
@@ -60,13 +69,15 @@ _HTTP_OF = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "FAILED_PRECONDITION": 40
 
 
 class Console:
-    """What the handler threads share: views, actions, sessions and the settings."""
+    """What the handler threads share: views, actions, sessions, the API's guard (its
+    count and audit of refusals) and the settings."""
 
     def __init__(self, views: ConsoleViews, actions: ConsoleActions, sessions: Sessions,
-                 actions_on: bool, refresh_s: float = 5.0) -> None:
+                 guard: Guard, actions_on: bool, refresh_s: float = 5.0) -> None:
         self.views = views
         self.actions = actions
         self.sessions = sessions
+        self.guard = guard
         self.actions_on = actions_on
         self.refresh_ms = round(refresh_s * 1000)
         self.static = {}
@@ -131,19 +142,30 @@ class Handler(BaseHTTPRequestHandler):
             raise _Answer(413, "request body too large (at most 64 KiB)")
         return _fields(self.rfile.read(int(raw_length)).decode("utf-8", "replace"))
 
-    def _session(self) -> Session | None:
+    def _session(self) -> tuple[Session, Principal] | None:
+        """The request's live session and who it is now; None: none (or it ended)."""
         try:
             cookie = SimpleCookie(self.headers.get("Cookie", ""))
         except CookieError:
             return None
         morsel = cookie.get(COOKIE)
-        return self.console.sessions.get(morsel.value if morsel else None)
+        sessions = self.console.sessions
+        session = sessions.get(morsel.value if morsel else None)
+        who = sessions.principal(session) if session is not None else None
+        return None if session is None or who is None else (session, who)
 
-    def _page(self, title: str, path: str, body: str, session: Session,
+    @property
+    def _peer(self) -> str:
+        host, port = self.client_address[:2]
+        return f"console:{host}:{port}"
+
+    def _page(self, title: str, path: str, body: str, session: Session, who: Principal,
               status: int = 200, headers: dict[str, str] | None = None) -> None:
+        viewer = pages.Viewer(who.name if self.console.sessions.needs_login else "",
+                              who.unrestricted(Action.ADMIN))
         self._html(status, pages.layout(title, path, body, session.csrf,
-                                        self.console.actions_on, self.console.refresh_ms),
-                   headers)
+                                        self.console.actions_on, self.console.refresh_ms,
+                                        viewer), headers)
 
     # ------------------------------------------------------------------ entry points
 
@@ -184,19 +206,20 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/login":
             self._html(200, pages.login_page())
             return
-        session = self._session()
+        current = self._session()
         headers: dict[str, str] = {}
-        if session is None or not session.authenticated:
-            if self.console.sessions.needs_login:
+        if current is None:
+            session = self.console.sessions.open_anonymous()
+            if session is None:  # credentials required
                 if path.startswith(("/api/", "/part/")):
                     raise _Answer(401, "log in first")
                 self._redirect("/login")
                 return
-            session = self.console.sessions.open(authenticated=True)
             headers["Set-Cookie"] = self.console.sessions.cookie(session)
-        self._view(path, q, session, headers)
+            current = session, ANONYMOUS
+        self._view(path, q, *current, headers)
 
-    def _view(self, path: str, q: dict[str, str], session: Session,
+    def _view(self, path: str, q: dict[str, str], session: Session, who: Principal,
               headers: dict[str, str], result: dict[str, Any] | None = None,
               status: int = 200) -> None:
         kind, _, rest = path.lstrip("/").partition("/")
@@ -205,8 +228,10 @@ class Handler(BaseHTTPRequestHandler):
             raise _Answer(404, "no such page")
         data: dict[str, Any] | None = None
         try:
-            data = self._data(page, q)
+            data = self._data(page, q, who)
         except ChronomqError as exc:
+            if isinstance(exc, AccessDenied):
+                self.console.guard.denied(exc, f"console.{page}", self._peer)
             code = status_of(exc).name
             status = _HTTP_OF.get(code, 400)
             if kind == "api":
@@ -222,29 +247,26 @@ class Handler(BaseHTTPRequestHandler):
         if kind == "part":
             self._html(status, part, headers)
         else:
-            self._page(title, "/" + page if page != "overview" else "/", body, session,
+            self._page(title, "/" + page if page != "overview" else "/", body, session, who,
                        status, headers)
 
-    def _data(self, page: str, q: dict[str, str]) -> dict[str, Any] | None:
+    def _data(self, page: str, q: dict[str, str], who: Principal) -> dict[str, Any] | None:
         v = self.console.views
         if page == "overview":
-            return v.overview()
+            return v.overview(who)
         if page == "schedule":
-            return v.schedule()
-        if page == "recurring":
-            return v.recurring(page_number(q.get("page", "")), name_prefix(q.get("q", "")))
-        if page == "topics":
-            return v.topics(page_number(q.get("page", "")), name_prefix(q.get("q", "")))
-        if page == "groups":
-            return v.groups(page_number(q.get("page", "")), name_prefix(q.get("q", "")))
+            return v.schedule(who)
+        if page in ("recurring", "topics", "groups"):
+            listed = {"recurring": v.recurring, "topics": v.topics, "groups": v.groups}[page]
+            return listed(page_number(q.get("page", "")), name_prefix(q.get("q", "")), who)
         if page == "dead-letters":
             return v.dead_letters(q.get("group", ""), q.get("topic", ""),
-                                  page_number(q.get("page", "")))
+                                  page_number(q.get("page", "")), who)
         if page == "messages":
             if q.get("id"):
-                return v.message(q["id"])
+                return v.message(q["id"], who)
             if q.get("key") or q.get("topic"):
-                return v.by_key(q.get("topic", ""), q.get("key", ""))
+                return v.by_key(q.get("topic", ""), q.get("key", ""), who)
             return None
         raise _Answer(404, "no such page")
 
@@ -253,15 +275,17 @@ class Handler(BaseHTTPRequestHandler):
         form = self._form()
         sessions = self.console.sessions
         if path == "/login":
-            if sessions.needs_login and not sessions.token_ok(form.get("token", "")):
-                self._html(403, pages.login_page("That is not the broker's token."))
+            s = sessions.login(form.get("token", ""))
+            if s is None:
+                self._html(403, pages.login_page("That is not the broker's token, nor a "
+                                                 "user's."))
                 return
-            s = sessions.open(authenticated=True)
             self._redirect("/", {"Set-Cookie": sessions.cookie(s)})
             return
-        session = self._session()
-        if session is None or not session.authenticated:
+        current = self._session()
+        if current is None:
             raise _Answer(401, "log in first")
+        session, who = current
         given = form.get("csrf") or self.headers.get("X-CSRF-Token") or ""
         if not sessions.csrf_ok(session, given):
             raise _Answer(403, "missing or wrong CSRF token: reload the page and try again")
@@ -275,33 +299,33 @@ class Handler(BaseHTTPRequestHandler):
             raise _Answer(404, "no such action")
         if not self.console.actions_on:
             raise _Answer(403, "actions are off on this broker (console.actions = false)")
-        self._act(path, form, session)
+        self._act(path, form, session, who)
 
-    def _act(self, path: str, form: dict[str, str], session: Session) -> None:
-        acts = self.console.actions
+    def _act(self, path: str, form: dict[str, str], session: Session, who: Principal) -> None:
+        acts, peer = self.console.actions, self._peer
         status = 200
         try:
             if path == "/dead-letters/redrive":
                 q = {"group": form.get("group", ""), "topic": form.get("topic", "")}
                 offsets = [_int(o, "offset") for o in form.get("offset", "").split(",") if o]
-                result = pages.redrive_banner(acts.redrive(q["group"], q["topic"], offsets))
-                self._view("/dead-letters", q, session, {}, result,
+                result = pages.redrive_banner(acts.redrive(q["group"], q["topic"], offsets,
+                                                           who, peer))
+                self._view("/dead-letters", q, session, who, {}, result,
                            200 if result["ok"] else 409)
                 return
-            mid = form.get("message_id", "")
+            mid, topic = form.get("message_id", ""), form.get("topic", "")
             if path == "/messages/cancel":
-                r = acts.cancel(mid)
+                r = acts.cancel(mid, topic, who, peer)
                 text = f"Cancel {mid}: {r['outcome']} ({_count(r['changed'])})"
             elif path == "/messages/replace":
                 at, delay = _when(form.get("deliver_at", ""), form.get("delay_s", ""), True)
-                done = acts.replace(mid, form.get("topic", ""), form.get("body", ""), at,
-                                    delay)
+                done = acts.replace(mid, topic, form.get("body", ""), at, delay, who, peer)
                 r = {"outcome": "REPLACED" if done["replaced"] else "STORED"}
                 text = (f"Replace {mid}: replaced {_count(done['replaced'])}, due "
                         f"{pages.when(done['deliver_at_ms'])}")
             else:
                 at, delay = _when(form.get("deliver_at", ""), form.get("delay_s", ""))
-                r = acts.reschedule(mid, at, delay)
+                r = acts.reschedule(mid, topic, at, delay, who, peer)
                 text = (f"Reschedule {mid}: {r['outcome']} ({_count(r['changed'])}), due "
                         f"{pages.when(r['deliver_at_ms'])}")
             result = {"ok": r["outcome"] in ("CANCELLED", "RESCHEDULED", "REPLACED"),
@@ -311,7 +335,7 @@ class Handler(BaseHTTPRequestHandler):
         except ChronomqError as exc:
             code = status_of(exc).name
             result, status = {"ok": False, "text": f"{code}: {exc}"}, _HTTP_OF.get(code, 400)
-        self._view("/messages", {"id": form.get("message_id", "")}, session, {}, result,
+        self._view("/messages", {"id": form.get("message_id", "")}, session, who, {}, result,
                    status)
 
 

@@ -1,10 +1,17 @@
-"""Console sessions: who may look, and proof that an action came from the console's page.
+"""Console sessions: who is looking, and proof that an action came from the console's page.
 
-* **Login.**  When the broker has an API token (``server.auth_token``), the console asks
-  for it once on a form; a right token opens a session whose random id travels in a
-  cookie that is ``HttpOnly`` (page scripts cannot read it) and ``SameSite=Strict`` (other
-  sites' pages do not send it).  Without a token every visitor gets a session at once.
-  Tokens are compared in constant time; the token itself is never stored in the cookie.
+* **Login.**  When the broker requires credentials (``server.auth_token`` set or a user
+  exists: ``Authenticator.required``), the console asks for a token once on a form: a
+  user's token logs that user in, ``server.auth_token`` the admin.  A session's random id
+  travels in a cookie that is ``HttpOnly`` (page scripts cannot read it) and
+  ``SameSite=Strict`` (other sites' pages do not send it); the token itself is never
+  stored, in the cookie or here.  While no credentials are required every visitor gets
+  an anonymous session at once (allowed everything, as the API is then).
+* **Who, at every request** (``principal``).  A session keeps the name it logged in as
+  (and a user's token digest) and is resolved again at each request: a user removed, or
+  removed and added again with a new token, ends its sessions at once; a permission
+  granted or revoked is in force at the next request; an anonymous session ends as soon
+  as credentials are required.
 * **CSRF.**  Each session has its own random CSRF token, written into the page and sent
   back with every action (a form field or the ``X-CSRF-Token`` header); an action without
   the session's token is refused.  Together with SameSite=Strict, a page on another
@@ -25,6 +32,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from access.principals import ADMIN, ANONYMOUS, Authenticator, Principal
+
 COOKIE = "chronomq_console"
 MAX_SESSIONS = 10_000
 
@@ -33,14 +42,15 @@ MAX_SESSIONS = 10_000
 class Session:
     sid: str
     csrf: str
-    authenticated: bool
+    who: str  # the principal's name at login
+    token_sha256: bytes  # a user's token digest at login (b"": the admin, anonymous)
     seen_s: float
 
 
 class Sessions:
-    def __init__(self, token: str, ttl_s: float = 12 * 3600,
+    def __init__(self, authenticator: Authenticator, ttl_s: float = 12 * 3600,
                  now_s: Callable[[], float] = time.monotonic) -> None:
-        self._token = token.encode()
+        self._auth = authenticator
         self.ttl_s = ttl_s
         self._now_s = now_s
         self._lock = threading.Lock()
@@ -48,19 +58,43 @@ class Sessions:
 
     @property
     def needs_login(self) -> bool:
-        return bool(self._token)
+        return self._auth.required
 
-    def token_ok(self, given: str) -> bool:
-        return hmac.compare_digest(given.encode(), self._token)
+    def login(self, token: str) -> Session | None:
+        """A session for whoever ``token`` names (anyone while no credentials are
+        required); None: it names nobody."""
+        principal = self._auth.principal(token)
+        if principal is None:
+            return None
+        return self._open(principal)
 
-    def open(self, authenticated: bool) -> Session:
-        s = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), authenticated,
-                    self._now_s())
+    def open_anonymous(self) -> Session | None:
+        """A session at once, while no credentials are required (else None)."""
+        return None if self.needs_login else self._open(ANONYMOUS)
+
+    def _open(self, principal: Principal) -> Session:
+        digest = principal.user.token_sha256 if principal.user is not None else b""
+        s = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), principal.name,
+                    digest, self._now_s())
         with self._lock:
             self._sessions[s.sid] = s
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
         return s
+
+    def principal(self, session: Session) -> Principal | None:
+        """Who ``session`` is now (see the module doc); None: it has ended (closed)."""
+        if session.who == ANONYMOUS.name:
+            found = None if self.needs_login else ANONYMOUS
+        elif session.who == ADMIN.name:
+            found = ADMIN
+        else:
+            user = self._auth.directory.user(session.who)
+            found = None if user is None or not hmac.compare_digest(
+                user.token_sha256, session.token_sha256) else Principal(user.name, user)
+        if found is None:
+            self.close(session.sid)
+        return found
 
     def get(self, sid: str | None) -> Session | None:
         """The live session with this id (its idle clock restarted), else None."""

@@ -13,6 +13,16 @@ Cheap by construction, so pages stay fast with 10,000 topics and 1,000 groups:
 
 Every name, id and number from a request is checked here before it reaches the broker
 (``check_name``, ``validate_message_id``, bounded integers).
+
+**Who looks** (``who``, the session's principal: ``chronomq.console.session``): each
+page shows what the API would answer that principal.  The broker-wide figures (the
+overview's rates, lateness, timer, tier and disk; the schedule of every pending
+message) need ``admin`` on ``*``, as Stats does (others get their topics' and groups'
+counts); topics are those it may send to, consume or administer (ListTopics), groups
+and dead letters those of topics it may consume, recurring schedules those whose topic
+it may send to (ListSchedules), messages those of topics it may consume
+(QueryMessages).  A page it may not see raises ``AccessDenied`` before anything is read,
+the same whether what it names exists or not (the server counts and audits it).
 """
 
 from __future__ import annotations
@@ -21,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from access.model import ALL, Action
+from access.principals import Principal
 from chronomq.broker import Broker
 from chronomq.console.rates import RateSampler
 from pop.model import PROP_DLQ_ATTEMPTS, PROP_DLQ_REASON, PROP_ORIGIN_TOPIC, dlq_topic
@@ -85,8 +97,12 @@ class ConsoleViews:
 
     # ------------------------------------------------------------------ overview
 
-    def overview(self) -> dict[str, Any]:
+    def overview(self, who: Principal) -> dict[str, Any]:
         b = self.broker
+        if not who.unrestricted(Action.ADMIN):  # only its topics' and groups' counts
+            return {"now_ms": b.clock.now_ms(), "scope": "user", "user": who.name,
+                    "topics": len(self._topic_names(who)),
+                    "groups": len(self._group_pairs(who))}
         t = b.timer.statistics()
         tier: dict[str, Any] = {"enabled": b.tiered is not None}
         if b.tiered is not None:
@@ -107,18 +123,19 @@ class ConsoleViews:
                       "flat_objects": t.flat_objects, "pending": schedule.total,
                       "overdue": schedule.overdue, "pending_as_of_ms": schedule.now_ms},
             "counters": self.counters(),
-            "tier": tier, "disk": disk,
+            "tier": tier, "disk": disk, "scope": "broker",
             "topics": b.store.topics.count(), "groups": len(b.pop.group_pairs()),
         }
 
-    def schedule(self) -> dict[str, Any]:
+    def schedule(self, who: Principal) -> dict[str, Any]:
+        who.check([(Action.ADMIN, ALL)])  # every pending message's due time
         return asdict(self.broker.timer.schedule())
 
-    def recurring(self, page: int, prefix: str) -> dict[str, Any]:
+    def recurring(self, page: int, prefix: str, who: Principal) -> dict[str, Any]:
         """One page of the recurring schedules, each with its next three fire times and
         its last ticks sent (``[tick ms, message id]``, newest first)."""
         states = [s for s in self.broker.schedules.book.states()
-                  if s.spec.name.startswith(prefix)]
+                  if s.spec.name.startswith(prefix) and who.may(Action.SEND, s.spec.topic)]
         rows = []
         for st in states[page * PAGE : (page + 1) * PAGE]:
             s = st.spec
@@ -133,11 +150,26 @@ class ConsoleViews:
 
     # ------------------------------------------------------------------ topics, groups
 
-    def topics(self, page: int, prefix: str) -> dict[str, Any]:
+    def _topic_names(self, who: Principal) -> list[str]:
+        """The topics here and mounted that ``who`` may send to, consume or administer."""
         b = self.broker
-        adopted = b.mount_reader.adopted()
         names = sorted([t.name for t in b.topics()] +
                        [n for m in b.mount_reader.mounts().values() for n in m.topics()])
+        if any(who.unrestricted(a) for a in Action):
+            return names
+        return [n for n in names if any(who.may(a, n) for a in Action)]
+
+    def _group_pairs(self, who: Principal) -> list[tuple[str, str]]:
+        """``(group, topic)`` of the groups of topics ``who`` may consume."""
+        pairs = self.broker.pop.group_pairs()
+        if who.unrestricted(Action.CONSUME):
+            return pairs
+        return [p for p in pairs if who.may(Action.CONSUME, p[1])]
+
+    def topics(self, page: int, prefix: str, who: Principal) -> dict[str, Any]:
+        b = self.broker
+        adopted = b.mount_reader.adopted()
+        names = self._topic_names(who)
         if prefix:
             names = [n for n in names if n.startswith(prefix)]
         rows = []
@@ -167,9 +199,9 @@ class ConsoleViews:
                                       else cfg.tier.retention_ms)})
         return {"page": page, "page_size": PAGE, "total": len(names), "rows": rows}
 
-    def groups(self, page: int, prefix: str) -> dict[str, Any]:
+    def groups(self, page: int, prefix: str, who: Principal) -> dict[str, Any]:
         b = self.broker
-        pairs = b.pop.group_pairs()
+        pairs = self._group_pairs(who)
         if prefix:
             pairs = [p for p in pairs if p[0].startswith(prefix)]
         rows = []
@@ -193,21 +225,27 @@ class ConsoleViews:
 
     # ------------------------------------------------------------------ messages
 
-    def message(self, message_id: str) -> dict[str, Any]:
+    def message(self, message_id: str, who: Principal) -> dict[str, Any]:
+        """The messages with this id in topics ``who`` may consume (nothing tells of the
+        others), each saying whether ``who`` may act on it (send on its topic)."""
         validate_message_id(message_id)
         if not message_id:
             raise InvalidArgument("give a message id")
-        found = self.broker.queries.by_message_id(message_id)
+        found = [m for m in self.broker.queries.by_message_id(message_id)
+                 if who.may(Action.CONSUME, m.topic)]
         due = self.broker.timer.pending_due(message_id)
         rows = [message_dict(m, due) for m in found]
         # a client-chosen id's pending messages are in no index until delivered
         topics = {m.topic for m in found}
         rows += [message_dict(m, m.deliver_at_ms)
                  for m in self.broker.timer.pending_messages(message_id)
-                 if m.topic not in topics]
-        return {"messages": rows, "pending_due_ms": due}
+                 if m.topic not in topics and who.may(Action.CONSUME, m.topic)]
+        for row in rows:
+            row["may_act"] = who.may(Action.SEND, row["topic"])
+        return {"messages": rows, "pending_due_ms": due if rows else None}
 
-    def by_key(self, topic: str, key: str) -> dict[str, Any]:
+    def by_key(self, topic: str, key: str, who: Principal) -> dict[str, Any]:
+        who.check([(Action.CONSUME, topic)])
         check_name(topic)
         if not key or len(key) > 1024:
             raise InvalidArgument("give a key of at most 1,024 characters")
@@ -224,11 +262,14 @@ class ConsoleViews:
             record = [m for m in b.queries.by_message_id(mid) if m.topic == topic and m.key == key]
             rows.append(message_dict(record[-1], due) if record else
                         pending_stub(mid, topic, key, due))
-        return {"messages": rows}
+        may_act = who.may(Action.SEND, topic)
+        return {"messages": [{**r, "may_act": may_act} for r in rows]}
 
-    def dead_letters(self, group: str, topic: str, page: int) -> dict[str, Any]:
+    def dead_letters(self, group: str, topic: str, page: int, who: Principal
+                     ) -> dict[str, Any]:
         """One page of ``group``'s dead letters of ``topic``, newest first, each with
         whether it was redriven (its copy's id is in the dedupe index)."""
+        who.check([(Action.CONSUME, topic)])
         check_name(group)
         check_name(topic)
         b = self.broker

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from access.principals import ADMIN
 from chronomq.broker import Broker
 from chronomq.console.rates import RateSampler
 from chronomq.console.views import ConsoleViews
@@ -52,7 +53,7 @@ def test_adopted_pending_messages_are_found_by_id_wherever_they_wait(
     assert all(_found(b, mid) == [] for mid in cancelled_at_a)
     # and the console's message page shows it pending
     views = ConsoleViews(b, RateSampler(dict, lambda: 0.0), dict)
-    page = views.message("far30-7")
+    page = views.message("far30-7", ADMIN)
     assert [(r["message_id"], r["pending_due_ms"]) for r in page["messages"]] == \
         [("far30-7", due["far30-7"])]
     # and a look moves nothing: the objects and what is parked stay as they were
