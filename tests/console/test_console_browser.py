@@ -1,7 +1,8 @@
 """The console in a real browser: Debian's chromium driven by Selenium through Debian's
 chromedriver (``scripts/test`` installs both with apt-get).  Logs in, checks each page's
 figures against the API's answers, cancels and reschedules a message, redrives a dead
-letter, and is refused without the token and with actions off.
+letter, and is refused without the token and with actions off; a user with its own token
+sees only its topics.
 
 Set ``CHRONOMQ_SCREENSHOTS=<dir>`` to save a screenshot of each page (the README's).
 """
@@ -253,5 +254,39 @@ def test_read_only_console_in_the_browser(driver: webdriver.Chrome, tmp_path: Pa
         shows(driver, ".message .state", "pending, due")
         assert driver.find_elements(By.ID, "cancel") == []
         assert driver.find_elements(By.ID, "reschedule") == []
+    finally:
+        server.stop()
+
+
+def test_a_user_sees_its_own_topics_in_the_browser(driver: webdriver.Chrome,
+                                                   tmp_path: Path) -> None:
+    """A user with its own token: its name in the header, no Schedule, the overview's
+    counts of what it may see, only its topics (a revoke shows at the next refresh), and
+    the login form once it is removed."""
+    server = console_server(tmp_path / "data", refresh_s=0.5)
+    base = f"http://127.0.0.1:{server.server.console_port}"
+    try:
+        with server.client(token=TOKEN) as c:
+            for topic in ("orders", "billing-eu", "secret"):
+                c.create_topic(topic, 1)
+            token = c.users.add("shop").token
+            c.users.grant("shop", "send", "orders")
+            c.users.grant("shop", "consume", "billing-*")
+        login(driver, base, token)
+        assert "shop" in text(driver, "header #who")
+        assert driver.find_elements(By.CSS_SELECTOR, 'nav a[href="/schedule"]') == []
+        shows(driver, "#scope", "need admin on *")
+        assert text(driver, "#fig-topics") == "2"
+        assert driver.find_elements(By.ID, "chart-rates") == []
+        driver.get(base + "/topics")
+        assert [r[0] for r in rows(driver, "#topics-table tbody tr")] == ["billing-eu", "orders"]
+        with server.client(token=TOKEN) as c:
+            c.users.revoke("shop", "consume", "billing-*")
+        wait(driver).until(lambda drv: [r[0] for r in rows(drv, "#topics-table tbody tr")]
+                           == ["orders"])
+        with server.client(token=TOKEN) as c:
+            c.users.remove("shop")
+        driver.get(base + "/groups")
+        at(driver, base + "/login")
     finally:
         server.stop()
