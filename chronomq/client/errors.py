@@ -8,6 +8,17 @@ the gRPC status the broker's one error edge (``chronomq.api.errors``) chose.
 
 from __future__ import annotations
 
+import grpc
+
 
 class ClientError(Exception):
     """Raised for any error the client library raises on purpose (the root of the tree)."""
+
+
+class RpcError(ClientError):
+    """Raised when the broker answers a call with an error status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
