@@ -259,7 +259,7 @@ class BrokerServer:
                            cfg.max_waiting_per_connection, "rocketmq"))
             assert self.guard is not None  # signatures and rights, the API's count
             gate = front_guard(self.broker.access, self.guard.lookup, self.guard.denials,
-                               cfg.access_key, cfg.secret_key)
+                               cfg.access_key, cfg.secret_key, self.clock)
             add_service(server, self.rocketmq,
                         rs.DESCRIPTOR.services_by_name["MessagingService"], gate=gate,
                         refuse=refusal)

@@ -13,8 +13,9 @@ asked at every call, so a first user added at runtime closes the front at once) 
 - a user's name: that user, its signature made with the user's RocketMQ secret key
   (``access.model.rocketmq_secret``, printed by ``chronomq user add``);
 
-and anything else (no signature, an unknown key, a wrong signature, a removed user) is
-refused UNAUTHORIZED.  Until then every call is the anonymous principal.
+and anything else (no signature, an unknown key, a wrong signature, a removed user, a
+date more than 15 minutes from the broker's clock: ``auth.fresh``) is refused
+UNAUTHORIZED.  Until then every call is the anonymous principal.
 
 **What each RPC needs** (``ROCKETMQ_RULES``; a test fails when an RPC has no row):
 
@@ -47,6 +48,7 @@ naming the user, the action and the topic; the official clients raise
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -56,9 +58,10 @@ from access.principals import ANONYMOUS, Authenticator, Principal
 from chronomq.api.guard import Denials, Guard
 from chronomq.api.handlers import Metadata
 from chronomq.api.permissions import CallState, Lookup, Rule
-from chronomq.rocketmq.auth import Signature, same_key, signature_of, verified
+from chronomq.rocketmq.auth import MAX_SKEW_MS, Signature, fresh, same_key, signature_of, verified
 from chronomq.rocketmq.codec import status_of
 from chronomq.rocketmq.pb import definition as rd
+from store.clock import Clock, SystemClock
 from store.errors import ChronomqError
 
 FRONT_ADMIN = Principal("rocketmq.access_key")
@@ -74,10 +77,11 @@ class Signatures:
     (see the module doc).  Thread-safe."""
 
     def __init__(self, authenticator: Authenticator, access_key: str = "",
-                 secret_key: str = "") -> None:
+                 secret_key: str = "", clock: Clock | None = None) -> None:
         self._auth = authenticator
         self._admin_key = access_key
         self._admin_secret = secret_key
+        self._clock = clock or SystemClock()
 
     @property
     def required(self) -> bool:
@@ -89,8 +93,17 @@ class Signatures:
         signature = signature_of(metadata)
         if signature is None:
             return None
+        if not fresh(signature.date, self._clock.now_ms()):
+            raise Unauthenticated(self._stale(signature.date))
         principal, secret = self._key(signature)
         return principal if verified(signature, secret) and principal is not None else None
+
+    def _stale(self, date: str) -> str:
+        now = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock.now_ms() // 1000))
+        return (f"RocketMQ signature refused: x-mq-date-time {date[:40]!r} is not "
+                f"yyyyMMdd'T'HHmmss'Z' within {MAX_SKEW_MS // 60_000} minutes of the "
+                f"broker's clock ({now} UTC, or any zone's local time then); check the "
+                "client machine's clock")
 
     def _key(self, signature: Signature) -> tuple[Principal | None, str]:
         if self._admin_key and same_key(signature.access_key, self._admin_key):
@@ -171,8 +184,10 @@ def refusal(answer_class: Any, exc: ChronomqError) -> Any:
 
 
 def front_guard(authenticator: Authenticator, lookup: Lookup, denials: Denials,
-                access_key: str = "", secret_key: str = "") -> Guard:
-    """The front's enforcement point: signatures, ``ROCKETMQ_RULES``, the API's count."""
+                access_key: str = "", secret_key: str = "",
+                clock: Clock | None = None) -> Guard:
+    """The front's enforcement point: signatures (their dates read on ``clock``, the
+    broker's), ``ROCKETMQ_RULES``, the API's count."""
     return Guard(authenticator, lookup, ROCKETMQ_RULES,
-                 identify=Signatures(authenticator, access_key, secret_key),
+                 identify=Signatures(authenticator, access_key, secret_key, clock),
                  unauthenticated=UNAUTHORIZED, denials=denials)

@@ -323,3 +323,115 @@ def test_signatures_are_required_as_soon_as_a_user_exists(tmp_path: Path) -> Non
         assert _send(env, [], "orders").status.code == C.OK
     finally:
         env.close()
+
+
+# ---------------------------------------------------------------- the signature's date
+
+def signed_at(access_key: str, secret_key: str, date: str) -> list[tuple[str, str]]:
+    """A correct signature of ``date`` (whatever it says)."""
+    signature = hmac.new(secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+    return [("authorization", f"MQv2-HMAC-SHA1 Credential={access_key}, "
+                              f"SignedHeaders=x-mq-date-time, Signature={signature}"),
+            ("x-mq-date-time", date)]
+
+
+def _date(at_ms: int, offset_min: int = 0) -> str:
+    """``at_ms`` as a client writes it: the wall clock of UTC + ``offset_min``, then Z."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(at_ms / 1000 + offset_min * 60))
+
+
+def test_a_signature_more_than_15_minutes_from_the_brokers_clock_is_unauthorized(
+        env: RocketMQEnv) -> None:
+    ak, sk = shop(env)
+    now_ms = env.clock.now_ms()
+
+    def status(date: str) -> Any:
+        return _send(env, signed_at(ak, sk, date), "orders").status
+
+    # Given a correctly signed date a minute old, or a minute ahead: in force
+    assert status(_date(now_ms - 60_000)).code == C.OK
+    assert status(_date(now_ms + 60_000)).code == C.OK
+    # When it is 16 minutes old or ahead: refused as a wrong signature is, saying why
+    for date in (_date(now_ms - 16 * 60_000), _date(now_ms + 16 * 60_000)):
+        refused = status(date)
+        assert refused.code == C.UNAUTHORIZED
+        assert f"x-mq-date-time '{date}' is not" in refused.message
+        assert "15 minutes" in refused.message
+    # and a date that is not yyyyMMdd'T'HHmmss'Z' is refused too
+    for date in ("", "yesterday", _date(now_ms)[:-1], _date(now_ms) + "0",
+                 _date(now_ms).replace("T", " "), "20261399T250000Z", "+2026112T001013Z"):
+        refused = status(date)
+        assert refused.code == C.UNAUTHORIZED, date
+        assert "x-mq-date-time" in refused.message
+
+
+def test_a_captured_signature_stops_working_15_minutes_on(env: RocketMQEnv) -> None:
+    """The broker's clock, not the client's, decides (a manual clock here)."""
+    md = signed_at(*shop(env), _date(env.clock.now_ms()))
+    before = _denied(env)
+    assert _send(env, md, "orders").status.code == C.OK
+    env.clock.advance(14 * 60_000)
+    assert _send(env, md, "orders").status.code == C.OK
+    env.clock.advance(2 * 60_000)
+    replayed = env.stub.Heartbeat(rs.HeartbeatRequest(), metadata=md).status
+    assert replayed.code == C.UNAUTHORIZED
+    # counted and audited as any other signature that names nobody
+    wrong = _send(env, signed_at("shop", "0" * 40, _date(env.clock.now_ms())), "orders")
+    assert wrong.status.code == C.UNAUTHORIZED
+    assert _denied(env) == before
+
+
+def test_a_date_in_a_clients_own_time_zone_is_read_as_that_zones_clock(
+        env: RocketMQEnv) -> None:
+    """The official Java and Python clients write their machine's local time followed
+    by a literal Z; only the Node.js client writes UTC.  A date within 15 minutes of the
+    broker's clock read in a zone in use passes, one that is not is refused."""
+    ak, sk = shop(env)
+    now_ms = env.clock.now_ms()
+
+    def code(at_ms: int, offset_min: int) -> int:
+        md = signed_at(ak, sk, _date(at_ms, offset_min))
+        return int(_send(env, md, "orders").status.code)
+    # Shanghai, New York, Kathmandu, Newfoundland's summer, Kiritimati, Baker Island
+    for offset_min in (480, -300, 345, -150, 840, -720):
+        assert code(now_ms, offset_min) == C.OK, offset_min
+    # 16 minutes old in a zone with no zone in use 1 to 31 minutes behind it
+    for offset_min in (480, -300, 60, -720):
+        assert code(now_ms - 16 * 60_000, offset_min) == C.UNAUTHORIZED, offset_min
+    for hours in (15, -13, 48, -48):  # no zone is that far from UTC
+        assert _send(env, signed_at(ak, sk, _date(now_ms, hours * 60)),
+                     "orders").status.code == C.UNAUTHORIZED, hours
+
+
+def test_the_official_python_client_signs_in_a_zone_far_from_utc(
+        env: RocketMQEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rocketmq-python-client dates its signatures with ``datetime.now()``: local time."""
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # +05:30
+    time.tzset()
+    try:
+        ak, sk = shop(env)
+        producer = Producer(_config(env, ak, sk), ("orders",))
+        producer.startup()
+        try:
+            assert producer.send(_message("orders", b"from +05:30")).message_id
+        finally:
+            producer.shutdown()
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    with env.running.client(token=ADMIN) as admin:
+        assert [m.body for m in admin.pop("orders", "audit")] == [b"from +05:30"]
+
+
+def test_the_zones_in_use_are_known() -> None:
+    """Every zone's offset this year (the machine's tz database) is in the table."""
+    from datetime import UTC, datetime
+    from zoneinfo import ZoneInfo, available_timezones
+
+    from chronomq.rocketmq.auth import UTC_OFFSETS_MIN
+    year = datetime.now(UTC).year
+    zones = available_timezones()
+    assert len(zones) > 300
+    seen = {int(datetime(year, month, 15, tzinfo=ZoneInfo(z)).utcoffset()  # type: ignore[union-attr]
+                .total_seconds()) // 60 for z in zones for month in (1, 4, 7, 10)}
+    assert seen <= set(UTC_OFFSETS_MIN)
