@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import struct
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -244,15 +245,14 @@ class Takeover:
             b.pop.tier = b.mount_reader
         origins = self._adopt(departed, mounted, state)  # the taken queues readable, then:
         phases.mark("backlog")
-        # the first resends' lookups indexed before sends are accepted, while the journal
-        # replays and the topics are made (a send that comes sooner waits for the index:
-        # ``tiered.mountindex``'s lock): both read many small objects of the departed broker's
-        with ThreadPoolExecutor(1, "takeover-ids") as warmer:
-            warming = warmer.submit(self.ids.warm, b.clock.now_ms())
-            groups, journal = self._positions(departed, mounted, taken, catalogue, ends,
-                                              phases)
-            warming.result()
-        phases.mark("ids")  # (what indexing took beyond the rest)
+        # what the first resends' lookups read is indexed meanwhile, on a thread of its
+        # own, not waited for: only a send with a client-chosen id looks ids up, and one
+        # that comes sooner waits for the index (``tiered.mountindex``'s lock); every
+        # other send is accepted once the rest is done (a chain's indexing grew to
+        # seconds, and held back every send)
+        threading.Thread(target=self._warm_ids, args=(departed, b.clock.now_ms()),
+                         name=f"takeover-ids-{departed}", daemon=True).start()
+        groups, journal = self._positions(departed, mounted, taken, catalogue, ends, phases)
         result = TakeoverResult(departed, sorted(taken), 0, len(groups), 0.0, 0.0,
                                 journal_records=journal.records,
                                 journal_seconds=journal.seconds, phases=phases.seconds)
@@ -292,6 +292,17 @@ class Takeover:
                  ", ".join(f"{k} {v:.2f} s" for k, v in phases.seconds.items()))
         self._inherit(departed)
         return result
+
+    def _warm_ids(self, departed: str, now_ms: int) -> None:
+        """``InheritedIds.warm`` (a takeover's background step), timed in the log."""
+        started = time.monotonic()
+        try:
+            self.ids.warm(now_ms)
+        except Exception:  # the lookups index what they need themselves
+            log.exception("takeover of %s: indexing the recent ids failed", departed)
+            return
+        log.info("takeover of %s: the recent ids of the brokers it holds indexed in %.1f s",
+                 departed, time.monotonic() - started)
 
     def _taken_here(self, departed: str, mounted: MountedBroker) -> list[str]:
         """The departed broker's topics this broker has already (a takeover would mix
