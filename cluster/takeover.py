@@ -245,6 +245,13 @@ class Takeover:
             b.pop.tier = b.mount_reader
         origins = self._adopt(departed, mounted, state)  # the taken queues readable, then:
         phases.mark("backlog")
+        # what the first resends' lookups read is indexed meanwhile, on a thread of its
+        # own, not waited for: only a send with a client-chosen id looks ids up, and one
+        # that comes sooner waits for the index (``tiered.mountindex``'s lock); every
+        # other send is accepted once the rest is done (a chain's indexing grew to
+        # seconds, and held back every send)
+        threading.Thread(target=self._warm_ids, args=(departed, b.clock.now_ms()),
+                         name=f"takeover-ids-{departed}", daemon=True).start()
         groups, journal = self._positions(departed, mounted, taken, catalogue, ends, phases)
         result = TakeoverResult(departed, sorted(taken), 0, len(groups), 0.0, 0.0,
                                 journal_records=journal.records,
@@ -269,13 +276,6 @@ class Takeover:
         accept_handles(b.tier, b.pop, origins)  # only now: every lease they name is here
         b.store.holds.release(taken)
         result.accepting_after_s = accepting = time.monotonic() - started
-        # what the first resends' lookups read is indexed now, on a thread of its own:
-        # only a send with a client-chosen id looks ids up, and one that comes sooner
-        # waits for the index (``tiered.mountindex``'s lock).  Not before the topics are
-        # served: a chain's indexing takes seconds, and beside the journal's replay it
-        # took the same reads and the same core
-        threading.Thread(target=self._warm_ids, args=(departed, b.clock.now_ms()),
-                         name=f"takeover-ids-{departed}", daemon=True).start()
         if schedules:
             b.schedules.wake()  # they tick here from now on (owed ticks by their misfire)
         state.update(accepting_after_s=accepting)
