@@ -162,11 +162,11 @@ def test_the_cli_creates_lists_and_shows_next_fires(
     assert made["created"] and made["time_zone"] == "Europe/Berlin"
     assert main(["schedule", "next", "nine", "--count", "3", *target]) == 0
     nexts = json.loads(capsys.readouterr().out)
-    assert len(nexts) == 3 and all(n.endswith(("07:00:00.000+00:00", "08:00:00.000+00:00"))
-                                   for n in nexts)
+    assert len(nexts) == 3 and all(n.endswith(("09:00:00.000+01:00", "09:00:00.000+02:00"))
+                                   for n in nexts)  # in the schedule's zone
     assert main(["schedule", "list", *target]) == 0
     assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["nine"]
-    assert main(["schedule", "create", "x", "--topic", "t", "--cron", "bad",
+    assert main(["schedule", "create", "x", "--topic", "t", "--cron", "bad", "--body", "x",
                  *target]) == 1
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
     assert main(["schedule", "pause", "nine", *target]) == 0
