@@ -65,6 +65,22 @@ class _Blocking(MessageListener):  # type: ignore[misc]
         return ConsumeResult.SUCCESS
 
 
+def _at_the_listener(a: RunningServer, config: ClientConfiguration, consumer: PushConsumer,
+                     listener: _Blocking) -> str:
+    """One message sent to topic ``orders`` at A, then at the push consumer's listener
+    (which holds it); its id."""
+    a.server.broker.create_topic(Topic("orders", 2))
+    producer = Producer(config, ("orders",))
+    producer.startup()
+    m = Message()
+    m.topic, m.body = "orders", b"slow work"
+    sent: str = producer.send(m).message_id
+    producer.shutdown()
+    consumer.startup()
+    wait_until(lambda: listener.seen, 30, "the message at the listener", poll_s=0.05)
+    return sent
+
+
 def test_a_push_consumers_ack_after_a_failover_is_accepted(tmp_path: Path) -> None:
     clock = ManualClock(int(time.time() * 1000))  # the client stamps with its own clock
     (port,) = free_ports(1)
@@ -78,15 +94,7 @@ def test_a_push_consumers_ack_after_a_failover_is_accepted(tmp_path: Path) -> No
     try:
         # Given a message the push consumer's listener works on at A, its lease renewed
         # by A's front for 75 s (the receive's invisible time is 30 s)
-        a.server.broker.create_topic(Topic("orders", 2))
-        producer = Producer(config, ("orders",))
-        producer.startup()
-        m = Message()
-        m.topic, m.body = "orders", b"slow work"
-        sent = producer.send(m).message_id
-        producer.shutdown()
-        consumer.startup()
-        wait_until(lambda: listener.seen, 30, "the message at the listener", poll_s=0.05)
+        sent = _at_the_listener(a, config, consumer, listener)
         front = a.server.rocketmq
         for _ in range(3):
             assert front.renew_leases(clock.advance(STEP_MS)) == 1
@@ -128,15 +136,7 @@ def test_a_push_consumers_lease_goes_on_renewing_after_a_failover(tmp_path: Path
     consumer = PushConsumer(config, "pushers", listener, {"orders": FilterExpression()})
     try:
         # Given a message the push consumer's listener works on at A, renewed once there
-        a.server.broker.create_topic(Topic("orders", 2))
-        producer = Producer(config, ("orders",))
-        producer.startup()
-        m = Message()
-        m.topic, m.body = "orders", b"slow work"
-        sent = producer.send(m).message_id
-        producer.shutdown()
-        consumer.startup()
-        wait_until(lambda: listener.seen, 30, "the message at the listener", poll_s=0.05)
+        sent = _at_the_listener(a, config, consumer, listener)
         assert a.server.rocketmq.renew_leases(clock.advance(STEP_MS)) == 1
         # When A is gone and B takes it over on A's address, and hears of the client
         a.stop()
