@@ -17,6 +17,9 @@ object                             written by                      read by
                                                                    chain of older tiers)
 ``<broker>/pop-secret``            its broker at start             its successor (receipt
                                                                    handles)
+``<broker>/index/recent-ids``      the first broker that indexed   the later brokers of its
+                                   its last minute after it was    chain (``tiered.
+                                   taken over                      recentids``)
 ``access/users.json``              any broker (conditional puts)   every broker, each second
                                                                    (``access.backends``)
 =================================  ==============================  =========================

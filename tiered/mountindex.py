@@ -41,10 +41,11 @@ from store.clock import SystemClock
 from store.consumequeue import ENTRY
 from store.message import HEADER
 from store.names import DELAYED_STREAM, is_system_stream
-from tiered.errors import TierNotFound
+from tiered.errors import TierError, TierNotFound
 from tiered.index import OPEN_ENTRY, IndexFile, IndexHit, TieredIndex, digest, scan
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
+from tiered.recentids import QueueRef, RecentIds, covers, decode, encode, path_of
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,6 @@ TAIL_THREADS = 8  # queues whose tails are read at once
 _TAIL_CHUNK = 512  # entries read per tier read while indexing the unsealed tail
 _TAIL_MAX_RECORDS = 1 << 21  # memory bound of that index (2 entries of 36 bytes each)
 _CLOCK_SLACK_MS = 60_000  # a catalogue without queue offsets: store times may step back
-
-QueueRef = tuple[str, int, int]  # topic, queue, generation
 
 
 class Tail(NamedTuple):
@@ -164,6 +163,16 @@ class MountIndex:
                     ends_ms[queue] = max(ends_ms.get(queue, 0), f.end_ms)
         queues = [q for q in list(self._queues.values())  # not the journal's streams:
                   if not is_system_stream(q.topic) or q.topic == DELAYED_STREAM]  # no ids
+        refs: dict[QueueRef, int] = {(q.topic, q.queue_id, q.generation):
+                                     q.committed_queue_offset for q in queues}
+        kept = self._kept(since_ms, len(files), refs) if since_ms else None
+        if kept is not None:  # (``tiered.recentids``: a chain's earlier taker read it)
+            names = [ref for ref in refs if ref in kept.bodies]
+            tail = Tail([(i, kept.bodies[ref]) for i, ref in enumerate(names)], names,
+                        kept.records)
+            log.info("mount of %s: %d record(s) no sealed key-index file covers, from its "
+                     "recent ids in the tier", self.broker, tail.records)
+            return tail
         budget = _Budget(_TAIL_MAX_RECORDS)
 
         def one(q: TieredQueue) -> tuple[bytes, bool]:
@@ -186,7 +195,33 @@ class MountIndex:
                       "rest (Pop still serves them)", self.broker, tail.records)
         log.info("mount of %s: indexed %d record(s) no sealed key-index file covers",
                  self.broker, tail.records)
+        if since_ms and not any(cut for _, cut in results):
+            self._keep(RecentIds(since_ms, len(files), tail.records, refs, {
+                (q.topic, q.queue_id, q.generation): body
+                for q, (body, _) in zip(queues, results, strict=True) if body}))
         return tail
+
+    def _kept(self, since_ms: int, files: int, ends: dict[QueueRef, int]
+              ) -> RecentIds | None:
+        """The recent ids kept in the tier (``tiered.recentids``), if they cover this
+        read; None: read the queues."""
+        try:
+            kept = decode(self._provider.read(path_of(self.broker)))
+        except TierNotFound:
+            return None
+        except (TierError, ValueError) as exc:
+            log.warning("mount of %s: its recent ids in the tier are unusable (read from "
+                        "its queues instead): %s", self.broker, exc)
+            return None
+        return kept if covers(kept, since_ms, files, ends) else None
+
+    def _keep(self, recent: RecentIds) -> None:
+        """Keep the recent ids just read in the tier, for the next broker of a chain."""
+        try:
+            self._provider.write(path_of(self.broker), encode(recent))
+        except TierError as exc:  # the next one reads the queues
+            log.warning("mount of %s: could not keep its recent ids in the tier: %s",
+                        self.broker, exc)
 
 
 class _Budget:

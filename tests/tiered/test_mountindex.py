@@ -1,7 +1,9 @@
 """MountIndex reads the queues' unsealed tails at once: the same index as one read queue
 after queue, its reads overlapping, bounded by one budget for all, a failed read failing
-it.  A real store and TieredDispatcher write the tier (a local directory); a mount reads
-it while the dispatcher still holds its open key-index file (as a kill -9 leaves it)."""
+it.  What it read of the last records is kept in the tier for the next broker of a chain
+(``tiered.recentids``), used only where it covers the read.  A real store and
+TieredDispatcher write the tier (a local directory); a mount reads it while the
+dispatcher still holds its open key-index file (as a kill -9 leaves it)."""
 
 from __future__ import annotations
 
@@ -21,9 +23,10 @@ from tiered import mountindex
 from tiered.config import TierConfig
 from tiered.dispatcher import TieredDispatcher
 from tiered.errors import TierError, TierUnavailable
-from tiered.index import id_digest
+from tiered.index import IndexHit, id_digest
 from tiered.mount import MountedBroker
 from tiered.providers.local import LocalProvider
+from tiered.recentids import decode, encode, path_of
 
 TOPICS = ("a", "b", "c")
 QUEUES = 3
@@ -77,6 +80,12 @@ def tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
     finally:
         dispatcher.stop()
         store.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_ids(tier: Tier) -> None:
+    """Each test starts with no recent ids kept in the (module's) tier."""
+    (tier.root / "tier" / path_of("b0")).unlink(missing_ok=True)
 
 
 class _Slow(LocalProvider):
@@ -173,3 +182,64 @@ def test_a_failed_read_fails_the_index(tier: Tier, tmp_path: Path) -> None:
         mounted.warm(tier.step_ms[4])
     with pytest.raises(TierError, match="injected"):
         mounted.query_by_message_id(tier.ids[0])
+
+
+
+class _NoData(LocalProvider):
+    """A local tier whose queue data cannot be read."""
+
+    def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+        if path.split("/")[1] == "data":
+            raise TierUnavailable(f"{path}: injected")
+        return super().read(path, offset, length)
+
+
+def _hits(mounted: MountedBroker, ids: list[str], since_ms: int) -> list[list[IndexHit]]:
+    return [sorted(mounted.index.lookup_since(id_digest(mid), mid[0], since_ms))
+            for mid in ids]
+
+
+def test_a_takeover_keeps_what_it_read_and_the_next_reads_no_queue(
+        tier: Tier, tmp_path: Path) -> None:
+    # Given a successor that indexed the departed broker's last minutes
+    since_ms = tier.step_ms[4]
+    first = tier.mount(tmp_path / "first")
+    first.warm(since_ms)
+    kept = decode((tier.root / "tier" / path_of("b0")).read_bytes())
+    assert kept.since_ms == since_ms and kept.records == 2 * PER_STEP * len(TOPICS)
+    # When the next broker of the chain mounts it from a tier whose queue data it
+    # cannot read
+    second = tier.mount(tmp_path / "second", _NoData(str(tier.root / "tier")))
+    # Then it finds the same candidates for the ids as the first, without those reads
+    assert second.index.tail(since_ms) == first.index.tail(since_ms)
+    sample = tier.ids[:: 11]
+    assert _hits(second, sample, since_ms) == _hits(first, sample, since_ms)
+    assert sum(map(len, _hits(second, sample, since_ms))) >= len(sample) // 3
+    # and a later time is covered too (a lookup keeps what was stored since then)
+    assert _hits(second, sample, tier.step_ms[5]) == _hits(first, sample, tier.step_ms[5])
+
+
+@pytest.mark.parametrize("why", ["earlier", "damaged", "short"])
+def test_kept_ids_that_do_not_cover_the_read_are_not_used(
+        tier: Tier, tmp_path: Path, why: str, caplog: pytest.LogCaptureFixture) -> None:
+    # Given recent ids kept from a later time, or damaged, or read short of a queue's end
+    path = tier.root / "tier" / path_of("b0")
+    tier.mount(tmp_path / "first").warm(tier.step_ms[5])
+    kept = decode(path.read_bytes())
+    if why == "damaged":
+        path.write_bytes(path.read_bytes()[:-7])
+    elif why == "short":
+        short = {**kept.ends, ("a", 0, 0): kept.ends[("a", 0, 0)] - 1}
+        path.write_bytes(encode(kept._replace(ends=short)))
+    # When a mount looks up what was stored since a time
+    since_ms = tier.step_ms[4] if why == "earlier" else tier.step_ms[5]
+    slow = _Slow(str(tier.root / "tier"), 0.0)
+    with caplog.at_level(logging.WARNING, "tiered.mountindex"):
+        tail = tier.mount(tmp_path / "second", slow).index.tail(since_ms)
+    # Then it read the queues itself: the tail is the one a read of them makes
+    assert slow.max_queues > 0
+    assert tail == tier.mount(tmp_path / "serial", threads=1).index.tail(since_ms)
+    assert ("unusable" in caplog.text) is (why == "damaged")
+    # and what it read is kept now in place of what was there
+    now = decode(path.read_bytes())
+    assert now.since_ms == since_ms and now.ends == decode(encode(kept)).ends
