@@ -8,9 +8,10 @@ neither starves the other (docs/DESIGN.md, "Pop, Ack and redelivery").
 
 The facade the broker and the servicers use; it composes the lease book
 (``pop.leasebook``: positions, leases, receipt handles, their writes, figures), the
-revive schedule (``pop.schedule``), the requeuer (``pop.requeue``: release, dead-letter,
-revive through the CommitLog, settled across crashes by ``pop.settle``), the queue
-source (``pop.source``: local disk, tier, mounted tier) and per-key flow control
+leaser (``pop.leasing``: what a Pop reads and leases, in which order), the revive
+schedule (``pop.schedule``), the requeuer (``pop.requeue``: release, dead-letter, revive
+through the CommitLog, settled across crashes by ``pop.settle``), the queue source
+(``pop.source``: local disk, tier, mounted tier) and per-key flow control
 (``pop.flowcontrol``).
 
 Thread-safe: the book's lock per (group, topic) orders that group's leases (its retry
@@ -19,16 +20,16 @@ topic shares it); different groups and topics work in parallel.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Container
 from concurrent.futures import Future
-from typing import Any, NamedTuple
+from typing import Any
 
-from pop.checkpoint import HELD, STATE_PREFIX, PopCheckpoint
-from pop.flowcontrol import FlowControl, HeldEntry, KeyLimits
+from pop.checkpoint import STATE_PREFIX
+from pop.flowcontrol import FlowControl, KeyLimits
 from pop.handle import ReceiptHandle
 from pop.leasebook import LeaseBook
 from pop.leasejournal import Snapshots
+from pop.leasing import QueueLeaser
 from pop.model import (
     DLQ_PREFIX,
     MAX_GROUP_BYTES,
@@ -40,7 +41,6 @@ from pop.model import (
     RETRY_PREFIX,
     AlreadyDone,
     AlreadyRequeued,
-    Deadline,
     GroupStats,
     HandleSuperseded,
     MountedBounds,
@@ -57,18 +57,15 @@ from pop.model import (
 from pop.policy import RetryPolicy
 from pop.requeue import Requeuer
 from pop.schedule import ReviveSchedule
-from pop.settle import PROP_LEASE, LeaseEntry
-from pop.source import GoneLocally, Loader, QueueSource
+from pop.settle import LeaseEntry
+from pop.source import QueueSource
 from store.clock import Clock
 from store.crashpoint import crashpoint
 from store.errors import ChronomqError, InvalidArgument
 from store.journal import StateJournal
 from store.kv import KV
-from store.message import Message
 from store.names import check_readable
 from store.store import MessageStore
-
-log = logging.getLogger(__name__)
 
 __all__ = [  # the POP API, whichever module of the package defines it
     "DLQ_PREFIX", "MAX_GROUP_BYTES", "MAX_INVISIBLE_TIME_S", "PROP_DLQ_ATTEMPTS",
@@ -77,21 +74,6 @@ __all__ = [  # the POP API, whichever module of the package defines it
     "PoppedMessage", "ReceiptHandleExpired", "TagFilter", "TierReader", "check_group",
     "dlq_topic", "origin_of", "retry_topic",
 ]
-
-
-class Leased(NamedTuple):
-    """What a Pop leased from some queues: the messages, the writes that must be durable
-    before they leave, the new leases' deadlines, and how many entries it held for their
-    keys (``pop.flowcontrol``)."""
-
-    messages: list[PoppedMessage]
-    puts: list[tuple[bytes, bytes]]
-    deadlines: list[Deadline]
-    held: int = 0
-
-
-_NOTHING = Leased([], [], [])
-HOLD_ROUNDS = 16  # reads of a Pop that held what it read, before it answers with less
 
 
 class PopService:
@@ -108,6 +90,7 @@ class PopService:
         self._book = LeaseBook(store, kv, secret, clock, self._source)
         self.flow = FlowControl(key_limits or {}, clock)
         self._book.on_done = self.flow.done
+        self._leaser = QueueLeaser(self._book, self._source, self.flow)
         self._schedule = ReviveSchedule(clock)
         self._requeuer = Requeuer(store, kv, clock, self._book, self._source,
                                   self._schedule, policy, group_policies)
@@ -307,142 +290,13 @@ class PopService:
         now = self._clock.now_ms()
         expire = now + invisible_time_s * 1000
         self._store.wait_visible()
-        out = _NOTHING
         with self._book.lock(group, topic):
-            # a share of held entries, keys in turn (``pop.flowcontrol``), retries up to
-            # half, fresh messages, retries, held ones: no backlog starves another kind
-            share = self.flow.first_share(group, max_messages)
-            out = self._hand_out(group, topic, rtopic, share, now, expire)
-            plan = [(rtopic, 1, (max_messages + 1) // 2)] if retry else []
-            plan.append((topic, queue_count, max_messages))
-            if retry:
-                plan.append((rtopic, 1, max_messages))
-            for ltopic, queues, limit in plan:
-                for _ in range(HOLD_ROUNDS):  # what it held does not count: read on
-                    want = min(limit, max_messages) - len(out.messages)
-                    want = self.flow.read_room(group, topic, want)  # none past max_held
-                    if want <= 0:
-                        break
-                    got = self._lease(group, ltopic, topic, queues, want, now, expire, tf)
-                    out = _join(out, got)
-                    if not got.held:
-                        break
-            out = _join(out, self._hand_out(group, topic, rtopic,
-                                            max_messages - len(out.messages), now, expire))
+            out = self._leaser.lease(group, topic, rtopic, retry is not None, queue_count,
+                                     max_messages, now, expire, tf)
             ticket = self._book.write(out.puts)
         self._schedule.add(out.deadlines)
         self._book.count_popped(len(out.messages))
         return out.messages, ticket
-
-    def _lease(self, group: str, ltopic: str, origin: str, queue_count: int, want: int,
-               now: int, expire: int, tf: TagFilter) -> Leased:
-        first = self._book.next_queue(group, ltopic)
-        out = _NOTHING
-        for i in range(queue_count):
-            if len(out.messages) >= want:
-                break
-            qid = (first + i) % queue_count
-            out = _join(out, self._lease_queue(group, ltopic, origin, qid,
-                                               want - len(out.messages), now, expire, tf))
-        return out
-
-    def _lease_queue(self, group: str, ltopic: str, origin: str, qid: int, want: int,
-                     now: int, expire: int, tf: TagFilter) -> Leased:
-        """Lease up to ``want`` messages of one queue (caller holds the group lock)."""
-        for again in (False, True):
-            bounds = self._source.bounds(ltopic, qid)
-            offset = self._book.pop_offset(group, ltopic, qid, bounds)
-            rows, load = self._source.read_rows(ltopic, qid, offset, want, bounds.local_low)
-            try:
-                return self._lease_rows(group, ltopic, origin, qid, rows, load, now, expire,
-                                        tf)
-            except GoneLocally:  # nothing changed yet: read again, from where they are now
-                log.log(logging.WARNING if again else logging.DEBUG,
-                        "%s/%d: local retention deleted records this Pop was reading%s",
-                        ltopic, qid, "; leasing nothing from the queue this time"
-                        if again else "; reading again")
-        return _NOTHING
-
-    def _lease_rows(self, group: str, ltopic: str, origin: str, qid: int,
-                    rows: list[tuple[int, int]], load: Loader, now: int, expire: int,
-                    tf: TagFilter) -> Leased:
-        if not rows:
-            return _NOTHING
-        count = len(rows)
-        ck = PopCheckpoint(rows[0][0], now, expire, count, bytearray((count + 7) // 8))
-        wanted = []
-        for i, (_, tag) in enumerate(rows):
-            if tf.tags is None or tag in tf.hashes:
-                wanted.append(i)
-            else:
-                ck.mark(i)  # filtered out: done for this group
-        loaded = load(wanted)  # GoneLocally: nothing changed yet
-        out: list[PoppedMessage] = []
-        flow = self.flow if self.flow.limits(group) is not None else None
-        held: list[tuple[HeldEntry, str]] = []
-        for i, msg in zip(wanted, loaded, strict=True):
-            if msg is None or not tf.accepts(msg.tag):  # no message there, or a tag-hash
-                ck.mark(i)  # collision: done for this group
-                continue
-            if flow is not None and not flow.admit(group, origin, msg.key, now):
-                ck.overrides[i] = HELD  # its key is at its limit: held, the Pop reads on
-                held.append((HeldEntry(ltopic, qid, ck.ck_start, i), msg.key))
-                continue
-            out.append(self._popped(group, ltopic, origin, qid, ck.ck_start, rows[i][0],
-                                    expire, msg))
-        recorded = self._book.record_lease(group, ltopic, qid, ck)
-        for entry, key in held:
-            self.flow.hold(group, origin, key, entry)
-        deadlines = [recorded.deadline] if recorded.deadline is not None else []
-        return Leased(out, recorded.puts, deadlines, len(held))
-
-    def _popped(self, group: str, ltopic: str, origin: str, qid: int, ck_start: int,
-                offset: int, expire: int, msg: Message) -> PoppedMessage:
-        attempt = msg.delivery_attempt + 1
-        msg.topic = origin
-        msg.properties.pop(PROP_LEASE, None)  # internal: the entry a copy replaced
-        handle = self._book.receipts.encode(
-            group, ReceiptHandle(ltopic, qid, ck_start, offset, expire, attempt))
-        self.flow.leased(group, origin, msg.key, ltopic, qid, offset)
-        return PoppedMessage(msg, handle, attempt)
-
-    def _hand_out(self, group: str, topic: str, rtopic: str, want: int, now: int,
-                  expire: int) -> Leased:
-        """Held entries of ``group`` whose keys have room now, handed out with this Pop's
-        deadline (``pop.flowcontrol``); after a start, first read back those held in
-        checkpoints.  Caller holds the group lock."""
-        flow = self.flow
-        if flow.needs_rebuild(group, topic):
-            entries = self._book.held(group, topic) + self._book.held(group, rtopic)
-            found = [(e, self._read_entry(e)) for e in entries]
-            flow.rebuilt(group, topic, [(e, m.key) for e, m in found if m is not None])
-        out: list[PoppedMessage] = []
-        puts: list[tuple[bytes, bytes]] = []
-        deadlines: list[Deadline] = []
-        for entry, key in flow.take_ready(group, topic, want, now):
-            recorded = self._book.hand_out(group, entry, expire)
-            msg = self._read_entry(entry) if recorded is not None else None
-            if recorded is not None:
-                puts += recorded.puts
-                deadlines += [recorded.deadline] if recorded.deadline else []
-            if recorded is None or msg is None:  # it ended meanwhile, or cannot be read:
-                flow.returned(group, topic, key, entry)  # (then its lease runs out)
-                continue
-            out.append(self._popped(group, entry.ltopic, topic, entry.queue_id,
-                                    entry.ck_start, entry.queue_offset, expire, msg))
-        return Leased(out, puts, deadlines)
-
-    def _read_entry(self, entry: HeldEntry) -> Message | None:
-        """The message of one leased entry (None: not readable now)."""
-        try:
-            bounds = self._source.bounds(entry.ltopic, entry.queue_id)
-            rows, load = self._source.read_rows(entry.ltopic, entry.queue_id,
-                                                entry.queue_offset, 1, bounds.local_low)
-            if not rows or rows[0][0] != entry.queue_offset:
-                return None
-            return load([0])[0]
-        except (GoneLocally, ChronomqError):
-            return None
 
     def ack(self, group: str, receipt_handle: str) -> None:
         """Acknowledge one leased message.  Idempotent while the handle is valid."""
@@ -506,10 +360,3 @@ class PopService:
         self._schedule.add([(group, h.topic, h.queue_id, h.ck_start, expire)])
         return self._book.receipts.encode(group, ReceiptHandle(
             h.topic, h.queue_id, h.ck_start, h.queue_offset, expire, h.attempt))
-
-
-def _join(a: Leased, b: Leased) -> Leased:
-    if not b.messages and not b.puts:
-        return a
-    return Leased(a.messages + b.messages, a.puts + b.puts, a.deadlines + b.deadlines,
-                  a.held + b.held)
