@@ -10,14 +10,14 @@ and redelivery ``pop.requeue``'s (docs/DESIGN.md, "Pop, Ack and redelivery").
 
 Thread-safe: a lock per (group, user topic) (``lock``; its retry topic shares it)
 orders that group's leases; methods that take a handle or a queue and say "caller
-holds the lock" need it held.  An internal lock guards the shared dicts and counters.
+holds the lock" need it held.  An internal lock guards the shared dicts (the counters,
+``pop.leasecounts``, have their own).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
 from collections.abc import Callable, Container, Iterator
 from typing import Literal, NamedTuple
 
@@ -35,6 +35,7 @@ from pop.checkpoint import (
 )
 from pop.flowcontrol import HeldEntry
 from pop.handle import ReceiptHandle
+from pop.leasecounts import LeaseCounts
 from pop.leasejournal import LeaseJournal
 from pop.model import (
     AlreadyDone,
@@ -94,14 +95,11 @@ class LeaseBook:
         self.receipts = Receipts(secret, clock)  # handles issued and read, done entries
         self._clock = clock
         self._source = source
-        self._lock = threading.Lock()  # guards the dicts and counters below
+        self._lock = threading.Lock()  # guards the dicts below
         self._group_locks: dict[tuple[str, str], threading.Lock] = {}
         self._leases: dict[tuple[str, str, int], QueueLeases] = {}
         self._next_queue: dict[tuple[str, str], int] = {}
-        self._popped = self._acked = 0
-        self._revived: Counter[tuple[str, str]] = Counter()
-        self._released: Counter[tuple[str, str]] = Counter()
-        self._dead: Counter[tuple[str, str]] = Counter()
+        self.counts = LeaseCounts()  # popped, acked, revived, released, dead-lettered
         self._load()
 
     # ---------------------------------------------------------------- state and locks
@@ -287,10 +285,6 @@ class LeaseBook:
         puts.append((checkpoint_key(group, topic, qid, ck.ck_start), encode_checkpoint(ck)))
         return Recorded(puts, (group, topic, qid, ck.ck_start, ck.expire_at_ms))
 
-    def count_popped(self, n: int) -> None:
-        with self._lock:
-            self._popped += n
-
     # ---------------------------------------------------------------- settling
 
     def ack(self, group: str, handles: list[ReceiptHandle | None]) -> Acked:
@@ -322,8 +316,7 @@ class LeaseBook:
                         retired += self._finish(group, h.topic, h.queue_id, ck, ops)
                         self.receipts.remember_acked((group, h.topic, h.queue_id, h.queue_offset))
                 ticket = self._write_ops(ops) or ticket
-            with self._lock:
-                self._acked += acked
+            self.counts.acked(acked)
         if again:
             ticket = max(ticket, self.journal.last_ticket)
         if ended and self.on_done is not None:
@@ -369,7 +362,6 @@ class LeaseBook:
         a reason) and write their checkpoints, not synced: a lost mark only repeats a
         redelivery.  Returns the deadlines of the leases it closed.  Caller holds the
         lock."""
-        counter = self._released if outcome == "released" else self._revived
         ops: Ops = {}
         retired: list[Deadline] = []
         ended: dict[str, list[tuple[str, int, int]]] = {}
@@ -380,13 +372,8 @@ class LeaseBook:
             ck.mark(r.index)
             ended.setdefault(r.group, []).append((r.topic, r.queue_id, r.ck_start + r.index))
             retired += self._finish(r.group, r.topic, r.queue_id, ck, ops)
-            key = (r.group, origin_of(r.topic))
             self.receipts.remember_requeued((r.group, r.topic, r.queue_id, r.ck_start + r.index))
-            with self._lock:
-                if r.reason is None:
-                    counter[key] += 1
-                else:
-                    self._dead[key] += 1
+            self.counts.requeued((r.group, origin_of(r.topic)), outcome, r.reason is not None)
         self._write_ops(ops)
         for group, entries in ended.items():
             if self.on_done is not None:
@@ -443,11 +430,9 @@ class LeaseBook:
     def statistics(self) -> PopStats:
         with self._lock:
             open_cks = sum(len(q.checkpoints) for q in self._leases.values())
-            return PopStats(open_checkpoints=open_cks, popped=self._popped, acked=self._acked,
-                            revived=sum(self._revived.values()),
-                            released=sum(self._released.values()),
-                            dead_lettered=sum(self._dead.values()),
-                            durable_syncs=self._commit.syncs)
+        popped, acked, revived, released, dead = self.counts.totals()
+        return PopStats(open_checkpoints=open_cks, popped=popped, acked=acked, revived=revived,
+                        released=released, dead_lettered=dead, durable_syncs=self._commit.syncs)
 
     def group_pairs(self) -> list[tuple[str, str]]:
         """Every (group, topic) that has leased since it was created, sorted."""
@@ -478,9 +463,7 @@ class LeaseBook:
                         b = self._source.bounds(ltopic, qid)
                         in_flight += sum(c.count - c.done for c in leases.checkpoints.values())
                         backlog += max(0, b.high - max(leases.pop_offset, b.low))
-            with self._lock:
-                redelivered = self._revived[(group, topic)] + self._released[(group, topic)]
-                dead = self._dead[(group, topic)]
+            redelivered, dead = self.counts.of((group, topic))
             # lag: what the group has not settled yet.  Not "end - ack offset": one message
             # held (a long lease) would count every settled message after it
             out.append(GroupStats(group, topic, in_flight, backlog, backlog + in_flight,

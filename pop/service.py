@@ -295,7 +295,7 @@ class PopService:
                                      max_messages, now, expire, tf)
             ticket = self._book.write(out.puts)
         self._schedule.add(out.deadlines)
-        self._book.count_popped(len(out.messages))
+        self._book.counts.popped(len(out.messages))
         return out.messages, ticket
 
     def ack(self, group: str, receipt_handle: str) -> None:
