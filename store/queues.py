@@ -267,7 +267,7 @@ def _stored_before(entry: CqEntry, horizon_ms: int) -> bool:
 
 
 class NextOffsets(dict[Key, int]):
-    """The next queue offset per (topic, queue) (``MessageStore._prepare``): a queue not
+    """The next queue offset per (topic, queue) (``store.append``): a queue not
     sent to since the start takes its end on disk, read (the queue loaded) the first time
     it is needed."""
 

@@ -1,5 +1,6 @@
 """MessageStore: the local store as one object: CommitLog + ConsumeQueues + key index +
-topic catalogue + retention.
+topic catalogue + retention.  What each append writes (queue, queue offset, id, record
+bytes) is ``store.append``'s, on the CommitLog writer thread.
 
 Data directory layout::
 
@@ -28,16 +29,15 @@ Thread-safe.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from store.append import AppendMessageCallback
 from store.checkpoint import OffsetCheckpoint
 from store.clock import Clock
 from store.commitlog import CommitLog, CommitLogStats
@@ -50,21 +50,15 @@ from store.idfloor import IdFloor
 from store.index import KeyIndex
 from store.lookup import DelayedWitness, RecordLookup
 from store.message import (
-    FLAG_DELAYED,
-    FLAG_FOREIGN_ID,
-    HEADER_AFTER_CRC,
-    HEADER_PREFIX,
-    RECORD_MAGIC,
     DispatchInfo,
     Draft,
     Message,
     MessageIdFormat,
     draft_of,
-    reframe_record,
     validate_message_fields,
     validate_times,
 )
-from store.names import DELAYED_STREAM, check_broker_made, check_name
+from store.names import check_broker_made, check_name
 from store.openfiles import plan_open_files
 from store.queues import ConsumeQueueTable, NextOffsets
 from store.reader import RecordReader
@@ -133,8 +127,9 @@ class MessageStore:
         self.ids = MessageIdFormat(config.node_id)
         self._id_floor = IdFloor(os.path.join(log_dir, "id-floor"))  # ids never repeat
         self._next_queue_offset = NextOffsets(self.queues)
-        self._round_robin: dict[str, itertools.count[int]] = {}
-        self._appended = 0
+        # queues, queue offsets, ids and bytes of each batch, on the writer thread
+        self._append = AppendMessageCallback(self.topics, self.ids, self._id_floor,
+                                             self._next_queue_offset, clock)
         self._topic_changes = TopicChanges()
         self._stopped = False
         self._create_topic: Callable[[Topic], object] = self.create_topic
@@ -186,7 +181,7 @@ class MessageStore:
         self.dispatcher = Dispatcher("dispatcher", self.commitlog, handlers, self.clock,
                                      self.config.queue_flush_interval_ms)
         self.commitlog.add_listener(self._on_appended)
-        self.commitlog.add_rollback(self._give_back)
+        self.commitlog.add_rollback(self._append.give_back)
         replayed_from = self.dispatcher.dispatched_offset
         self.dispatcher.catch_up()
         log.info("store open: commitlog end %d, replayed %d bytes", end, end - replayed_from)
@@ -311,87 +306,7 @@ class MessageStore:
     def put_drafts(self, drafts: list[Draft]) -> Future[list[DispatchInfo]]:
         """Append checked drafts; the future resolves, once they are durable, to one
         ``DispatchInfo`` per draft (id, queue, offsets) in order."""
-        return self.commitlog.append(partial(self._prepare, drafts))
-
-    def _prepare(self, drafts: list[Draft], offset: int) -> tuple[list[bytes], list[DispatchInfo]]:
-        """Runs on the CommitLog writer thread: assign queues, offsets and ids; encode.
-
-        The hottest loop of the broker: fields are unpacked once and the record layout of
-        ``store.message`` is inlined (``encode_fields`` is the readable twin; a round-trip
-        test keeps them equal)."""
-        topics: dict[str, tuple[int, bytes]] = {}
-        for name in {d[1] for d in drafts}:  # check every topic before any offset is taken
-            topic = self.topics.get(name)
-            if topic is None:
-                raise TopicNotFound(name)
-            topics[name] = (topic.queue_count, name.encode())
-        # delayed records take offsets of the delayed stream when it exists (a broker that
-        # uploads: the tier then holds the timer's pending set), else none
-        delayed_slot = ((DELAYED_STREAM, 0) if self.topics.get(DELAYED_STREAM) is not None
-                        else None)
-        now = self.clock.now_ms()
-        id_prefix, make_id = self.ids.prefix(self._id_floor.ms(now)), self.ids.make
-        records: list[bytes] = []
-        infos: list[DispatchInfo] = []
-        next_qo = self._next_queue_offset
-        round_robin = self._round_robin
-        new_info = tuple.__new__  # a NamedTuple's own __new__ is Python code: skip it
-        pack_head, pack_prefix, crc32 = HEADER_AFTER_CRC.pack, HEADER_PREFIX.pack, zlib.crc32
-        for mid, name, key, tag, body, props, born, due, flags, attempt, again in drafts:
-            queue_count, topic_b = topics[name]
-            key_b = key.encode() if key else b""
-            if key_b:
-                qid = crc32(key_b) % queue_count
-            else:
-                rr = round_robin.get(name)
-                if rr is None:
-                    rr = round_robin[name] = itertools.count()
-                qid = next(rr) % queue_count
-            qo = 0
-            if not flags & FLAG_DELAYED:
-                slot = (name, qid)
-                qo = next_qo[slot]  # the queue's end on disk the first time (_NextOffsets)
-                next_qo[slot] = qo + 1
-            elif delayed_slot is not None:
-                qid, qo = 0, next_qo[delayed_slot]
-                next_qo[delayed_slot] = qo + 1
-            if mid:
-                flags |= FLAG_FOREIGN_ID
-            else:
-                mid = make_id(id_prefix, offset)
-            if again:  # a stored record appended again: new header, same contents
-                rec = reframe_record(again, flags, qid, qo, born, now, due, attempt)
-                size = len(rec)
-                records.append(rec)
-            else:
-                mid_b = mid.encode("ascii")
-                tag_b = tag.encode() if tag else b""
-                tail = b"".join((
-                    pack_head(flags, qid, qo, born, now, due, attempt, len(mid_b),
-                              len(topic_b), len(key_b), len(tag_b), len(props), len(body)),
-                    mid_b, topic_b, key_b, tag_b, props, body))
-                size = len(tail) + 12
-                records.append(pack_prefix(RECORD_MAGIC, size, crc32(tail)) + tail)
-            infos.append(new_info(DispatchInfo, (offset, size, flags, qid, qo, now, due, mid,
-                                                 name, key, tag)))
-            offset += size
-        self._appended += len(drafts)
-        return records, infos
-
-    def _give_back(self, results: list[list[DispatchInfo]]) -> None:
-        """CommitLog rollback: a batch the full volume refused gives its queue offsets
-        back (it was the newest), so no hole is left."""
-        next_qo = self._next_queue_offset
-        for infos in results:
-            stream = self.topics.get(DELAYED_STREAM)
-            for info in infos:
-                slot: tuple[str, int] | None = (info.topic, info.queue_id)
-                if info.flags & FLAG_DELAYED:
-                    slot = ((DELAYED_STREAM, 0) if stream is not None
-                            and info.commit_offset >= stream.since_offset else None)
-                if slot is not None:
-                    next_qo[slot] = min(next_qo.get(slot, info.queue_offset), info.queue_offset)
-            self._appended -= len(infos)
+        return self.commitlog.append(partial(self._append.prepare, drafts))
 
     def _on_appended(self, results: list[Any]) -> None:
         """CommitLog listener: hand the batch's records to the dispatcher from memory."""
@@ -484,7 +399,7 @@ class MessageStore:
             topics=self.topics.count(),
             queues=sum(t.queue_count for t in self.topics.list()),
             dispatched_offset=self.dispatcher.dispatched_offset if self.dispatcher else 0,
-            messages_appended=self._appended,
+            messages_appended=self._append.appended,
             damaged_records=self.commitlog.damaged_records,
             cq_files_open=self.queues.statistics().open_files,
         )
