@@ -12,20 +12,19 @@ next waits a back-off.  Delayed records go up in the delayed stream
 (``store.names.DELAYED_STREAM``, when the broker keeps it), so the tier holds every
 pending one; a broker without it uploads them when they are delivered.
 
-Order of durable steps.  Each uploaded queue's metadata is written to
-``<meta_dir>/queues/<topic>/<queue>.json`` (atomically, locally), then the checkpoint: the
-CommitLog offset of the oldest record not yet durable in the tier (the key index,
-``tiered.index``, has persisted its entries by then).  Copies of the metadata go to the
-tier for a broker that mounts it (``Mirror``); until a copy is in, the position and the
-upload lag count its queue's batch as not uploaded (what a mount sees); ``open`` writes
-every queue's copy again (a crash may have cut one off).  The timer stream's copy goes
-in only once every other queue is in the tier up to its records (``Mirror``, ``after``):
-its records name deliveries whose messages are in other queues, and a broker taking this
-one over must never read the record of a delivery whose message it cannot read
-(``cluster.delivered``).  After a crash it replays from
-the checkpoint, skipping queue offsets the tier has: nothing twice, nothing lost.  As a
-log reader of the store its checkpoint is ``rewind``-ed after a torn tail and guards local
-retention.
+Order of durable steps.  Each uploaded queue's metadata is written locally
+(``tiered.metafiles``), then the checkpoint: the CommitLog offset of the oldest record
+not yet durable in the tier (the key index, ``tiered.index``, has persisted its entries
+by then).  Copies of the metadata go to the tier for a broker that mounts it
+(``Mirror``); until a copy is in, the position and the upload lag count its queue's
+batch as not uploaded (what a mount sees); ``open`` writes every queue's copy again (a
+crash may have cut one off).  The timer stream's copy goes in only once every other
+queue is in the tier up to its records (``Mirror``, ``after``): its records name
+deliveries whose messages are in other queues, and a broker taking this one over must
+never read the record of a delivery whose message it cannot read
+(``cluster.delivered``).  After a crash it replays from the checkpoint, skipping queue
+offsets the tier has: nothing twice, nothing lost.  As a log reader of the store its
+checkpoint is ``rewind``-ed after a torn tail and guards local retention.
 
 Retention (``run_retention``) is ``tiered.retention``'s: by time per topic, below their
 snapshots for the system streams.
@@ -41,7 +40,6 @@ thread is not running); everything else is thread-safe.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import logging
 import os
 import threading
@@ -51,7 +49,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from store.clock import Clock
 from store.crashpoint import crashpoint
-from store.files import fsync_dir, write_atomic
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.names import DELAYED_STREAM, TIMER_STREAM, is_system_stream
 from store.store import MessageStore
@@ -59,6 +56,7 @@ from tiered.config import TierConfig
 from tiered.durable import DurablePosition, Linger
 from tiered.health import TierStats, upload_lag
 from tiered.index import TieredIndex
+from tiered.metafiles import MetaFiles
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
 from tiered.recent import RecentRecords
@@ -81,7 +79,7 @@ class TieredDispatcher:
         self._store = store
         self._provider = provider
         self._broker = broker
-        self._meta_dir = meta_dir
+        self._files = MetaFiles(meta_dir)  # queues' metadata and the checkpoint, locally
         self.config = config
         self._clock = clock
         self._uploader = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="tier-upload")
@@ -116,7 +114,7 @@ class TieredDispatcher:
         """Load the queues' metadata and the checkpoint from local disk (every queue's
         copy goes to the tier again: a crash may have cut one off) and follow the store's
         log from there.  Before the store opens (it rewinds its log readers)."""
-        os.makedirs(os.path.join(self._meta_dir, "queues"), exist_ok=True)
+        self._files.open()
         self.index.open()
         self._checkpoint = self._read_position = self._load()
         self.durable.start_at(self._checkpoint)
@@ -147,24 +145,17 @@ class TieredDispatcher:
     # ------------------------------------------------------------------ state
 
     def _load(self) -> int:
-        qdir = os.path.join(self._meta_dir, "queues")
-        for topic in filter(lambda t: os.path.isdir(os.path.join(qdir, t)), os.listdir(qdir)):
-            for name in fnmatch.filter(os.listdir(os.path.join(qdir, topic)), "*.json"):
-                with open(os.path.join(qdir, topic, name), encoding="utf-8") as f:
-                    qid, meta = int(name[:-5]), f.read()
-                self._queues[(topic, qid)] = self._new_queue(topic, qid, meta)
-                # its copy in the tier again: a crash may have cut the last one off (the
-                # timer stream's once the rest is in again, up to where the log ends:
-                # put by the first ``step`` that finds nothing more to read)
-                if topic == TIMER_STREAM:
-                    self._timer_copy = (self._meta_copy(topic, qid), meta.encode())
-                else:
-                    self._mirror.put(self._meta_copy(topic, qid), meta.encode())
-        try:
-            with open(os.path.join(self._meta_dir, "checkpoint"), encoding="utf-8") as f:
-                return int(f.read().strip())
-        except FileNotFoundError:
-            return self._store.commitlog.min_offset
+        for topic, qid, meta in self._files.saved_queues():
+            self._queues[(topic, qid)] = self._new_queue(topic, qid, meta)
+            # its copy in the tier again: a crash may have cut the last one off (the
+            # timer stream's once the rest is in again, up to where the log ends: put
+            # by the first ``step`` that finds nothing more to read)
+            if topic == TIMER_STREAM:
+                self._timer_copy = (self._meta_copy(topic, qid), meta.encode())
+            else:
+                self._mirror.put(self._meta_copy(topic, qid), meta.encode())
+        checkpoint = self._files.checkpoint()
+        return self._store.commitlog.min_offset if checkpoint is None else checkpoint
 
     def _new_queue(self, topic: str, qid: int, meta: str | None = None,
                    generation: int = 0) -> TieredQueue:
@@ -184,8 +175,7 @@ class TieredDispatcher:
         checkpoint moves back first (durably)."""
         with self._save_lock:
             if self._checkpoint > offset:
-                write_atomic(os.path.join(self._meta_dir, "checkpoint"), str(offset).encode())
-                fsync_dir(self._meta_dir)
+                self._files.save_checkpoint(offset, sync_dir=True)
                 with self._lock:
                     self._checkpoint = offset
             with self._lock:
@@ -359,7 +349,7 @@ class TieredDispatcher:
                 checkpoint = min(self._first_unsaved.values(), default=self._read_position)
                 moved = checkpoint != self._checkpoint
             if moved:
-                write_atomic(os.path.join(self._meta_dir, "checkpoint"), str(checkpoint).encode())
+                self._files.save_checkpoint(checkpoint)
                 crashpoint("tier.checkpoint")
                 with self._lock:
                     self._checkpoint = checkpoint
@@ -370,9 +360,7 @@ class TieredDispatcher:
         before it (until the copy is in the tier, a mount sees only what is below it) and
         when the batch began buffering (``Mirror.put``)."""
         meta = q.to_json().encode()
-        tdir = os.path.join(self._meta_dir, "queues", q.topic)
-        os.makedirs(tdir, exist_ok=True)
-        write_atomic(os.path.join(tdir, f"{q.queue_id}.json"), meta)
+        self._files.save_queue(q.topic, q.queue_id, meta)
         after = None
         if q.topic == TIMER_STREAM:
             after, self._timer_copy = self._timer_end, None  # (newer than the one at start)
