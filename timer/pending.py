@@ -14,9 +14,9 @@ Cancels and reschedules are journaled by delayed-stream queue offset
 the call returns once the journal's record is in the tier.
 
 Composed by ``TimerService``, which owns the wheel, the entries due now, the set of
-delivering entries and the load cursor; it hands them in and this class changes them
-only under its lock (``lock``, the TimerService's), taken after ``ParkingLot.flat_lock``
-as there.  ``holds`` and ``first_due`` take no lock.
+delivering entries and the load cursor (``timer.loader``); it hands them in and this
+class changes them only under its lock (``lock``, the TimerService's), taken after
+``ParkingLot.flat_lock`` as there.  ``holds`` and ``first_due`` take no lock.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class PendingMessages:
         self._wheel = wheel
         self._due_now = due_now  # loaded entries already due
         self._delivering = delivering  # fired, their copy not yet reached by the dispatcher
-        self._stored = stored  # a new entry to the wheel or the loader (``TimerService``)
+        self._stored = stored  # a new entry to the wheel or the loader (``timer.loader``)
         self._wake = wake  # wakes the timer thread
         self.journal: StateJournal | None = None  # TimerService.set_journal
         self.cancelled = 0  # under the lock

@@ -9,9 +9,7 @@ Flow (docs/DESIGN.md, "Data flow: one write path"):
    beyond ``rocks_horizon_ms`` is parked for its hour's TimerFlatFile instead
    (``timer.parking``), in the same write.
 3. ``load_due`` moves entries due within ``wheel_window_ms`` from RocksDB into the
-   in-memory timing wheel, so memory holds only the near future.  It scans RocksDB
-   without the lock; an entry stored meanwhile (a Send, a Reschedule, a preload) in the
-   span it is scanning is handed to it (``_stored``), since its scan may not see it.
+   in-memory timing wheel, so memory holds only the near future (``timer.loader``).
 4. ``deliver_due`` fires the wheel: the due messages are appended to the CommitLog again,
    under their own topic, id and due time (``FLAG_TIMER_DELIVERY``), in batches (a
    slice's batches queued together, then awaited in order).  The delivered copy deletes
@@ -40,7 +38,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import itertools
 import logging
 import threading
 from collections.abc import Container
@@ -62,6 +59,7 @@ from store.message import (
 from store.store import MessageStore
 from tiered.timerflatfile import TimerFlatFiles
 from timer.delivery import NAME_OF_DRAFT, CopyRegistry
+from timer.loader import WheelLoader
 from timer.lookup import PendingLookup
 from timer.model import (
     LATENESS_BOUNDS_MS,
@@ -101,15 +99,8 @@ class TimerService:
         self.config = config
         self._clock = clock
         self._lock = threading.Lock()
-        self._lot = ParkingLot(timers, flat, config, clock, self._lock, self._admit)
         self._wheel: TimingWheel[bytes] = TimingWheel(tick_ms=1, slots=64, levels=4,
                                                       start_ms=clock.now_ms())
-        # Every timer entry whose key sorts before the cursor is in the wheel (or due now).
-        self._load_cursor = timer_key(0, 0)
-        # While ``load_due`` scans up to ``_loading_to``, the entries stored in its span
-        # meanwhile (its scan may have begun before their write): it adds them itself.
-        self._loading_to = self._load_cursor
-        self._stored_meanwhile: list[tuple[bytes, int]] = []
         # fired and not yet reaped: from the wheel until the dispatcher deletes the entry
         # of its copy (``dispatch``), or until it goes back (a failed append) or is dropped
         self._delivering: set[bytes] = set()
@@ -118,6 +109,10 @@ class TimerService:
         self._due_now: list[tuple[bytes, int]] = []  # loaded entries already due
         self._position = self._pending_position = 0  # read by ``open``
         self._wake = threading.Event()
+        # which entries are in the wheel: its load cursor (``timer.loader``)
+        self._loader = WheelLoader(timers, config, self._lock, self._wheel, self._due_now,
+                                   self._delivering, self._wake)
+        self._lot = ParkingLot(timers, flat, config, clock, self._lock, self._loader.admit)
         # ids a debounce's replace is deciding about, their due entries held back
         self._pins = Pins(self._lock, self._due_now, self._delivering, self._wake)
         self._stop = threading.Event()
@@ -131,7 +126,7 @@ class TimerService:
         # Cancel, Reschedule and the lookups by id, under this lock
         self._pending = PendingMessages(store, timers, self._lot, self._lock, self._wheel,
                                         self._due_now, self._delivering,
-                                        self._stored, self._wake)
+                                        self._loader.stored, self._wake)
         self._lookup = PendingLookup(timers, self._lot, flat, self._lock)  # reads by id
 
     def open(self) -> None:
@@ -197,7 +192,7 @@ class TimerService:
             if parked:
                 self._lot.mirror(parked)
         if entries:
-            self._admit([(timer_key(due, off), due) for _, due, off, _ in entries])
+            self._loader.admit([(timer_key(due, off), due) for _, due, off, _ in entries])
 
     def write_parked(self, force: bool = False) -> int:
         """Write parked far-future records to their TimerFlatFiles (``ParkingLot.write``);
@@ -228,53 +223,11 @@ class TimerService:
         """The parking lot: a takeover schedules adopted messages through it."""
         return self._lot
 
-    def _admit(self, keyed: list[tuple[bytes, int]]) -> None:
-        """Put newly stored entries that fall inside the loaded window into the wheel."""
-        with self._lock:
-            admitted = sum(self._stored(key, due) for key, due in keyed)
-        if admitted:
-            self._wake.set()
-
-    def _stored(self, key: bytes, due: int) -> bool:
-        """A timer entry just written to RocksDB (the lock held): into the wheel if the
-        loader has passed its key; to the loader if it is scanning over the key now (its
-        scan may not see the write); else a later load reads it.  True if in the wheel."""
-        if key < self._load_cursor:
-            if key in self._delivering:
-                return False
-            if not self._wheel.add(key, due):
-                self._due_now.append((key, due))
-            return True
-        if key < self._loading_to:
-            self._stored_meanwhile.append((key, due))
-        return False
-
     # ------------------------------------------------------------------ loading
 
     def load_due(self, now_ms: int) -> bool:
-        """Move entries due before ``now + wheel_window`` from RocksDB into the wheel, at
-        most ``load_batch`` per call; True when everything up to there is loaded."""
-        target = timer_key(now_ms + self.config.wheel_window_ms, 0)
-        with self._lock:
-            start = self._load_cursor
-            if target <= start:
-                return True
-            self._loading_to = target
-        found = list(itertools.islice(self._timers.keys_between(start, target),
-                                      self.config.load_batch))
-        complete = len(found) < self.config.load_batch
-        with self._lock:
-            # past the last key read (b"\0" makes the next possible key), or the target
-            self._load_cursor = target if complete else found[-1] + b"\0"
-            self._loading_to = self._load_cursor
-            meanwhile, self._stored_meanwhile = self._stored_meanwhile, []
-            for key in found:  # all before the cursor now: into the wheel
-                self._stored(key, parse_timer_key(key)[0])
-            for key, due in meanwhile:  # those past a partial scan's end: the next one's
-                self._stored(key, due)
-        if self._due_now:
-            self._wake.set()
-        return complete
+        """``WheelLoader.load_due``: entries due within the wheel's window into it."""
+        return self._loader.load_due(now_ms)
 
     # ------------------------------------------------------------------ delivery
 

@@ -141,7 +141,7 @@ def test_between_its_copy_and_the_dispatcher_a_message_is_delivered_not_pending(
         # and an entry admitted again meanwhile (a record dispatched twice, an adoption
         # repeated) is not fired a second time, nor one listed twice in one slice
         keys = sorted(k for k, _ in env.broker.timer_store.kv.scan(b"t"))
-        env.timer._admit([(k, now) for k in keys] * 2)
+        env.timer._loader.admit([(k, now) for k in keys] * 2)
         assert env.timer.deliver_due(now) == 0
     finally:
         gate.set()
