@@ -4,10 +4,11 @@ Runs on the threaded gRPC server (bench/RESULTS.md compares it with grpc.aio).  
 runs on a worker thread; appends are group committed by the CommitLog writer, so many
 concurrent Sends share one fsync.
 
-The Subscribe stream's state lives in ``chronomq.api.subscription``, the Stats figures in
-``chronomq.api.figures``; this module maps each RPC onto the broker.  Errors are raised, not
-mapped here: the method handlers (``chronomq.api.handlers``) turn a project error into its
-status once, for every method.
+A Send request's checks and answer live in ``chronomq.api.sends``, the Subscribe stream's
+state in ``chronomq.api.subscription``, the Stats figures in ``chronomq.api.figures``;
+this module maps each RPC onto the broker.  Errors are raised, not mapped here: the
+method handlers (``chronomq.api.handlers``) turn a project error into its status once,
+for every method.
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import NamedTuple, TypeAlias
+from typing import TypeAlias
 
 import grpc
 
 from chronomq.api import schedules
 from chronomq.api.budget import LONG_POLL, STREAM, CallBudget
-from chronomq.api.errors import code_number, status_of
+from chronomq.api.errors import status_of
 from chronomq.api.figures import broker_figures
 from chronomq.api.notify import ArrivalNotifier
+from chronomq.api.sends import PendingSend, begin_send, send_response
 from chronomq.api.subscription import (
     SETTLE_DRAIN_S,
     STREAM_BATCH,
@@ -39,32 +41,19 @@ from chronomq.api.subscription import (
     ack_results,
     received_pb,
 )
-from chronomq.api.wire import encode_send_response
 from chronomq.broker import Broker
-from chronomq.debounce import Debouncer, IfDelivered, Replaced, ReplaceOutcome
-from chronomq.sending import Submission
+from chronomq.debounce import Debouncer
 from chronomq.v1 import broker_pb2 as pb
 from chronomq.v1 import broker_pb2_grpc as pb_grpc
 from pop.service import PoppedMessage, TagFilter
 from store.errors import ChronomqError, FailedPrecondition, InvalidArgument, NotFound
-from store.message import (
-    MAX_KEY_BYTES,
-    MAX_PROPERTIES_BYTES,
-    MAX_TAG_BYTES,
-    Draft,
-    encode_properties,
-    validate_message_id,
-)
+from store.message import validate_message_id
 from store.names import check_readable
 from store.topics import Topic
 
 log = logging.getLogger(__name__)
 Context: TypeAlias = grpc.ServicerContext
 
-MAX_SEND_BATCH = 1000
-# A str of n characters is at most 4n UTF-8 bytes: below these lengths no encode is needed.
-_FAST_KEY_CHARS = MAX_KEY_BYTES // 4
-_FAST_TAG_CHARS = MAX_TAG_BYTES // 4
 MAX_QUERY = 64
 
 
@@ -75,31 +64,6 @@ def _check_timer_target(message_id: str, topic: str, rpc: str) -> None:
         raise InvalidArgument(f"{rpc} needs a message_id")
     if topic:
         check_readable(topic)
-
-
-_REPLACE_OUTCOMES = {
-    ReplaceOutcome.REPLACED: pb.REPLACE_OUTCOME_REPLACED,
-    ReplaceOutcome.NONE_PENDING: pb.REPLACE_OUTCOME_NONE_PENDING,
-    ReplaceOutcome.ALREADY_DELIVERED: pb.REPLACE_OUTCOME_ALREADY_DELIVERED,
-}
-
-
-def _if_delivered(value: int) -> IfDelivered:
-    """``OutgoingMessage.if_delivered`` (proto3 keeps a number the enum does not name)."""
-    if value == pb.IF_DELIVERED_NEW_ID:
-        return IfDelivered.NEW_ID
-    if value == pb.IF_DELIVERED_REFUSE:
-        return IfDelivered.REFUSE
-    raise InvalidArgument(f"if_delivered must be IF_DELIVERED_NEW_ID (0) or "
-                          f"IF_DELIVERED_REFUSE (1), not {value}")
-
-
-class _PendingSend(NamedTuple):
-    messages: int
-    errors: dict[int, pb.Error]
-    submission: Submission
-    duplicates: dict[int, str]  # index -> the client's message id, sent before
-    replaced: dict[int, Replaced]  # index -> what a replace stored, its case
 
 
 def _topic_pb(t: Topic) -> pb.Topic:
@@ -168,84 +132,15 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     # ------------------------------------------------------------------ send
 
-    def _begin_send(self, request: pb.SendRequest) -> _PendingSend:
-        """Check and queue one request's messages; ``_finish_send`` answers once durable."""
-        n = len(request.messages)
-        if n == 0:
-            raise InvalidArgument("Send needs at least one message")
-        if n > MAX_SEND_BATCH:
-            raise InvalidArgument(f"at most {MAX_SEND_BATCH} messages per Send request")
-        broker = self._broker
-        now = broker.clock.now_ms()
-        max_body = broker.config.store.max_body_bytes
-        errors: dict[int, pb.Error] = {}
-        duplicates: dict[int, str] = {}
-        replaced: dict[int, Replaced] = {}
-        accepted: list[Draft] = []
-        chosen: list[tuple[int, int]] = []  # (request index, position in accepted)
-        checked_topics: set[str] = set()
-        new_draft = tuple.__new__
-        for i, om in enumerate(request.messages):
-            topic, key, tag, body, mid = om.topic, om.key, om.tag, om.body, om.message_id
-            try:
-                at_ms, delay_ms = om.deliver_at_ms, om.delay_ms
-                due, flags = broker.sender.resolve_deliver_at(at_ms, delay_ms, now) \
-                    if at_ms or delay_ms else (now, 0)
-                props = om.properties
-                encoded = encode_properties(dict(props), MAX_PROPERTIES_BYTES) \
-                    if len(props) else b""
-                d = new_draft(Draft, (mid, topic, key, tag, body, encoded, now, due, flags, 0,
-                                      b""))
-                # the full check once per topic and for anything out of the ordinary
-                if (mid or topic not in checked_topics or not body or len(body) > max_body
-                        or len(key) > _FAST_KEY_CHARS or len(tag) > _FAST_TAG_CHARS):
-                    broker.sender.check(d)
-                    checked_topics.add(topic)
-                if om.replace:  # stored on its own, now (``chronomq.debounce``)
-                    replaced[i] = self._debouncer.replace(d, _if_delivered(om.if_delivered))
-                    continue
-                if om.if_delivered:
-                    raise InvalidArgument("if_delivered is a setting of replace: send it "
-                                          "with replace = true")
-            except ChronomqError as exc:
-                errors[i] = pb.Error(code=code_number(exc), message=str(exc))
-                continue
-            if mid:
-                chosen.append((i, len(accepted)))
-            accepted.append(d)
-        submission = broker.sender.submit(accepted, now)
-        if chosen:
-            duplicates = {i: accepted[at].message_id for i, at in chosen
-                          if submission.duplicate[at]}
-        return _PendingSend(n, errors, submission, duplicates, replaced)
+    def _begin_send(self, request: pb.SendRequest) -> PendingSend:
+        """Check and queue one request's messages (``chronomq.api.sends``)."""
+        return begin_send(self._broker, self._debouncer, request)
 
-    def _finish_send(self, pending: _PendingSend) -> pb.SendResponse:
+    def _finish_send(self, pending: PendingSend) -> pb.SendResponse:
         stored = self._broker.sender.stored(pending.submission)
         with self._counts_lock:
             self.sent += len(stored) + len(pending.replaced)
-        if not pending.errors and not pending.duplicates and not pending.replaced:
-            return pb.SendResponse.FromString(
-                encode_send_response((m.message_id, m.deliver_at_ms) for m in stored))
-        it = iter(stored)
-        results = []
-        for i in range(pending.messages):
-            err = pending.errors.get(i)
-            if err is not None:
-                results.append(pb.SendResult(error=err))
-            elif i in pending.duplicates:
-                results.append(pb.SendResult(message_id=pending.duplicates[i],
-                                             duplicate=True))
-            elif i in pending.replaced:
-                info, outcome, count = pending.replaced[i]
-                results.append(pb.SendResult(message_id=info.message_id,
-                                             deliver_at_ms=info.deliver_at_ms,
-                                             replaced=count,
-                                             replace_outcome=_REPLACE_OUTCOMES[outcome]))
-            else:
-                m = next(it)
-                results.append(pb.SendResult(message_id=m.message_id,
-                                             deliver_at_ms=m.deliver_at_ms))
-        return pb.SendResponse(results=results)
+        return send_response(pending, stored)
 
     def Send(self, request: pb.SendRequest, context: Context) -> pb.SendResponse:
         return self._finish_send(self._begin_send(request))
@@ -259,7 +154,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                      context: Context) -> Iterator[pb.SendResponse]:
         """Pipelined: a reader thread checks and queues each request as it arrives while
         this thread answers them in order, each once its batch is durable."""
-        pending: queue.Queue[_PendingSend | BaseException | None] = queue.Queue(maxsize=1024)
+        pending: queue.Queue[PendingSend | BaseException | None] = queue.Queue(maxsize=1024)
 
         def read() -> None:
             try:
