@@ -4,11 +4,9 @@ PushConsumer) connect to it unchanged.
 
 How the protocol maps onto the core:
 
-- QueryRoute answers one queue per chronomq queue of the topic, all on this broker
-  (broker id 0, READ_WRITE, NORMAL and DELAY messages), at ``rocketmq.advertise_address``
-  or else the address the client dialled; a topic another broker owns
-  (``tier.claim_topics``), or any topic once this broker was taken over
-  (``tier.failover``), routes to that broker's front.
+- QueryRoute answers one queue per chronomq queue of the topic, on this broker at
+  ``rocketmq.advertise_address`` or else the address the client dialled, or on the
+  broker serving the topic (``route``).
 - SendMessage stores each message under the client's own message id (a retried send is
   recognised by that id and stored once) and answers one entry per message.  A
   ``delivery_timestamp`` makes it a delayed message; ``recall_handle`` is its id.
@@ -26,12 +24,13 @@ How the protocol maps onto the core:
 Every unary answer carries ``status.code = OK (20000)`` on success; errors are RocketMQ
 codes with chronomq's message.
 
-This module is the servicer: each RPC mapped onto the broker.  Around it:
-``codec`` (statuses, codes, protobuf conversions), ``message`` (a RocketMQ message into
-a Draft with every send check, and a popped message back), ``startup`` (the settings
-answer and when to give it), ``renewal`` (push consumers' lease renewal), ``auth`` and
-``access`` (signatures; users' rights per RPC, checked before a call reaches this
-servicer) and ``pb`` (the protocol classes from the official client package).
+This module is the servicer: each RPC mapped onto the broker.  Around it: ``codec``
+(statuses, codes, protobuf conversions), ``route`` (which broker serves a topic),
+``message`` (a RocketMQ message into a Draft with every send check, and a popped message
+back), ``startup`` (the settings answer and when to give it), ``renewal`` (push
+consumers' lease renewal), ``auth`` and ``access`` (signatures; users' rights per RPC,
+checked before a call reaches this servicer) and ``pb`` (the protocol classes from the
+official client package).
 """
 
 from __future__ import annotations
@@ -66,9 +65,8 @@ from chronomq.rocketmq.pb import service as rs
 from chronomq.rocketmq.pb import service_grpc as rs_grpc
 from chronomq.rocketmq.renewal import MAX_RENEW_MS as MAX_RENEW_MS  # re-exported
 from chronomq.rocketmq.renewal import LeaseRenewer
+from chronomq.rocketmq.route import moved_route, owner_elsewhere, queues_pb, successor_of
 from chronomq.rocketmq.startup import RouteWatch, settings_answer
-from cluster.lease import LeaseView, successor
-from cluster.ownership import Owner
 from pop.service import (
     MAX_INVISIBLE_TIME_S,
     PoppedMessage,
@@ -178,17 +176,21 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
     # ------------------------------------------------------------------ route / session
 
     def QueryRoute(self, request: Any, context: Context) -> Any:
+        """The route of a topic (``chronomq.rocketmq.route``): here, at the broker that
+        took this one over, or at the topic's owner."""
         self._heard_from(context)
         try:
-            moved = self._successor()
+            moved = successor_of(self._broker)
             if moved is not None:  # taken over: its topics are served there now
-                return self._moved(request, moved, context)
+                name = request.topic.name
+                queue_count, broker = moved_route(self._broker, name, moved)
+                return self._route(request, name, queue_count, broker, context)
             topic = self._topic(request.topic.name)
             name, queue_count = topic.name, topic.queue_count
             broker = rd.Broker(name=self._broker.config.tier.broker_name, id=0,
                                endpoints=self._endpoints(request.endpoints))
         except Refused as exc:
-            owner = self._owner_elsewhere(request.topic.name, exc)
+            owner = owner_elsewhere(self._broker, request.topic.name, exc)
             if owner is None:
                 return rs.QueryRouteResponse(status=status_of(exc.code, str(exc)))
             name, queue_count = request.topic.name, self._broker.config.store.default_queue_count
@@ -198,50 +200,11 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     def _route(self, request: Any, name: str, queue_count: int, broker: Any,
                context: Context) -> Any:
-        queues = [rd.MessageQueue(topic=request.topic, id=qid, permission=rd.READ_WRITE,
-                                  broker=broker, accept_message_types=[rd.NORMAL, rd.DELAY])
-                  for qid in range(queue_count)]
         client = client_id(context)
         if client:  # counted once the answer has left (see chronomq.rocketmq.startup)
             context.add_callback(lambda: self.routes.fetched(client, name))
-        return rs.QueryRouteResponse(status=ok_status(), message_queues=queues)
-
-    def _moved(self, request: Any, to: LeaseView, context: Context) -> Any:
-        """QueryRoute at a broker taken over: the route to the broker serving its
-        topics now (the queue count as known here, else the default)."""
-        name = request.topic.name
-        if not name:
-            raise Refused(Code.ILLEGAL_TOPIC, "the request names no topic")
-        if not to.rocketmq_address:
-            raise Refused(Code.BAD_REQUEST, f"this broker was taken over by {to.broker}, "
-                          "which runs no RocketMQ front")
-        topic = self._broker.topic(name)
-        queue_count = (topic.queue_count if topic is not None
-                       else self._broker.config.store.default_queue_count)
-        return self._route(request, name, queue_count, rd.Broker(
-            name=to.broker, id=0, endpoints=endpoints_pb(to.rocketmq_address)), context)
-
-    def _successor(self) -> LeaseView | None:
-        """The broker that took this one over (``tier.failover``), through a chain of
-        takeovers; None while this broker holds its topics."""
-        lease = self._broker.lease
-        if lease is None or not lease.taken_by:
-            return None
-        return successor(self._broker.tier, lease.broker)
-
-    def _owner_elsewhere(self, topic: str, refused: Refused) -> Owner | None:
-        """The other broker that owns a topic missing here (``tier.claim_topics``), when
-        it runs a RocketMQ front: QueryRoute sends the client there."""
-        owners = self._broker.mounts.owners
-        if owners is None or refused.code != Code.TOPIC_NOT_FOUND:
-            return None
-        try:
-            owner = owners.owner(topic)
-        except ChronomqError:  # a bad name, or the tier cannot tell: the refusal stands
-            return None
-        if owner is None or owner.broker == owners.me.broker or not owner.rocketmq_address:
-            return None
-        return owner
+        return rs.QueryRouteResponse(status=ok_status(),
+                                     message_queues=queues_pb(request.topic, queue_count, broker))
 
     def QueryAssignment(self, request: Any, context: Context) -> Any:
         """Push consumers ask which queues to read: one is enough, as a receive pops every
@@ -254,8 +217,7 @@ class RocketMQServicer(rs_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return rs.QueryAssignmentResponse(status=status_of(exc.code, str(exc)))
         broker = rd.Broker(name=self._broker.config.tier.broker_name, id=0,
                            endpoints=self._endpoints(request.endpoints))
-        queue = rd.MessageQueue(topic=request.topic, id=0, permission=rd.READ_WRITE,
-                                broker=broker, accept_message_types=[rd.NORMAL, rd.DELAY])
+        (queue,) = queues_pb(request.topic, 1, broker)
         return rs.QueryAssignmentResponse(status=ok_status(),
                                           assignments=[rd.Assignment(message_queue=queue)])
 
