@@ -62,14 +62,8 @@ from pop.checkpoint import parse_key
 from pop.model import origin_of
 from store.crashpoint import crashpoint
 from store.errors import FailedPrecondition, InvalidArgument
-from store.journal import (
-    JournalState,
-)
-from store.names import (
-    TIMER_STREAM,
-    is_name,
-    split_broker_made,
-)
+from store.journal import JournalState
+from store.names import TIMER_STREAM, is_name, split_broker_made
 from store.topics import Topic
 from tiered.errors import TierError, TierNotFound
 from tiered.mount import MountedBroker
@@ -108,7 +102,6 @@ class _Phases:
         now = time.monotonic()
         self.seconds[step] = round(self.seconds.get(step, 0.0) + now - self._at, 3)
         self._at = now
-
 
 
 class Takeover:
@@ -416,9 +409,13 @@ class Takeover:
         mounts = []
         at = state.get("at_ms")
         until = int(at) + CLOCK_SLACK_MS if isinstance(at, int) else None
-        for link in state.get("chain", []):
+        chain = state.get("chain", [])
+        with ThreadPoolExecutor(max(1, min(len(chain), 8)), "takeover-mount") as pool:
+            mounting = [pool.submit(lambda link: self._mount(str(link["broker"])), link)
+                        for link in chain]  # at once: a long chain's reads add up
+        for link, future in zip(chain, mounting, strict=True):
             try:
-                link_mount = self._mount(str(link["broker"]))
+                link_mount = future.result()
                 self._b.mount_reader.adopt(link_mount, ends_of(link))
                 # its ids were resent to the broker that took it over, within the horizon
                 # after that takeover (an older record lacks the time: this one's)

@@ -10,7 +10,8 @@ offset still in the tier, end of what was committed) and reads entries by queue 
 What a mount can see: what the departed broker had uploaded and committed when it left.
 Messages it acknowledged but had not uploaded yet are not there: the upload lag is the
 loss window (bounded by ``tier.upload_batch_ms`` / ``upload_batch_bytes``, reported in
-its Stats as ``tier.upload_lag_s``).  Metadata read at mount time: a mount of a broker
+its Stats as ``tier.upload_lag_s``).  Metadata read at mount time (the queues' copies at
+once, ``index_threads`` reads at a time): a mount of a broker
 that is still running sees a snapshot (mount again to refresh).
 
 QueryMessages by key or id reads the departed broker's key index
@@ -31,6 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from store.errors import FailedPrecondition, InvalidArgument
@@ -73,19 +75,33 @@ class MountedBroker:
         self._queues: dict[tuple[str, int], TieredQueue] = {}
         self.index = MountIndex(provider, broker, work_dir, self._queues, index_threads)
         prefix = f"{broker}/meta/"
+        found: list[tuple[str, str, int]] = []
         for path in provider.list(prefix):
             topic, _, name = path[len(prefix):].partition("/")
             qid_text = name.removesuffix(".json")
             if not (is_name(topic) or split_broker_made(topic) or is_system_stream(topic)) \
                     or not qid_text.isdigit() or not name.endswith(".json"):
                 continue  # not a queue's metadata (or a name no topic can have)
+            found.append((path, topic, int(qid_text)))
+
+        def one(item: tuple[str, str, int]) -> TieredQueue | None:
+            path, topic, qid = item
             try:
-                meta = provider.read(path).decode()
-                self._queues[(topic, int(qid_text))] = TieredQueue(
-                    provider, broker, topic, int(qid_text), meta)
+                return TieredQueue(provider, broker, topic, qid, provider.read(path).decode())
             except (TierNotFound, UnicodeDecodeError, ValueError, KeyError,
                     TierError) as exc:
                 log.error("mount of %s: skipping %s: %s", broker, path, exc)
+                return None
+
+        if len(found) > 1:  # a read each, at once (a takeover waits for its mounts)
+            with ThreadPoolExecutor(min(len(found), index_threads),
+                                    thread_name_prefix="mount-meta") as pool:
+                queues = list(pool.map(one, found))
+        else:
+            queues = [one(item) for item in found]
+        for (_, topic, qid), q in zip(found, queues, strict=True):
+            if q is not None:
+                self._queues[(topic, qid)] = q
         if not self._queues and not empty:
             raise TierNotFound(f"broker {broker!r} has no queues in the tier (nothing "
                                f"under {prefix}: was tier.upload on?)")

@@ -8,6 +8,7 @@ dispatcher still holds its open key-index file (as a kill -9 leaves it)."""
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -243,3 +244,43 @@ def test_kept_ids_that_do_not_cover_the_read_are_not_used(
     # and what it read is kept now in place of what was there
     now = decode(path.read_bytes())
     assert now.since_ms == since_ms and now.ends == decode(encode(kept)).ends
+
+
+class _SlowMeta(LocalProvider):
+    """A local tier whose queue metadata reads each take 20 ms; counts those at once."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.at_once = self.most = 0
+        self._lock = threading.Lock()
+
+    def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+        if path.split("/")[1] != "meta":
+            return super().read(path, offset, length)
+        with self._lock:
+            self.at_once += 1
+            self.most = max(self.most, self.at_once)
+        try:
+            time.sleep(0.02)
+            return super().read(path, offset, length)
+        finally:
+            with self._lock:
+                self.at_once -= 1
+
+
+def test_a_mount_reads_the_queues_metadata_at_once_and_skips_a_damaged_one(
+        tier: Tier, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a copy of the tier in which one queue's metadata copy is damaged
+    shutil.copytree(tier.root / "tier", tmp_path / "tier")
+    (tmp_path / "tier" / "b0" / "meta" / "b" / "1.json").write_bytes(b'{"generation": ')
+    slow = _SlowMeta(str(tmp_path / "tier"))
+    # When a takeover mounts it
+    with caplog.at_level(logging.ERROR, "tiered.mount"):
+        mounted = MountedBroker(slow, "b0", str(tmp_path / "work"))
+    # Then the copies were read several at once, and every queue but that one is served
+    assert 1 < slow.most <= mountindex.TAIL_THREADS
+    assert mounted.bounds("b", 1) is None and "skipping b0/meta/b/1.json" in caplog.text
+    whole = tier.mount(tmp_path / "whole")
+    others = [(t, q) for t in TOPICS for q in range(QUEUES) if (t, q) != ("b", 1)]
+    assert [mounted.bounds(*k) for k in others] == [whole.bounds(*k) for k in others]
+    assert mounted.messages() == whole.messages() - whole.bounds("b", 1)[1] > 0
