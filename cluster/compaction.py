@@ -60,7 +60,8 @@ def attach_compaction(broker: Host) -> TimerCompactor:
 
     return TimerCompactor(broker.tier, name, lambda s, qo, n: tiered.read(s, 0, qo, n),
                           committed, tiered.confirm_deletes,
-                          broker.config.tier.journal_snapshot_records, AdoptionFolds(broker))
+                          broker.config.tier.journal_snapshot_records, AdoptionFolds(broker),
+                          broker.config.tier.journal_snapshot_s, broker.clock.monotonic_ms)
 
 
 class AdoptionFolds:

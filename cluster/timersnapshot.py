@@ -5,7 +5,10 @@ The delayed stream holds every delayed record as sent, the timer stream a record
 delivery batch, Cancel and Reschedule (``store.journal``): both grow with the broker's
 history.  Every ``tier.journal_snapshot_records`` records (or half as many as the latest
 snapshot holds, if more: a snapshot costs at most twice what it saves, and the streams
-past it stay under half its size) the broker that owns
+past it stay under half its size), and every ``tier.journal_snapshot_s`` once
+``BY_TIME_RECORDS`` and that half came (with durable-ack the streams are many small
+objects, about one per commit, and a takeover read them one request each: 572 timer
+records of two minutes took 2 s of one in the failover chaos) the broker that owns
 them folds what its tier committed since the last snapshot into a new one, from the tier
 alone (``TimerCompactor.step``, the server's scheduler, one thread):
 
@@ -79,6 +82,7 @@ MAGIC = b"CMQTSNP1"
 POINTER = "state/timer-snapshot.json"  # under the broker's prefix
 PART_BYTES = 32 << 20  # a part object is closed at this size
 READ_BATCH = 5_000
+BY_TIME_RECORDS = 100  # a snapshot by time needs at least this many stream records since
 _ENTRY = struct.Struct(">QQI")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -251,10 +255,16 @@ class TimerCompactor:
     def __init__(self, tier: Provider, broker: str,
                  read: Callable[[str, int, int], list[TieredEntry]],
                  committed: Callable[[str], int], confirm: Callable[[], bool],
-                 every: int, folds: Callable[[int], list[Fold]] = lambda _: []) -> None:
+                 every: int, folds: Callable[[int], list[Fold]] = lambda _: [],
+                 every_s: float = 0.0, monotonic_ms: Callable[[], float] = lambda: 0.0
+                 ) -> None:
+        """``every_s``: a snapshot also this long after the last (by ``monotonic_ms``),
+        once ``BY_TIME_RECORDS`` records, and half as many as it holds, came."""
         self._tier, self._broker = tier, broker
         self._read, self._committed, self._confirm = read, committed, confirm
         self._folds = folds
+        self.every_s, self._monotonic_ms = every_s, monotonic_ms
+        self._at_ms = monotonic_ms()  # when the latest snapshot was written (or start)
         self._unfoldable: set[str] = set()  # digests whose fold failed (till a restart)
         self.every = every
         self.pointer = read_pointer(tier, broker) or Pointer()
@@ -264,7 +274,9 @@ class TimerCompactor:
         p = self.pointer
         grown = (self._committed(DELAYED_STREAM) - p.delayed_from
                  + self._committed(TIMER_STREAM) - p.timer_from)
-        return self.every > 0 and (grown >= max(self.every, p.records // 2)
+        by_time = (self.every_s > 0 and grown >= max(BY_TIME_RECORDS, p.records // 2)
+                   and self._monotonic_ms() - self._at_ms >= self.every_s * 1000)
+        return self.every > 0 and (grown >= max(self.every, p.records // 2) or by_time
                                    or bool(self._to_fold(self._committed(TIMER_STREAM))))
 
     def _to_fold(self, t1: int) -> list[Fold]:
@@ -310,6 +322,7 @@ class TimerCompactor:
         self._tier.write(f"{self._broker}/{POINTER}", new.encode())
         self.pointer = new
         self.snapshots += 1
+        self._at_ms = self._monotonic_ms()
         crashpoint("timer_snapshot.after_pointer")
         log.info("timer snapshot at delayed record %d, timer record %d: %d pending in %d "
                  "parts%s", c1, t1, writer.records, len(writer.paths),

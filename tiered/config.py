@@ -66,5 +66,6 @@ class TierConfig:
     #                                          journal after this many records (0: only
     #                                          at start): what a takeover replays
     journal_snapshot_s: float = 60.0  # ... or after this long, once as many records came
-    #                                   as the last snapshot had (0: by records only): a
+    #                                   as the last snapshot had (0: by records only),
+    #                                   the timer's too (cluster.timersnapshot): a
     #                                   takeover reads a minute of small objects at most

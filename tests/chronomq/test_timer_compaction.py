@@ -19,7 +19,7 @@ from chronomq.broker import Broker
 from chronomq.config import BrokerConfig, TierConfig
 from cluster.timersnapshot import read_pointer
 from store.clock import ManualClock
-from store.message import Draft
+from store.message import FLAG_DELAYED, Draft
 from store.names import DELAYED_STREAM, TIMER_STREAM
 from store.store import StoreConfig
 from store.topics import Topic
@@ -229,3 +229,37 @@ def test_the_adoption_of_a_broker_that_wrote_nothing_folds_into_a_snapshot(
         assert pointer is not None and pointer.records == 2
     finally:
         b.stop()
+
+
+def test_a_snapshot_comes_every_journal_snapshot_s_once_enough_records_came(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    """By records alone (``tier.journal_snapshot_records``, 100,000) a broker's timer
+    snapshots came hours apart, and a takeover read every small object of its streams
+    since (572 timer records of two minutes took 2 s in the failover chaos)."""
+    a = _broker(tmp_path, "a", manual_clock, every=100_000)
+    try:
+        a.create_topic(Topic("t", 1))
+        assert a.compactor is not None
+
+        def sent(n: int) -> None:
+            now = manual_clock.now_ms()
+            a.sender.send([Draft("", "t", "", "", b"x", b"", now, now + HOUR_MS,
+                                 FLAG_DELAYED) for _ in range(n)]).result(10)
+            _caught_up(a)
+
+        # Given 150 delayed records, a minute after the start
+        sent(150)
+        assert not a.compactor.step()  # under a minute: none yet
+        manual_clock.advance(60_000)
+        # When the compactor steps, Then a snapshot is written, holding them
+        assert a.compactor.step()
+        assert read_pointer(a.tier, "a").records == 150  # type: ignore[union-attr]
+        # and the next only a minute later (and once 100 records, half of 150, came)
+        sent(100)
+        manual_clock.advance(59_000)
+        assert not a.compactor.step()
+        manual_clock.advance(1_000)
+        assert a.compactor.step()
+        assert read_pointer(a.tier, "a").records == 250  # type: ignore[union-attr]
+    finally:
+        a.stop()
