@@ -48,7 +48,9 @@ import bisect
 import json
 import logging
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 from tiered.errors import TierError, TierNotFound
@@ -385,6 +387,21 @@ class FlatFile:
 READ_THREADS = 16  # one read of many objects fetches this many at once
 _readers: ThreadPoolExecutor | None = None
 _readers_lock = threading.Lock()
+_local = threading.local()  # .pool: this thread's readers, if not the shared ones
+
+
+@contextmanager
+def reading_on(pool: ThreadPoolExecutor) -> Iterator[None]:
+    """Reads of many objects this thread makes inside the block fetch on ``pool``, not
+    on the shared readers: work in the background (a takeover's indexing of recent ids,
+    ``tiered.mountindex``) does not queue ahead of reads a client waits for (the same
+    takeover's replay of the journal)."""
+    before = getattr(_local, "pool", None)
+    _local.pool = pool
+    try:
+        yield
+    finally:
+        _local.pool = before
 
 
 def _fetch(provider: Provider, plan: list[tuple[str, int, int]], missing_ok: bool
@@ -404,8 +421,11 @@ def _fetch(provider: Provider, plan: list[tuple[str, int, int]], missing_ok: boo
 
     if len(plan) <= 1:
         return [one(step) for step in plan]
-    global _readers
-    with _readers_lock:
-        if _readers is None:
-            _readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="tier-read")
-    return list(_readers.map(one, plan))
+    pool: ThreadPoolExecutor | None = getattr(_local, "pool", None)
+    if pool is None:
+        global _readers
+        with _readers_lock:
+            if _readers is None:
+                _readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="tier-read")
+        pool = _readers
+    return list(pool.map(one, plan))
