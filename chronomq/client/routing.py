@@ -128,6 +128,42 @@ class BrokerDirectory:
         now = successor(self._tier, owner.broker)  # None: not taken over
         return now.address if now is not None and now.address else owner.address
 
+    def await_move(self, topic: str, address: str, until: float) -> None:
+        """``address``, where ``topic`` was, did not answer in time (paused, cut off, or
+        slow): wait, reading the shared tier, until another broker owns the topic (a
+        takeover: ``taken_by`` in the lease), that broker's lease is written again (it
+        is alive: try it again), two lease lengths pass with neither, or ``until``
+        (monotonic).  A call to a paused broker is not made again, to wait a whole
+        time-out more, while its successor is on the way.  At once without the tier, or
+        for a broker without a watched lease (no takeover will come)."""
+        if self._tier is None:
+            return
+        from cluster.lease import read_lease, successor
+        from cluster.ownership import owner_of
+        from tiered.errors import TierError
+        try:
+            owner = owner_of(self._tier, topic)
+            if owner is None:
+                return
+            broker = (successor(self._tier, owner.broker) or owner).broker
+            view, version = read_lease(self._tier, broker)
+        except TierError:
+            return
+        if view is None or view.lease_s <= 0 or view.address != address:
+            return
+        end = min(until, time.monotonic() + 2 * view.lease_s)
+        pause = 0.1
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(pause, left))
+            pause = min(0.5, pause * 2)
+            try:
+                if (self._from_tier(topic) or address) != address:
+                    return  # moved
+                if read_lease(self._tier, broker)[1] != version:
+                    return  # written again: alive (or claimed: the next look follows)
+            except TierError:
+                continue
+
     def _from_brokers(self, topic: str) -> tuple[str | None, bool]:
         """The first broker listing ``topic`` as its own, not known to be taken over;
         else the first of the others that lists it; and whether every broker answered."""
@@ -186,7 +222,9 @@ class RoutedClient:
     tried is down (UNAVAILABLE), does not answer in time (DEADLINE_EXCEEDED: paused or
     cut off), no longer has the topic (NOT_FOUND) or was taken over
     (FAILED_PRECONDITION), with back-off from 0.1 s to 1 s, while a failover moves the
-    topic (``tier.failover``); 0: look once more, as before.  A FAILED_PRECONDITION is
+    topic (``tier.failover``); 0: look once more, as before.  After DEADLINE_EXCEEDED it
+    calls that broker again only once the bucket shows it alive, or when no successor
+    came within two lease lengths (``BrokerDirectory.await_move``).  A FAILED_PRECONDITION is
     followed when it says the broker was taken over, else only when the owner found
     again is another broker.  A topic no broker has, every broker answering, is
     NOT_FOUND at once (``NoOwner``)."""
@@ -225,6 +263,9 @@ class RoutedClient:
                     if attempt == 1 and moved:
                         continue  # look for the owner again, once
                     raise
+                if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED and address:
+                    self.directory.await_move(topic, address, deadline)
+                    continue
                 if attempt > 1 or not moved:
                     time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                     backoff = min(1.0, backoff * 2)

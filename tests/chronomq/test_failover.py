@@ -320,3 +320,42 @@ def test_producer_and_consumer_follow_their_topic(tmp_path: Path, seaweed_endpoi
         for p in brokers:
             if p.proc.poll() is None:
                 p.kill9()
+
+
+@pytest.mark.slow
+def test_a_send_to_a_paused_owner_waits_for_its_successor_not_a_second_time_out(
+        tmp_path: Path, seaweed_endpoint: str, seaweed_bucket: str) -> None:
+    """A send to a paused owner timed out, was made there again (the takeover not done
+    yet) and timed out a second time before it found the successor: two client
+    time-outs (5 s each in the failover chaos, where a pause cost 10.5-11 s).  After
+    the first it waits for the bucket to show a successor, or the owner alive."""
+    brokers = _three(tmp_path, seaweed_endpoint, seaweed_bucket)
+    tier = make_provider(load_config(None, _settings(seaweed_endpoint, seaweed_bucket, "c")))
+    try:  # (a time-out shorter than the lease: the claim comes after the first)
+        with RoutedClient(BrokerDirectory(tier=tier, timeout_s=LEASE_S / 2),
+                          follow_s=60) as rc:
+            rc.send([pb.OutgoingMessage(topic="orders", body=b"before")])
+            a = brokers[0]
+            calls: dict[str, int] = {}
+            client = rc.directory.client
+
+            def counted(address: str) -> ChronomqClient:
+                calls[address] = calls.get(address, 0) + 1
+                return client(address)
+
+            rc.directory.client = counted  # type: ignore[method-assign]
+            os.kill(a.proc.pid, signal.SIGSTOP)
+            try:
+                # When a send begins at once, Then it is answered OK by a successor,
+                # after one call to the paused broker
+                (out,) = rc.send([pb.OutgoingMessage(topic="orders", body=b"after")])
+                assert out.ok
+                assert calls.get(a.target) == 1, calls
+                assert rc.directory.locate("orders") != a.target
+            finally:
+                os.kill(a.proc.pid, signal.SIGCONT)
+    finally:
+        for p in brokers:
+            if p.proc.poll() is None:
+                os.kill(p.proc.pid, signal.SIGCONT)
+                p.kill9()
