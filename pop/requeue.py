@@ -289,6 +289,8 @@ class Requeuer:
                 self._book.journal.wait_tier(infos)
                 break
             except TierUnavailable as exc:
+                if self._schedule.closed:  # stopping: a restart settles them from the log
+                    raise
                 log.warning("copies of leased messages wait for the tier before their "
                             "leases are marked done: %s", exc)
         return [k for k, _ in copies]
