@@ -141,12 +141,6 @@ class LeaseJournal:
                     self._journaled.popitem(last=False)  # covered now
         self.check()
 
-    def wait_tier(self, infos: list[DispatchInfo]) -> None:
-        """With durable-ack, return once the tier holds these stored records (a copy an
-        entry is marked done for: ``pop.requeue``); then the fencing check."""
-        if self._journal is not None:
-            self._journal.wait_tier(infos)
-
     @property
     def durable_ack(self) -> bool:
         return self._journal is not None and self._journal.durable_ack

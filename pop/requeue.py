@@ -4,9 +4,8 @@ rewinding an offset.
 When a lease's deadline passes with entries not done (revive), or a consumer releases
 a message (Nack), a copy of the message (same id, ``delivery_attempt`` + 1) is appended
 to the group's retry topic ``%RETRY%<group>%<topic>`` (now, or through the timer after a
-back-off), and only once that append is durable (with ``tier.durable_ack``: in the
-tier, so that no successor reads the mark without the copy) is the entry marked done in
-the lease book (``pop.leasebook``).  After ``max_attempts`` deliveries the copy goes to the
+back-off), and only once that append is durable is the entry marked done in the lease
+book (``pop.leasebook``).  After ``max_attempts`` deliveries the copy goes to the
 dead-letter topic ``%DLQ%<group>%<topic>`` instead.  Each copy names the entry it
 replaces and ``pop.settle.CopySettler`` (``copies``) settles the two across a crash: an
 entry is never revived twice, so a group never gets a message again after acking its
@@ -64,7 +63,6 @@ from store.kv import KV
 from store.message import FLAG_DELAYED, FLAG_RETRY, Draft, encode_properties
 from store.store import MessageStore
 from store.topics import Topic
-from tiered.errors import TierUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -276,23 +274,11 @@ class Requeuer:
                                 encode_properties(props), m.born_at_ms, due, flags, attempts))
         self.copies.begin(copies)
         try:
-            infos = self._store.put_drafts(drafts).result()
+            self._store.put_drafts(drafts).result()
         except BaseException:
             self.copies.settled([k for k, _ in copies], appended=False)
             raise
         crashpoint("pop.after_copy_append")
-        # with durable-ack, the copies in the tier before their entries' marks: the
-        # journal (its marks) and the retry queue go up as different queues, and a
-        # successor that read a mark without its copy lost the message for the group
-        while True:  # (appended: never appended again, so a slow tier is waited out)
-            try:
-                self._book.journal.wait_tier(infos)
-                break
-            except TierUnavailable as exc:
-                if self._schedule.closed:  # stopping: a restart settles them from the log
-                    raise
-                log.warning("copies of leased messages wait for the tier before their "
-                            "leases are marked done: %s", exc)
         return [k for k, _ in copies]
 
     def _ensure_topic(self, name: str) -> None:

@@ -87,11 +87,6 @@ class ReviveSchedule:
             if not self._closed:
                 self._cond.wait(seconds)
 
-    @property
-    def closed(self) -> bool:
-        with self._cond:
-            return self._closed
-
     def open(self) -> None:
         with self._cond:
             self._closed = False

@@ -25,14 +25,13 @@ from chronomq.config import BrokerConfig, TierConfig
 from cluster.handover import CLOCK_SLACK_MS, RESEND_HORIZON_MS, InheritedIds
 from cluster.takeover import Takeover
 from pop.handle import HandleCodec, InvalidReceiptHandle, ReceiptHandle
-from pop.model import AlreadyRequeued, dlq_topic, retry_topic
+from pop.model import AlreadyRequeued, dlq_topic
 from store.clock import ManualClock
 from store.errors import ChronomqError
-from store.message import Draft, Message, decode_record, draft_of
+from store.message import Draft, Message, draft_of
 from store.store import StoreConfig
 from store.topics import Topic
 from tests.conftest import RunningServer, broker_config
-from tiered.mount import MountedBroker
 
 LEASE_S = 60  # the leases A gives
 EXTENDED_S = 600  # what ChangeInvisibleTime at B gives one of them
@@ -380,29 +379,3 @@ def test_in_a_chain_the_next_taker_reads_the_recent_ids_the_first_kept(
     finally:
         for broker in reversed(brokers):
             broker.stop()
-
-
-def test_a_revived_lease_is_marked_done_only_once_its_copy_is_in_the_tier(
-        tmp_path: Path, manual_clock: ManualClock) -> None:
-    """A revive appended the retry copy, waited for the CommitLog alone, and marked the
-    lease done: the mark (the journal) and the copy (the retry queue) go up to the tier
-    as different queues, and a successor read the mark without the copy (seen in the
-    failover chaos: a copy stored in the departed broker's last 10 ms, its queue's end
-    in the tier short of it, the lease done; the message never came again).  With
-    durable-ack the mark waits for the tier to hold the copy."""
-    a = _broker(tmp_path, "a", manual_clock)
-    try:
-        a.create_topic(Topic("t", 1))
-        assert not _send(a, "order-1")
-        (leased,) = a.pop.pop("t", "g", 1, LEASE_S)
-        manual_clock.advance(LEASE_S * 1000)
-        # When its lease runs out and it is revived
-        assert a.pop.revive_due() == 1
-        # Then, at once, the tier holds the retry copy a successor would serve
-        mounted = MountedBroker(a.tier, "a", str(tmp_path / "mount"), empty=True)
-        bounds = mounted.bounds(retry_topic("g", "t"), 0)
-        assert bounds is not None and bounds[1] == 1, bounds
-        (copy,) = mounted.read(retry_topic("g", "t"), 0, 0, 1)
-        assert decode_record(copy.record).message_id == leased.message.message_id
-    finally:
-        a.stop()
