@@ -18,11 +18,13 @@ not yet durable in the tier (the key index, ``tiered.index``, has persisted its 
 by then).  Copies of the metadata go to the tier for a broker that mounts it
 (``Mirror``); until a copy is in, the position and the upload lag count its queue's
 batch as not uploaded (what a mount sees); ``open`` writes every queue's copy again (a
-crash may have cut one off).  The timer stream's copy goes in only once every other
-queue is in the tier up to its records (``Mirror``, ``after``): its records name
-deliveries whose messages are in other queues, and a broker taking this one over must
-never read the record of a delivery whose message it cannot read
-(``cluster.delivered``).  After a crash it replays from the checkpoint, skipping queue
+crash may have cut one off).  The journal's streams' copies (``JOURNAL_STREAMS``) go in
+only once every other queue is in the tier up to their records (``Mirror``, ``after``):
+the timer stream's records name deliveries whose messages are in other queues, the state
+stream's name leases marked done for their retry copies (``pop.requeue``), and a broker
+taking this one over must never read a delivery whose message, or a mark whose copy, it
+cannot read (``cluster.delivered``; a mark without its copy lost the message for its
+group in the failover chaos).  After a crash it replays from the checkpoint, skipping queue
 offsets the tier has: nothing twice, nothing lost.  As a log reader of the store its
 checkpoint is ``rewind``-ed after a torn tail and guards local retention.
 
@@ -50,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from store.clock import Clock
 from store.crashpoint import crashpoint
 from store.message import FLAG_DELAYED, DispatchInfo
-from store.names import DELAYED_STREAM, TIMER_STREAM, is_system_stream
+from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM, is_system_stream
 from store.store import MessageStore
 from tiered.config import TierConfig
 from tiered.durable import DurablePosition, Linger
@@ -67,6 +69,9 @@ log = logging.getLogger(__name__)
 
 READ_CHUNK = 4 << 20
 UPLOAD_THREADS = 16  # the uploader pool: every due queue's two objects go up at once
+# the journal's streams: their records name what other queues hold (a delivery's copy,
+# a lease's retry copy), so their copies in the tier wait for the rest (``Mirror``)
+JOURNAL_STREAMS = (TIMER_STREAM, STATE_STREAM)
 RETRY_MIN_MS, RETRY_MAX_MS = 200, 5000  # back-off after a failed commit, doubling
 SYSTEM_SEGMENT_BYTES = 16 << 20  # the system streams' segments: what deletion frees at once
 
@@ -97,8 +102,10 @@ class TieredDispatcher:
         self.index = TieredIndex(provider, broker, os.path.join(meta_dir, "index"), clock,
                                  config.index_entries, config.index_ms, self._mirror)
         self._checkpoint = self._read_position = 0  # read by ``open``
-        self._timer_end = 0  # where the timer stream's last buffered record ends
-        self._timer_copy: tuple[str, bytes] | None = None  # its copy to put again, at start
+        self._journal_end: dict[str, int] = {}  # a journal stream -> where its last
+        #                                         buffered record ends
+        self._journal_copies: dict[str, tuple[str, bytes]] = {}  # their copies to put
+        #                                                           again, at start
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._recent = RecentRecords()  # what the store's dispatcher decoded (``offer``)
@@ -150,8 +157,8 @@ class TieredDispatcher:
             # its copy in the tier again: a crash may have cut the last one off (the
             # timer stream's once the rest is in again, up to where the log ends: put
             # by the first ``step`` that finds nothing more to read)
-            if topic == TIMER_STREAM:
-                self._timer_copy = (self._meta_copy(topic, qid), meta.encode())
+            if topic in JOURNAL_STREAMS:
+                self._journal_copies[topic] = (self._meta_copy(topic, qid), meta.encode())
             else:
                 self._mirror.put(self._meta_copy(topic, qid), meta.encode())
         checkpoint = self._files.checkpoint()
@@ -215,9 +222,10 @@ class TieredDispatcher:
             return 0
         cl = self._store.commitlog
         offset, data = cl.read_from(self._read_position, READ_CHUNK)
-        if not data and self._timer_copy is not None:  # caught up after a start
-            self._mirror.put(*self._timer_copy, None, self._read_position)
-            self._timer_copy = None
+        if not data and self._journal_copies:  # caught up after a start
+            for path, meta in self._journal_copies.values():
+                self._mirror.put(path, meta, None, self._read_position)
+            self._journal_copies.clear()
         infos, used = self._recent.take(offset, len(data)) if data else ([], 0)
         self._reused += len(infos)
         if data and not used:
@@ -245,8 +253,8 @@ class TieredDispatcher:
             if problem:
                 log.error("not uploading part of a queue: %s", problem)
             if added:
-                if key[0] == TIMER_STREAM:  # its copy in the tier waits for the rest
-                    self._timer_end = added[-1].commit_offset + added[-1].record_size
+                if key[0] in JOURNAL_STREAMS:  # its copy in the tier waits for the rest
+                    self._journal_end[key[0]] = added[-1].commit_offset + added[-1].record_size
                 self.index.add_batch(key[0], key[1], q.generation, added, covered)
                 buffered += len(added)
                 with self._lock:
@@ -362,8 +370,9 @@ class TieredDispatcher:
         meta = q.to_json().encode()
         self._files.save_queue(q.topic, q.queue_id, meta)
         after = None
-        if q.topic == TIMER_STREAM:
-            after, self._timer_copy = self._timer_end, None  # (newer than the one at start)
+        if q.topic in JOURNAL_STREAMS:  # (newer than the one at start)
+            after = self._journal_end.get(q.topic, 0)
+            self._journal_copies.pop(q.topic, None)
         self._mirror.put(self._meta_copy(q.topic, q.queue_id), meta, floor, after)
 
     def publish(self, path: str, data: bytes) -> None:

@@ -100,9 +100,10 @@ class Mirror:
 
     A copy put with ``after`` (a CommitLog offset) is written only once a reader of the
     tier sees everything else below that offset (``sync``'s ``position``, and every
-    other copy in): the timer stream's, whose records name deliveries whose copies are
-    in other queues (``cluster.delivered``), so the tier never holds the record of a
-    delivery without the delivered message."""
+    other copy in): the journal's streams', whose records name what other queues hold
+    (a delivery's copy, ``cluster.delivered``; a revived lease's retry copy), so the
+    tier never holds the record of a delivery without the delivered message, nor a
+    lease marked revived without its copy."""
 
     def __init__(self, provider: Provider, uploader: ThreadPoolExecutor | None) -> None:
         self._provider, self._uploader = provider, uploader
