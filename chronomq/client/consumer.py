@@ -49,6 +49,7 @@ from concurrent.futures import Future
 import grpc
 
 from chronomq.client.client import ChronomqClient, RpcError, status_by_number
+from chronomq.client.errors import HELD_RETRY_S, being_taken_over
 from chronomq.v1 import broker_pb2 as pb
 
 FOLLOW = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
@@ -279,6 +280,9 @@ class Consumer:
             if code not in RETRYABLE and not (self._locate is not None and code in FOLLOW):
                 self._inbox.put(RpcError(code, details))
                 return
+            if code == grpc.StatusCode.UNAVAILABLE and being_taken_over(details):
+                time.sleep(HELD_RETRY_S)  # the owner, adopting the topic: soon
+                continue
             time.sleep(backoff)
             backoff = min(2.0, backoff * 2)
 

@@ -8,7 +8,20 @@ the gRPC status the broker's one error edge (``chronomq.api.errors``) chose.
 
 from __future__ import annotations
 
+import re
+
 import grpc
+
+# a topic held while a takeover adopts its state (the broker's ``store.holds``): its new
+# owner answers it in a moment, so a call refused so is tried again soon, at the same
+# broker, without the growing back-off of a broker that is away
+BEING_TAKEN_OVER = re.compile(r"\bis being taken over from broker ")
+HELD_RETRY_S = 0.1
+
+
+def being_taken_over(details: str) -> bool:
+    """Whether an UNAVAILABLE says the topic is held by a takeover under way here."""
+    return BEING_TAKEN_OVER.search(details) is not None
 
 
 class ClientError(Exception):

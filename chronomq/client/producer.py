@@ -52,7 +52,7 @@ from chronomq.client.client import (
     replace_outcome,
     status_by_number,
 )
-from chronomq.client.errors import ClientError
+from chronomq.client.errors import HELD_RETRY_S, ClientError, being_taken_over
 from chronomq.v1 import broker_pb2 as pb
 
 MAX_BATCH_MESSAGES = 1000  # the broker's limit per SendRequest
@@ -279,10 +279,13 @@ class Producer:
                 error = (grpc.StatusCode.CANCELLED if isinstance(exc, ValueError)
                          else grpc.StatusCode.INTERNAL, f"producer: {exc}")
             self._broken(*error)
+            held = error[0] == grpc.StatusCode.UNAVAILABLE and being_taken_over(error[1])
             with self._cond:  # a back-off, cut short by close()
-                if self._cond.wait_for(lambda: self._closing, backoff):
+                if self._cond.wait_for(lambda: self._closing,
+                                       HELD_RETRY_S if held else backoff):
                     return  # close() fails what is left
-            backoff = min(2.0, backoff * 2)
+            if not held:  # held: the owner, adopting the topic, answers in a moment
+                backoff = min(2.0, backoff * 2)
 
     def _answer(self, response: pb.SendResponse) -> None:
         with self._cond:

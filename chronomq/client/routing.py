@@ -44,6 +44,7 @@ from chronomq.client.client import (
     status_by_number,
 )
 from chronomq.client.consumer import Consumer
+from chronomq.client.errors import HELD_RETRY_S, being_taken_over
 from chronomq.client.producer import Producer
 from chronomq.v1 import broker_pb2 as pb
 
@@ -222,11 +223,13 @@ class RoutedClient:
     tried is down (UNAVAILABLE), does not answer in time (DEADLINE_EXCEEDED: paused or
     cut off), no longer has the topic (NOT_FOUND) or was taken over
     (FAILED_PRECONDITION), with back-off from 0.1 s to 1 s, while a failover moves the
-    topic (``tier.failover``); 0: look once more, as before.  After DEADLINE_EXCEEDED it
-    calls that broker again only once the bucket shows it alive, or when no successor
-    came within two lease lengths (``BrokerDirectory.await_move``).  A FAILED_PRECONDITION is
-    followed when it says the broker was taken over, else only when the owner found
-    again is another broker.  A topic no broker has, every broker answering, is
+    topic (``tier.failover``); 0: look once more, as before.  A topic its new owner
+    holds while it adopts the topic's state (UNAVAILABLE "being taken over") is asked
+    again there every ``HELD_RETRY_S``: it answers once the takeover is done.  After
+    DEADLINE_EXCEEDED it calls that broker again only once the bucket shows it alive, or
+    when no successor came within two lease lengths (``BrokerDirectory.await_move``).  A
+    FAILED_PRECONDITION is followed when it says the broker was taken over, else only
+    when the owner found again is another broker.  A topic no broker has, every broker answering, is
     NOT_FOUND at once (``NoOwner``)."""
 
     def __init__(self, directory: BrokerDirectory, follow_s: float = 30.0) -> None:
@@ -251,6 +254,10 @@ class RoutedClient:
             except RpcError as exc:
                 if exc.code not in FOLLOW or (isinstance(exc, NoOwner) and exc.certain):
                     raise
+                if (exc.code == grpc.StatusCode.UNAVAILABLE and being_taken_over(exc.details)
+                        and time.monotonic() < deadline):  # the owner, adopting: soon
+                    time.sleep(min(HELD_RETRY_S, max(0.0, deadline - time.monotonic())))
+                    continue
                 self.directory.forget(topic)
                 moved = exc.code == grpc.StatusCode.NOT_FOUND
                 if exc.code == grpc.StatusCode.FAILED_PRECONDITION:
