@@ -30,7 +30,8 @@ from cluster.failover import hold_lease, start_failover
 from cluster.fence import Fence
 from cluster.handover import adopted_delayed_ends, publish_secret
 from cluster.layout import broker_prefix
-from cluster.lease import BrokerLease, LeaseWatch
+from cluster.lease import BrokerLease
+from cluster.leasewatch import LeaseWatch
 from cluster.rejoin import Rejoin
 from cluster.takeover import Takeover, TakeoverResult
 from cluster.timersnapshot import TimerCompactor

@@ -17,7 +17,7 @@ import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import grpc
@@ -225,9 +225,20 @@ class BrokerServer:
         others'."""
         self._lease_watch = self.broker.start_failover(*self._addresses())
 
-    def _watch_leases(self) -> None:
+    def _watch_leases(self, expire: bool = False) -> None:
+        """A look at the leases (``expire``: a claim of those of the last look that
+        expired, at the moment they do, not at the next look: ``LeaseWatch.due_in_s``)."""
+        watch = self._lease_watch
         try:
-            self._lease_watch.step()
+            if expire:
+                watch.expire()
+                return
+            watch.step()
+            due = watch.due_in_s()
+            if due is not None and due < self.config.tier.lease_s / 10 and self._scheduler:
+                self._scheduler.add_job(self._watch_leases, "date", id="lease-expiry",
+                                        replace_existing=True, kwargs={"expire": True},
+                                        run_date=datetime.now() + timedelta(seconds=due))
         except TierError as exc:  # the tier is failing (this broker fences itself): one line
             log.warning("watching the brokers' leases failed: %s", exc)
         except Exception:  # the next look tries again

@@ -24,7 +24,8 @@ import threading
 from typing import TYPE_CHECKING
 
 from cluster.layout import broker_prefix
-from cluster.lease import BrokerLease, LeaseWatch
+from cluster.lease import BrokerLease
+from cluster.leasewatch import LeaseWatch
 from cluster.rejoin import KEPT, Rejoin
 from store.clock import Clock
 from store.errors import FailedPrecondition

@@ -26,14 +26,12 @@ change in the tier before the successor's claim, which the successor reads after
 The argument in full: docs/DESIGN.md,
 "Failover by construction: the bucket fences, clocks only time".
 
-**Clocks decide only when to take over.**  A watcher (``LeaseWatch``, every ``lease_s``
-/ 10) remembers, per watched lease, the version it saw and when it first saw it (its own
-monotonic clock, read *after* the read: never earlier than the version's write).  A lease
-whose version has not changed for ``lease_s`` of the watcher's time is expired; the least
-loaded survivor claims it first (the n-th waits n x ``lease_s`` / 3 more).  Without
-durable-ack a broker is also fenced by time alone (``check``): a renewal extends validity
-to its *start* + ``lease_s`` - ``margin``, so the holder stops answering OK ``margin``
-before any watcher can judge it expired (only clock rates are assumed close).
+**Clocks decide only when to take over.**  A watcher (``cluster.leasewatch``) judges a
+lease expired when its version has not changed for ``lease_s`` of the watcher's own
+monotonic clock.  Without durable-ack a broker is also fenced by time alone (``check``):
+a renewal extends validity to its *start* + ``lease_s`` - ``margin``, so the holder stops
+answering OK ``margin`` before any watcher can judge it expired (only clock rates are
+assumed close).
 
 **Ambiguous writes.**  A conditional put whose answer was lost (S3 retried it and then
 said 412, or the connection broke) is resolved by reading the object back: the nonce and
@@ -54,7 +52,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster.layout import LEASES, lease_path
+from cluster.layout import lease_path
 from store.clock import Clock
 from store.errors import FailedPrecondition, Unavailable
 from tiered.errors import TierError, TierNotFound, TierUnavailable
@@ -87,7 +85,7 @@ class LeaseView:
     incarnation: int = 0
 
 
-def _parse(raw: bytes) -> LeaseView:
+def parse_lease(raw: bytes) -> LeaseView:
     d = json.loads(raw)
     return LeaseView(str(d["broker"]), str(d.get("address", "")),
                      str(d.get("rocketmq_address", "")), int(d.get("epoch", 0)),
@@ -105,7 +103,7 @@ def read_lease(provider: Provider, broker: str) -> tuple[LeaseView | None, str]:
     except TierNotFound:
         return None, ""
     try:
-        return _parse(raw), version
+        return parse_lease(raw), version
     except (ValueError, KeyError, TypeError) as exc:
         raise TierError(f"the lease {lease_path(broker)} is damaged: {exc}") from exc
 
@@ -319,7 +317,7 @@ class BrokerLease:
         back and tell whose it is."""
         try:
             raw, version = self._provider.read_versioned(lease_path(self.broker))
-            current = _parse(raw)
+            current = parse_lease(raw)
         except (TierError, ValueError, KeyError, TypeError) as exc:
             log.warning("cannot read the lease %s back: %s", lease_path(self.broker), exc)
             return "failed", None
@@ -412,85 +410,3 @@ class BrokerLease:
                 self.renew()
             except Exception:  # the next renewal tries again
                 log.exception("renewing the lease %s failed", lease_path(self.broker))
-
-
-class LeaseWatch:
-    """Watches the other brokers' leases; claims one that expired (see the module
-    docstring).  ``take_over(broker)`` is called at most once per lease won."""
-
-    def __init__(self, provider: Provider, me: BrokerLease,
-                 take_over: Callable[[str], None]) -> None:
-        self._provider = provider
-        self._me = me
-        self._take_over = take_over
-        self._seen: dict[str, tuple[str, float]] = {}  # broker -> (version, first seen)
-        self._resumed: set[str] = set()  # leases claimed by this broker, handed on
-
-    def _read_all(self) -> dict[str, tuple[LeaseView, str, bytes, float]]:
-        """Every lease with its version, its content and when it was read (the clock is
-        read after each read: a slow read never makes "first seen" too early)."""
-        views: dict[str, tuple[LeaseView, str, bytes, float]] = {}
-        for path in self._provider.list(LEASES):
-            name = path[len(LEASES):].removesuffix(".json")
-            try:
-                raw, version = self._provider.read_versioned(path)
-                views[name] = (_parse(raw), version, raw, self._me.monotonic())
-            except (TierError, ValueError, KeyError, TypeError) as exc:
-                log.warning("skipping lease %s: %s", path, exc)
-        return views
-
-    def step(self) -> list[str]:
-        """One look at every lease; returns the brokers this broker won now."""
-        views = self._read_all()
-        now = self._me.monotonic()
-        for name, (view, _, _, _) in views.items():  # claimed by us before (a lost
-            if view.taken_by == self._me.broker and name not in self._resumed:  # answer,
-                self._resumed.add(name)  # a restart): the takeover finishes or is done
-                self._take_over(name)
-        for name, (view, _, _, _) in views.items():  # claimed by a broker we took over:
-            holder = views.get(view.taken_by)  # its takeover may be unfinished, ours to
-            if (holder is not None and holder[0].taken_by == self._me.broker  # finish
-                    and name not in self._resumed and name != self._me.broker):
-                self._resumed.add(name)
-                self._take_over(name)
-        lease_s = self._me.lease_s
-        expired: list[str] = []
-        for name, (view, version, _, read_at) in views.items():
-            seen = self._seen.get(name)
-            if seen is None or seen[0] != version:
-                self._seen[name] = (version, read_at)
-                continue
-            if (name != self._me.broker and view.lease_s > 0 and not view.taken_by
-                    and now - seen[1] >= lease_s):
-                expired.append(name)
-        if not expired or not self._me.valid_for_s():
-            return []
-        live = sorted((v.load, n) for n, (v, _, _, _) in views.items()
-                      if not v.taken_by and v.lease_s > 0 and n not in expired)
-        rank = next((i for i, (_, n) in enumerate(live) if n == self._me.broker), 0)
-        won = []
-        for name in expired:
-            _, since = self._seen[name]
-            if now - since < lease_s + rank * lease_s / 3:
-                continue  # a less loaded survivor tries first
-            if self._claim(name, views[name][1], views[name][2]):
-                log.warning("broker %s's lease expired: %s takes it over", name,
-                            self._me.broker)
-                won.append(name)
-                self._resumed.add(name)
-                self._take_over(name)
-        return won
-
-    def _claim(self, name: str, version: str, raw: bytes) -> bool:
-        """``taken_by: me`` on the version seen expiring; an unknown outcome is read back."""
-        content = json.dumps({**json.loads(raw), "taken_by": self._me.broker,
-                              "claimed_ms": self._me.wall_ms()}, sort_keys=True).encode()
-        try:
-            return self._provider.swap(lease_path(name), content, version) is not None
-        except TierError as exc:
-            log.warning("claiming the lease of %s: %s; reading it back", name, exc)
-        try:
-            view, _ = read_lease(self._provider, name)
-        except TierError:
-            return False  # unknown: a later look sees who holds it
-        return view is not None and view.taken_by == self._me.broker

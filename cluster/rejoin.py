@@ -232,7 +232,7 @@ class Rejoin:
                 return None
             # expired, and no survivor claimed it (there is none): take our old self
             # over ourselves; the lease watch of the new life runs the takeover it finds
-            # claimed by it (``cluster.lease.LeaseWatch``)
+            # claimed by it (``cluster.leasewatch.LeaseWatch``)
             holder = claim(self._tier, prefix, me, self._clock.now_ms())
             log.warning("broker %s: no survivor took over its incarnation %d (%s); %s "
                         "claimed it", self._name, incarnation, prefix, holder)

@@ -5,6 +5,7 @@ refused for good."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,12 +17,12 @@ from chronomq.providers import make_lease_provider, make_provider
 from cluster.layout import lease_path
 from cluster.lease import (
     BrokerLease,
-    LeaseWatch,
     TakenOver,
     claim,
     margin_s,
     successor,
 )
+from cluster.leasewatch import LeaseWatch
 from store.clock import SystemClock
 from store.errors import Unavailable
 from testkit.proxy import FaultProxy
@@ -271,3 +272,57 @@ def test_a_lease_write_against_a_stalled_s3_gives_up_within_the_lease(
         proxy.set_mode("pass")
         assert lease.renew() or lease.renew()  # the answer of a stalled write may be lost
         assert not lease.taken_by
+
+
+def test_a_lease_is_claimed_the_moment_it_expires_not_at_the_next_look(
+        tmp_path: Path) -> None:
+    # Given a and b holding leases, b watching; a's last write seen at t0
+    tier = LocalProvider(str(tmp_path))
+    clock = Clock()
+    a, b = _lease(tier, "a", clock), _lease(tier, "b", clock)
+    a.acquire()
+    b.acquire()
+    won: list[str] = []
+    watch = LeaseWatch(tier, b, won.append)
+    watch.step()
+    seen_at = clock.t
+
+    # When b looks again 0.3 s before a's lease runs out (a written no more)
+    clock.t = seen_at + LEASE_S - 0.3
+    assert b.renew()
+    assert watch.step() == []
+
+    # Then it knows when to look: 0.3 s from now, not a whole interval later; too
+    # early, nothing is claimed; on time, from what it read (no new look), a is its
+    assert watch.due_in_s() == pytest.approx(0.3)
+    clock.t += 0.2
+    assert watch.expire() == []
+    clock.t += 0.1
+    assert watch.expire() == ["a"]
+    assert won == ["a"]
+    assert b"\"taken_by\": \"b\"" in tier.read(lease_path("a"))
+    assert watch.due_in_s() is None  # nothing more to watch
+
+
+def test_a_claim_from_an_old_look_is_refused_when_the_lease_was_written_since(
+        tmp_path: Path) -> None:
+    # Given b's last look saw a's lease, unchanged for nearly a lease
+    tier = LocalProvider(str(tmp_path))
+    clock = Clock()
+    a, b = _lease(tier, "a", clock), _lease(tier, "b", clock)
+    a.acquire()
+    b.acquire()
+    watch = LeaseWatch(tier, b, lambda _: None)
+    watch.step()
+    clock.t += LEASE_S - 0.1
+    assert b.renew()
+    watch.step()
+
+    # When a writes its lease (alive, slow) and b's timer fires from that old look
+    assert a.renew()
+    clock.t += 0.1
+
+    # Then b's conditional claim on the version it saw is refused: a keeps its lease
+    assert watch.expire() == []
+    a.check()
+    assert not json.loads(tier.read(lease_path("a"))).get("taken_by")
