@@ -385,9 +385,20 @@ class FlatFile:
 
 
 READ_THREADS = 16  # one read of many objects fetches this many at once
-_readers: ThreadPoolExecutor | None = None
-_readers_lock = threading.Lock()
+_pools: dict[str, ThreadPoolExecutor] = {}  # name -> readers (``readers``)
+_pools_lock = threading.Lock()
 _local = threading.local()  # .pool: this thread's readers, if not the shared ones
+
+
+def readers(name: str = "tier-read") -> ThreadPoolExecutor:
+    """The pool of ``READ_THREADS`` object readers called ``name``, made at its first
+    use: "tier-read", the shared one; another for work that must not queue ahead of it
+    (``reading_on``)."""
+    with _pools_lock:
+        pool = _pools.get(name)
+        if pool is None:
+            pool = _pools[name] = ThreadPoolExecutor(READ_THREADS, thread_name_prefix=name)
+        return pool
 
 
 @contextmanager
@@ -422,10 +433,4 @@ def _fetch(provider: Provider, plan: list[tuple[str, int, int]], missing_ok: boo
     if len(plan) <= 1:
         return [one(step) for step in plan]
     pool: ThreadPoolExecutor | None = getattr(_local, "pool", None)
-    if pool is None:
-        global _readers
-        with _readers_lock:
-            if _readers is None:
-                _readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="tier-read")
-        pool = _readers
-    return list(pool.map(one, plan))
+    return list((pool or readers()).map(one, plan))

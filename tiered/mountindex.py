@@ -42,7 +42,7 @@ from store.consumequeue import ENTRY
 from store.message import HEADER
 from store.names import DELAYED_STREAM, is_system_stream
 from tiered.errors import TierError, TierNotFound
-from tiered.flatfile import READ_THREADS, reading_on
+from tiered.flatfile import readers, reading_on
 from tiered.index import OPEN_ENTRY, IndexFile, IndexHit, TieredIndex, digest, scan
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
@@ -177,7 +177,7 @@ class MountIndex:
         budget = _Budget(_TAIL_MAX_RECORDS)
 
         def one(q: TieredQueue) -> tuple[bytes, bool]:
-            with reading_on(_readers()):  # not ahead of the reads of a takeover's replay
+            with reading_on(readers("index-read")):  # not ahead of a takeover's replay
                 return _queue_tail(q, _tail_start(q, ends, ends_ms), since_ms, budget)
 
         threads = min(self._threads, len(queues))
@@ -226,18 +226,6 @@ class MountIndex:
                         self.broker, exc)
 
 
-_own_readers: ThreadPoolExecutor | None = None
-_own_readers_lock = threading.Lock()
-
-
-def _readers() -> ThreadPoolExecutor:
-    """The object reads of the tails' queues, apart from the shared ones
-    (``tiered.flatfile.reading_on``)."""
-    global _own_readers
-    with _own_readers_lock:
-        if _own_readers is None:
-            _own_readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="index-read")
-        return _own_readers
 
 
 class _Budget:
