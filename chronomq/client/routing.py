@@ -157,11 +157,9 @@ class BrokerDirectory:
         while (left := end - time.monotonic()) > 0:
             time.sleep(min(pause, left))
             pause = min(0.5, pause * 2)
-            try:
-                if (self._from_tier(topic) or address) != address:
-                    return  # moved
+            try:  # (a claim writes the lease too: one read sees either)
                 if read_lease(self._tier, broker)[1] != version:
-                    return  # written again: alive (or claimed: the next look follows)
+                    return  # written again: alive, or claimed (the next look follows)
             except TierError:
                 continue
 
