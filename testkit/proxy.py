@@ -169,6 +169,10 @@ class FaultProxy:
             _hard_close(client)
             return
         upstream.settimeout(None)
+        for sock in (client, upstream):  # as the client and the server set it: without,
+            # a request written in two pieces (head, body) waits out the peer's delayed
+            # ACK (Nagle: ~40 ms on Linux), a latency neither end would see
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._track(client, upstream)
         up = down = None
         if self._mode == "latency":
