@@ -69,7 +69,10 @@ class QueueSource:
         a mounted one.  A lease of a queue it does not have (yet) is not lost: a takeover
         adopts the departed broker's leases before it serves their queues
         (``cluster.takeover``), a mount may come back; only a queue served here can say
-        a message is gone."""
+        a message is gone.  A topic held by a takeover (``store.holds``) is not served
+        yet either: its leases wait until what the takeover adopts has settled them."""
+        if self._store.holds.held_for(topic) is not None:
+            return False
         t = self._store.topics.get(topic) or self._store.topics.mounted(topic)
         return t is not None and 0 <= qid < t.queue_count
 

@@ -9,7 +9,11 @@ anyway, a replace that replaces nothing).  So the topics are *held*: every path 
 resolves a topic for a client (``MessageStore.check`` for sends, ``require_topic`` for
 Pop and Subscribe, the timer's Cancel and Reschedule when they find nothing) raises
 ``Unavailable`` naming the takeover, and clients retry.  The broker's own writes (the
-timer's deliveries, retry copies, the adoption itself) do not pass here.
+timer's deliveries, the adoption itself) do not pass here; revives and Nacks of the
+held topics' leases wait (``pop.source.PopSource.serves``): an adopted lease the
+departed broker had already replaced with a delayed retry copy is settled only when the
+takeover adopts that copy (``cluster.adoption``), and revived before, the message came
+twice (the failover chaos, with takeovers of 12-21 s).
 
 A hold lives in memory; a takeover cut short by a restart holds its topics again before
 the broker serves (``Takeover.restore``).  Thread-safe.
@@ -49,13 +53,18 @@ class TopicHolds:
         with self._lock:
             return dict(self._held)
 
+    def held_for(self, topic: str) -> str | None:
+        """The broker being taken over for which ``topic`` (or the topic a retry or
+        dead-letter topic belongs to) is held; None: not held."""
+        if not self._held:
+            return None
+        made = split_broker_made(topic)
+        return self._held.get(topic) or (self._held.get(made[2]) if made else None)
+
     def check(self, topic: str) -> None:
         """Raise ``Unavailable`` when ``topic`` (or the topic a retry or dead-letter
         topic belongs to) is held."""
-        if not self._held:
-            return
-        made = split_broker_made(topic)
-        departed = self._held.get(topic) or (self._held.get(made[2]) if made else None)
+        departed = self.held_for(topic)
         if departed is not None:
             raise Unavailable(f"topic {topic!r} is being taken over from broker {departed}: "
                               "its leases and pending messages are being adopted; retry in "

@@ -109,3 +109,42 @@ def test_a_revive_during_a_takeover_keeps_the_adopted_leases(
         assert lost == []
     finally:
         b.stop()
+
+
+def test_leases_of_a_topic_held_by_a_takeover_wait_to_revive(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    """A takeover adopts leases (``positions``) before their pending delayed messages
+    (``timers``); an adopted lease its departed broker had Nacked with a delay is settled
+    only when the delayed retry copy is adopted.  Seen in the failover chaos: with a
+    timers step of 15 s, the adopted lease ran out first, was revived, and the delayed
+    copy fired too: the message came twice, the second time after an OK ack.  So the
+    leases of a held topic do not revive (nor Nack) until the takeover releases it."""
+    # Given three messages of t leased for 10 s, and t held as a takeover holds it
+    b = _broker(tmp_path, "b", manual_clock)
+    try:
+        b.create_topic(Topic("t", 1))
+        b.sender.send([draft_of(Message("", "t", f"m{i}".encode()))
+                       for i in range(3)]).result(10)
+        leased = b.pop.pop("t", "g", 3, SHORT_S)
+        assert len(leased) == 3
+        b.store.holds.hold(["t"], "broker-gone")
+
+        # When one is Nacked while t is held, and their invisible time passes
+        (refused,) = b.pop.release_many("g", [(leased[0].receipt_handle, None)])
+        manual_clock.advance(SHORT_S * 1000 + 1)
+
+        # Then the Nack is refused for now (its lease runs out instead), and none revives
+        # (the leases stay open)
+        assert refused is not None and "not served here yet" in str(refused)
+        assert b.pop.revive_due() == 0
+
+        # and once the takeover releases t, they revive
+        b.store.holds.release(["t"])
+        manual_clock.advance(1_000)  # (a revive that waited is tried again after a while)
+        revived = 0
+        for _ in range(10):
+            revived += b.pop.revive_due()
+            manual_clock.advance(1_000)
+        assert revived == 3
+    finally:
+        b.stop()
