@@ -57,12 +57,16 @@ def test_a_failed_upload_switches_segment_and_loses_nothing(provider: Provider) 
 def test_a_timed_out_upload_that_succeeds_late_is_never_read(provider: Provider) -> None:
     faulty = FaultyProvider(provider)
     with ThreadPoolExecutor(2) as uploader:
-        ff = FlatFile(faulty, "p", upload_timeout_s=0.2, uploader=uploader)
+        # the short time-out only for the upload held back (a real S3 server's first
+        # PUT may take longer than it on a busy machine: seen in CI)
+        ff = FlatFile(faulty, "p", upload_timeout_s=30, uploader=uploader)
         ff.append(b"aaaa")
         assert ff.commit()
         faulty.hold()
         ff.append(b"bbbb")
+        ff.upload_timeout_s = 0.2
         assert not ff.commit()  # timed out; the upload is still in flight
+        ff.upload_timeout_s = 30
         ff.append(b"cccc")
         faulty.release()  # ... now it lands, late, in the sealed segment
         assert ff.commit()  # the buffer, re-uploaded into a new segment
