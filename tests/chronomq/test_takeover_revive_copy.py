@@ -22,38 +22,18 @@ from pathlib import Path
 import pytest
 
 import chronomq.broker
-from chronomq.broker import Broker
-from chronomq.config import BrokerConfig
 from store.clock import ManualClock
 from store.message import Message, draft_of
 from store.names import RETRY_PREFIX, STATE_STREAM
-from store.store import StoreConfig
 from store.topics import Topic
 from tests.chronomq.test_duplicate_durability import Faulty
-from tiered.config import TierConfig
+from tests.chronomq.test_takeover_at_most_once import _broker
+from tests.chronomq.test_takeover_last_moments import _metas
 from tiered.dispatcher import RETRY_MAX_MS
 from tiered.providers.local import LocalProvider
 
 INVISIBLE_S = 10
 UPLOAD_WAIT_S = 20  # the tier's own thread commits (and fails) on its own time
-
-
-def _broker(root: Path, name: str, clock: ManualClock) -> Broker:
-    """A durable-ack broker on the shared tier; timer and revive driven by hand."""
-    tier = TierConfig(provider="local", local_dir=str(root / "tier"), broker_name=name,
-                      upload=True, durable_ack=True, durable_ack_ms=1)
-    b = Broker(BrokerConfig(store=StoreConfig(str(root / name)), tier=tier), clock)
-    b.open()
-    b.start(timer_thread=False)
-    assert b.tiered is not None
-    b.tiered.start()
-    return b
-
-
-def _metas(b: Broker, topic: str) -> dict[str, bytes]:
-    """The tier's metadata copies of ``topic``'s queues (what a mount reads)."""
-    name = b.config.tier.broker_name
-    return {p: b.tier.read(p) for p in b.tier.list(f"{name}/meta/{topic}/")}
 
 
 def _past_back_off(clock: ManualClock) -> bool:

@@ -274,17 +274,24 @@ def test_a_lease_write_against_a_stalled_s3_gives_up_within_the_lease(
         assert not lease.taken_by
 
 
-def test_a_lease_is_claimed_the_moment_it_expires_not_at_the_next_look(
-        tmp_path: Path) -> None:
-    # Given a and b holding leases, b watching; a's last write seen at t0
+def _b_watching_a(tmp_path: Path, take_over: Callable[[str], None]
+                  ) -> tuple[LocalProvider, Clock, BrokerLease, BrokerLease, LeaseWatch]:
+    """a and b holding leases on a local tier, b's watch after its first look."""
     tier = LocalProvider(str(tmp_path))
     clock = Clock()
     a, b = _lease(tier, "a", clock), _lease(tier, "b", clock)
     a.acquire()
     b.acquire()
-    won: list[str] = []
-    watch = LeaseWatch(tier, b, won.append)
+    watch = LeaseWatch(tier, b, take_over)
     watch.step()
+    return tier, clock, a, b, watch
+
+
+def test_a_lease_is_claimed_the_moment_it_expires_not_at_the_next_look(
+        tmp_path: Path) -> None:
+    # Given a and b holding leases, b watching; a's last write seen at t0
+    won: list[str] = []
+    tier, clock, _, b, watch = _b_watching_a(tmp_path, won.append)
     seen_at = clock.t
 
     # When b looks again 0.3 s before a's lease runs out (a written no more)
@@ -307,13 +314,7 @@ def test_a_lease_is_claimed_the_moment_it_expires_not_at_the_next_look(
 def test_a_claim_from_an_old_look_is_refused_when_the_lease_was_written_since(
         tmp_path: Path) -> None:
     # Given b's last look saw a's lease, unchanged for nearly a lease
-    tier = LocalProvider(str(tmp_path))
-    clock = Clock()
-    a, b = _lease(tier, "a", clock), _lease(tier, "b", clock)
-    a.acquire()
-    b.acquire()
-    watch = LeaseWatch(tier, b, lambda _: None)
-    watch.step()
+    tier, clock, a, b, watch = _b_watching_a(tmp_path, lambda _: None)
     clock.t += LEASE_S - 0.1
     assert b.renew()
     watch.step()
