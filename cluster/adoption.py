@@ -36,7 +36,8 @@ goes into this broker's delayed stream; once the takeover is done, this broker's
 timer snapshot folds the set into its parts under the adopted offsets and names the
 manifest (its digest, ``manifest_digest``) as folded (``cluster.compaction``): from
 then on a takeover of this broker reads the set there and no longer the tiers of the
-brokers the manifest names (``brokers_of`` still names them for their TimerFlatFiles).
+brokers the manifest names (``brokers_of(flat=True)`` still names those whose
+TimerFlatFiles hold objects: the pointer's ``flat_brokers``).
 Messages found delivered (``_Delivered``) are journaled done here, so the fold leaves
 them out.
 
@@ -165,12 +166,15 @@ def _children(m: Manifest, pointer: Pointer | None) -> list[Manifest]:
     return [c for c in m["adopted"] if not folded or manifest_digest(c) not in folded]
 
 
-def brokers_of(m: Manifest, folded: bool = True) -> list[str]:
+def brokers_of(m: Manifest, folded: bool = True, flat: bool = False) -> list[str]:
     """Every broker a manifest tree names, its root first; ``folded``: also those of
-    the adoptions its timer snapshot holds (whose TimerFlatFiles may hold its records)."""
+    the adoptions its timer snapshot holds (whose adopted offsets its parts may hold);
+    ``flat``: of those, only the ones whose TimerFlatFiles its broker still read."""
     pointer = _pointer_of(m)
-    return [str(m["broker"]), *(pointer.folded_brokers if folded and pointer else []),
-            *(b for child in _children(m, pointer) for b in brokers_of(child, folded))]
+    held = [] if not folded or pointer is None else \
+        pointer.flat() if flat else pointer.folded_brokers
+    return [str(m["broker"]), *held,
+            *(b for child in _children(m, pointer) for b in brokers_of(child, folded, flat))]
 
 
 def pending(tier: Provider, m: Manifest, mount: Mount, journal: JournalState | None = None
@@ -343,7 +347,7 @@ class Adoption:
         started = time.monotonic()
         flat, lot = self._b.flat_files, self._b.timer.parking
         found: set[int] = set()
-        for name in dict.fromkeys(brokers_of(m)):
+        for name in dict.fromkeys(brokers_of(m, flat=True)):
             for path, bucket in lot.adopt_flat_files(f"{name}/timer").items():
                 found.update(placed(offset, bucket) for offset in flat.offsets(path))
         self.seconds_scanning = time.monotonic() - started

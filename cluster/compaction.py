@@ -61,7 +61,9 @@ def attach_compaction(broker: Host) -> TimerCompactor:
     return TimerCompactor(broker.tier, name, lambda s, qo, n: tiered.read(s, 0, qo, n),
                           committed, tiered.confirm_deletes,
                           broker.config.tier.journal_snapshot_records, AdoptionFolds(broker),
-                          broker.config.tier.journal_snapshot_s, broker.clock.monotonic_ms)
+                          broker.config.tier.journal_snapshot_s, broker.clock.monotonic_ms,
+                          lambda: {p.rsplit("/", 1)[0]
+                                   for p in broker.timer_store.adopted_prefixes()})
 
 
 class AdoptionFolds:
@@ -130,9 +132,10 @@ class AdoptionFolds:
 
 
 def _held_nothing(m: dict[str, Any], broker: str) -> bool:
-    """Whether the adoption manifest ``m`` says ``broker`` had nothing pending: no
-    delayed record and no timer snapshot when it was taken over (a broker that died
-    before it uploaded anything)."""
+    """Whether the adoption manifest ``m`` says ``broker``'s streams held nothing when
+    it was taken over (no delayed and no timer record: a broker that died before it
+    uploaded anything, or one that only adopted, its timer snapshot read by path), so
+    that a mount of it reads nothing ``m`` names."""
     if m.get("broker") == broker:
-        return int(m.get("delayed_end", -1)) == 0 and m.get("pointer") is None
+        return int(m.get("delayed_end", -1)) == 0 and int(m.get("timer_end", -1)) == 0
     return any(_held_nothing(child, broker) for child in m.get("adopted", ()))

@@ -23,9 +23,11 @@ may already name records the delayed stream's snapshot does not cover yet.
 ``cluster.compaction``) go into the next snapshot's parts too, under their adopted
 offsets (``tiered.timerflatfile``: bit 63 set, never a delayed-stream offset), and the
 pointer names the adoption's manifest digest (``folded``) and the brokers it names
-(``folded_brokers``); a takeover of this broker then reads them here, not from those
-brokers' tiers (``cluster.adoption``).  The residual keeps an adopted offset only while
-no record of the parts has it (an adoption not folded yet).
+(``folded_brokers``; of those, ``flat_brokers``: the ones whose TimerFlatFiles this
+broker still reads, for a takeover to adopt them in place); a takeover of this broker
+then reads them here, not from those brokers' tiers (``cluster.adoption``).  The
+residual keeps an adopted offset only while no record of the parts has it (an adoption
+not folded yet).
 
 Objects (under the broker's prefix):
 
@@ -37,7 +39,8 @@ Objects (under the broker's prefix):
                                            moved, (u64 offset, u64 due) each, u32 CRC-32
 ``state/timer-snapshot.json``              the pointer: version, ``delayed_from`` C,
                                            ``timer_from`` T, the parts, the residual, records;
-                                           version 2: ``folded``, ``folded_brokers``
+                                           version 2: ``folded``, ``folded_brokers``,
+                                           ``flat_brokers`` (absent: all folded ones)
 =========================================  ====================================================
 
 ``F`` is the count of adoptions the snapshot has folded in (``folded``): a snapshot
@@ -111,6 +114,12 @@ class Pointer:
     records: int = 0
     folded: list[str] = field(default_factory=list)  # adoption manifests in the parts
     folded_brokers: list[str] = field(default_factory=list)  # the brokers they name
+    # of those, the ones whose TimerFlatFiles still hold objects the owner reads: a
+    # takeover of it adopts these in place (None: every folded broker, as before)
+    flat_brokers: list[str] | None = None
+
+    def flat(self) -> list[str]:
+        return self.folded_brokers if self.flat_brokers is None else self.flat_brokers
 
     def encode(self) -> bytes:
         d: dict[str, object] = {
@@ -119,6 +128,8 @@ class Pointer:
             "records": self.records}
         if self.folded:  # (version 2: a release that cannot read adopted offsets refuses)
             d.update(folded=self.folded, folded_brokers=self.folded_brokers)
+            if self.flat_brokers is not None:
+                d.update(flat_brokers=self.flat_brokers)
         return json.dumps(d).encode()
 
 
@@ -131,7 +142,8 @@ def decode_pointer(raw: bytes) -> Pointer | None:
         p = Pointer(int(d["delayed_from"]), int(d["timer_from"]),
                     [str(x) for x in d["parts"]], str(d["residual"]), int(d["records"]),
                     [str(x) for x in d.get("folded", [])],
-                    [str(x) for x in d.get("folded_brokers", [])])
+                    [str(x) for x in d.get("folded_brokers", [])],
+                    [str(x) for x in d["flat_brokers"]] if "flat_brokers" in d else None)
     except (ValueError, KeyError, TypeError):
         return None
     return p if min(p.delayed_from, p.timer_from, p.records) >= 0 else None
@@ -256,13 +268,17 @@ class TimerCompactor:
                  read: Callable[[str, int, int], list[TieredEntry]],
                  committed: Callable[[str], int], confirm: Callable[[], bool],
                  every: int, folds: Callable[[int], list[Fold]] = lambda _: [],
-                 every_s: float = 0.0, monotonic_ms: Callable[[], float] = lambda: 0.0
-                 ) -> None:
+                 every_s: float = 0.0, monotonic_ms: Callable[[], float] = lambda: 0.0,
+                 flat_brokers: Callable[[], set[str]] | None = None) -> None:
         """``every_s``: a snapshot also this long after the last (by ``monotonic_ms``),
-        once ``BY_TIME_RECORDS`` records, and half as many as it holds, came."""
+        once ``BY_TIME_RECORDS`` records, and half as many as it holds, came.
+        ``flat_brokers``: the brokers whose TimerFlatFiles this broker still reads as its
+        own (objects left to preload); the pointer's ``folded_brokers`` names only those
+        (without it: every broker a fold named, for good)."""
         self._tier, self._broker = tier, broker
         self._read, self._committed, self._confirm = read, committed, confirm
         self._folds = folds
+        self._flat_brokers = flat_brokers
         self.every_s, self._monotonic_ms = every_s, monotonic_ms
         self._at_ms = monotonic_ms()  # when the latest snapshot was written (or start)
         self._unfoldable: set[str] = set()  # digests whose fold failed (till a restart)
@@ -317,8 +333,17 @@ class TimerCompactor:
         self._tier.write(residual, encode_residual(
             {o for o in state.done if keep(o)},
             {o: d for o, d in state.moved.items() if keep(o)}))
-        new = Pointer(c1, t1, writer.paths, residual, writer.records, folded,
-                      sorted({*old.folded_brokers, *(b for f in folds for b in f.brokers)}))
+        # every broker whose adopted offsets the parts may hold (their origin codes are
+        # checked against a new adoption's), and of those the ones a takeover of this
+        # broker lists for TimerFlatFiles to adopt in place: not those whose objects are
+        # all preloaded (or that never had any), else a chain of takeovers lists every
+        # broker it ever passed, one request each
+        named = {*old.folded_brokers, *(b for f in folds for b in f.brokers)}
+        flat = {*old.flat(), *(b for f in folds for b in f.brokers)}
+        if self._flat_brokers is not None:
+            flat &= self._flat_brokers()
+        new = Pointer(c1, t1, writer.paths, residual, writer.records, folded, sorted(named),
+                      sorted(flat))
         self._tier.write(f"{self._broker}/{POINTER}", new.encode())
         self.pointer = new
         self.snapshots += 1

@@ -259,6 +259,14 @@ class TimerFlatFiles:
         for path in doomed:
             self.provider.delete(path)
 
+    def foreign_prefixes(self) -> set[str]:
+        """The other brokers' prefixes (``<broker>/timer``) of the objects held now: an
+        adopted prefix not among them has nothing left to read."""
+        mine = self._prefix + "/"
+        with self._lock:
+            return {f"{owner_of(p)}/timer" for paths in self._buckets.values()
+                    for p in paths if not p.startswith(mine)}
+
     def statistics(self) -> FlatFileStats:
         with self._lock:
             return FlatFileStats(

@@ -204,6 +204,10 @@ class ParkingLot:
         crashpoint("timer.after_preload")
         self._flat.drop_bucket(bucket, paths)
         crashpoint("timer.after_bucket_delete")
+        if paths:  # an adopted prefix emptied: forgotten (read before the objects held:
+            remembered = self._timers.adopted_prefixes()  # one adopted meanwhile holds
+            live = self._flat.foreign_prefixes()  # its objects before it is remembered)
+            self._timers.remove_adopted_prefixes([p for p in remembered if p not in live])
         self._admit([(timer_key(due, off), due) for _, due, off, _ in keep])
         return len(keep)
 
@@ -243,9 +247,15 @@ class ParkingLot:
 
     def adopt_flat_files(self, prefix: str) -> dict[str, int]:
         """Read another broker's TimerFlatFiles (``<broker>/timer``) as this one's, at
-        every start too (``TimerService.open``); returns its objects and their buckets."""
-        self._timers.add_adopted_prefix(prefix)
-        return self._flat.adopt(prefix)
+        every start too (``TimerService.open``); returns its objects and their buckets.
+        A prefix that holds objects is remembered until the preload has read and deleted
+        them all (``_preload_bucket``), one without objects is not: a takeover (or a
+        start) lists only the prefixes still holding pending messages, not every broker
+        of a chain of takeovers."""
+        found = self._flat.adopt(prefix)
+        if found:
+            self._timers.add_adopted_prefix(prefix)
+        return found
 
     def adopted(self, broker: str) -> int:
         """How many of ``broker``'s pending messages ``adopt`` scheduled so far."""

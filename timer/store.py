@@ -269,6 +269,11 @@ class TimerStore:
         """Remember (synced) another broker's TimerFlatFile prefix read as this one's."""
         self.kv.write([(_ADOPT + prefix.encode(), b"")], sync=True)
 
+    def remove_adopted_prefixes(self, prefixes: list[str]) -> None:
+        """Forget prefixes whose TimerFlatFiles are all read and deleted (synced)."""
+        if prefixes:
+            self.kv.write([], deletes=[_ADOPT + p.encode() for p in prefixes], sync=True)
+
     def adopted_prefixes(self) -> list[str]:
         return [key[len(_ADOPT):].decode() for key, _ in self.kv.scan(_ADOPT)]
 
