@@ -409,13 +409,9 @@ class Takeover:
         mounts = []
         at = state.get("at_ms")
         until = int(at) + CLOCK_SLACK_MS if isinstance(at, int) else None
-        chain = state.get("chain", [])
-        with ThreadPoolExecutor(max(1, min(len(chain), 8)), "takeover-mount") as pool:
-            mounting = [pool.submit(lambda link: self._mount(str(link["broker"])), link)
-                        for link in chain]  # at once: a long chain's reads add up
-        for link, future in zip(chain, mounting, strict=True):
-            try:
-                link_mount = future.result()
+        for link in state.get("chain", []):
+            try:  # the tier read at the first use (most of a long chain: never)
+                link_mount = self._mount(str(link["broker"]), lazy=True)
                 self._b.mount_reader.adopt(link_mount, ends_of(link))
                 # its ids were resent to the broker that took it over, within the horizon
                 # after that takeover (an older record lacks the time: this one's)
@@ -430,10 +426,10 @@ class Takeover:
         self.ids.add(mounted, frozenset(ends_of(state)), until)
         return [*mounts, mounted]
 
-    def _mount(self, departed: str) -> MountedBroker:
+    def _mount(self, departed: str, lazy: bool = False) -> MountedBroker:
         try:
             return MountedBroker(self._b.tier, departed, os.path.join(
-                self._b.config.store.data_dir, "mounts", departed), empty=True)
+                self._b.config.store.data_dir, "mounts", departed), empty=True, lazy=lazy)
         except TierNotFound as exc:
             raise FailedPrecondition(f"cannot take over {departed}: {exc}") from None
 

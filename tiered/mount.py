@@ -61,19 +61,51 @@ class MountedBroker:
     """The queues of broker ``broker`` in the tier on ``provider``, read-only."""
 
     def __init__(self, provider: Provider, broker: str, work_dir: str,
-                 empty: bool = False, index_threads: int = TAIL_THREADS) -> None:
+                 empty: bool = False, index_threads: int = TAIL_THREADS,
+                 lazy: bool = False) -> None:
         """``work_dir``: a local directory of the serving broker's for this mount's
         index slot caches.  ``empty``: a broker with no queue in the tier is mounted too
         (a takeover of one that made topics and never uploaded a message), else
         ``TierNotFound``.  ``index_threads``: queues whose tails its key index reads at
-        once."""
+        once.  ``lazy``: the tier is read at the first use, not now (a link of a chain
+        of takeovers, whose older offsets are seldom read: a takeover mounting a chain of
+        a hundred brokers read each one's metadata, and took seconds); ``empty`` then,
+        and a first use that cannot read the tier raises ``TierError`` and is tried
+        again at the next."""
         if not is_name(broker):
             raise InvalidArgument(f"broker name {broker[:140]!r} is invalid")
         self.broker = broker
+        self._provider, self._empty, self._threads = provider, empty or lazy, index_threads
+        self._load_lock = threading.Lock()
+        self._loaded = False
         self._served_lock = threading.Lock()
         self._served: dict[tuple[str, int], int] | None = None  # (``serve_below``)
-        self._queues: dict[tuple[str, int], TieredQueue] = {}
-        self.index = MountIndex(provider, broker, work_dir, self._queues, index_threads)
+        self._told: dict[tuple[str, int], int] = {}  # ``serve_below`` before the load
+        self._queues_read: dict[tuple[str, int], TieredQueue] = {}
+        self.index = MountIndex(provider, broker, work_dir, self._queues_read, index_threads)
+        if not lazy:
+            self._load()
+
+    @property
+    def _queues(self) -> dict[tuple[str, int], TieredQueue]:
+        if not self._loaded:
+            self._load()
+        return self._queues_read
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the tier was read (a lazy mount: once used)."""
+        return self._loaded
+
+    def _load(self) -> None:
+        with self._load_lock:
+            if self._loaded:
+                return
+            self._read_queues()
+            self._loaded = True
+
+    def _read_queues(self) -> None:
+        provider, broker = self._provider, self.broker
         prefix = f"{broker}/meta/"
         found: list[tuple[str, str, int]] = []
         for path in provider.list(prefix):
@@ -94,15 +126,15 @@ class MountedBroker:
                 return None
 
         if len(found) > 1:  # a read each, at once (a takeover waits for its mounts)
-            with ThreadPoolExecutor(min(len(found), index_threads),
+            with ThreadPoolExecutor(min(len(found), self._threads),
                                     thread_name_prefix="mount-meta") as pool:
                 queues = list(pool.map(one, found))
         else:
             queues = [one(item) for item in found]
         for (_, topic, qid), q in zip(found, queues, strict=True):
             if q is not None:
-                self._queues[(topic, qid)] = q
-        if not self._queues and not empty:
+                self._queues_read[(topic, qid)] = q
+        if not self._queues_read and not self._empty:
             raise TierNotFound(f"broker {broker!r} has no queues in the tier (nothing "
                                f"under {prefix}: was tier.upload on?)")
 
@@ -169,13 +201,22 @@ class MountedBroker:
         the first call (a takeover adopts from the mount it serves).  ``stored_since``
         counts only these.  Called again, it adds to what it was told."""
         with self._served_lock:
-            if self._served is None:
-                bounds = self.bounds(DELAYED_STREAM, 0)
-                self._served = {(DELAYED_STREAM, 0): bounds[1] if bounds else 0}
+            told = self._told if self._served is None else self._served
             for topic, queues in ends.items():
-                self._served.update(((topic, q), end) for q, end in queues.items())
+                told.update(((topic, q), end) for q, end in queues.items())
+            if self._served is None and self._loaded:  # (a lazy mount: at its first use)
+                self._settle_served()
+
+    def _settle_served(self) -> None:
+        """What ``serve_below`` was told, with the delayed stream's end now if it was
+        not told that.  Under ``_served_lock``."""
+        if self._served is None and self._told:
+            bounds = self.bounds(DELAYED_STREAM, 0)
+            self._served = {(DELAYED_STREAM, 0): bounds[1] if bounds else 0, **self._told}
 
     def _served_only(self, hits: list[IndexHit]) -> list[IndexHit]:
+        with self._served_lock:
+            self._settle_served()
         served = self._served
         if served is None:
             return hits
@@ -185,6 +226,7 @@ class MountedBroker:
 
     def warm(self, since_ms: int) -> None:
         """Index now what ``stored_since(..., since_ms)`` would at its first call."""
+        self._load()  # (the index reads the queues)
         self.index.warm(since_ms)
 
     def _found(self, hits: list[IndexHit]) -> list[Message]:
@@ -203,6 +245,7 @@ class MountedBroker:
 
     def query_by_key(self, topic: str, key: str, limit: int) -> list[Message]:
         """The newest ``limit`` messages of ``topic`` with ``key`` (oldest first)."""
+        self._load()
         if limit <= 0:
             return []
         found = [m for m in self._found(self.index.lookup(key_digest(topic, key)))
@@ -211,6 +254,7 @@ class MountedBroker:
         return found[-limit:]
 
     def query_by_message_id(self, message_id: str) -> list[Message]:
+        self._load()
         return [m for m in self._found(self.index.lookup(id_digest(message_id)))
                 if m.message_id == message_id][:1]
 
@@ -220,6 +264,7 @@ class MountedBroker:
         ``since_ms``, of what the broker asking serves (``serve_below``); None: the tier
         holds none.  What a broker that took ``topic`` over
         asks to drop a resend (``cluster.takeover``).  Raises ``TierError``."""
+        self._load()
         found = [m.store_at_ms for m in self._found(self._served_only(self.index.lookup_since(
                      id_digest(message_id), topic, since_ms)))
                  if m.topic == topic and m.message_id == message_id
