@@ -50,7 +50,7 @@ from store.message import DispatchInfo
 
 log = logging.getLogger(__name__)
 
-BY_TIME_RECORDS = 1_000  # a snapshot by time needs at least this many records since
+BY_TIME_RECORDS = 250  # a snapshot by time needs at least this many records since
 JOURNALED_MEMORY = 65_536  # journal records of writes not waited for yet (durable-ack)
 # the book's keys (pop.checkpoint), and the recurring schedules kept beside them
 # (``PopService.write_state``: they ride this journal, its snapshots and a takeover)

@@ -247,16 +247,17 @@ def test_a_snapshot_comes_every_journal_snapshot_s_once_enough_records_came(
                                  FLAG_DELAYED) for _ in range(n)]).result(10)
             _caught_up(a)
 
-        # Given 150 delayed records, a minute after the start
+        every_ms = int(a.config.tier.journal_snapshot_s * 1000)  # (the default)
+        # Given 150 delayed records, that long after the start
         sent(150)
-        assert not a.compactor.step()  # under a minute: none yet
-        manual_clock.advance(60_000)
+        assert not a.compactor.step()  # sooner: none yet
+        manual_clock.advance(every_ms)
         # When the compactor steps, Then a snapshot is written, holding them
         assert a.compactor.step()
         assert read_pointer(a.tier, "a").records == 150  # type: ignore[union-attr]
-        # and the next only a minute later (and once 100 records, half of 150, came)
+        # and the next only that long later (and once 100 records, half of 150, came)
         sent(100)
-        manual_clock.advance(59_000)
+        manual_clock.advance(every_ms - 1_000)
         assert not a.compactor.step()
         manual_clock.advance(1_000)
         assert a.compactor.step()
