@@ -66,7 +66,7 @@ class Plan:
     spares: int = 1  # ... and brokers holding none: a survivor that takes an owner
     #                  over without merging two owners' topics
     settle_s: float = 30.0  # a second server of a topic is a violation after this
-    drain_grace_s: float = 600.0  # used only while something is owed
+    drain_grace_s: float = 600.0  # the drain gives up once nothing came this long
     root: Path | None = None  # default: a new temporary directory
     log_level: str = "WARNING"  # the brokers' (INFO shows every takeover step)
 
