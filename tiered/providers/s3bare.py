@@ -29,6 +29,8 @@ pool is).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import random
 import re
 import time
@@ -84,9 +86,14 @@ class BareRequests:
         raise TierError(f"S3 refused {path}: {r.status} {code}")
 
     def write(self, key: str, data: bytes, path: str) -> None:
-        """Put ``data`` as the whole object ``key`` (atomic: S3 shows old or new)."""
-        r = self._request("PUT", "PutObject", key, {"Content-Length": str(len(data))},
-                          data, path)
+        """Put ``data`` as the whole object ``key`` (atomic: S3 shows old or new).  With
+        ``Content-MD5``, which the server checks against the body it got: a connection
+        cut in the middle of a PUT made SeaweedFS keep an empty object under the key
+        (``tests/tiered/test_torn_put.py``); with it the write fails instead (boto3's own
+        PUTs carry a CRC-32 the same way)."""
+        digest = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
+        r = self._request("PUT", "PutObject", key, {"Content-Length": str(len(data)),
+                                                     "Content-MD5": digest}, data, path)
         if r.status != 200:
             raise TierError(f"S3 refused {path}: {r.status} {_code(r)}")
 
