@@ -40,34 +40,30 @@ from tests.chronomq.test_timer_compaction import _caught_up, _dispatched, _send_
 from tiered.providers.local import LocalProvider
 
 
-@pytest.fixture
-def meta_lists(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The brokers whose queue metadata was listed in the tier (a mount), in order."""
+def _record_lists(monkeypatch: pytest.MonkeyPatch, folder: str) -> list[str]:
+    """The prefixes ``<broker>/<folder>/`` listed in the tier from now on, in order."""
     listed: list[str] = []
     real = LocalProvider.list
 
     def recording(self: LocalProvider, prefix: str = "") -> list[str]:
         parts = prefix.split("/")
-        if len(parts) == 3 and parts[1] == "meta" and not parts[2]:
-            listed.append(parts[0])
+        if len(parts) == 3 and parts[1] == folder and not parts[2]:
+            listed.append(prefix)
         return real(self, prefix)
     monkeypatch.setattr(LocalProvider, "list", recording)
-    yield listed
+    return listed
+
+
+@pytest.fixture
+def meta_lists(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The brokers' queue metadata listed in the tier (``<broker>/meta/``: a mount)."""
+    yield _record_lists(monkeypatch, "meta")
 
 
 @pytest.fixture
 def timer_lists(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The TimerFlatFile prefixes listed in the tier (``<broker>/timer/``), in order."""
-    listed: list[str] = []
-    real = LocalProvider.list
-
-    def recording(self: LocalProvider, prefix: str = "") -> list[str]:
-        parts = prefix.split("/")
-        if len(parts) == 3 and parts[1] == "timer" and not parts[2]:
-            listed.append(prefix)
-        return real(self, prefix)
-    monkeypatch.setattr(LocalProvider, "list", recording)
-    yield listed
+    yield _record_lists(monkeypatch, "timer")
 
 
 def _folded(b: Broker) -> Pointer:
@@ -179,12 +175,11 @@ def test_a_takeover_mounts_the_chain_of_the_backlog_at_its_first_read(
     d.takeover("c", force=True)
 
     # Then it read C's queue metadata, and not that of the brokers before it
-    assert "c" in meta_lists and not {"a", "b"} & set(meta_lists)
+    assert "c/meta/" in meta_lists and not {"a/meta/", "b/meta/"} & set(meta_lists)
     # and a group reading from the start reads through the chain, every message once
     got: list[str] = []
     while batch := d.pop.pop("t", "g", 32, 60):
         got += [p.message.message_id for p in batch]
         d.pop.ack_many("g", [p.receipt_handle for p in batch])
     assert sorted(got) == sorted(sent)
-    assert {"a", "b"} <= set(meta_lists)  # (mounted now, once each)
-    assert meta_lists.count("a") == 1 and meta_lists.count("b") == 1
+    assert meta_lists.count("a/meta/") == 1 and meta_lists.count("b/meta/") == 1  # (now)
