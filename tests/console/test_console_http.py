@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
@@ -248,7 +249,10 @@ def test_the_recurring_page_lists_schedules_with_their_next_fires_and_recent_tic
         c.create_topic("orders", 1)
         c.create_schedule("nightly-report", "orders", b"run", cron="0 2 * * *",
                           time_zone="Europe/Berlin")
-        c.create_schedule("heartbeat", "orders", b"beat", every_s=30)
+        # (starting in an hour: no tick of its own between its creation and the pause,
+        # which a 30 s boundary in between gave once)
+        c.create_schedule("heartbeat", "orders", b"beat", every_s=30,
+                          start_ms=int(time.time() * 1000) + 3_600_000)
         c.pause_schedule("heartbeat")
         by_hand = c.trigger_schedule("heartbeat")
         expected = c.next_fires("nightly-report", 3)
