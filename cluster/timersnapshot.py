@@ -273,7 +273,7 @@ class TimerCompactor:
         """``every_s``: a snapshot also this long after the last (by ``monotonic_ms``),
         once ``BY_TIME_RECORDS`` records, and half as many as it holds, came.
         ``flat_brokers``: the brokers whose TimerFlatFiles this broker still reads as its
-        own (objects left to preload); the pointer's ``folded_brokers`` names only those
+        own (objects left to preload); the pointer's ``flat_brokers`` names only those
         (without it: every broker a fold named, for good)."""
         self._tier, self._broker = tier, broker
         self._read, self._committed, self._confirm = read, committed, confirm

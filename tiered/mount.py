@@ -92,11 +92,6 @@ class MountedBroker:
             self._load()
         return self._queues_read
 
-    @property
-    def loaded(self) -> bool:
-        """Whether the tier was read (a lazy mount: once used)."""
-        return self._loaded
-
     def _load(self) -> None:
         with self._load_lock:
             if self._loaded:
