@@ -1,6 +1,7 @@
 """The watch of the other brokers' leases: which lease expired, and the claim of it.
 
-A watcher (``LeaseWatch``, every ``lease_s`` / 10) remembers, per watched lease, the
+A watcher (``LeaseWatch``, every ``lease_s`` / 10) lists the leases with their versions
+and reads only those that changed since its last look.  It remembers, per watched lease, the
 version it saw and when it first saw it (its own monotonic clock, read *after* the read:
 never earlier than the version's write).  A lease whose version has not changed for
 ``lease_s`` of the watcher's time is expired; the least loaded survivor claims it first
@@ -41,11 +42,20 @@ class LeaseWatch:
         self._lock = threading.RLock()  # ``step`` and ``expire`` from two threads
 
     def _read_all(self) -> dict[str, tuple[LeaseView, str, bytes, float]]:
-        """Every lease with its version, its content and when it was read (the clock is
-        read after each read: a slow read never makes "first seen" too early)."""
+        """Every lease with its version, its content and when it was read: one listing
+        with versions, then a read of each lease whose version the last look did not
+        hold (a live broker's, every ``lease_s`` / 3; the leases of brokers taken over
+        long ago cost a line of the listing, not a read).  The clock is read after each
+        read and after the listing: a slow read never makes "first seen" too early."""
+        listed = self._provider.list_versions(LEASES)
+        listed_at = self._me.monotonic()
         views: dict[str, tuple[LeaseView, str, bytes, float]] = {}
-        for path in self._provider.list(LEASES):
+        for path, listed_version in listed.items():
             name = path[len(LEASES):].removesuffix(".json")
+            last = self._views.get(name)
+            if last is not None and last[1] == listed_version:
+                views[name] = (last[0], last[1], last[2], listed_at)
+                continue
             try:
                 raw, version = self._provider.read_versioned(path)
                 views[name] = (parse_lease(raw), version, raw, self._me.monotonic())

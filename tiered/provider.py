@@ -49,6 +49,13 @@ class Provider(Protocol):
         """Paths starting with ``prefix``, sorted."""
         ...
 
+    def list_versions(self, prefix: str = "") -> dict[str, str]:
+        """The paths starting with ``prefix``, each with its version as
+        ``read_versioned`` gives it, in one listing (S3: ListObjectsV2's ETags).  What
+        lets a watcher read again only the objects that changed (``cluster.leasewatch``).
+        A version is as of the listing: the object may have changed since."""
+        ...
+
     def read_versioned(self, path: str) -> tuple[bytes, str]:
         """The whole object and its version (S3: the ETag), for ``swap``;
         ``TierNotFound`` if missing."""

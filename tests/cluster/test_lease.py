@@ -141,23 +141,35 @@ def test_the_successor_of_a_broker_follows_a_chain_of_takeovers(tmp_path: Path) 
 
 
 class _SlowReads:
-    """A real provider whose ``read_versioned`` of one path takes ``read_s`` of the
-    manual clock, during which ``during`` runs (another broker's write landing while the
-    read is in flight)."""
+    """A real provider whose listing of the leases and ``read_versioned`` of one path
+    each take ``read_s`` of the manual clock, during which ``during`` runs once
+    (another broker's write landing while the request is in flight).  Counts the
+    reads of each path."""
 
     def __init__(self, inner: LocalProvider, clock: Clock, path: str, read_s: float) -> None:
         self.inner, self.clock, self.path, self.read_s = inner, clock, path, read_s
         self.name = "slow"
         self.during: Callable[[], object] = lambda: None
+        self.reads: dict[str, int] = {}
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
+    def _slow(self) -> None:
+        self.clock.t += self.read_s / 2
+        during, self.during = self.during, lambda: None
+        during()
+        self.clock.t += self.read_s / 2
+
+    def list_versions(self, prefix: str = "") -> dict[str, str]:
+        if self.path.startswith(prefix):
+            self._slow()
+        return self.inner.list_versions(prefix)
+
     def read_versioned(self, path: str) -> tuple[bytes, str]:
+        self.reads[path] = self.reads.get(path, 0) + 1
         if path == self.path:
-            self.clock.t += self.read_s / 2
-            self.during()
-            self.clock.t += self.read_s / 2
+            self._slow()
         return self.inner.read_versioned(path)
 
 
@@ -175,9 +187,8 @@ def test_a_slow_read_never_makes_first_sight_earlier_than_the_write(tmp_path: Pa
     won: list[str] = []
     watch = LeaseWatch(slow, b, won.append)  # type: ignore[arg-type]
     watch.step()
-    slow.during = a.renew  # a's last renewal lands in the middle of the next read
+    slow.during = a.renew  # a's last renewal lands in the middle of the next listing
     watch.step()
-    slow.during = lambda: None
     while not won:
         clock.t += 0.25
         b.renew()
@@ -186,6 +197,41 @@ def test_a_slow_read_never_makes_first_sight_earlier_than_the_write(tmp_path: Pa
             continue
         with pytest.raises(Unavailable):  # a fenced itself before b could claim it
             a.check()
+
+
+def test_a_look_reads_only_the_leases_that_changed(tmp_path: Path) -> None:
+    """The leases of brokers taken over long ago stay in the bucket; a look lists them
+    with their versions and reads again only those that changed (was: a read of every
+    lease every ``lease_s`` / 10, 215 leases after a long chaos run, so that the watch
+    fell behind and claims came seconds late)."""
+    inner = LocalProvider(str(tmp_path))
+    clock = Clock()
+    a, b = _lease(inner, "a", clock), _lease(inner, "b", clock)
+    a.acquire()
+    b.acquire()
+    for n in range(30):  # retired: claimed long ago
+        inner.write(lease_path(f"old{n}"), json.dumps(
+            {"broker": f"old{n}", "lease_s": LEASE_S, "taken_by": "gone"}).encode())
+    counting = _SlowReads(inner, clock, lease_path("none"), read_s=0.0)
+    won: list[str] = []
+    watch = LeaseWatch(counting, b, won.append)  # type: ignore[arg-type]
+    watch.step()
+    assert sum(counting.reads.values()) == 32  # the first look reads each once
+    counting.reads.clear()
+    clock.t += LEASE_S / 3
+    a.renew()
+    watch.step()
+    assert counting.reads == {lease_path("a"): 1}
+    clock.t += LEASE_S / 10
+    watch.step()
+    assert counting.reads == {lease_path("a"): 1}  # nothing changed: nothing read
+    while not won:  # a stops renewing: it is still claimed on time
+        clock.t += LEASE_S / 10
+        b.renew()
+        watch.step()
+    assert won == ["a"] and clock.t - 100.0 <= LEASE_S / 3 + LEASE_S + LEASE_S / 10 + 1e-6
+    with pytest.raises(Unavailable):
+        a.check()
 
 
 class _LostAnswers:

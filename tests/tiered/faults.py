@@ -74,3 +74,6 @@ class FaultyProvider:
 
     def list(self, prefix: str = "") -> list[str]:
         return self.inner.list(prefix)
+
+    def list_versions(self, prefix: str = "") -> dict[str, str]:
+        return self.inner.list_versions(prefix)

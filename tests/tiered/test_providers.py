@@ -135,6 +135,28 @@ def test_swap_replaces_only_the_version_it_read(provider: Provider) -> None:
         provider.read_versioned("brokers/none.json")
 
 
+def test_list_versions_names_the_version_a_read_gives(provider: Provider) -> None:
+    """One listing tells which objects changed since a read (the lease watch reads
+    only those again): its version of each object is the one ``read_versioned`` and
+    ``swap`` give, and a swap from it succeeds."""
+    assert provider.list_versions("brokers/") == {}
+    first = provider.swap("brokers/a.json", b"a1", "")
+    second = provider.swap("brokers/b.json", b"b1", "")
+    provider.write("brokers2/c.json", b"c")  # outside the prefix
+    assert first is not None and second is not None
+    assert provider.list_versions("brokers/") == {"brokers/a.json": first,
+                                                  "brokers/b.json": second}
+    data, version = provider.read_versioned("brokers/a.json")
+    assert data == b"a1"
+    assert provider.list_versions("brokers/")["brokers/a.json"] == version
+    renewed = provider.swap("brokers/a.json", b"a2", version)
+    assert renewed is not None
+    listed = provider.list_versions("brokers/")
+    assert listed["brokers/a.json"] == renewed != version
+    assert listed["brokers/b.json"] == second
+    assert provider.swap("brokers/b.json", b"b2", listed["brokers/b.json"]) is not None
+
+
 def test_of_racing_swaps_from_one_version_one_wins(provider: Provider,
                                                    request: pytest.FixtureRequest) -> None:
     for r in range(3):

@@ -104,6 +104,17 @@ class LocalProvider:
             fsync_dir(os.path.dirname(full))
         return True
 
+    def list_versions(self, prefix: str = "") -> dict[str, str]:
+        """The listing, each object hashed (a local file is cheap to read whole); an
+        object removed between the listing and its read is left out."""
+        versions = {}
+        for path in self.list(prefix):
+            with _wrapped(path):
+                version = _version(self._full(path))
+            if version:
+                versions[path] = version
+        return versions
+
     def read_versioned(self, path: str) -> tuple[bytes, str]:
         data = self.read(path)
         return data, hashlib.sha256(data).hexdigest()

@@ -60,6 +60,11 @@ class MemoryProvider:
         with self._lock:
             return sorted(p for p in self._objects if p.startswith(prefix))
 
+    def list_versions(self, prefix: str = "") -> dict[str, str]:
+        with self._lock:
+            return {p: hashlib.sha256(d).hexdigest()
+                    for p, d in sorted(self._objects.items()) if p.startswith(prefix)}
+
     def read_versioned(self, path: str) -> tuple[bytes, str]:
         with self._lock:
             data = self._get(path)

@@ -288,6 +288,18 @@ class S3Provider:
         with _wrapped(path):
             self._s3.delete_object(Bucket=self._bucket, Key=self._key(path))
 
+    def list_versions(self, prefix: str = "") -> dict[str, str]:
+        """ListObjectsV2's ETags: the ETag a GetObject of the key answers (one request
+        per 1,000 keys, however many changed)."""
+        out: dict[str, str] = {}
+        with _wrapped(prefix or "."):
+            pages = self._s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self._bucket, Prefix=self._prefix + prefix)
+            for page in pages:
+                out.update((obj["Key"][len(self._prefix):], str(obj["ETag"]))
+                           for obj in page.get("Contents", []))
+        return dict(sorted(out.items()))
+
     def list(self, prefix: str = "") -> list[str]:
         out: list[str] = []
         with _wrapped(prefix or "."):
