@@ -82,7 +82,8 @@ class MountedBroker:
         self._served: dict[tuple[str, int], int] | None = None  # (``serve_below``)
         self._told: dict[tuple[str, int], int] = {}  # ``serve_below`` before the load
         self._queues_read: dict[tuple[str, int], TieredQueue] = {}
-        self.index = MountIndex(provider, broker, work_dir, self._queues_read, index_threads)
+        self.index = MountIndex(provider, broker, work_dir, self._queues_read, index_threads,
+                                self._served_end)
         if not lazy:
             self._load()
 
@@ -208,6 +209,13 @@ class MountedBroker:
         if self._served is None and self._told:
             bounds = self.bounds(DELAYED_STREAM, 0)
             self._served = {(DELAYED_STREAM, 0): bounds[1] if bounds else 0, **self._told}
+
+    def _served_end(self, queue: tuple[str, int]) -> int | None:
+        """The end of ``queue`` (topic, queue id) the broker asking serves; None: it
+        was told none (``serve_below``), all of it counts."""
+        with self._served_lock:
+            self._settle_served()
+            return None if self._served is None else self._served.get(queue, 0)
 
     def _served_only(self, hits: list[IndexHit]) -> list[IndexHit]:
         with self._served_lock:

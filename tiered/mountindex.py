@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -79,8 +79,11 @@ class MountIndex:
 
     def __init__(self, provider: Provider, broker: str, work_dir: str,
                  queues: Mapping[tuple[str, int], TieredQueue],
-                 threads: int = TAIL_THREADS) -> None:
+                 threads: int = TAIL_THREADS,
+                 served_end: Callable[[tuple[str, int]], int | None] = lambda _: None
+                 ) -> None:
         self.broker = broker
+        self._served_end = served_end
         self._provider = provider
         self._work_dir = work_dir
         self._queues = queues
@@ -165,7 +168,7 @@ class MountIndex:
         queues = [q for q in list(self._queues.values())  # not the journal's streams:
                   if not is_system_stream(q.topic) or q.topic == DELAYED_STREAM]  # no ids
         refs: dict[QueueRef, int] = {(q.topic, q.queue_id, q.generation):
-                                     q.committed_queue_offset for q in queues}
+                                     self._end(q, since_ms) for q in queues}
         kept = self._kept(since_ms, len(files), refs) if since_ms else None
         if kept is not None:  # (``tiered.recentids``: a chain's earlier taker read it)
             names = [ref for ref in refs if ref in kept.bodies]
@@ -178,7 +181,8 @@ class MountIndex:
 
         def one(q: TieredQueue) -> tuple[bytes, bool]:
             with reading_on(readers("index-read")):  # not ahead of a takeover's replay
-                return _queue_tail(q, _tail_start(q, ends, ends_ms), since_ms, budget)
+                return _queue_tail(q, _tail_start(q, ends, ends_ms), since_ms, budget,
+                                   refs[(q.topic, q.queue_id, q.generation)])
 
         threads = min(self._threads, len(queues))
         if threads > 1:
@@ -202,6 +206,15 @@ class MountIndex:
                 (q.topic, q.queue_id, q.generation): body
                 for q, (body, _) in zip(queues, results, strict=True) if body}))
         return tail
+
+    def _end(self, q: TieredQueue, since_ms: int) -> int:
+        """Where ``q``'s tail ends: its committed end, or for a resend's lookup (since a
+        time) the end the broker asking serves when it was told one (a commit the
+        departed broker had on its way when fenced lands past it, counted by no lookup:
+        read by none, and no reason to read the kept recent ids again)."""
+        end = q.committed_queue_offset
+        served = self._served_end((q.topic, q.queue_id)) if since_ms else None
+        return end if served is None else min(end, served)
 
     def _kept(self, since_ms: int, files: int, ends: dict[QueueRef, int]
               ) -> RecentIds | None:
@@ -267,11 +280,10 @@ class _Budget:
             self._cond.notify_all()
 
 
-def _queue_tail(q: TieredQueue, start: int, since_ms: int, budget: _Budget
+def _queue_tail(q: TieredQueue, start: int, since_ms: int, budget: _Budget, end: int
                 ) -> tuple[bytes, bool]:
     """The packed entries of ``q``'s records from ``start`` (and stored at or after
-    ``since_ms``) to its end, and whether the budget cut them short."""
-    end = q.committed_queue_offset
+    ``since_ms``) to ``end``, and whether the budget cut them short."""
     key_prefix = b"k" + q.topic.encode() + b"\0"
     body = bytearray()
     try:

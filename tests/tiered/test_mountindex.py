@@ -220,6 +220,42 @@ def test_a_takeover_keeps_what_it_read_and_the_next_reads_no_queue(
     assert _hits(second, sample, tier.step_ms[5]) == _hits(first, sample, tier.step_ms[5])
 
 
+def _served(mounted: MountedBroker, short: int) -> dict[str, dict[int, int]]:
+    """The ends a takeover took of every queue, ``short`` records before queue a/0's
+    committed end (a commit the departed broker had on its way landed after)."""
+    ends: dict[str, dict[int, int]] = {}
+    for t in TOPICS:
+        for q in range(QUEUES):
+            bounds = mounted.bounds(t, q)
+            assert bounds is not None
+            ends.setdefault(t, {})[q] = bounds[1] - (short if (t, q) == ("a", 0) else 0)
+    return ends
+
+
+def test_kept_ids_read_to_the_ends_served_are_used_past_a_late_commit(
+        tier: Tier, tmp_path: Path) -> None:
+    # Given a successor that serves queue a/0 up to 5 records before its end in the tier
+    # (the departed broker's last commit landed after the takeover took its ends)
+    since_ms = tier.step_ms[4]
+    first = tier.mount(tmp_path / "first")
+    served = _served(first, 5)
+    first.serve_below(served)
+    first.warm(since_ms)
+    # Then it read and kept the queue's tail up to the end it serves, not past it
+    kept = decode((tier.root / "tier" / path_of("b0")).read_bytes())
+    assert kept.ends[("a", 0, 0)] == served["a"][0]
+    assert kept.records == 2 * PER_STEP * len(TOPICS) - 5
+    # When the next broker of the chain, serving the same ends, mounts it from a tier
+    # whose queue data it cannot read
+    second = tier.mount(tmp_path / "second", _NoData(str(tier.root / "tier")))
+    second.serve_below(served)
+    # Then it uses the kept ids (was: read the queues again, their committed end past
+    # what the kept ids were read to), and finds what the first finds
+    assert second.index.tail(since_ms) == first.index.tail(since_ms)
+    sample = tier.ids[:: 11]
+    assert _hits(second, sample, since_ms) == _hits(first, sample, since_ms)
+
+
 @pytest.mark.parametrize("why", ["earlier", "damaged", "short"])
 def test_kept_ids_that_do_not_cover_the_read_are_not_used(
         tier: Tier, tmp_path: Path, why: str, caplog: pytest.LogCaptureFixture) -> None:
