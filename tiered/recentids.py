@@ -21,10 +21,10 @@ instead of reading the queues when it covers what that successor would read: ``s
 no later than its own, no more sealed files than it knows, and every queue read to at
 least the end it serves of that queue (``MountedBroker.serve_below``: the ends the chain's
 takeover took; a commit the departed broker had on its way when fenced lands past them,
-and is read by no broker of the chain), or its end in the mount if it was told none.  Else, or when the object is missing, damaged or of
-another version, it reads the queues itself.  The departed broker is fenced and writes
-nothing more, so the content is the same whoever writes it: a plain write, last one wins,
-and any one is right.
+and is read by no broker of the chain), or its end in the mount if it was told none.
+Else, or when the object is missing, damaged or of another version, it reads the queues
+itself.  The departed broker is fenced and writes nothing more, so the content is the
+same whoever writes it: a plain write, last one wins, and any one is right.
 """
 
 from __future__ import annotations
