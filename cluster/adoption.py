@@ -72,7 +72,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from cluster.delivered import SLACK_MS, DeliveredCopies
+from cluster.delivered import SLACK_MS, DeliveredCopies, Prefetch
 from cluster.layout import chain_prefix
 from cluster.replay import stream
 from cluster.timersnapshot import Pointer, decode_pointer, read_part, read_residual
@@ -237,8 +237,10 @@ class Adoption:
     """Schedules one departed broker's pending messages here (module docstring)."""
 
     def __init__(self, broker: Host, departed: str, mount: Mount,
-                 on_progress: Callable[[int], None], on_topic: Callable[[str], None]) -> None:
+                 on_progress: Callable[[int], None], on_topic: Callable[[str], None],
+                 ahead: Prefetch | None = None) -> None:
         self._b = broker
+        self._ahead = ahead  # the departed broker's copies, read ahead
         self._departed = departed
         self._mount = mount
         self._on_progress = on_progress
@@ -262,7 +264,7 @@ class Adoption:
         in_place = self._in_place(m)
         legacy = None if legacy_through is None else \
             _Legacy(b, adopted_offset(departed, 0), legacy_through)
-        self.delivered = _Delivered(self._mount, brokers_of(m, folded=False))
+        self.delivered = _Delivered(self._mount, brokers_of(m, folded=False), self._ahead)
         batch: list[Adopted] = []
         count = 0  # messages of the set passed so far
         for chunk in pending(b.tier, m, self._mount, journal):
@@ -374,10 +376,18 @@ class _Delivered:
     queue in the tier but not the timer stream's record of it (``cluster.delivered``):
     the copy decides, they are not scheduled again."""
 
-    def __init__(self, mount: Mount, brokers: list[str]) -> None:
+    def __init__(self, mount: Mount, brokers: list[str], ahead: Prefetch | None = None
+                 ) -> None:
         self._mount = mount
         self._brokers = list(dict.fromkeys(brokers))
         self._copies: dict[str, DeliveredCopies | None] = {}
+        if ahead is not None and ahead.broker in self._brokers:
+            started = time.monotonic()
+            copies = ahead.get()
+            if copies is not None:
+                self._copies[ahead.broker] = copies
+            log.info("the delivered copies of %s read ahead, %.2f s waited for",
+                     ahead.broker, time.monotonic() - started)
         self.skipped = 0
         started = time.monotonic()
         self._risk_ms = -1

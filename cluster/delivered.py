@@ -25,31 +25,50 @@ read in order (``TieredQueue.scan``).  Each (broker, topic) is read once, from t
 earliest due time asked; an earlier one reads only the stretch before it.  A takeover
 asks for each batch's topics at once (``read_since``: their queues read in parallel).
 Not thread-safe (one takeover's thread; its reads fan out inside a call).
+
+A takeover does not wait for those reads at its timer step alone: ``Prefetch`` reads the
+departed broker's topics from ``PREFETCH_MS`` before its latest store time on, on a
+thread of its own from the moment the broker is mounted, while the journal is replayed
+and the positions adopted (the messages it may have delivered are nearly all due that
+late); the timer step takes the copies read so far and reads only what an earlier due
+time needs more.  Its reads draw on readers of their own (``tiered.flatfile.reading_on``),
+not ahead of the replay's.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from store.message import FLAG_TIMER_DELIVERY, decode_record
+from tiered.flatfile import readers, reading_on
 from tiered.mount import MountedBroker
+
+log = logging.getLogger(__name__)
 
 SLACK_MS = 10_000  # a wall clock stepped back this much still finds the copy
 READ_THREADS = 8  # queues read at once
+PREFETCH_MS = 20_000  # ``Prefetch`` reads from this long before the latest store time
 
 
 class DeliveredCopies:
     """The timer-delivered copies in one broker's topic queues in the tier (module
     docstring)."""
 
-    def __init__(self, mounted: MountedBroker) -> None:
+    def __init__(self, mounted: MountedBroker, pool: str = "") -> None:
         self._mounted = mounted
+        self._pool = pool  # its reads' readers (``reading_on``); "": the shared ones
         self._queues = mounted.topics()
         self._copies: set[tuple[str, bytes, int]] = set()  # (topic, id, due)
         self._from: dict[str, dict[int, int]] = {}  # topic -> queue -> first offset read
         self._since: dict[str, int] = {}  # topic -> the earliest store time read from
         # no message due later can have a copy here (module docstring)
         self.delivered_until_ms = mounted.latest_stored_ms() + SLACK_MS
+
+    def topics(self) -> list[str]:
+        """The topics of the broker's queues in the tier."""
+        return sorted(self._queues)
 
     def has(self, topic: str, message_id: bytes, due_ms: int) -> bool:
         """Whether the broker delivered the message with this id, due at ``due_ms``, into
@@ -89,6 +108,13 @@ class DeliveredCopies:
         """The copies queue ``qid`` of ``topic`` (its oldest offset ``low``) stored from
         ``at_ms`` to before queue offset ``until``, and the first offset now read (None:
         unchanged)."""
+        if self._pool:
+            with reading_on(readers(self._pool)):
+                return self._read_queue_here(topic, qid, low, until, at_ms)
+        return self._read_queue_here(topic, qid, low, until, at_ms)
+
+    def _read_queue_here(self, topic: str, qid: int, low: int, until: int, at_ms: int
+                         ) -> tuple[int | None, set[tuple[str, bytes, int]]]:
         last = self._mounted.read(topic, qid, until - 1, 1) if until > low else []
         if not last or last[-1].store_at_ms < at_ms:  # (no copy can be this late)
             return until, set()
@@ -103,3 +129,31 @@ class DeliveredCopies:
             if m.flags & FLAG_TIMER_DELIVERY:
                 copies.add((topic, m.message_id.encode(), m.deliver_at_ms))
         return start, copies
+
+
+class Prefetch:
+    """``DeliveredCopies`` of ``mounted``, its topics read from ``PREFETCH_MS`` before
+    its latest store time on, on a thread of its own started now (module docstring)."""
+
+    def __init__(self, mounted: MountedBroker) -> None:
+        self.broker = mounted.broker
+        self._done = threading.Event()
+        self._copies: DeliveredCopies | None = None
+        threading.Thread(target=self._run, args=(mounted,), daemon=True,
+                         name=f"delivered-{mounted.broker}").start()
+
+    def _run(self, mounted: MountedBroker) -> None:
+        try:
+            copies = DeliveredCopies(mounted, "delivered-read")
+            since = copies.delivered_until_ms - SLACK_MS - PREFETCH_MS
+            copies.read_since(dict.fromkeys(copies.topics(), since))
+            self._copies = copies
+        except Exception as exc:  # the timer step reads what it needs itself
+            log.warning("the delivered copies of %s not read ahead: %s", self.broker, exc)
+        finally:
+            self._done.set()
+
+    def get(self) -> DeliveredCopies | None:
+        """The copies read ahead (waits for them), or None: not read."""
+        self._done.wait()
+        return self._copies

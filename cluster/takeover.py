@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from cluster.adoption import Adoption, manifest_of
 from cluster.catalogue import departed_topics
 from cluster.claims import Claims
+from cluster.delivered import Prefetch
 from cluster.handover import (
     CLOCK_SLACK_MS,
     InheritedIds,
@@ -205,6 +206,7 @@ class Takeover:
         if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
             b.mounts.unmount(departed)
         phases.mark("mount")
+        ahead = Prefetch(mounted)  # the timer step's look for delivered copies, begun
         taken = {t: c.queue_count for t, c in catalogue.items()}
         # the topics of a takeover the departed broker had begun and not finished are
         # not its own yet: they are taken from their first broker (``_inherit``)
@@ -250,7 +252,7 @@ class Takeover:
                                 journal_records=journal.records,
                                 journal_seconds=journal.seconds, phases=phases.seconds)
         self.results[departed] = result
-        result.pending = self._timers(departed, mounted, journal, state)
+        result.pending = self._timers(departed, mounted, journal, state, ahead)
         phases.mark("timers")
         crashpoint("takeover.after_timers")
         schedules = self._schedules(departed, journal, taken)  # their topics exist now
@@ -434,7 +436,7 @@ class Takeover:
             raise FailedPrecondition(f"cannot take over {departed}: {exc}") from None
 
     def _timers(self, departed: str, mounted: MountedBroker, journal: JournalState,
-                state: dict[str, Any]) -> int:
+                state: dict[str, Any], ahead: Prefetch | None = None) -> int:
         """Schedule the departed broker's pending delayed messages here
         (``cluster.adoption``); returns how many."""
         started = time.monotonic()
@@ -464,7 +466,7 @@ class Takeover:
             result.topics = sorted({*result.topics, topic})
 
         legacy = int(state.get("timers_through", 0)) if state.get("timers_started") else None
-        adoption = Adoption(self._b, departed, mount, on_progress, on_topic)
+        adoption = Adoption(self._b, departed, mount, on_progress, on_topic, ahead)
         count = adoption.run(manifest, replayed, legacy)
         # what this broker's timer stream says of the set is below this (a timer
         # snapshot folds the set in once it covers it: ``cluster.compaction``)

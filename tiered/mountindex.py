@@ -228,7 +228,14 @@ class MountIndex:
             log.warning("mount of %s: its recent ids in the tier are unusable (read from "
                         "its queues instead): %s", self.broker, exc)
             return None
-        return kept if covers(kept, since_ms, files, ends) else None
+        if covers(kept, since_ms, files, ends):
+            return kept
+        short = sorted((ref, kept.ends.get(ref, -1), end) for ref, end in ends.items()
+                       if kept.ends.get(ref, -1) < end)
+        log.info("mount of %s: its recent ids in the tier do not cover this read (since "
+                 "%d, asked %d; sealed files %d, known %d; queues read short: %s)",
+                 self.broker, kept.since_ms, since_ms, kept.files, files, short[:5])
+        return None
 
     def _keep(self, recent: RecentIds) -> None:
         """Keep the recent ids just read in the tier, for the next broker of a chain."""
