@@ -36,6 +36,7 @@ from pathlib import Path
 
 from chronomq.client import ChronomqClient, RpcError, message
 from chronomq.client.routing import BrokerDirectory, RoutedClient
+from store.names import INCARNATION_SEP
 from testkit.chaos.check import Outcome, check_all, drain
 from testkit.chaos.cluster import Cluster
 from testkit.chaos.faults import FAULTS, KINDS, Fault
@@ -236,7 +237,8 @@ def _takeover_figures(cluster: Cluster, departed: str, fault_ms: int) -> list[st
         return []
     claimed = (int(str(lease.get("claimed_ms", 0))) - fault_ms) / 1000
     out = f"claimed by {taker} at +{claimed:.1f} s"
-    path = cluster.root / taker / "takeovers" / f"{departed}.json"
+    # (a rejoined incarnation, ``<name>--<n>``, runs in its name's data directory)
+    path = cluster.root / taker.split(INCARNATION_SEP)[0] / "takeovers" / f"{departed}.json"
     with contextlib.suppress(ValueError, OSError):
         state = json.loads(path.read_text())
         if not state.get("done"):
