@@ -21,7 +21,8 @@ instead of reading the queues when it covers what that successor would read: ``s
 no later than its own, no more sealed files than it knows, and every queue read to at
 least the end it serves of that queue (``MountedBroker.serve_below``: the ends the chain's
 takeover took; a commit the departed broker had on its way when fenced lands past them,
-and is read by no broker of the chain), or its end in the mount if it was told none.
+and is read by no broker of the chain), or its end in the mount if it was told none (a
+queue it does not name counts as read to 0: one with nothing to read is covered).
 Else, or when the object is missing, damaged or of another version, it reads the queues
 itself.  The departed broker is fenced and writes nothing more, so the content is the
 same whoever writes it: a plain write, last one wins, and any one is right.
@@ -96,4 +97,4 @@ def covers(recent: RecentIds, since_ms: int, files: int, ends: dict[QueueRef, in
     """Does ``recent`` hold all that a read of the queues' tails from ``since_ms`` on,
     after ``files`` sealed files, to ``ends`` would?"""
     return recent.since_ms <= since_ms and recent.files <= files and all(
-        recent.ends.get(ref, -1) >= end for ref, end in ends.items())
+        recent.ends.get(ref, 0) >= end for ref, end in ends.items())  # (0: nothing read)
