@@ -46,7 +46,15 @@ from tiered.flatfile import readers, reading_on
 from tiered.index import OPEN_ENTRY, IndexFile, IndexHit, TieredIndex, digest, scan
 from tiered.provider import Provider
 from tiered.queue import TieredEntry, TieredQueue
-from tiered.recentids import QueueRef, RecentIds, covers, decode, encode, path_of
+from tiered.recentids import (
+    QueueRef,
+    RecentIds,
+    covers,
+    decode,
+    encode,
+    path_of,
+    short_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -230,8 +238,7 @@ class MountIndex:
             return None
         if covers(kept, since_ms, files, ends):
             return kept
-        short = sorted((ref, kept.ends.get(ref, -1), end) for ref, end in ends.items()
-                       if kept.ends.get(ref, -1) < end)
+        short = short_of(kept, ends)
         log.info("mount of %s: its recent ids in the tier do not cover this read (since "
                  "%d, asked %d; sealed files %d, known %d; queues read short: %s)",
                  self.broker, kept.since_ms, since_ms, kept.files, files, short[:5])

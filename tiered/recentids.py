@@ -96,5 +96,11 @@ def decode(raw: bytes) -> RecentIds:
 def covers(recent: RecentIds, since_ms: int, files: int, ends: dict[QueueRef, int]) -> bool:
     """Does ``recent`` hold all that a read of the queues' tails from ``since_ms`` on,
     after ``files`` sealed files, to ``ends`` would?"""
-    return recent.since_ms <= since_ms and recent.files <= files and all(
-        recent.ends.get(ref, 0) >= end for ref, end in ends.items())  # (0: nothing read)
+    return recent.since_ms <= since_ms and recent.files <= files and not short_of(recent, ends)
+
+
+def short_of(recent: RecentIds, ends: dict[QueueRef, int]) -> list[tuple[QueueRef, int, int]]:
+    """The queues ``recent`` was read short of ``ends`` on: (queue, read to, end), sorted;
+    a queue it does not name was read to 0 (one with nothing to read is covered)."""
+    return sorted((ref, recent.ends.get(ref, 0), end) for ref, end in ends.items()
+                  if recent.ends.get(ref, 0) < end)

@@ -301,10 +301,4 @@ class S3Provider:
         return dict(sorted(out.items()))
 
     def list(self, prefix: str = "") -> list[str]:
-        out: list[str] = []
-        with _wrapped(prefix or "."):
-            pages = self._s3.get_paginator("list_objects_v2").paginate(
-                Bucket=self._bucket, Prefix=self._prefix + prefix)
-            for page in pages:
-                out += [obj["Key"][len(self._prefix):] for obj in page.get("Contents", [])]
-        return sorted(out)
+        return list(self.list_versions(prefix))  # (the same request)
