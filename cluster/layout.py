@@ -6,7 +6,10 @@ object                             written by                      read by
 =================================  ==============================  =========================
 ``brokers/<broker>.json``          its broker (conditional puts);  the lease watch, a
                                    a successor's claim             takeover, clients
-                                   (``taken_by``)                  following a chain
+                                   (``taken_by``)                  following a chain; a
+                                                                   mount (the queue
+                                                                   metadata it carries,
+                                                                   ``tiered.carried``)
 ``owners/<topic>.json``            the topic's owner (created      clients and brokers
                                    with ``If-None-Match``)         looking an owner up
 ``takeovers/<departed>.json``      the broker taking it over       people; a rejoin of
@@ -42,8 +45,9 @@ records are next to their code (``cluster.lease``, ``cluster.ownership``).
 from __future__ import annotations
 
 from store.names import INCARNATION_SEP
+from tiered.carried import LEASES as LEASES  # (re-exported: one place for paths)
+from tiered.carried import lease_path as lease_path
 
-LEASES = "brokers/"
 OWNERS = "owners/"
 TAKEOVERS = "takeovers/"
 
@@ -52,10 +56,6 @@ def broker_prefix(name: str, incarnation: int) -> str:
     """The tier prefix (and lease, and owner-record name) of incarnation ``incarnation``
     of the broker called ``name``: ``name`` for 0, ``<name>--<incarnation>`` after."""
     return name if incarnation == 0 else f"{name}{INCARNATION_SEP}{incarnation}"
-
-
-def lease_path(broker: str) -> str:
-    return f"{LEASES}{broker}.json"
 
 
 def owner_path(topic: str) -> str:

@@ -6,7 +6,9 @@ broker (its tier prefix, ``cluster.layout.broker_prefix``), name (``tier.broker_
 and incarnation, address, RocketMQ address, epoch (one per start), renewal count, a
 random nonce per process,
 wall time of the last write (for people: never used to judge expiry), load, lease length
-(0: not watched, the broker runs without ``tier.failover``), ``taken_by``).  Every write
+(0: not watched, the broker runs without ``tier.failover``), ``taken_by``, and with
+``tier.durable_ack`` the commit record: ``meta``, the queue metadata whose copies are not
+in the tier yet, ``tiered.carried``).  Every write
 to it is a conditional put on the version this broker last wrote (``Provider.swap``:
 S3's ``If-Match``), so the object is one chain of versions and every change of owner has
 one winner: the bucket is the coordination point, no other service is needed.
@@ -55,6 +57,8 @@ from dataclasses import dataclass
 from cluster.layout import lease_path
 from store.clock import Clock
 from store.errors import FailedPrecondition, Unavailable
+from tiered.carried import FIELD as CARRIED
+from tiered.carried import carried_in, entries
 from tiered.errors import TierError, TierNotFound, TierUnavailable
 from tiered.provider import Provider
 
@@ -98,12 +102,20 @@ def parse_lease(raw: bytes) -> LeaseView:
 def read_lease(provider: Provider, broker: str) -> tuple[LeaseView | None, str]:
     """``broker``'s lease and its version; (None, "") when it has none.  Raises
     ``TierError`` when it cannot be read or parsed."""
+    raw, version = _read_raw(provider, broker)
+    return (_parse(raw, broker), version) if raw else (None, "")
+
+
+def _read_raw(provider: Provider, broker: str) -> tuple[bytes, str]:
     try:
-        raw, version = provider.read_versioned(lease_path(broker))
+        return provider.read_versioned(lease_path(broker))
     except TierNotFound:
-        return None, ""
+        return b"", ""
+
+
+def _parse(raw: bytes, broker: str) -> LeaseView:
     try:
-        return parse_lease(raw), version
+        return parse_lease(raw)
     except (ValueError, KeyError, TypeError) as exc:
         raise TierError(f"the lease {lease_path(broker)} is damaged: {exc}") from exc
 
@@ -216,6 +228,10 @@ class BrokerLease:
         self.taken_by = ""
         self.load: Callable[[], int] = lambda: 0
         self.on_taken_over: Callable[[str], None] = lambda _: None
+        # the queue metadata every write carries (``tiered.carried``): at start what the
+        # lease carried before (``held``), once the dispatcher is wired its commit record
+        self.held: dict[str, bytes] = {}
+        self.carried: Callable[[], dict[str, bytes]] = lambda: self.held
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -239,7 +255,8 @@ class BrokerLease:
             "rocketmq_address": self.rocketmq_address, "epoch": self._epoch,
             "renewals": self._renewals, "renewed_ms": self._clock.now_ms(),
             "load": self.load(), "lease_s": self.lease_s if self.watched else 0,
-            "nonce": self._nonce, "taken_by": ""}, sort_keys=True).encode()
+            "nonce": self._nonce, "taken_by": "",
+            CARRIED: entries(self.carried(), self.broker)}, sort_keys=True).encode()
 
     def acquire(self, timeout_s: float = 0.0,
                 sleep: Callable[[float], None] = time.sleep) -> None:
@@ -269,13 +286,15 @@ class BrokerLease:
         meanwhile (or the answer was lost and it is not ours): read it again."""
         with self._lock:
             start = self.monotonic()
-            view, version = read_lease(self._provider, self.broker)
+            raw, version = _read_raw(self._provider, self.broker)
+            view = _parse(raw, self.broker) if raw else None
             if view is not None and view.taken_by:
                 raise TakenOver(
                     f"broker {self.broker} was taken over by {view.taken_by} (its lease "
                     f"{lease_path(self.broker)} in the tier says so): its topics live "
                     "there now")
             self._epoch = view.epoch + 1 if view is not None else 0
+            self.held = carried_in(raw, self.broker) if raw else {}  # carried on
             self._renewals += 1
             content = self._content()
             path = lease_path(self.broker)

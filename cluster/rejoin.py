@@ -53,6 +53,7 @@ from cluster.lease import LeaseView, claim, read_lease
 from store.clock import Clock
 from store.errors import FailedPrecondition, Unavailable
 from store.files import write_atomic
+from tiered.carried import has_queues
 from tiered.errors import TierError, TierNotFound
 from tiered.provider import Provider
 
@@ -260,7 +261,7 @@ class Rejoin:
                 pass
             except ValueError:  # being written, or damaged: the done one replaces it
                 pass
-            return True if not self._tier.list(f"{prefix}/meta/") else None
+            return True if not has_queues(self._tier, prefix) else None
         log.warning("broker %s: its incarnation %d (%s) was taken over by %s: waiting for "
                     "that takeover to finish", self._name, incarnation, prefix, view.taken_by)
         if self._wait(f"the takeover of {prefix} by {view.taken_by} to finish", done) is None:

@@ -66,6 +66,7 @@ from store.errors import FailedPrecondition, InvalidArgument
 from store.journal import JournalState
 from store.names import TIMER_STREAM, is_name, split_broker_made
 from store.topics import Topic
+from tiered.carried import has_queues
 from tiered.errors import TierError, TierNotFound
 from tiered.mount import MountedBroker
 
@@ -167,7 +168,7 @@ class Takeover:
         if state.get("done"):  # run again (by hand, or a watch that saw it late)
             self._inherit(departed)
             return self.results.get(departed) or TakeoverResult(departed, done=True)
-        if not state and not b.tier.list(f"{departed}/meta/") and \
+        if not state and not has_queues(b.tier, departed) and \
                 not b.tier.exists(catalogue_path(departed)):  # (topics, never a message)
             return self._nothing(departed)
         if not state:

@@ -54,6 +54,7 @@ from store.crashpoint import crashpoint
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM, is_system_stream
 from store.store import MessageStore
+from tiered.carried import meta_prefix
 from tiered.config import TierConfig
 from tiered.durable import DurablePosition, Linger
 from tiered.health import TierStats, upload_lag
@@ -102,6 +103,7 @@ class TieredDispatcher:
         self.index = TieredIndex(provider, broker, os.path.join(meta_dir, "index"), clock,
                                  config.index_entries, config.index_ms, self._mirror)
         self._checkpoint = self._read_position = 0  # read by ``open``
+        self._carry = False  # the metadata goes in the commit record (``carry``)
         self._journal_end: dict[str, int] = {}  # a journal stream -> where its last
         #                                         buffered record ends
         self._journal_copies: dict[str, tuple[str, bytes]] = {}  # their copies to put
@@ -141,13 +143,36 @@ class TieredDispatcher:
         return self.durable.position()
 
     def _publish_durable(self) -> None:
-        """After a commit: move the durable position to what the tier holds now."""
-        floor = self._mirror.floor()
+        """After a commit: move the durable position to what the tier holds now (with a
+        commit record, what it will once the record is written)."""
         with self._lock:
             position = self._checkpoint
-        if floor is not None:
-            position = min(position, floor[0])
-        self.durable.publish(position)
+        floor = self._floor(position)
+        self.durable.publish(position if floor is None else min(position, floor[0]))
+
+    def _floor(self, checkpoint: int) -> tuple[int, float] | None:
+        """The offset below which alone a reader of the tier sees everything uploaded
+        (once the next commit record is written, when carried) and when the oldest batch
+        a missing copy holds back arrived (monotonic ms); None: nothing held back."""
+        if self._carry:
+            return self._mirror.unready_floor(meta_prefix(self._broker), checkpoint)
+        return self._mirror.floor()
+
+    # ------------------------------------------------------------------ commit record
+
+    def carry(self, held: dict[str, bytes]) -> None:
+        """Write the queues' metadata in the commit record (``tiered.carried``): the
+        lease write that confirms a commit carries ``carried()``, so a commit is two
+        request rounds and the copies follow off the path of an OK.  ``held``: what the
+        lease carried when this broker started (after ``open``)."""
+        for path, data in held.items():
+            self._mirror.held(path, data)
+        self._carry = True
+
+    def carried(self) -> dict[str, bytes]:
+        """The metadata a commit record carries now: every queue's whose copy is not
+        known to be in the tier, as a reader may see it."""
+        return self._mirror.due(meta_prefix(self._broker), self.position())
 
     # ------------------------------------------------------------------ state
 
@@ -294,6 +319,8 @@ class TieredDispatcher:
             return 0  # taken over: nothing more goes to the tier (the successor's now)
         due = self._due(force)
         if due is None:
+            if self._carry:  # the copies' writes, not waited for, go on while idle
+                self._failed += self._mirror.sync(time.monotonic(), self.position)
             self._publish_durable()  # a gate that failed is tried again
             return 0
         timeout_s = self.config.upload_timeout_s
@@ -322,7 +349,9 @@ class TieredDispatcher:
                         seal.error())
         self._save(done, failed, sealed)
         self.linger.committed(sum(size for _, _, size in done))
-        failed_copies = self._mirror.sync(deadline_s, self.position)
+        # (carried: the copies are not waited for; those done are seen by the next)
+        failed_copies = self._mirror.sync(time.monotonic() if self._carry else deadline_s,
+                                          self.position)
         with self._lock:
             self._failed += failed_copies
             if started or seal is not None:  # (a pass with nothing to upload is no commit)
@@ -413,7 +442,6 @@ class TieredDispatcher:
         is the checkpoint, or lower while a copy of uploaded queues' metadata is not in
         the tier yet; ``upload_lag_s`` is the age of the oldest record not yet readable
         from the tier (at the checkpoint, or of a batch whose copy is missing)."""
-        floor = self._mirror.floor()
         with self._lock:
             queues, checkpoint = list(self._queues.values()), self._checkpoint
             buffering = min(self._since.values(), default=None)  # the oldest batch's start
@@ -423,6 +451,7 @@ class TieredDispatcher:
                               last_upload_ms=self._last_upload_ms,
                               consecutive_failures=self._consecutive,
                               commits=self._commits, commit_seconds=self._commit_s)
+        floor = self._floor(checkpoint)
         position, lag_s = upload_lag(self._store.commitlog, checkpoint, buffering, floor,
                                      self._clock)
         lag_bytes = self._store.commitlog.confirmed_offset - position

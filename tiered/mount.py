@@ -38,6 +38,7 @@ from typing import Protocol
 from store.errors import FailedPrecondition, InvalidArgument
 from store.message import FLAG_ASSIGNED_ID, FLAG_FOREIGN_ID, Message, decode_record
 from store.names import DELAYED_STREAM, is_name, is_system_stream, split_broker_made
+from tiered.carried import carried, freshest, meta_prefix
 from tiered.errors import TierError, TierNotFound
 from tiered.index import IndexHit, id_digest, key_digest
 from tiered.mountindex import TAIL_THREADS, MountIndex, first_offset_stored
@@ -102,9 +103,10 @@ class MountedBroker:
 
     def _read_queues(self) -> None:
         provider, broker = self._provider, self.broker
-        prefix = f"{broker}/meta/"
+        prefix = meta_prefix(broker)
+        lease = carried(provider, broker)  # first: see ``tiered.carried``
         found: list[tuple[str, str, int]] = []
-        for path in provider.list(prefix):
+        for path in sorted(set(provider.list(prefix)) | set(lease)):
             topic, _, name = path[len(prefix):].partition("/")
             qid_text = name.removesuffix(".json")
             if not (is_name(topic) or split_broker_made(topic) or is_system_stream(topic)) \
@@ -115,9 +117,15 @@ class MountedBroker:
         def one(item: tuple[str, str, int]) -> TieredQueue | None:
             path, topic, qid = item
             try:
-                return TieredQueue(provider, broker, topic, qid, provider.read(path).decode())
-            except (TierNotFound, UnicodeDecodeError, ValueError, KeyError,
-                    TierError) as exc:
+                try:
+                    copy: bytes | None = provider.read(path)
+                except TierNotFound:
+                    copy = None
+                meta = freshest(copy, lease.get(path))
+                if meta is None:
+                    return None  # deleted since the listing (its topic was)
+                return TieredQueue(provider, broker, topic, qid, meta.decode())
+            except (UnicodeDecodeError, ValueError, KeyError, TierError) as exc:
                 log.error("mount of %s: skipping %s: %s", broker, path, exc)
                 return None
 

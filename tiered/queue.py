@@ -76,12 +76,14 @@ class TieredQueue:
         log_meta = cq_meta = None
         self.first_queue_offset = -1  # none yet
         self.generation = generation
+        self.seq = 0  # one more at every save: of two metadata, the newer (tiered.carried)
         if meta_json:
             raw = json.loads(meta_json)
             if raw.get("version") != 1:
                 raise TierError(f"unknown tiered queue metadata version {raw.get('version')!r}")
             self.first_queue_offset = raw["first_queue_offset"]
             self.generation = raw["generation"]
+            self.seq = int(raw.get("seq", 0))
             log_meta = FlatFileMeta.from_json(raw["log"])
             cq_meta = FlatFileMeta.from_json(raw["cq"])
         prefix = f"{broker}/data/{topic}/{self.generation}/{queue_id}"
@@ -96,9 +98,11 @@ class TieredQueue:
         self._meta_lock = threading.Lock()  # both streams' metadata: commit vs. retention
 
     def to_json(self) -> str:
-        """The metadata of both streams, as of one moment (never a cq ahead of its log)."""
+        """The metadata of both streams, as of one moment (never a cq ahead of its log),
+        numbered one more than the last (``seq``)."""
         with self._meta_lock:
-            return json.dumps({"version": 1, "generation": self.generation,
+            self.seq += 1
+            return json.dumps({"version": 1, "generation": self.generation, "seq": self.seq,
                                "first_queue_offset": self.first_queue_offset,
                                "log": self.log.to_json(), "cq": self.cq.to_json()})
 

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from store.message import HEADER, HEADER_PREFIX, RECORD_MAGIC, RecordError, check_record
+from tiered.carried import LEASES, carried, freshest, lease_path, meta_prefix
 from tiered.errors import TierError, TierNotFound, TierUnavailable
 from tiered.flatfile import FlatFileMeta
 from tiered.provider import Provider
@@ -105,13 +106,28 @@ def plan(provider: Provider, broker: str, selection: Selection,
     """The slices that may hold selected messages, oldest first per queue.  A queue whose
     metadata copy does not parse is reported and left out."""
     slices: list[ScanSlice] = []
-    prefix = f"{broker}/meta/"
-    for path in provider.list(prefix):
+    prefix = meta_prefix(broker)
+    try:
+        lease = carried(provider, broker)  # first: see ``tiered.carried``
+    except TierUnavailable:
+        raise
+    except TierError as exc:
+        on_damage(Damage(lease_path(broker), f"{exc}: the metadata it carries is not "
+                                             "scanned (only the queues' copies)"))
+        lease = {}
+    for path in sorted(set(provider.list(prefix)) | set(lease)):
         topic, _, name = path[len(prefix):].rpartition("/")
         if not name.endswith(".json") or (selection.topics and topic not in selection.topics):
             continue
         try:
-            raw = json.loads(provider.read(path))
+            try:
+                copy: bytes | None = provider.read(path)
+            except TierNotFound:
+                copy = None
+            meta = freshest(copy, lease.get(path))
+            if meta is None:
+                continue  # deleted since the listing (its topic was)
+            raw = json.loads(meta)
             log = FlatFileMeta.from_json(raw["log"])
             generation, qid = int(raw["generation"]), int(name[:-5])
         except TierNotFound:
@@ -144,12 +160,26 @@ def tier_prefixes(provider: Provider, start: str = "") -> list[str]:
     """The tier prefixes, among the paths that begin with ``start``, holding tiered queue
     metadata (``<prefix>/meta/<topic>/<queue>.json``, what ``plan`` reads): the brokers
     (their incarnations) whose uploads the tier holds, sorted.  It lists every object
-    under ``start`` (on S3, a request per 1,000)."""
+    under ``start`` (on S3, a request per 1,000), and the leases of brokers named so
+    that carry queue metadata whose copy is not in yet (``tiered.carried``)."""
     found: set[str] = set()
     for path in provider.list(start):
         parts = path.split("/")
         if len(parts) == 4 and parts[1] == "meta" and parts[3].endswith(".json"):
             found.add(parts[0])
+    for path in provider.list(LEASES + start):
+        broker = path[len(LEASES):].removesuffix(".json")
+        if broker in found or not path.endswith(".json") or "/" in broker:
+            continue
+        try:
+            if carried(provider, broker):
+                found.add(broker)
+        except TierNotFound:
+            continue
+        except TierUnavailable:
+            raise
+        except TierError as exc:
+            log.warning("%s", exc)
     return sorted(found)
 
 

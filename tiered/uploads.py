@@ -112,6 +112,8 @@ class Mirror:
         self._writing: dict[str, Upload] = {}  # path -> its write in flight (owner)
         self._floors: dict[str, tuple[int, float]] = {}  # path -> see ``put``
         self._after: dict[str, int] = {}  # path -> see ``put``
+        self._ready: dict[str, bytes] = {}  # path -> its last content a reader may see
+        #                                     (``due``; not known to be in the tier)
 
     def put(self, path: str, data: bytes, floor: tuple[int, float] | None = None,
             after: int | None = None) -> None:
@@ -126,6 +128,40 @@ class Mirror:
                 self._floors[path] = (min(floor[0], old[0]), min(floor[1], old[1]))
             if after is not None:
                 self._after[path] = max(after, self._after.get(path, after))
+
+    def due(self, prefix: str, position: int) -> dict[str, bytes]:
+        """The copies under ``prefix`` not known to be in the tier, each as a reader may
+        see it now: what a commit record carries instead (``tiered.carried``).  A copy
+        put with ``after`` beyond ``position`` (what the owner has in the tier) is not
+        seen yet: its path gives the last content that was (``_ready``), so the record
+        never drops what an earlier one carried before a copy of it is in."""
+        with self._lock:
+            out: dict[str, bytes] = {}
+            for path, data in self._due.items():
+                if not path.startswith(prefix):
+                    continue
+                if self._after.get(path, 0) <= position:
+                    self._ready[path] = data
+                ready = self._ready.get(path)
+                if ready is not None:
+                    out[path] = ready
+            return out
+
+    def held(self, path: str, data: bytes) -> None:
+        """At start: ``data`` was carried by this broker's commit record before it
+        stopped; carry it on, and copy it, until a newer copy is due (``due``)."""
+        with self._lock:
+            self._ready.setdefault(path, data)
+            self._due.setdefault(path, data)
+
+    def unready_floor(self, prefix: str, position: int) -> tuple[int, float] | None:
+        """``floor`` over the copies ``due`` does not give as they are now (None: none)."""
+        with self._lock:
+            floors = [f for path, f in self._floors.items()
+                      if not path.startswith(prefix) or self._after.get(path, 0) > position]
+        if not floors:
+            return None
+        return min(f[0] for f in floors), min(f[1] for f in floors)
 
     def floor(self) -> tuple[int, float] | None:
         """The lowest offset and the oldest arrival among the copies not in the tier yet
@@ -178,4 +214,5 @@ class Mirror:
                     del self._due[path]
                     self._floors.pop(path, None)
                     self._after.pop(path, None)
+                    self._ready.pop(path, None)
         return failed

@@ -13,6 +13,7 @@ file before the timer stream's metadata copy waited for the other queues.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -29,15 +30,33 @@ from tests.chronomq.test_duplicate_durability import Faulty
 from tests.chronomq.test_takeover_adoption import _open, _run
 from tests.chronomq.test_takeover_adoption import brokers as brokers
 from tests.chronomq.test_timer_compaction import _caught_up, _send_delayed, _tick
+from tiered.carried import carried, freshest, lease_path, meta_prefix
+from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 
 SECOND_MS = 1_000
 
 
 def _metas(b: Broker, topic: str) -> dict[str, bytes]:
-    """The tier's metadata copies of ``topic``'s queues (what a mount reads)."""
-    name = b.config.tier.broker_name
-    return {p: b.tier.read(p) for p in b.tier.list(f"{name}/meta/{topic}/")}
+    """The metadata of ``topic``'s queues a mount reads: of each queue's copy in the tier
+    and what the lease carries, the newer (``tiered.carried``)."""
+    prefix = f"{meta_prefix(b.config.tier.broker_name)}{topic}/"
+    lease = {p: m for p, m in carried(b.tier, b.config.tier.broker_name).items()
+             if p.startswith(prefix)}
+    copies = {p: b.tier.read(p) for p in b.tier.list(prefix)}
+    both = {p: freshest(copies.get(p), lease.get(p)) for p in {*lease, *copies}}
+    return {p: m for p, m in both.items() if m is not None}
+
+
+def _put_back(tier: Provider, broker: str, metas: dict[str, bytes]) -> None:
+    """What a mount reads of these queues as ``metas`` again: the copies, and the lease
+    carrying none of them (a broker lost before its writes of them)."""
+    for path, data in metas.items():
+        tier.write(path, data)
+    lease = json.loads(tier.read(lease_path(broker)))
+    lease["meta"] = {k: v for k, v in lease.get("meta", {}).items()
+                     if f"{meta_prefix(broker)}{k}" not in metas}
+    tier.write(lease_path(broker), json.dumps(lease).encode())
 
 
 def _with_one_delivered(root: Path, clock: ManualClock, brokers: list[Broker]
@@ -84,8 +103,7 @@ def _delivered_and_their_record_lost(root: Path, clock: ManualClock, brokers: li
     _caught_up(a)
     assert _metas(a, TIMER_STREAM) != before
     _gone(root, a, brokers)
-    for path, data in before.items():
-        a.tier.write(path, data)
+    _put_back(a.tier, "a", before)
     return ids, start
 
 

@@ -1,0 +1,103 @@
+"""A durable commit in two request rounds (issue 52): the data objects, then the one
+conditional lease write that names them (``tiered.carried``) and fences.  The queues'
+metadata copies follow off the path of an OK, so a broker whose copies cannot go in at
+all still answers OK, and a broker taking it over reads what it acknowledged from the
+lease.  Real brokers in one process, a real local-directory tier, RocksDB, a manual
+clock.
+
+Before the commit record an OK waited for the copies (three rounds): with every copy
+refused, a durable Send timed out (``TierUnavailable``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import chronomq.broker
+from store.clock import ManualClock
+from store.message import Message, draft_of
+from store.names import STATE_STREAM
+from store.topics import Topic
+from tests.chronomq.test_duplicate_durability import Faulty
+from tests.chronomq.test_takeover_at_most_once import _broker
+from tiered.carried import carried, meta_prefix
+from tiered.providers.local import LocalProvider
+
+
+@pytest.fixture
+def refusing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Faulty:
+    """The tier, refusing every write of a queue's metadata copy."""
+    faulty = Faulty(LocalProvider(str(tmp_path / "tier")))
+    faulty.refuse = "/meta/"
+    monkeypatch.setattr(chronomq.broker, "make_provider", lambda config: faulty)
+    return faulty
+
+
+def _send(b: chronomq.broker.Broker, n: int) -> list[str]:
+    """Send ``n`` to ``t``, answered OK (in the tier: durable-ack)."""
+    drafts = [draft_of(Message("", "t", f"m{i}".encode())) for i in range(n)]
+    submission = b.sender.submit(drafts, b.clock.now_ms())
+    return [i.message_id for i in b.sender.stored(submission)]
+
+
+def test_a_durable_send_is_ok_without_its_metadata_copy_and_its_successor_serves_it(
+        tmp_path: Path, manual_clock: ManualClock, refusing: Faulty) -> None:
+    alive = []
+    try:
+        # Given A, durable-ack, whose tier refuses every metadata copy
+        a = _broker(tmp_path, "a", manual_clock)
+        alive.append(a)
+        a.create_topic(Topic("t", 1))
+
+        # When A sends five: each answered OK (the lease write named their objects)
+        sent = _send(a, 5)
+        assert not refusing.inner.list(meta_prefix("a") + "t/")  # no copy of t's queue
+        assert f"{meta_prefix('a')}t/0.json" in carried(refusing.inner, "a")
+
+        # Then B, taking A over (A still running: the claim fences it), serves all five
+        b = _broker(tmp_path, "b", manual_clock)
+        alive.append(b)
+        assert b.takeover("a", force=True).done
+        got = [p.message.message_id for p in b.pop.pop("t", "g", 32, 60)]
+        assert sorted(got) == sorted(sent)
+    finally:
+        refusing.refuse = ""  # so that stopping drains
+        for broker in alive:
+            broker.stop()
+
+
+def test_a_restart_carries_on_what_the_lease_carried(
+        tmp_path: Path, manual_clock: ManualClock, refusing: Faulty) -> None:
+    alive = []
+    try:
+        # Given A sent five and acked two of them, nothing of it in a metadata copy
+        a = _broker(tmp_path, "a", manual_clock)
+        alive.append(a)
+        a.create_topic(Topic("t", 1))
+        sent = _send(a, 5)
+        acked = a.pop.pop("t", "g", 2, 60)
+        assert a.pop.ack_many("g", [p.receipt_handle for p in acked]) == [None, None]
+        state = f"{meta_prefix('a')}{STATE_STREAM}/0.json"
+        assert state in carried(refusing.inner, "a")
+
+        # When A restarts on its data, the copies still refused, and stops again
+        a.stop()
+        alive.remove(a)
+        a = _broker(tmp_path, "a", manual_clock)
+        alive.append(a)
+        assert {f"{meta_prefix('a')}t/0.json", state} <= set(carried(refusing.inner, "a"))
+        a.stop()
+        alive.remove(a)
+
+        # Then B, taking A over, serves the three not acked, never the two acked
+        b = _broker(tmp_path, "b", manual_clock)
+        alive.append(b)
+        assert b.takeover("a", force=True).done
+        got = [p.message.message_id for p in b.pop.pop("t", "g", 32, 60)]
+        assert sorted(got) == sorted(set(sent) - {p.message.message_id for p in acked})
+    finally:
+        refusing.refuse = ""
+        for broker in alive:
+            broker.stop()

@@ -1,0 +1,99 @@
+"""The commit record's pieces (``tiered.carried``): which of a copy and the lease's entry
+is newer, a damaged lease, the Mirror's carried set that never drops what it carried
+before a copy of it is in, and a Spark plan that reads a queue known only from the
+lease.  Real local-directory and in-memory tiers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tiered.carried import carried, carried_in, entries, freshest, has_queues, lease_path, order
+from tiered.errors import TierError
+from tiered.providers.local import LocalProvider
+from tiered.providers.memory import MemoryProvider
+from tiered.queue import TieredQueue
+from tiered.scan import Selection, plan, tier_prefixes
+from tiered.uploads import Mirror
+
+
+def _meta(generation: int, seq: int) -> bytes:
+    return json.dumps({"version": 1, "generation": generation, "seq": seq}).encode()
+
+
+def test_the_newer_of_a_copy_and_the_lease_entry_is_read() -> None:
+    old, new, reborn = _meta(5, 3), _meta(5, 4), _meta(9, 1)
+    assert freshest(old, new) is new and freshest(new, old) is new
+    assert freshest(new, reborn) is reborn  # a topic created again: a newer generation
+    assert freshest(None, old) is old and freshest(old, None) is old
+    assert freshest(b"{", old) is old and freshest(old, b"{") is old
+    assert order(json.dumps({"generation": 2}).encode()) == (2, 0)  # before ``seq``
+    with pytest.raises(ValueError):
+        order(b"[]")
+
+
+def test_a_queue_counts_its_saves_across_a_restart() -> None:
+    tier = MemoryProvider()
+    q = TieredQueue(tier, "b0", "t", 0, generation=7)
+    first, second = q.to_json(), q.to_json()
+    assert order(first) == (7, 1) and order(second) == (7, 2)
+    again = TieredQueue(tier, "b0", "t", 0, second)
+    assert order(again.to_json()) == (7, 3)
+
+
+def test_the_lease_field_round_trips_and_a_damaged_one_is_an_error() -> None:
+    metas = {"b0/meta/t/0.json": _meta(1, 2), "b0/meta/x/3.json": _meta(4, 5)}
+    lease = json.dumps({"broker": "b0", "meta": entries(metas, "b0")}).encode()
+    assert carried_in(lease, "b0") == metas
+    assert carried_in(json.dumps({"broker": "b0"}).encode(), "b0") == {}
+    hostile = json.dumps({"meta": {"../../etc/passwd": "x", "t/0.json": "y"}}).encode()
+    assert carried_in(hostile, "b0") == {"b0/meta/t/0.json": b"y"}
+    for damaged in (b"{", json.dumps({"meta": [1]}).encode()):
+        with pytest.raises(TierError):
+            carried_in(damaged, "b0")
+    tier = MemoryProvider()
+    assert carried(tier, "b0") == {} and not has_queues(tier, "b0")
+    tier.write(lease_path("b0"), lease)
+    assert carried(tier, "b0") == metas and has_queues(tier, "b0")
+
+
+def test_the_mirror_carries_what_it_carried_until_a_newer_one_may_be_seen() -> None:
+    mirror = Mirror(MemoryProvider(), None)
+    mirror.put("b0/meta/timer/0.json", b"v1", after=100)
+    assert mirror.due("b0/meta/", 50) == {}  # its records name what is not in yet
+    assert mirror.due("b0/meta/", 100) == {"b0/meta/timer/0.json": b"v1"}
+    mirror.put("b0/meta/timer/0.json", b"v2", after=200)
+    assert mirror.due("b0/meta/", 150) == {"b0/meta/timer/0.json": b"v1"}  # (not dropped)
+    assert mirror.due("b0/meta/", 200) == {"b0/meta/timer/0.json": b"v2"}
+    mirror.put("b0/index/catalog.json", b"i")
+    assert set(mirror.due("b0/meta/", 200)) == {"b0/meta/timer/0.json"}
+    mirror.sync(1e18, lambda: 200)  # the copies go in: nothing left to carry
+    assert mirror.due("b0/meta/", 200) == {}
+
+
+def test_what_the_lease_carried_at_start_is_carried_and_copied() -> None:
+    tier = MemoryProvider()
+    mirror = Mirror(tier, None)
+    mirror.held("b0/meta/state/0.json", b"old")
+    mirror.put("b0/meta/state/0.json", b"new", after=300)  # caught up: a newer one waits
+    assert mirror.due("b0/meta/", 0) == {"b0/meta/state/0.json": b"old"}
+    assert mirror.unready_floor("b0/meta/", 0) is None  # (no floor given)
+    mirror.held("b0/meta/t/0.json", b"held")
+    mirror.sync(1e18, lambda: 0)
+    assert tier.read("b0/meta/t/0.json") == b"held"
+    assert mirror.due("b0/meta/", 0) == {"b0/meta/state/0.json": b"old"}
+
+
+def test_a_spark_plan_reads_a_queue_known_only_from_the_lease(tmp_path: Path) -> None:
+    tier = LocalProvider(str(tmp_path / "tier"))
+    q = TieredQueue(tier, "b0", "t", 0)
+    q.append(0, b"record", 0, 1_000)
+    assert q.log.commit() and q.cq.commit()
+    lease = {"broker": "b0", "meta": entries({"b0/meta/t/0.json": q.to_json().encode()},
+                                              "b0")}
+    tier.write(lease_path("b0"), json.dumps(lease).encode())
+    slices = plan(tier, "b0", Selection())
+    assert [(s.topic, s.queue_id) for s in slices] == [("t", 0)]
+    assert tier_prefixes(tier) == ["b0"]
