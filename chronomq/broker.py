@@ -250,7 +250,7 @@ class Broker:
         self.tiered.open()
         if t.durable_ack and self.lease is not None:  # a commit record in the lease write
             self.tiered.carry(self.lease.held)
-            self.lease.carried = self.tiered.carried
+            self.lease.carried, self.lease.confirmed = self.tiered.carried, self.tiered.confirmed
         cache = None
         if t.read_ahead_bytes > 0:
             cache = ReadAheadCache(self.tiered.read, self.clock, t.read_ahead_bytes,

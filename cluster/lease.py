@@ -229,9 +229,11 @@ class BrokerLease:
         self.load: Callable[[], int] = lambda: 0
         self.on_taken_over: Callable[[str], None] = lambda _: None
         # the queue metadata every write carries (``tiered.carried``): at start what the
-        # lease carried before (``held``), once the dispatcher is wired its commit record
+        # lease carried before (``held``), once the dispatcher is wired its commit record;
+        # ``confirmed`` is told what a write that went in carried
         self.held: dict[str, bytes] = {}
         self.carried: Callable[[], dict[str, bytes]] = lambda: self.held
+        self.confirmed: Callable[[dict[str, bytes]], None] = lambda _: None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -248,7 +250,7 @@ class BrokerLease:
         """The project clock's wall time (written for people, never judged)."""
         return self._clock.now_ms()
 
-    def _content(self) -> bytes:
+    def _content(self, carried: dict[str, bytes]) -> bytes:
         return json.dumps({
             "broker": self.broker, "name": self.name, "incarnation": self.incarnation,
             "address": self.address,
@@ -256,7 +258,7 @@ class BrokerLease:
             "renewals": self._renewals, "renewed_ms": self._clock.now_ms(),
             "load": self.load(), "lease_s": self.lease_s if self.watched else 0,
             "nonce": self._nonce, "taken_by": "",
-            CARRIED: entries(self.carried(), self.broker)}, sort_keys=True).encode()
+            CARRIED: entries(carried, self.broker)}, sort_keys=True).encode()
 
     def acquire(self, timeout_s: float = 0.0,
                 sleep: Callable[[float], None] = time.sleep) -> None:
@@ -296,7 +298,7 @@ class BrokerLease:
             self._epoch = view.epoch + 1 if view is not None else 0
             self.held = carried_in(raw, self.broker) if raw else {}  # carried on
             self._renewals += 1
-            content = self._content()
+            content = self._content(self.held)
             path = lease_path(self.broker)
             try:
                 new = self._provider.swap(path, content, version)
@@ -315,7 +317,8 @@ class BrokerLease:
         """One conditional write of the lease (the caller holds ``_lock``): "ok",
         "fenced" (``taken_by`` is set) or "failed" (retry later)."""
         self._renewals += 1
-        content = self._content()
+        carried = self.carried()
+        content = self._content(carried)
         path = lease_path(self.broker)
         try:
             new = self._provider.swap(path, content, self._version)
@@ -329,6 +332,8 @@ class BrokerLease:
         assert new is not None
         self._version = new
         self._valid_until = start + self.lease_s - margin_s(self.lease_s)
+        if carried:
+            self.confirmed(carried)
         return "ok"
 
     def _resolve(self, content: bytes) -> tuple[str, str | None]:

@@ -48,6 +48,8 @@ LABELS: dict[str, str] = {
     "pop.after_mark_done": "revived or released leases marked done",
     "tier.after_upload": "a queue's batch uploaded to the tier, metadata not yet saved",
     "tier.checkpoint": "tier metadata and the tier checkpoint saved",
+    "tier.after_commit_record": "durable-ack: a lease write carrying queue metadata in the "
+                                "tier, those metadata copies not yet written",
     "timer_snapshot.after_parts": "a timer snapshot's parts written, no residual, no pointer",
     "timer_snapshot.after_pointer": "a timer snapshot pointed at, older snapshots still there",
     "timer_snapshot.before_delete": "the lease confirmed, older timer snapshots not yet deleted",

@@ -165,14 +165,19 @@ class TieredDispatcher:
         lease write that confirms a commit carries ``carried()``, so a commit is two
         request rounds and the copies follow off the path of an OK.  ``held``: what the
         lease carried when this broker started (after ``open``)."""
-        for path, data in held.items():
-            self._mirror.held(path, data)
+        self._mirror.carry(meta_prefix(self._broker), held)
         self._carry = True
 
     def carried(self) -> dict[str, bytes]:
         """The metadata a commit record carries now: every queue's whose copy is not
         known to be in the tier, as a reader may see it."""
         return self._mirror.due(meta_prefix(self._broker), self.position())
+
+    def confirmed(self, carried: dict[str, bytes]) -> None:
+        """A commit record carrying ``carried`` is in the tier: their copies may go in
+        (never before: a copy never names what no record confirmed)."""
+        self._mirror.confirmed(carried)
+        crashpoint("tier.after_commit_record")
 
     # ------------------------------------------------------------------ state
 

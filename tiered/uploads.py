@@ -103,7 +103,13 @@ class Mirror:
     other copy in): the journal's streams', whose records name what other queues hold
     (a delivery's copy, ``cluster.delivered``; a revived lease's retry copy), so the
     tier never holds the record of a delivery without the delivered message, nor a
-    lease marked revived without its copy."""
+    lease marked revived without its copy.
+
+    Carried (``carry``, with ``tier.durable_ack``): the copies under a prefix (the
+    queues' metadata) go in the commit record first (``due``: what a record carries now;
+    ``tiered.carried``); a copy is written only once a record that carried it is in the
+    tier (``confirmed``), so no copy names what no record confirmed, and the record
+    keeps carrying a path until its copy is in."""
 
     def __init__(self, provider: Provider, uploader: ThreadPoolExecutor | None) -> None:
         self._provider, self._uploader = provider, uploader
@@ -114,6 +120,8 @@ class Mirror:
         self._after: dict[str, int] = {}  # path -> see ``put``
         self._ready: dict[str, bytes] = {}  # path -> its last content a reader may see
         #                                     (``due``; not known to be in the tier)
+        self._prefix = ""  # the carried paths' (``carry``; "": none)
+        self._confirmed: dict[str, bytes] = {}  # path -> what a record carried, to copy
 
     def put(self, path: str, data: bytes, floor: tuple[int, float] | None = None,
             after: int | None = None) -> None:
@@ -147,12 +155,23 @@ class Mirror:
                     out[path] = ready
             return out
 
-    def held(self, path: str, data: bytes) -> None:
-        """At start: ``data`` was carried by this broker's commit record before it
-        stopped; carry it on, and copy it, until a newer copy is due (``due``)."""
+    def carry(self, prefix: str, held: dict[str, bytes]) -> None:
+        """From now on the copies under ``prefix`` are carried (see the class docstring).
+        ``held``: what this broker's record carried when it started: carried on, and
+        copied, until a newer copy is due."""
         with self._lock:
-            self._ready.setdefault(path, data)
-            self._due.setdefault(path, data)
+            self._prefix = prefix
+            for path, data in held.items():
+                self._ready.setdefault(path, data)
+                self._due.setdefault(path, data)
+                self._confirmed.setdefault(path, data)
+
+    def confirmed(self, carried: dict[str, bytes]) -> None:
+        """A commit record carrying ``carried`` (from ``due``) is in the tier."""
+        with self._lock:
+            for path, data in carried.items():
+                if path in self._due:
+                    self._confirmed[path] = data
 
     def unready_floor(self, prefix: str, position: int) -> tuple[int, float] | None:
         """``floor`` over the copies ``due`` does not give as they are now (None: none)."""
@@ -181,13 +200,15 @@ class Mirror:
         found failed."""
         with self._lock:
             todo = [(p, d) for p, d in self._due.items()
-                    if p not in self._writing and p not in self._after]
+                    if p not in self._writing and p not in self._after
+                    and not self._carried(p)]
+            todo += [(p, d) for p, d in self._confirmed.items() if p not in self._writing]
         failed = self._write(todo, deadline_s)
         if position is None:
             return failed
         with self._lock:
             held = [(p, d, self._after[p]) for p, d in self._due.items()
-                    if p in self._after and p not in self._writing]
+                    if p in self._after and p not in self._writing and not self._carried(p)]
             others = [f[0] for p, f in self._floors.items() if p not in self._after]
         seen = min([position(), *others])
         ready = [(p, d) for p, d, after in held if after <= seen]
@@ -210,9 +231,15 @@ class Mirror:
                 log.warning("copy of %s to the tier failed (%s); will retry", path, up.error())
                 continue
             with self._lock:
+                for known in (self._confirmed, self._ready):
+                    if known.get(path) is up.data:
+                        del known[path]
                 if self._due.get(path) is up.data:  # else changed meanwhile: still due
                     del self._due[path]
                     self._floors.pop(path, None)
                     self._after.pop(path, None)
                     self._ready.pop(path, None)
         return failed
+
+    def _carried(self, path: str) -> bool:
+        return bool(self._prefix) and path.startswith(self._prefix)

@@ -16,14 +16,22 @@ from pathlib import Path
 import pytest
 
 import chronomq.broker
+from chronomq.client import ChronomqClient, RpcError
 from store.clock import ManualClock
+from store.crashpoint import CRASH_EXIT_CODE
 from store.message import Message, draft_of
 from store.names import STATE_STREAM
 from store.topics import Topic
+from testkit.checker import check_ledgers
+from testkit.ledger import Ledger, LedgeredClient, drain, now_ms
+from testkit.process import ServerProcess
+from testkit.wait import wait_until
 from tests.chronomq.test_duplicate_durability import Faulty
 from tests.chronomq.test_takeover_at_most_once import _broker
 from tiered.carried import carried, meta_prefix
 from tiered.providers.local import LocalProvider
+
+CRASH_TOPIC, GROUP = "cr", "g"
 
 
 @pytest.fixture
@@ -101,3 +109,49 @@ def test_a_restart_carries_on_what_the_lease_carried(
         refusing.refuse = ""
         for broker in alive:
             broker.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", ["restart", "takeover"])
+@pytest.mark.parametrize("nth", [3, 8])
+def test_a_crash_after_a_commit_record_keeps_every_ok(tmp_path: Path, after: str,
+                                                      nth: int) -> None:
+    """A broker process killed (``tier.after_commit_record``) the moment a commit record
+    is in, its copies not: restarted on its data, or taken over by another with none,
+    every send answered OK comes, nothing acked OK comes again."""
+    tier, ledgers = tmp_path / "tier", tmp_path / "ledger"
+    settings = ("tier.upload=true", "tier.durable_ack=true", "tier.provider=local",
+                f"tier.local_dir={tier}")
+    srv = ServerProcess(tmp_path / "a", *settings, "tier.broker_name=a",
+                        f"server.crash_at=tier.after_commit_record:{nth}")
+    ledger = Ledger(ledgers / "workload.jsonl")
+    with ChronomqClient(srv.target, timeout_s=10) as client:
+        lc = LedgeredClient(client, ledger, "w")
+        client.create_topic(CRASH_TOPIC, queue_count=2)  # (before the crash)
+        try:
+            for _ in range(50):  # until the crash
+                lc.send([lc.draft(CRASH_TOPIC) for _ in range(4)])
+                lc.ack(GROUP, lc.pop(CRASH_TOPIC, GROUP, 3, invisible_time_s=1))
+        except RpcError:
+            pass
+    ledger.close()
+    assert srv.proc.wait(10) == CRASH_EXIT_CODE, "".join(srv.output)
+    srv.kill9()  # (gone: closes its pipe)
+    assert carried(LocalProvider(str(tier)), "a")  # what the copies did not have yet
+
+    if after == "restart":
+        survivor = ServerProcess(tmp_path / "a", *settings, "tier.broker_name=a")
+    else:
+        survivor = ServerProcess(tmp_path / "b", *settings, "tier.broker_name=b",
+                                 "tier.takeover=a")
+    try:
+        with ChronomqClient(survivor.target, timeout_s=10) as client:
+            wait_until(lambda: CRASH_TOPIC in {t.name for t in client.list_topics()}, 30,
+                       f"{CRASH_TOPIC} served by the survivor (a takeover runs after start)")
+        # (a Pop answered by none leased its messages for 1 s: they come back)
+        drain(survivor.target, ledgers, CRASH_TOPIC, GROUP, now_ms() + 2000, grace_s=8)
+    finally:
+        code = survivor.terminate()
+    report = check_ledgers(ledgers, GROUP)
+    assert report.ok, report.summary() + "\n" + "".join(survivor.output[-30:])
+    assert code == 0

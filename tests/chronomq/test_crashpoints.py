@@ -139,7 +139,8 @@ def crash_run(data: Path, ledgers: Path, label: str, nth: int) -> CrashRun:
                                          if not la.startswith(("takeover.", "timer_snapshot.",
                                                                "tier_retention.",
                                                                "debounce.",
-                                                               "schedule.", "topic."))))
+                                                               "schedule.", "topic.",
+                                                               "tier.after_commit_record"))))
 def test_crash_point_keeps_the_durability_contract(tmp_path: Path, label: str,
                                                    nth: int) -> None:
     data, ledgers = tmp_path / "data", tmp_path / "ledger"

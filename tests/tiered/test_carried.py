@@ -60,7 +60,9 @@ def test_the_lease_field_round_trips_and_a_damaged_one_is_an_error() -> None:
 
 
 def test_the_mirror_carries_what_it_carried_until_a_newer_one_may_be_seen() -> None:
-    mirror = Mirror(MemoryProvider(), None)
+    tier = MemoryProvider()
+    mirror = Mirror(tier, None)
+    mirror.carry("b0/meta/", {})
     mirror.put("b0/meta/timer/0.json", b"v1", after=100)
     assert mirror.due("b0/meta/", 50) == {}  # its records name what is not in yet
     assert mirror.due("b0/meta/", 100) == {"b0/meta/timer/0.json": b"v1"}
@@ -69,21 +71,27 @@ def test_the_mirror_carries_what_it_carried_until_a_newer_one_may_be_seen() -> N
     assert mirror.due("b0/meta/", 200) == {"b0/meta/timer/0.json": b"v2"}
     mirror.put("b0/index/catalog.json", b"i")
     assert set(mirror.due("b0/meta/", 200)) == {"b0/meta/timer/0.json"}
-    mirror.sync(1e18, lambda: 200)  # the copies go in: nothing left to carry
-    assert mirror.due("b0/meta/", 200) == {}
+    mirror.sync(1e18, lambda: 200)  # no record carried v2 yet: only the index is copied
+    assert tier.list("") == ["b0/index/catalog.json"]
+    mirror.confirmed({"b0/meta/timer/0.json": b"v2"})  # a record carried it: copied
+    mirror.sync(1e18, lambda: 200)
+    assert tier.read("b0/meta/timer/0.json") == b"v2"
+    assert mirror.due("b0/meta/", 200) == {}  # in the tier: nothing left to carry
 
 
 def test_what_the_lease_carried_at_start_is_carried_and_copied() -> None:
     tier = MemoryProvider()
     mirror = Mirror(tier, None)
-    mirror.held("b0/meta/state/0.json", b"old")
+    mirror.carry("b0/meta/", {"b0/meta/state/0.json": b"old", "b0/meta/t/0.json": b"held"})
     mirror.put("b0/meta/state/0.json", b"new", after=300)  # caught up: a newer one waits
-    assert mirror.due("b0/meta/", 0) == {"b0/meta/state/0.json": b"old"}
+    assert mirror.due("b0/meta/", 0) == {"b0/meta/state/0.json": b"old",
+                                         "b0/meta/t/0.json": b"held"}
     assert mirror.unready_floor("b0/meta/", 0) is None  # (no floor given)
-    mirror.held("b0/meta/t/0.json", b"held")
-    mirror.sync(1e18, lambda: 0)
+    mirror.sync(1e18, lambda: 0)  # what a record carried is copied
     assert tier.read("b0/meta/t/0.json") == b"held"
-    assert mirror.due("b0/meta/", 0) == {"b0/meta/state/0.json": b"old"}
+    assert tier.read("b0/meta/state/0.json") == b"old"
+    assert mirror.due("b0/meta/", 0) == {}  # the older is in; the newer is not seen yet
+    assert mirror.due("b0/meta/", 300) == {"b0/meta/state/0.json": b"new"}
 
 
 def test_a_spark_plan_reads_a_queue_known_only_from_the_lease(tmp_path: Path) -> None:
