@@ -249,8 +249,9 @@ class Broker:
         self.fence = Fence(self.lease, self.tiered.durable, t.durable_ack, self.prefix)
         self.tiered.open()
         if t.durable_ack and self.lease is not None:  # a commit record in the lease write
-            self.tiered.carry(self.lease.held)
-            self.lease.carried, self.lease.confirmed = self.tiered.carried, self.tiered.confirmed
+            record = self.tiered.record
+            record.carry(self.lease.held)
+            self.lease.carried, self.lease.confirmed = record.carried, record.confirmed
         cache = None
         if t.read_ahead_bytes > 0:
             cache = ReadAheadCache(self.tiered.read, self.clock, t.read_ahead_bytes,

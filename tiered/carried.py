@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 
+from store.crashpoint import crashpoint
 from tiered.errors import TierError, TierNotFound
 from tiered.provider import Provider
+from tiered.uploads import Mirror
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +119,36 @@ def has_queues(provider: Provider, broker: str) -> bool:
     except TierError as exc:  # unreadable: count it as holding something
         log.warning("%s", exc)
         return True
+
+
+class CommitRecord:
+    """The writer's side: what this broker's lease writes carry, from its dispatcher's
+    ``Mirror`` of metadata copies (``on`` once ``carry`` is called: with durable-ack).
+    Thread-safe (the Mirror's lock)."""
+
+    def __init__(self, mirror: Mirror, broker: str, checkpoint: Callable[[], int]) -> None:
+        self._mirror, self._prefix, self._checkpoint = mirror, meta_prefix(broker), checkpoint
+        self.on = False
+
+    def carry(self, held: dict[str, bytes]) -> None:
+        """From now on the lease write that confirms a commit carries the metadata whose
+        copies are not in (``carried``), and a copy goes in only after one did.
+        ``held``: what the lease carried when this broker started (after the
+        dispatcher's ``open``)."""
+        self._mirror.carry(self._prefix, held)
+        self.on = True
+
+    def carried(self) -> dict[str, bytes]:
+        """What a lease write carries now: every queue's metadata whose copy is not known
+        to be in the tier, as a reader may see it (the journal's streams once the
+        checkpoint passed their records' ``after``)."""
+        return self._mirror.due(self._prefix, self._checkpoint())
+
+    def confirmed(self, carried: dict[str, bytes]) -> None:
+        """A lease write carrying ``carried`` is in the tier: their copies may go in."""
+        self._mirror.confirmed(carried)
+        crashpoint("tier.after_commit_record")
+
+    def floor(self, checkpoint: int) -> tuple[int, float] | None:
+        """``Mirror.floor`` over what ``carried`` does not give as it is now."""
+        return self._mirror.unready_floor(self._prefix, checkpoint)

@@ -18,15 +18,18 @@ not yet durable in the tier (the key index, ``tiered.index``, has persisted its 
 by then).  Copies of the metadata go to the tier for a broker that mounts it
 (``Mirror``); until a copy is in, the position and the upload lag count its queue's
 batch as not uploaded (what a mount sees); ``open`` writes every queue's copy again (a
-crash may have cut one off).  The journal's streams' copies (``JOURNAL_STREAMS``) go in
-only once every other queue is in the tier up to their records (``Mirror``, ``after``):
-the timer stream's records name deliveries whose messages are in other queues, the state
-stream's name leases marked done for their retry copies (``pop.requeue``), and a broker
-taking this one over must never read a delivery whose message, or a mark whose copy, it
-cannot read (``cluster.delivered``; a mark without its copy lost the message for its
-group in the failover chaos).  After a crash it replays from the checkpoint, skipping queue
-offsets the tier has: nothing twice, nothing lost.  As a log reader of the store its
-checkpoint is ``rewind``-ed after a torn tail and guards local retention.
+crash may have cut one off).  With durable-ack (``record``) the lease write that
+confirms a commit carries the metadata instead, and the copies follow it
+(``tiered.carried``: a commit in two request rounds).  The journal's streams' copies
+(``JOURNAL_STREAMS``) go in only once every other queue is in the tier up to their
+records (``Mirror``, ``after``): the timer stream's records name deliveries whose
+messages are in other queues, the state stream's name leases marked done for their retry
+copies (``pop.requeue``), and a broker taking this one over must never read a delivery
+whose message, or a mark whose copy, it cannot read (``cluster.delivered``; a mark
+without its copy lost the message for its group in the failover chaos).  After a crash
+it replays from the checkpoint, skipping queue offsets the tier has: nothing twice,
+nothing lost.  As a log reader of the store its checkpoint is ``rewind``-ed after a torn
+tail and guards local retention.
 
 Retention (``run_retention``) is ``tiered.retention``'s: by time per topic, below their
 snapshots for the system streams.
@@ -54,7 +57,7 @@ from store.crashpoint import crashpoint
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM, is_system_stream
 from store.store import MessageStore
-from tiered.carried import meta_prefix
+from tiered.carried import CommitRecord
 from tiered.config import TierConfig
 from tiered.durable import DurablePosition, Linger
 from tiered.health import TierStats, upload_lag
@@ -95,6 +98,8 @@ class TieredDispatcher:
         self._first_unsaved: dict[tuple[str, int], int] = {}  # queue -> commitlog offset
         self._since: dict[tuple[str, int], float] = {}  # queue -> when it began buffering
         self._mirror = Mirror(provider, self._uploader)  # metadata copies in the tier
+        # durable-ack: the metadata in the lease write that confirms a commit
+        self.record = CommitRecord(self._mirror, broker, self.position)
         self._uploaded_records = self._uploaded_bytes = self._batches = 0
         self._failed = self._reused = 0
         self._consecutive = self._last_upload_ms = 0
@@ -103,7 +108,6 @@ class TieredDispatcher:
         self.index = TieredIndex(provider, broker, os.path.join(meta_dir, "index"), clock,
                                  config.index_entries, config.index_ms, self._mirror)
         self._checkpoint = self._read_position = 0  # read by ``open``
-        self._carry = False  # the metadata goes in the commit record (``carry``)
         self._journal_end: dict[str, int] = {}  # a journal stream -> where its last
         #                                         buffered record ends
         self._journal_copies: dict[str, tuple[str, bytes]] = {}  # their copies to put
@@ -154,30 +158,7 @@ class TieredDispatcher:
         """The offset below which alone a reader of the tier sees everything uploaded
         (once the next commit record is written, when carried) and when the oldest batch
         a missing copy holds back arrived (monotonic ms); None: nothing held back."""
-        if self._carry:
-            return self._mirror.unready_floor(meta_prefix(self._broker), checkpoint)
-        return self._mirror.floor()
-
-    # ------------------------------------------------------------------ commit record
-
-    def carry(self, held: dict[str, bytes]) -> None:
-        """Write the queues' metadata in the commit record (``tiered.carried``): the
-        lease write that confirms a commit carries ``carried()``, so a commit is two
-        request rounds and the copies follow off the path of an OK.  ``held``: what the
-        lease carried when this broker started (after ``open``)."""
-        self._mirror.carry(meta_prefix(self._broker), held)
-        self._carry = True
-
-    def carried(self) -> dict[str, bytes]:
-        """The metadata a commit record carries now: every queue's whose copy is not
-        known to be in the tier, as a reader may see it."""
-        return self._mirror.due(meta_prefix(self._broker), self.position())
-
-    def confirmed(self, carried: dict[str, bytes]) -> None:
-        """A commit record carrying ``carried`` is in the tier: their copies may go in
-        (never before: a copy never names what no record confirmed)."""
-        self._mirror.confirmed(carried)
-        crashpoint("tier.after_commit_record")
+        return self.record.floor(checkpoint) if self.record.on else self._mirror.floor()
 
     # ------------------------------------------------------------------ state
 
@@ -324,7 +305,7 @@ class TieredDispatcher:
             return 0  # taken over: nothing more goes to the tier (the successor's now)
         due = self._due(force)
         if due is None:
-            if self._carry:  # the copies' writes, not waited for, go on while idle
+            if self.record.on:  # the copies' writes, not waited for, go on while idle
                 self._failed += self._mirror.sync(time.monotonic(), self.position)
             self._publish_durable()  # a gate that failed is tried again
             return 0
@@ -355,7 +336,7 @@ class TieredDispatcher:
         self._save(done, failed, sealed)
         self.linger.committed(sum(size for _, _, size in done))
         # (carried: the copies are not waited for; those done are seen by the next)
-        failed_copies = self._mirror.sync(time.monotonic() if self._carry else deadline_s,
+        failed_copies = self._mirror.sync(time.monotonic() if self.record.on else deadline_s,
                                           self.position)
         with self._lock:
             self._failed += failed_copies

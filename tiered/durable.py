@@ -2,16 +2,17 @@
 waits of durable-ack on it (``tier.durable_ack``: an OK only once the tier has the change).
 
 The tiered dispatcher ``publish``-es a position after each commit, once the commit's
-objects and metadata copies are in the tier (what a broker taking this one over reads).
-Before the position moves, the ``gate`` runs: with durable-ack, the conditional write of
-this broker's lease (``cluster.lease.BrokerLease.commit``), which fails for good once a
+objects are in the tier.  Before the position moves, the ``gate`` runs: with
+durable-ack, the conditional write of this broker's lease
+(``cluster.lease.BrokerLease.commit``), which carries the metadata naming those objects
+(``tiered.carried``: what a broker taking this one over reads) and fails for good once a
 successor claimed the lease.  So a position moves, and an OK depending on it is given,
-only for objects in the tier before the successor's claim: the successor reads after
-its claim and sees them, whatever the clocks did.  A gate that finds the lease taken
-over fences this position for good: every wait raises that error, and the dispatcher
-writes nothing more to the tier.  A gate that cannot write now (the tier is failing)
-leaves the position where it was: waits time out (``TierUnavailable``), and the gate
-is tried again 50 ms later.
+only for objects in the tier before the successor's claim: the successor reads after its
+claim and sees them, whatever the clocks did.  A gate that finds the lease taken over
+fences this position for good: every wait raises that error, and the dispatcher writes
+nothing more to the tier.  A gate that cannot write now (the tier is failing) leaves the
+position where it was: waits time out (``TierUnavailable``), and the gate is tried again
+50 ms later.
 
 With a gate, the gate's writes run on a thread of their own (``durable-gate``), back to
 back, each for the latest position published so far: a commit never waits for the lease
