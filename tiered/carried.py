@@ -142,7 +142,7 @@ class CommitRecord:
         """What a lease write carries now: every queue's metadata whose copy is not known
         to be in the tier, as a reader may see it (the journal's streams once the
         checkpoint passed their records' ``after``)."""
-        return self._mirror.due(self._prefix, self._checkpoint())
+        return self._mirror.due(self._checkpoint())
 
     def confirmed(self, carried: dict[str, bytes]) -> None:
         """A lease write carrying ``carried`` is in the tier: their copies may go in."""
@@ -151,4 +151,4 @@ class CommitRecord:
 
     def floor(self, checkpoint: int) -> tuple[int, float] | None:
         """``Mirror.floor`` over what ``carried`` does not give as it is now."""
-        return self._mirror.unready_floor(self._prefix, checkpoint)
+        return self._mirror.unready_floor(checkpoint)

@@ -335,9 +335,8 @@ class TieredDispatcher:
                         seal.error())
         self._save(done, failed, sealed)
         self.linger.committed(sum(size for _, _, size in done))
-        # (carried: the copies are not waited for; those done are seen by the next)
-        failed_copies = self._mirror.sync(time.monotonic() if self.record.on else deadline_s,
-                                          self.position)
+        failed_copies = self._mirror.sync(  # (the copies a record carries: not waited for)
+            deadline_s if self._mirror.copying() else time.monotonic(), self.position)
         with self._lock:
             self._failed += failed_copies
             if started or seal is not None:  # (a pass with nothing to upload is no commit)

@@ -22,6 +22,8 @@ from tiered.provider import Provider
 
 log = logging.getLogger(__name__)
 
+CARRY_MAX_BYTES = 256 << 10  # a copy larger than this is not carried (bounds the lease)
+
 
 class Upload:
     """One object on its way to the tier: ``start`` puts it on the uploader pool (or
@@ -109,7 +111,9 @@ class Mirror:
     queues' metadata) go in the commit record first (``due``: what a record carries now;
     ``tiered.carried``); a copy is written only once a record that carried it is in the
     tier (``confirmed``), so no copy names what no record confirmed, and the record
-    keeps carrying a path until its copy is in."""
+    keeps carrying a path until its copy is in.  A copy larger than ``CARRY_MAX_BYTES``
+    is written first and waited for, as before records (a queue's metadata grows with
+    its objects: the lease stays bounded)."""
 
     def __init__(self, provider: Provider, uploader: ThreadPoolExecutor | None) -> None:
         self._provider, self._uploader = provider, uploader
@@ -137,23 +141,23 @@ class Mirror:
             if after is not None:
                 self._after[path] = max(after, self._after.get(path, after))
 
-    def due(self, prefix: str, position: int) -> dict[str, bytes]:
-        """The copies under ``prefix`` not known to be in the tier, each as a reader may
-        see it now: what a commit record carries instead (``tiered.carried``).  A copy
-        put with ``after`` beyond ``position`` (what the owner has in the tier) is not
-        seen yet: its path gives the last content that was (``_ready``), so the record
-        never drops what an earlier one carried before a copy of it is in."""
+    def due(self, position: int) -> dict[str, bytes]:
+        """The carried copies not known to be in the tier, each as a reader may see it
+        now: what a commit record carries instead (``tiered.carried``).  A copy put with
+        ``after`` beyond ``position`` (what the owner has in the tier), or too large to
+        carry, is not given: its path gives the last content that was (``_ready``), so
+        the record never drops what an earlier one carried, or a position published
+        counted on, before a copy of it is in."""
         with self._lock:
-            out: dict[str, bytes] = {}
-            for path, data in self._due.items():
-                if not path.startswith(prefix):
-                    continue
-                if self._after.get(path, 0) <= position:
-                    self._ready[path] = data
-                ready = self._ready.get(path)
-                if ready is not None:
-                    out[path] = ready
-            return out
+            self._mark_ready(position)
+            return {path: self._ready[path] for path in self._due if path in self._ready}
+
+    def _mark_ready(self, position: int) -> None:
+        """Note each carried path's content a reader may see now (the caller holds the
+        lock)."""
+        for path, data in self._due.items():
+            if self._carriable(path, data) and self._after.get(path, 0) <= position:
+                self._ready[path] = data
 
     def carry(self, prefix: str, held: dict[str, bytes]) -> None:
         """From now on the copies under ``prefix`` are carried (see the class docstring).
@@ -173,14 +177,24 @@ class Mirror:
                 if path in self._due:
                     self._confirmed[path] = data
 
-    def unready_floor(self, prefix: str, position: int) -> tuple[int, float] | None:
-        """``floor`` over the copies ``due`` does not give as they are now (None: none)."""
+    def unready_floor(self, position: int) -> tuple[int, float] | None:
+        """``floor`` over the copies a record will not carry as they are now (None:
+        none).  What it counts as carried is noted (``_ready``): a position published
+        from it is confirmed by a record carrying at least that, whatever is put
+        meanwhile."""
         with self._lock:
+            self._mark_ready(position)
             floors = [f for path, f in self._floors.items()
-                      if not path.startswith(prefix) or self._after.get(path, 0) > position]
+                      if self._ready.get(path) is not self._due.get(path)]
         if not floors:
             return None
         return min(f[0] for f in floors), min(f[1] for f in floors)
+
+    def copying(self) -> bool:
+        """Whether a copy is due that a record does not carry (one too large, or any
+        without ``carry``): the owner waits for such writes, as it did before records."""
+        with self._lock:
+            return any(self._copied(path, data) for path, data in self._due.items())
 
     def floor(self) -> tuple[int, float] | None:
         """The lowest offset and the oldest arrival among the copies not in the tier yet
@@ -200,15 +214,14 @@ class Mirror:
         found failed."""
         with self._lock:
             todo = [(p, d) for p, d in self._due.items()
-                    if p not in self._writing and p not in self._after
-                    and not self._carried(p)]
+                    if p not in self._writing and p not in self._after and self._copied(p, d)]
             todo += [(p, d) for p, d in self._confirmed.items() if p not in self._writing]
         failed = self._write(todo, deadline_s)
         if position is None:
             return failed
         with self._lock:
             held = [(p, d, self._after[p]) for p, d in self._due.items()
-                    if p in self._after and p not in self._writing and not self._carried(p)]
+                    if p in self._after and p not in self._writing and self._copied(p, d)]
             others = [f[0] for p, f in self._floors.items() if p not in self._after]
         seen = min([position(), *others])
         ready = [(p, d) for p, d, after in held if after <= seen]
@@ -241,5 +254,10 @@ class Mirror:
                     self._ready.pop(path, None)
         return failed
 
-    def _carried(self, path: str) -> bool:
-        return bool(self._prefix) and path.startswith(self._prefix)
+    def _carriable(self, path: str, data: bytes) -> bool:
+        return bool(self._prefix) and path.startswith(self._prefix) \
+            and len(data) <= CARRY_MAX_BYTES
+
+    def _copied(self, path: str, data: bytes) -> bool:
+        """A copy written without a record first (and waited for: ``copying``)."""
+        return not self._carriable(path, data)

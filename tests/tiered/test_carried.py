@@ -16,7 +16,7 @@ from tiered.providers.local import LocalProvider
 from tiered.providers.memory import MemoryProvider
 from tiered.queue import TieredQueue
 from tiered.scan import Selection, plan, tier_prefixes
-from tiered.uploads import Mirror
+from tiered.uploads import CARRY_MAX_BYTES, Mirror
 
 
 def _meta(generation: int, seq: int) -> bytes:
@@ -64,19 +64,19 @@ def test_the_mirror_carries_what_it_carried_until_a_newer_one_may_be_seen() -> N
     mirror = Mirror(tier, None)
     mirror.carry("b0/meta/", {})
     mirror.put("b0/meta/timer/0.json", b"v1", after=100)
-    assert mirror.due("b0/meta/", 50) == {}  # its records name what is not in yet
-    assert mirror.due("b0/meta/", 100) == {"b0/meta/timer/0.json": b"v1"}
+    assert mirror.due(50) == {}  # its records name what is not in yet
+    assert mirror.due(100) == {"b0/meta/timer/0.json": b"v1"}
     mirror.put("b0/meta/timer/0.json", b"v2", after=200)
-    assert mirror.due("b0/meta/", 150) == {"b0/meta/timer/0.json": b"v1"}  # (not dropped)
-    assert mirror.due("b0/meta/", 200) == {"b0/meta/timer/0.json": b"v2"}
+    assert mirror.due(150) == {"b0/meta/timer/0.json": b"v1"}  # (not dropped)
+    assert mirror.due(200) == {"b0/meta/timer/0.json": b"v2"}
     mirror.put("b0/index/catalog.json", b"i")
-    assert set(mirror.due("b0/meta/", 200)) == {"b0/meta/timer/0.json"}
+    assert set(mirror.due(200)) == {"b0/meta/timer/0.json"}
     mirror.sync(1e18, lambda: 200)  # no record carried v2 yet: only the index is copied
     assert tier.list("") == ["b0/index/catalog.json"]
     mirror.confirmed({"b0/meta/timer/0.json": b"v2"})  # a record carried it: copied
     mirror.sync(1e18, lambda: 200)
     assert tier.read("b0/meta/timer/0.json") == b"v2"
-    assert mirror.due("b0/meta/", 200) == {}  # in the tier: nothing left to carry
+    assert mirror.due(200) == {}  # in the tier: nothing left to carry
 
 
 def test_what_the_lease_carried_at_start_is_carried_and_copied() -> None:
@@ -84,14 +84,43 @@ def test_what_the_lease_carried_at_start_is_carried_and_copied() -> None:
     mirror = Mirror(tier, None)
     mirror.carry("b0/meta/", {"b0/meta/state/0.json": b"old", "b0/meta/t/0.json": b"held"})
     mirror.put("b0/meta/state/0.json", b"new", after=300)  # caught up: a newer one waits
-    assert mirror.due("b0/meta/", 0) == {"b0/meta/state/0.json": b"old",
+    assert mirror.due(0) == {"b0/meta/state/0.json": b"old",
                                          "b0/meta/t/0.json": b"held"}
-    assert mirror.unready_floor("b0/meta/", 0) is None  # (no floor given)
+    assert mirror.unready_floor(0) is None  # (no floor given)
     mirror.sync(1e18, lambda: 0)  # what a record carried is copied
     assert tier.read("b0/meta/t/0.json") == b"held"
     assert tier.read("b0/meta/state/0.json") == b"old"
-    assert mirror.due("b0/meta/", 0) == {}  # the older is in; the newer is not seen yet
-    assert mirror.due("b0/meta/", 300) == {"b0/meta/state/0.json": b"new"}
+    assert mirror.due(0) == {}  # the older is in; the newer is not seen yet
+    assert mirror.due(300) == {"b0/meta/state/0.json": b"new"}
+
+
+def test_what_a_published_position_counted_on_is_carried_whatever_comes_after() -> None:
+    # Given the state stream's metadata a reader may see when a position is published
+    mirror = Mirror(MemoryProvider(), None)
+    mirror.carry("b0/meta/", {})
+    mirror.put("b0/meta/state/0.json", b"p1", floor=(10, 0.0), after=100)
+    assert mirror.unready_floor(100) is None  # (so the position may pass 10)
+    # When a newer one its records do not let a reader see yet comes before the record
+    mirror.put("b0/meta/state/0.json", b"p2", floor=(20, 0.0), after=200)
+    # Then the record carries the first (it was dropped: the position confirmed without
+    # it), and the next position stays below the second's floor
+    assert mirror.due(150) == {"b0/meta/state/0.json": b"p1"}
+    assert mirror.unready_floor(150) == (10, 0.0)
+
+
+def test_a_copy_too_large_to_carry_is_written_first_and_holds_the_position() -> None:
+    tier = MemoryProvider()
+    mirror = Mirror(tier, None)
+    mirror.carry("b0/meta/", {})
+    mirror.put("b0/meta/t/0.json", b"small", floor=(5, 1.0))
+    assert mirror.due(0) == {"b0/meta/t/0.json": b"small"} and not mirror.copying()
+    big = b"x" * (CARRY_MAX_BYTES + 1)
+    mirror.put("b0/meta/t/0.json", big, floor=(7, 2.0))
+    assert mirror.due(0) == {"b0/meta/t/0.json": b"small"}  # (what it carried: kept)
+    assert mirror.copying() and mirror.unready_floor(0) == (5, 1.0)
+    mirror.sync(1e18, lambda: 0)  # written without a record
+    assert tier.read("b0/meta/t/0.json") == big
+    assert mirror.due(0) == {} and mirror.unready_floor(0) is None
 
 
 def test_a_spark_plan_reads_a_queue_known_only_from_the_lease(tmp_path: Path) -> None:
