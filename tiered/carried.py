@@ -77,6 +77,16 @@ def freshest(copy: bytes | None, carried: bytes | None) -> bytes | None:
         return carried
 
 
+def read_meta(provider: Provider, path: str, lease: dict[str, bytes]) -> bytes | None:
+    """A queue's metadata as a reader sees it: the newer of its copy at ``path`` and the
+    entry of ``lease`` (``carried``, read before); None: neither (its topic deleted)."""
+    try:
+        copy: bytes | None = provider.read(path)
+    except TierNotFound:
+        copy = None
+    return freshest(copy, lease.get(path))
+
+
 def carried(provider: Provider, broker: str) -> dict[str, bytes]:
     """The queue metadata ``broker``'s lease carries, by copy path; {} without a lease
     (a broker without failover or durable-ack).  ``TierError`` when the lease cannot be

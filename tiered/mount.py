@@ -38,7 +38,7 @@ from typing import Protocol
 from store.errors import FailedPrecondition, InvalidArgument
 from store.message import FLAG_ASSIGNED_ID, FLAG_FOREIGN_ID, Message, decode_record
 from store.names import DELAYED_STREAM, is_name, is_system_stream, split_broker_made
-from tiered.carried import carried, freshest, meta_prefix
+from tiered.carried import carried, meta_prefix, read_meta
 from tiered.errors import TierError, TierNotFound
 from tiered.index import IndexHit, id_digest, key_digest
 from tiered.mountindex import TAIL_THREADS, MountIndex, first_offset_stored
@@ -117,11 +117,7 @@ class MountedBroker:
         def one(item: tuple[str, str, int]) -> TieredQueue | None:
             path, topic, qid = item
             try:
-                try:
-                    copy: bytes | None = provider.read(path)
-                except TierNotFound:
-                    copy = None
-                meta = freshest(copy, lease.get(path))
+                meta = read_meta(provider, path, lease)
                 if meta is None:
                     return None  # deleted since the listing (its topic was)
                 return TieredQueue(provider, broker, topic, qid, meta.decode())

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from store.message import HEADER, HEADER_PREFIX, RECORD_MAGIC, RecordError, check_record
-from tiered.carried import LEASES, carried, freshest, lease_path, meta_prefix
+from tiered.carried import LEASES, carried, lease_path, meta_prefix, read_meta
 from tiered.errors import TierError, TierNotFound, TierUnavailable
 from tiered.flatfile import FlatFileMeta
 from tiered.provider import Provider
@@ -120,11 +120,7 @@ def plan(provider: Provider, broker: str, selection: Selection,
         if not name.endswith(".json") or (selection.topics and topic not in selection.topics):
             continue
         try:
-            try:
-                copy: bytes | None = provider.read(path)
-            except TierNotFound:
-                copy = None
-            meta = freshest(copy, lease.get(path))
+            meta = read_meta(provider, path, lease)
             if meta is None:
                 continue  # deleted since the listing (its topic was)
             raw = json.loads(meta)

@@ -11,6 +11,7 @@ refused, a durable Send timed out (``TierUnavailable``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,31 @@ def refusing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Faulty:
     return faulty
 
 
+@pytest.fixture
+def alive(refusing: Faulty) -> Iterator[list[chronomq.broker.Broker]]:
+    """The brokers a test opened, stopped at its end (the tier let through, to drain)."""
+    brokers: list[chronomq.broker.Broker] = []
+    yield brokers
+    refusing.refuse = ""
+    for broker in brokers:
+        broker.stop()
+
+
+def _open(root: Path, name: str, clock: ManualClock, alive: list[chronomq.broker.Broker]
+          ) -> chronomq.broker.Broker:
+    b = _broker(root, name, clock)
+    alive.append(b)
+    return b
+
+
+def _popped_at_b(root: Path, clock: ManualClock, alive: list[chronomq.broker.Broker]
+                 ) -> list[str]:
+    """B takes A over; what group g pops of t there."""
+    b = _open(root, "b", clock, alive)
+    assert b.takeover("a", force=True).done
+    return sorted(p.message.message_id for p in b.pop.pop("t", "g", 32, 60))
+
+
 def _send(b: chronomq.broker.Broker, n: int) -> list[str]:
     """Send ``n`` to ``t``, answered OK (in the tier: durable-ack)."""
     drafts = [draft_of(Message("", "t", f"m{i}".encode())) for i in range(n)]
@@ -51,64 +77,44 @@ def _send(b: chronomq.broker.Broker, n: int) -> list[str]:
 
 
 def test_a_durable_send_is_ok_without_its_metadata_copy_and_its_successor_serves_it(
-        tmp_path: Path, manual_clock: ManualClock, refusing: Faulty) -> None:
-    alive = []
-    try:
-        # Given A, durable-ack, whose tier refuses every metadata copy
-        a = _broker(tmp_path, "a", manual_clock)
-        alive.append(a)
-        a.create_topic(Topic("t", 1))
+        tmp_path: Path, manual_clock: ManualClock, refusing: Faulty,
+        alive: list[chronomq.broker.Broker]) -> None:
+    # Given A, durable-ack, whose tier refuses every metadata copy
+    a = _open(tmp_path, "a", manual_clock, alive)
+    a.create_topic(Topic("t", 1))
 
-        # When A sends five: each answered OK (the lease write named their objects)
-        sent = _send(a, 5)
-        assert not refusing.inner.list(meta_prefix("a") + "t/")  # no copy of t's queue
-        assert f"{meta_prefix('a')}t/0.json" in carried(refusing.inner, "a")
+    # When A sends five: each answered OK (the lease write named their objects)
+    sent = _send(a, 5)
+    assert not refusing.inner.list(meta_prefix("a") + "t/")  # no copy of t's queue
+    assert f"{meta_prefix('a')}t/0.json" in carried(refusing.inner, "a")
 
-        # Then B, taking A over (A still running: the claim fences it), serves all five
-        b = _broker(tmp_path, "b", manual_clock)
-        alive.append(b)
-        assert b.takeover("a", force=True).done
-        got = [p.message.message_id for p in b.pop.pop("t", "g", 32, 60)]
-        assert sorted(got) == sorted(sent)
-    finally:
-        refusing.refuse = ""  # so that stopping drains
-        for broker in alive:
-            broker.stop()
+    # Then B, taking A over (A still running: the claim fences it), serves all five
+    assert _popped_at_b(tmp_path, manual_clock, alive) == sorted(sent)
 
 
 def test_a_restart_carries_on_what_the_lease_carried(
-        tmp_path: Path, manual_clock: ManualClock, refusing: Faulty) -> None:
-    alive = []
-    try:
-        # Given A sent five and acked two of them, nothing of it in a metadata copy
-        a = _broker(tmp_path, "a", manual_clock)
-        alive.append(a)
-        a.create_topic(Topic("t", 1))
-        sent = _send(a, 5)
-        acked = a.pop.pop("t", "g", 2, 60)
-        assert a.pop.ack_many("g", [p.receipt_handle for p in acked]) == [None, None]
-        state = f"{meta_prefix('a')}{STATE_STREAM}/0.json"
-        assert state in carried(refusing.inner, "a")
+        tmp_path: Path, manual_clock: ManualClock, refusing: Faulty,
+        alive: list[chronomq.broker.Broker]) -> None:
+    # Given A sent five and acked two of them, nothing of it in a metadata copy
+    a = _open(tmp_path, "a", manual_clock, alive)
+    a.create_topic(Topic("t", 1))
+    sent = _send(a, 5)
+    acked = a.pop.pop("t", "g", 2, 60)
+    assert a.pop.ack_many("g", [p.receipt_handle for p in acked]) == [None, None]
+    state = f"{meta_prefix('a')}{STATE_STREAM}/0.json"
+    assert state in carried(refusing.inner, "a")
 
-        # When A restarts on its data, the copies still refused, and stops again
-        a.stop()
-        alive.remove(a)
-        a = _broker(tmp_path, "a", manual_clock)
-        alive.append(a)
-        assert {f"{meta_prefix('a')}t/0.json", state} <= set(carried(refusing.inner, "a"))
-        a.stop()
-        alive.remove(a)
+    # When A restarts on its data, the copies still refused, and stops again
+    a.stop()
+    alive.remove(a)
+    a = _open(tmp_path, "a", manual_clock, alive)
+    assert {f"{meta_prefix('a')}t/0.json", state} <= set(carried(refusing.inner, "a"))
+    a.stop()
+    alive.remove(a)
 
-        # Then B, taking A over, serves the three not acked, never the two acked
-        b = _broker(tmp_path, "b", manual_clock)
-        alive.append(b)
-        assert b.takeover("a", force=True).done
-        got = [p.message.message_id for p in b.pop.pop("t", "g", 32, 60)]
-        assert sorted(got) == sorted(set(sent) - {p.message.message_id for p in acked})
-    finally:
-        refusing.refuse = ""
-        for broker in alive:
-            broker.stop()
+    # Then B, taking A over, serves the three not acked, never the two acked
+    assert _popped_at_b(tmp_path, manual_clock, alive) == \
+        sorted(set(sent) - {p.message.message_id for p in acked})
 
 
 @pytest.mark.slow
