@@ -90,10 +90,18 @@ class PendingMessages:
                 self._store.holds.check(decode_dispatch_infos(record, 0)[0][0].topic)
         return found, delivering
 
-    def _none_reached(self, message_id: str, topic: str, delivering: bool) -> TimerChange:
+    def _none_reached(self, message_id: str, topic: str, delivering: bool,
+                      again: bool) -> TimerChange | None:
+        """The answer when nothing pending was found; None: look again (``again``): a
+        message sent just before may not have been handed to the timer when it looked,
+        and the store's lookup (``_not_pending``) waits for the dispatcher that hands it."""
         if delivering:
             return TimerChange(TimerOutcome.ALREADY_DELIVERED, 0)
         outcome = self._not_pending(message_id, topic)
+        if outcome is None or outcome is TimerOutcome.NOT_FOUND:
+            if again:
+                return None
+            outcome = TimerOutcome.NOT_FOUND
         if outcome is TimerOutcome.NOT_FOUND and self._store.holds.active():
             # a takeover is adopting pending messages: this one may be among them
             if topic:
@@ -104,11 +112,17 @@ class PendingMessages:
                                   "moment")
         return TimerChange(outcome, 0)
 
-    def _not_pending(self, message_id: str, topic: str = "") -> TimerOutcome:
+    def _not_pending(self, message_id: str, topic: str = "") -> TimerOutcome | None:
+        """Why nothing pending was found; None: the store holds it as pending (its lookup
+        waits for the dispatcher, which hands delayed records to the timer)."""
+        pending = False
         for m in self._store.query_by_message_id(message_id):
-            if not m.flags & FLAG_DELAYED and (not topic or m.topic == topic):
+            if topic and m.topic != topic:
+                continue
+            if not m.flags & FLAG_DELAYED:
                 return TimerOutcome.ALREADY_DELIVERED  # delivered copy, or sent as due
-        return TimerOutcome.NOT_FOUND
+            pending = True
+        return None if pending else TimerOutcome.NOT_FOUND
 
     def topics(self, message_id: str) -> list[tuple[str, bool]]:
         """``(topic, delivering)`` of each message with this id pending here, or fired
@@ -120,7 +134,8 @@ class PendingMessages:
                     for key, record in zip(keys, self._timers.records(keys), strict=True)
                     if record is not None]
 
-    def cancel(self, message_id: str, topic: str = "", keep: int = -1) -> TimerChange:
+    def cancel(self, message_id: str, topic: str = "", keep: int = -1,
+               again: bool = True) -> TimerChange:
         """Cancel every pending message with this id (only those of ``topic``, if given;
         not the one stored at CommitLog offset ``keep``: a debounce's new message)."""
         with self._lot.flat_lock, self._lock:
@@ -134,13 +149,15 @@ class PendingMessages:
                     self.journal, [k for k, _ in found], [r for _, r in found])
                 ) if self.journal else None
         if not found:  # asked without the lock: the store's lookup waits for the dispatcher
-            return self._none_reached(message_id, topic, delivering)
+            change = self._none_reached(message_id, topic, delivering, again)
+            return change or self.cancel(message_id, topic, keep, again=False)
         if self.journal is not None:  # with durable-ack in the tier; then fencing
             self.journal.settle(journaled if self.journal.durable_ack else None)
             self.journal.check()
         return TimerChange(TimerOutcome.CANCELLED, len(found))
 
-    def reschedule(self, message_id: str, deliver_at_ms: int, topic: str = "") -> TimerChange:
+    def reschedule(self, message_id: str, deliver_at_ms: int, topic: str = "",
+                   again: bool = True) -> TimerChange:
         """Move every pending message with this id (only those of ``topic``, if given) to
         ``deliver_at_ms``; the caller has checked the delay (``TimerService.check_delay``)."""
         with self._lot.flat_lock, self._lock:
@@ -155,7 +172,8 @@ class PendingMessages:
                     stream_offsets(self.journal, [k for k, _ in found], [r for _, r in found]))]
                 ) if self.journal else None
         if not found:  # asked without the lock: the store's lookup waits for the dispatcher
-            return self._none_reached(message_id, topic, delivering)
+            change = self._none_reached(message_id, topic, delivering, again)
+            return change or self.reschedule(message_id, deliver_at_ms, topic, again=False)
         self._wake.set()
         if self.journal is not None:  # with durable-ack in the tier; then fencing
             self.journal.settle(journaled if self.journal.durable_ack else None)
