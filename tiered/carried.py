@@ -102,11 +102,11 @@ def carried_in(lease: bytes, broker: str) -> dict[str, bytes]:
     """``carried`` from the lease's bytes."""
     try:
         doc = json.loads(lease)
-        entries = doc.get(FIELD) or {} if isinstance(doc, dict) else None
-        if not isinstance(entries, dict):
+        field = (doc.get(FIELD) or {}) if isinstance(doc, dict) else None
+        if not isinstance(field, dict):
             raise ValueError("its metadata field is not an object")
         prefix = meta_prefix(broker)
-        return {f"{prefix}{key}": str(meta).encode() for key, meta in entries.items()
+        return {f"{prefix}{key}": str(meta).encode() for key, meta in field.items()
                 if isinstance(key, str) and "/" in key and ".." not in key}
     except ValueError as exc:
         raise TierError(f"the lease {lease_path(broker)} is damaged: {exc}") from exc

@@ -306,7 +306,9 @@ class TieredDispatcher:
         due = self._due(force)
         if due is None:
             if self.record.on:  # the copies' writes, not waited for, go on while idle
-                self._failed += self._mirror.sync(time.monotonic(), self.position)
+                failed_copies = self._mirror.sync(time.monotonic(), self.position)
+                with self._lock:
+                    self._failed += failed_copies
             self._publish_durable()  # a gate that failed is tried again
             return 0
         timeout_s = self.config.upload_timeout_s

@@ -98,10 +98,8 @@ class PendingMessages:
         if delivering:
             return TimerChange(TimerOutcome.ALREADY_DELIVERED, 0)
         outcome = self._not_pending(message_id, topic)
-        if outcome is None or outcome is TimerOutcome.NOT_FOUND:
-            if again:
-                return None
-            outcome = TimerOutcome.NOT_FOUND
+        if outcome is TimerOutcome.NOT_FOUND and again:
+            return None
         if outcome is TimerOutcome.NOT_FOUND and self._store.holds.active():
             # a takeover is adopting pending messages: this one may be among them
             if topic:
@@ -112,17 +110,11 @@ class PendingMessages:
                                   "moment")
         return TimerChange(outcome, 0)
 
-    def _not_pending(self, message_id: str, topic: str = "") -> TimerOutcome | None:
-        """Why nothing pending was found; None: the store holds it as pending (its lookup
-        waits for the dispatcher, which hands delayed records to the timer)."""
-        pending = False
+    def _not_pending(self, message_id: str, topic: str = "") -> TimerOutcome:
         for m in self._store.query_by_message_id(message_id):
-            if topic and m.topic != topic:
-                continue
-            if not m.flags & FLAG_DELAYED:
+            if not m.flags & FLAG_DELAYED and (not topic or m.topic == topic):
                 return TimerOutcome.ALREADY_DELIVERED  # delivered copy, or sent as due
-            pending = True
-        return None if pending else TimerOutcome.NOT_FOUND
+        return TimerOutcome.NOT_FOUND
 
     def topics(self, message_id: str) -> list[tuple[str, bool]]:
         """``(topic, delivering)`` of each message with this id pending here, or fired
