@@ -56,6 +56,10 @@ LABELS: dict[str, str] = {
     "tier_retention.after_metadata": "segments below retention or a floor gone from the tier "
                                      "queues' metadata, their objects not yet deleted",
     "tier_retention.mid_delete": "the lease confirmed, some of the doomed objects deleted",
+    "tier_fold.after_object": "a fold of small tier objects written, not yet listed",
+    "tier_fold.after_metadata": "a fold listed in the queue's metadata (saved), the "
+                                "objects it replaced still there",
+    "tier_fold.mid_delete": "the lease confirmed, objects a fold replaced being deleted",
     "topic.after_claim": "a topic's owner record claimed in the tier, the topic not created",
     "topic.after_create": "a topic created here (its log fsynced), not in the tier's copy",
     "topic.after_catalogue": "the catalogue's copy naming a topic change in the tier, the "

@@ -40,6 +40,9 @@ class TierConfig:
     read_ahead_ttl_ms: int = 10_000  # cached entries unread this long are dropped
     retention_ms: int = 0  # keep data in the tier this long (0: forever); per topic:
     #                        the topic's tier_retention_ms
+    fold_objects: int = 32  # this many small tier objects of a queue are folded into
+    #                         one (tiered/fold.py; 0: never): its metadata stays small
+    fold_keep_s: float = 3600.0  # the folded objects are deleted this long after
     index_entries: int = 1 << 20  # a tier key-index file is sealed at this many entries
     index_ms: int = 300_000  # ... or this age
     mounts: str = ""  # broker names (comma-separated) whose tiers this broker serves

@@ -60,6 +60,7 @@ from store.store import MessageStore
 from tiered.carried import CommitRecord
 from tiered.config import TierConfig
 from tiered.durable import DurablePosition, Linger
+from tiered.fold import TierFolding
 from tiered.health import TierStats, upload_lag
 from tiered.index import TieredIndex
 from tiered.metafiles import MetaFiles
@@ -122,6 +123,9 @@ class TieredDispatcher:
         # per system stream, the queue offset below which no takeover reads it any more
         self.system_floors: Callable[[], dict[str, int]] = dict
         self.retention = TierRetention(self, provider, store.topics, config, clock)
+        self.folding = TierFolding(self, provider, broker, config.fold_objects,
+                                   config.fold_keep_s, clock,
+                                   lambda topic: self.retention.ttl_ms(topic) < 0)
 
     def open(self) -> None:
         """Load the queues' metadata and the checkpoint from local disk (every queue's
@@ -403,8 +407,9 @@ class TieredDispatcher:
     # ------------------------------------------------------------------ retention
 
     def run_retention(self) -> int:
-        """Delete what is past each topic's tier retention (``tiered.retention``); returns
-        the objects deleted."""
+        """Fold small objects (``tiered.fold``), then delete what is past each topic's
+        tier retention (``tiered.retention``); returns the objects retention deleted."""
+        self.folding.run()
         return self.retention.run()
 
     @property

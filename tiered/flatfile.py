@@ -6,10 +6,13 @@ named by the position it starts at; a segment is a sequence of objects, each one
 batch, named by the position it starts at::
 
     <prefix>/<segment base:020d>/<object start:020d>
+    <prefix>/<segment base:020d>/<object start:020d>-<object end:020d>   (a fold)
 
 S3 has no append, so an upload never rewrites an object: one batch = one PUT (request
 count: one PUT per batch per stream, plus one metadata PUT per commit; see
-``FlatFileMeta``).
+``FlatFileMeta``).  Small objects are folded later into one (``tiered.fold``): a fold
+holds the same bytes under a name of its own, so the metadata lists one object where it
+listed many, and no write ever replaces an object a reader may be reading.
 
 Two positions: ``append_position`` (bytes accepted into the buffer) and
 ``commit_position`` (bytes durable in the tier and listed in the metadata).  A commit
@@ -51,7 +54,8 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from tiered.errors import TierError, TierNotFound
 from tiered.provider import Provider
@@ -68,10 +72,43 @@ class Segment:
     objects: list[int] = field(default_factory=list)  # start positions, ascending
     first_at_ms: int = 0  # store time of the first and last data committed (0: none)
     last_at_ms: int = 0
+    folds: dict[int, int] = field(default_factory=dict)  # object start -> fold level (>= 1)
 
     @property
     def end(self) -> int:
         return self.base + self.length
+
+    def object_end(self, k: int) -> int:
+        """Where the ``k``-th object's bytes end (the next one's start, or the segment's
+        end)."""
+        return self.objects[k + 1] if k + 1 < len(self.objects) else self.end
+
+    def path(self, prefix: str, k: int) -> str:
+        """The tier path of the ``k``-th object: its start, and its end too for a fold."""
+        start = self.objects[k]
+        if start in self.folds:
+            return fold_path(prefix, self.base, start, self.object_end(k))
+        return f"{prefix}/{self.base:020d}/{start:020d}"
+
+    def to_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        if self.folds:  # (absent when none: a metadata without folds reads as before)
+            out["folds"] = sorted([start, level] for start, level in self.folds.items())
+        else:
+            del out["folds"]
+        return out
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any]) -> Segment:
+        folds = raw.pop("folds", None) or []
+        seg = Segment(**raw)
+        seg.folds = {int(start): int(level) for start, level in folds}
+        return seg
+
+
+def fold_path(prefix: str, base: int, start: int, end: int) -> str:
+    """Where the fold of segment ``base``'s bytes ``[start, end)`` lives."""
+    return f"{prefix}/{base:020d}/{start:020d}-{end:020d}"
 
 
 @dataclass(slots=True)
@@ -81,14 +118,14 @@ class FlatFileMeta:
 
     def to_json(self) -> str:
         return json.dumps({"version": 1, "start": self.start,
-                           "segments": [asdict(s) for s in self.segments]})
+                           "segments": [s.to_dict() for s in self.segments]})
 
     @staticmethod
     def from_json(text: str) -> FlatFileMeta:
         raw = json.loads(text)
         if raw.get("version") != 1:
             raise TierError(f"unknown FlatFile metadata version {raw.get('version')!r}")
-        return FlatFileMeta(raw["start"], [Segment(**s) for s in raw["segments"]])
+        return FlatFileMeta(raw["start"], [Segment.from_dict(s) for s in raw["segments"]])
 
 
 class FlatFile:
@@ -331,9 +368,8 @@ class FlatFile:
                     continue
                 k = bisect.bisect_right(seg.objects, pos) - 1
                 obj_start = seg.objects[k]
-                obj_end = seg.objects[k + 1] if k + 1 < len(seg.objects) else seg.end
-                take = min(end, obj_end) - pos
-                plan.append((self.object_path(seg.base, obj_start), pos - obj_start, take))
+                take = min(end, seg.object_end(k)) - pos
+                plan.append((seg.path(self.prefix, k), pos - obj_start, take))
                 pos += take
             return plan
 
@@ -354,7 +390,7 @@ class FlatFile:
             while len(self.meta.segments) > 1 and self.meta.segments[0].end <= position:
                 seg = self.meta.segments.pop(0)
                 self.meta.start = self.meta.segments[0].base
-                doomed += [self.object_path(seg.base, start) for start in seg.objects]
+                doomed += [seg.path(self.prefix, k) for k in range(len(seg.objects))]
         return doomed
 
     def segments_ending_by(self, position: int) -> int:
@@ -378,6 +414,35 @@ class FlatFile:
                     break
                 position = seg.end
             return position
+
+    # ------------------------------------------------------------------ folds
+
+    def segments(self) -> list[Segment]:
+        """A copy of the segments, as listed now (``tiered.fold`` plans with it)."""
+        with self._lock:
+            return [replace(s, objects=list(s.objects), folds=dict(s.folds))
+                    for s in self.meta.segments]
+
+    def fold(self, base: int, starts: list[int], end: int, level: int) -> list[str] | None:
+        """List one fold object (written by the caller) in place of the consecutive
+        objects ``starts`` of segment ``base``, which end at ``end``; returns the paths
+        they had, for the caller to delete once no reader can be directed to them.  None,
+        changing nothing, when they are no longer listed so (expired meanwhile).  Any
+        thread: a fold never touches the object an upload is reserved for."""
+        with self._lock:
+            seg = next((s for s in self.meta.segments if s.base == base), None)
+            if seg is None or not starts:
+                return None
+            k = bisect.bisect_left(seg.objects, starts[0])
+            j = k + len(starts)
+            if seg.objects[k:j] != starts or seg.object_end(j - 1) != end:
+                return None
+            old = [seg.path(self.prefix, i) for i in range(k, j)]
+            for start in starts:
+                seg.folds.pop(start, None)
+            del seg.objects[k + 1 : j]
+            seg.folds[starts[0]] = level
+            return old
 
     def to_json(self) -> str:
         with self._lock:

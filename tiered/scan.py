@@ -138,14 +138,14 @@ def plan(provider: Provider, broker: str, selection: Selection,
         for seg in log.segments:
             if not seg.length or not selection.overlaps(seg.first_at_ms, seg.last_at_ms):
                 continue
-            ends = [*seg.objects[1:], seg.end]
             run: list[tuple[str, int]] = []
-            for start, end in zip(seg.objects, ends, strict=True):
-                if run and sum(n for _, n in run) + end - start > max_slice_bytes:
+            for k, start in enumerate(seg.objects):
+                size = seg.object_end(k) - start
+                if run and sum(n for _, n in run) + size > max_slice_bytes:
                     slices.append(_slice(topic, qid, generation, run, seg.first_at_ms,
                                          seg.last_at_ms))
                     run = []
-                run.append((f"{base}/{seg.base:020d}/{start:020d}", end - start))
+                run.append((seg.path(base, k), size))
             if run:
                 slices.append(_slice(topic, qid, generation, run, seg.first_at_ms,
                                      seg.last_at_ms))

@@ -138,6 +138,7 @@ def crash_run(data: Path, ledgers: Path, label: str, nth: int) -> CrashRun:
 @pytest.mark.parametrize("label", sorted(la for la in LABELS  # (their own tests)
                                          if not la.startswith(("takeover.", "timer_snapshot.",
                                                                "tier_retention.",
+                                                               "tier_fold.",
                                                                "debounce.",
                                                                "schedule.", "topic.",
                                                                "tier.after_commit_record"))))

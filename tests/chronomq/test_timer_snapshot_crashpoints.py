@@ -1,11 +1,13 @@
-"""A timer snapshot, or the tier retention that deletes the system streams below it, cut
-by a crash at each of their named crash points (``cluster.timersnapshot``,
-``tiered.retention``), from outside: broker processes, a local-directory tier,
+"""A timer snapshot, the tier retention that deletes the system streams below it, or a
+fold of small tier objects, cut by a crash at each of their named crash points
+(``cluster.timersnapshot``, ``tiered.retention``, ``tiered.fold``), from outside: broker
+processes, a local-directory tier,
 the crash-point test's scripted, ledgered workload (delayed messages near and far,
 deliveries, Nacks with back-off, revives), durable-ack.
 
 Broker A, armed with ``server.crash_at=<label>:1``, a snapshot every 5 records and
-retention every second over 16 KB segments, dies in its compactor or its retention.
+retention every second over 16 KB segments (folds of 4 objects, the replaced ones
+deleted at once), dies in its compactor, its retention or a fold.
 Then either it is restarted with its data directory (its next snapshots and passes clear
 what the crash left), or it is gone with its data directory and B takes it over from
 the tier (from the snapshot the pointer names, or from the whole streams when the crash
@@ -41,14 +43,16 @@ from tests.chronomq.test_crashpoints import (
 
 SETTINGS = (*CRASHPOINT_SETTINGS, "tier.durable_ack=true", "tier.journal_snapshot_records=5",
             # system streams in 16 KB tier segments, deleted below the floors every second
-            "tier.segment_bytes=16384", "server.retention_interval_s=1")
+            "tier.segment_bytes=16384", "server.retention_interval_s=1",
+            # small objects folded, and the replaced ones deleted, at every pass
+            "tier.fold_objects=4", "tier.fold_keep_s=0")
 A = (*SETTINGS, "tier.broker_name=a", "store.node_id=1")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("after", ["restart", "takeover"])
 @pytest.mark.parametrize("label", sorted(la for la in LABELS if la.startswith(
-    ("timer_snapshot.", "tier_retention."))))
+    ("timer_snapshot.", "tier_retention.", "tier_fold."))))
 def test_a_timer_snapshot_cut_by_a_crash_keeps_every_promise(
         tmp_path: Path, label: str, after: str) -> None:
     ledgers = tmp_path / "ledger"

@@ -159,7 +159,8 @@ def test_tier_retention_deletes_expired_segments_per_topic(
         broker.store.run_retention()  # local copies are gone: reads need the tier
         objects = broker.tier.list("broker-0/data/t/")
         broker.run_retention()
-        assert broker.tier.list("broker-0/data/t/") == objects  # nothing is old enough
+        # nothing is old enough (folds of small objects may be added: tiered.fold)
+        assert set(objects) <= set(broker.tier.list("broker-0/data/t/"))
         manual_clock.advance(3_600_000 - 60_000)  # the first 400 are past 1 h, the rest not
         broker.run_retention()
         left = broker.tier.list("broker-0/data/t/")
@@ -169,6 +170,9 @@ def test_tier_retention_deletes_expired_segments_per_topic(
         assert len(broker.queries.by_key("t", "late", 100)) == 20
         assert broker.tier.list("broker-0/data/keep/")  # its own, longer retention
         manual_clock.advance(3_600_000)
+        broker.run_retention()
+        # the objects folds replaced go once the tier's copy of the metadata is new
+        broker.tiered.commit()
         broker.run_retention()
         assert broker.tier.list("broker-0/data/t/") == []
         assert broker.tier.list("broker-0/data/keep/")
@@ -235,7 +239,7 @@ def test_a_deleted_topics_objects_leave_the_tier(tmp_path: Path, manual_clock: M
         assert broker.tier.list("broker-0/data/t/")  # kept forever while it lives
         broker.delete_topic("t")
         broker.run_retention()
-        assert broker.tier.list("broker-0/data/t/") == []
+        assert broker.tier.list("broker-0/data/t/") == [], broker.tier.list("broker-0/data/t/")
         assert broker.tier.list("broker-0/data/keep/") == keep_objects
         assert [m.message_id for m in broker.queries.by_key("keep", "kk", 100)] == \
             [i.message_id for i in kept]

@@ -1,0 +1,126 @@
+"""A queue that commits one message at a time, with and without folds (``tiered.fold``).
+
+Durable-ack makes a commit of every lone change: one log and one cq object each, every
+one listed in the queue's metadata, which each commit rewrites in full (locally and in
+the tier) and the commit record carries.  This runs a real store and tiered dispatcher
+on a local-directory tier in this process, sends ``--commits`` messages of 100 B one
+commit each, runs the fold pass (with tier retention) every ``--pass-every`` commits, and
+prints at each checkpoint, for folds off (``tier.fold_objects=0``) and on (the default,
+32): the metadata's size and objects listed, the mean time of a commit over the last
+window (step, upload, metadata saved), the objects in the tier, and the bytes written
+to the tier's data over the bytes committed (the folds' rewrite).
+
+    .venv/bin/python bench/bench_fold.py --commits 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from store.clock import SystemClock
+from store.message import Message
+from store.store import MessageStore, StoreConfig
+from store.topics import Topic
+from tiered.config import TierConfig
+from tiered.dispatcher import TieredDispatcher
+from tiered.providers.local import LocalProvider
+
+
+class Counting(LocalProvider):
+    """The local-directory tier, counting the bytes written under ``/data/``."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.data_bytes = 0
+        self._count_lock = threading.Lock()
+
+    def write(self, path: str, data: bytes) -> None:
+        super().write(path, data)
+        if "/data/" in path:
+            with self._count_lock:
+                self.data_bytes += len(data)
+
+
+def run(root: Path, commits: int, pass_every: int, fanin: int,
+        checkpoints: list[int]) -> list[dict[str, float]]:
+    clock = SystemClock()
+    store = MessageStore(StoreConfig(str(root / "data")), clock)
+    store.open()
+    store.start()
+    provider = Counting(str(root / "tier"))
+    tier = TieredDispatcher(store, provider, "b0", str(root / "data" / "tiered"),
+                            TierConfig(fold_objects=fanin, fold_keep_s=0), clock)
+    tier.open()
+    store.create_topic(Topic("t", 1))
+    rows: list[dict[str, float]] = []
+    committed, window_s, window_n = 0, 0.0, 0
+    try:
+        for i in range(1, commits + 1):
+            store.put([Message("", "t", b"x" * 100)]).result(10)
+            began = time.perf_counter()
+            while tier.step():
+                pass
+            tier.commit()
+            window_s += time.perf_counter() - began
+            window_n += 1
+            committed += 1
+            if i % pass_every == 0:
+                tier.run_retention()
+            if i in checkpoints:
+                q = tier.queue("t", 0)
+                assert q is not None
+                meta = q.to_json()
+                raw = json.loads(meta)
+                listed = sum(len(s["objects"]) for stream in ("log", "cq")
+                             for s in json.loads(raw[stream])["segments"])
+                data = q.log.commit_position + q.cq.commit_position
+                objects = sum(1 for p in (root / "tier").rglob("*")
+                              if p.is_file() and "/data/" in str(p))
+                rows.append({"commits": i, "meta_bytes": len(meta), "listed": listed,
+                             "commit_ms": window_s / window_n * 1000,
+                             "tier_objects": objects,
+                             "amplification": provider.data_bytes / data})
+                window_s, window_n = 0.0, 0
+                print(f"  fold_objects={fanin:>2} after {i:>6} commits: metadata "
+                      f"{len(meta):>8,} B, {listed:>6,} objects listed; a commit "
+                      f"{rows[-1]['commit_ms']:.2f} ms; {objects:,} objects in the tier; "
+                      f"written / committed {rows[-1]['amplification']:.2f}", flush=True)
+    finally:
+        tier.stop()
+        store.stop()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--commits", type=int, default=20_000)
+    ap.add_argument("--pass-every", type=int, default=1_000,
+                    help="commits between fold passes (the retention pass's cadence)")
+    args = ap.parse_args()
+    checkpoints = sorted({c for c in (1_000, 5_000, 10_000, 20_000, 50_000, args.commits)
+                          if c <= args.commits})
+    results = {}
+    for fanin in (0, 32):
+        with tempfile.TemporaryDirectory() as tmp:
+            results[fanin] = run(Path(tmp), args.commits, args.pass_every, fanin, checkpoints)
+    print("\n| commits | metadata off / on (B) | listed off / on | a commit off / on (ms) "
+          "| tier objects off / on | written / committed on |")
+    print("|---|---|---|---|---|---|")
+    for off, on in zip(results[0], results[32], strict=True):
+        print(f"| {off['commits']:,.0f} | {off['meta_bytes']:,.0f} / {on['meta_bytes']:,.0f} "
+              f"| {off['listed']:,.0f} / {on['listed']:,.0f} "
+              f"| {off['commit_ms']:.2f} / {on['commit_ms']:.2f} "
+              f"| {off['tier_objects']:,.0f} / {on['tier_objects']:,.0f} "
+              f"| {on['amplification']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
