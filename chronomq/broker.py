@@ -1,9 +1,8 @@
 """Broker: the core object the gRPC fronts call.  Wiring only: it builds, opens and runs
 the store, POP, the timer and the tier; the rules are in the parts it exposes (sends in
 ``chronomq.sending``, queries in ``chronomq.queries``, mounts and topic ownership in
-``chronomq.mounts``, topic changes in ``cluster.topics``).  No gRPC here.
-
-Thread-safe.
+``chronomq.mounts``, topic changes in ``cluster.topics``, the tier's parts in
+``chronomq.tierparts``).  No gRPC here.  Thread-safe.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
-from access.backends import Backend, FileBackend, TierBackend
+from access.backends import FileBackend, TierBackend
 from access.directory import UserDirectory
 from access.principals import Authenticator
 from chronomq.config import BrokerConfig
@@ -25,6 +24,7 @@ from chronomq.providers import make_lease_provider, make_provider
 from chronomq.queries import Queries
 from chronomq.recurrence import open_schedules
 from chronomq.sending import Sender
+from chronomq.tierparts import open_tier_upload
 from cluster.compaction import attach_compaction
 from cluster.failover import hold_lease, start_failover
 from cluster.fence import Fence
@@ -52,7 +52,6 @@ from store.topics import Topic
 from tiered.dispatcher import TieredDispatcher
 from tiered.mount import MountReader
 from tiered.provider import Provider
-from tiered.readahead import ReadAheadCache
 from tiered.reader import TieredReader
 from tiered.timerflatfile import TimerFlatFiles
 from timer.service import TimerService
@@ -176,8 +175,12 @@ class Broker:
         self.store.add_delayed_witness(self.timer.holds)  # pending ones are found by id
         self.store.add_dispatch_handler(self.pop.copies)
         self.fence = Fence(self.lease)  # the gate of every OK (cluster.fence)
-        if config.tier.upload:
-            self._open_tier_upload()  # (with the tier's durable position)
+        if config.tier.upload:  # (with the tier's durable position)
+            parts = open_tier_upload(self.store, self.tier, self.prefix, config, self.lease,
+                                     clock)
+            self.tiered, self.fence, self.tier_reader = parts.tiered, parts.fence, parts.reader
+            if parts.mount_reader is not None:  # Pop reads this broker's tier (and mounts)
+                self.mount_reader = self.pop.tier = parts.mount_reader
         self.store.open()
         if self.tiered is not None:  # reuses the records the store's dispatcher decoded
             self.add_dispatch_listener(self.tiered.offer)
@@ -207,9 +210,8 @@ class Broker:
         it (``tier.upload``, ``tier.claim_topics`` or ``tier.mounts``), else a file of the
         data directory; read before anything is served."""
         t = self.config.tier
-        backend: Backend = (TierBackend(self.tier) if t.upload or t.claim_topics or t.mounts
-                            else FileBackend(self.config.store.data_dir))
-        users = UserDirectory(backend, self.clock.now_ms)
+        users = UserDirectory(TierBackend(self.tier) if t.upload or t.claim_topics or t.mounts
+                              else FileBackend(self.config.store.data_dir), self.clock.now_ms)
         self.start_retry("reading its users", users.load)
         self.access = Authenticator(users, self.config.server.auth_token)
 
@@ -239,27 +241,6 @@ class Broker:
         if self.lease is not None:
             self.lease.address, self.lease.rocketmq_address = address, rocketmq_address
             self.lease.renew()
-
-    def _open_tier_upload(self) -> None:
-        t = self.config.tier
-        self.tiered = TieredDispatcher(
-            self.store, self.tier, self.prefix,
-            os.path.join(self.config.store.data_dir, "tiered"), t,
-            self.clock)
-        self.fence = Fence(self.lease, self.tiered.durable, t.durable_ack, self.prefix)
-        self.tiered.open()
-        if t.durable_ack and self.lease is not None:  # a commit record in the lease write
-            record = self.tiered.record
-            record.carry(self.lease.held)
-            self.lease.carried, self.lease.confirmed = record.carried, record.confirmed
-        cache = None
-        if t.read_ahead_bytes > 0:
-            cache = ReadAheadCache(self.tiered.read, self.clock, t.read_ahead_bytes,
-                                   t.read_ahead_ttl_ms)
-        self.tier_reader = TieredReader(self.tiered, self.store, t.read, cache, t.hot_bytes)
-        if t.read != "disable":  # Pop reads this broker's tier (and mounted ones)
-            self.mount_reader = MountReader(self.tier_reader)
-            self.pop.tier = self.mount_reader
 
     def start(self, timer_thread: bool = True) -> None:
         """Start the store's threads and (unless driven by hand, as tests with a manual
