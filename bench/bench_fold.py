@@ -10,7 +10,15 @@ prints at each checkpoint, for folds off (``tier.fold_objects=0``) and on (the d
 window (step, upload, metadata saved), the objects in the tier, and the bytes written
 to the tier's data over the bytes committed (the folds' rewrite).
 
-    .venv/bin/python bench/bench_fold.py --commits 20000
+    .venv/bin/python bench/bench_fold.py --commits 10000
+
+``--e2e N``: from outside instead: a ``chronomq serve`` with durable-ack on SeaweedFS (a
+real S3 server), one topic of one queue, N lone Sends one after the other (each its own
+commit), folds off then on (retention's pass, which folds, every 10 s); prints each
+1,000 Sends' p50 / p99 and, at the end, the size of the queue's metadata copy in the
+bucket.
+
+    .venv/bin/python bench/bench_fold.py --e2e 20000
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ def run(root: Path, commits: int, pass_every: int, fanin: int,
     store.start()
     provider = Counting(str(root / "tier"))
     tier = TieredDispatcher(store, provider, "b0", str(root / "data" / "tiered"),
-                            TierConfig(fold_objects=fanin, fold_keep_s=0), clock)
+                            TierConfig(durable_ack=True, fold_objects=fanin, fold_keep_s=0),
+                            clock)
     tier.open()
     store.create_topic(Topic("t", 1))
     rows: list[dict[str, float]] = []
@@ -66,9 +75,8 @@ def run(root: Path, commits: int, pass_every: int, fanin: int,
         for i in range(1, commits + 1):
             store.put([Message("", "t", b"x" * 100)]).result(10)
             began = time.perf_counter()
-            while tier.step():
+            while tier.step():  # (a lone change is due at once, as with durable-ack)
                 pass
-            tier.commit()
             window_s += time.perf_counter() - began
             window_n += 1
             committed += 1
@@ -99,12 +107,62 @@ def run(root: Path, commits: int, pass_every: int, fanin: int,
     return rows
 
 
+def e2e(sends: int) -> None:
+    from chronomq.client import ChronomqClient
+    from testkit.process import ServerProcess
+    from testkit.s3 import start_seaweed
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_seaweed(Path(tmp) / "seaweed", "fold")
+        try:
+            for fanin in (0, 32):
+                name = f"fold{fanin}"
+                srv = ServerProcess(
+                    Path(tmp) / name, "tier.upload=true", "tier.durable_ack=true",
+                    "tier.provider=s3", "tier.s3_bucket=fold",
+                    f"tier.s3_endpoint_url={server.endpoint}",
+                    "tier.s3_access_key_id=testing", "tier.s3_secret_access_key=testing",
+                    f"tier.broker_name={name}", f"tier.fold_objects={fanin}",
+                    "server.retention_interval_s=10")
+                try:
+                    with ChronomqClient(srv.target, timeout_s=60) as c:
+                        c.create_topic("t", queue_count=1)
+                        window: list[float] = []
+                        for i in range(1, sends + 1):
+                            began = time.perf_counter()
+                            c.send_one("t", b"x" * 100)
+                            window.append((time.perf_counter() - began) * 1000)
+                            if i % 1000 == 0:
+                                window.sort()
+                                print(f"  fold_objects={fanin:>2} sends {i - 999:>6}-{i:<6}: "
+                                      f"p50 {window[len(window) // 2]:.1f} ms, "
+                                      f"p99 {window[int(len(window) * 0.99)]:.1f} ms",
+                                      flush=True)
+                                window = []
+                finally:
+                    srv.terminate()
+                import boto3
+                s3 = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
+                                  aws_access_key_id="testing",
+                                  aws_secret_access_key="testing")
+                meta = s3.get_object(Bucket="fold", Key=f"{name}/meta/t/0.json")["Body"].read()
+                print(f"  fold_objects={fanin:>2}: the queue's metadata copy "
+                      f"{len(meta):,} B after {sends:,} Sends", flush=True)
+        finally:
+            server.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--commits", type=int, default=20_000)
     ap.add_argument("--pass-every", type=int, default=1_000,
                     help="commits between fold passes (the retention pass's cadence)")
+    ap.add_argument("--e2e", type=int, default=0,
+                    help="lone Sends to a durable-ack broker on SeaweedFS instead")
     args = ap.parse_args()
+    if args.e2e:
+        e2e(args.e2e)
+        return
     checkpoints = sorted({c for c in (1_000, 5_000, 10_000, 20_000, 50_000, args.commits)
                           if c <= args.commits})
     results = {}

@@ -42,7 +42,7 @@ from store.clock import Clock
 from store.crashpoint import crashpoint
 from tiered.carried import carried, read_meta
 from tiered.errors import TierError
-from tiered.flatfile import FlatFile, FlatFileMeta, Segment, fold_path
+from tiered.flatfile import FlatFile, FlatFileMeta, Segment, fold_path, readers, reading_on
 from tiered.provider import Provider
 from tiered.retention import QueueKey, Uploads
 
@@ -106,7 +106,8 @@ class TierFolding:
         if self.fanin <= 0 or self._uploads.fenced or not self._lock.acquire(blocking=False):
             return 0
         try:
-            listed = self._fold()
+            with reading_on(readers("tier-fold")):  # not queued ahead of clients' reads
+                listed = self._fold()
             self._delete()
         finally:
             self._lock.release()

@@ -10,10 +10,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from store.clock import ManualClock
 from store.message import Message, decode_record
 from store.store import MessageStore, StoreConfig
 from store.topics import Topic
+from tests.tiered.conftest import s3_provider
 from tests.tiered.faults import FaultyProvider
 from tiered.config import TierConfig
 from tiered.dispatcher import TieredDispatcher
@@ -85,12 +88,16 @@ def _expected() -> list[bytes]:
     return [f"m{i}".encode() * 20 for i in range(N)]
 
 
+@pytest.mark.parametrize("kind", ["local", "s3"])
 def test_a_queue_of_one_message_commits_keeps_a_small_metadata_and_reads_the_same(
-        tmp_path: Path, manual_clock: ManualClock) -> None:
-    provider = LocalProvider(str(tmp_path / "tier"))
-    plain_store, plain = _open(tmp_path / "plain", manual_clock, provider, 0, 0)
-    store, tier = _open(tmp_path / "folded", manual_clock,
-                        LocalProvider(str(tmp_path / "tier2")), 8, 0)
+        tmp_path: Path, manual_clock: ManualClock, kind: str,
+        request: pytest.FixtureRequest) -> None:
+    plain_store, plain = _open(tmp_path / "plain", manual_clock,
+                               LocalProvider(str(tmp_path / "tier")), 0, 0)
+    folded: Provider = LocalProvider(str(tmp_path / "tier2"))
+    if kind == "s3":  # moto's S3 server
+        folded = s3_provider(request.getfixturevalue("s3_endpoint"), "fold")
+    store, tier = _open(tmp_path / "folded", manual_clock, folded, 8, 0)
     try:
         _send_one_commit_each(plain_store, plain, N, 0)
         _send_one_commit_each(store, tier, N, 25)
@@ -109,7 +116,6 @@ def test_a_queue_of_one_message_commits_keeps_a_small_metadata_and_reads_the_sam
         store.stop()
         plain.stop()
         plain_store.stop()
-    folded = LocalProvider(str(tmp_path / "tier2"))
     # a mount (a takeover's reader) reads every record
     mounted = MountedBroker(folded, "b0", str(tmp_path / "work"))
     assert mounted.bounds("t", 0) == (0, N)
