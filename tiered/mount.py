@@ -12,7 +12,8 @@ Messages it acknowledged but had not uploaded yet are not there: the upload lag 
 loss window (bounded by ``tier.upload_batch_ms`` / ``upload_batch_bytes``, reported in
 its Stats as ``tier.upload_lag_s``).  Metadata read at mount time (the queues' copies at
 once, ``index_threads`` reads at a time): a mount of a broker
-that is still running sees a snapshot (mount again to refresh).
+that is still running sees a snapshot (mount again to refresh; after ``tier.fold_keep_s``
+the objects its folds replaced may be gone, ``tiered.fold``).
 
 QueryMessages by key or id reads the departed broker's key index
 (``tiered.mountindex.MountIndex``: its sealed files in the tier, and what they miss
