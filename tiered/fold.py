@@ -24,7 +24,9 @@ read planned before the fold still reads them), once the metadata a reader of th
 finds (``tiered.carried.read_meta``) names none of them, and while this broker still
 holds its lease (``confirm_deletes``); a deleted topic's at once (no reader reads it
 again; tier retention deletes the rest of it).  A crash before the listing leaves the fold
-object as an orphan; after it, the replaced ones (space, never correctness).  Named
+object as an orphan (space, never correctness); after it, the replaced ones, which the
+first pass after the start finds (``_sweep``: in a listed fold's range under another
+name, they are never read again) and deletes like any replaced.  Named
 crash points: ``tier_fold.after_object``, ``tier_fold.after_metadata``,
 ``tier_fold.mid_delete``.  A pass runs with tier retention (``run_retention``), on its
 thread; a taken-over broker folds nothing.
@@ -50,6 +52,7 @@ log = logging.getLogger(__name__)
 
 FOLD_BYTES = 16 << 20  # the largest fold (read and written in one piece)
 PASS_BYTES = 256 << 20  # what one pass reads and writes at most
+SWEEP_SLACK_MS = 3_600_000  # store times vs. this clock, and a segment sealed late
 
 
 def runs(seg: Segment, fanin: int) -> list[tuple[int, int, int]]:
@@ -96,6 +99,7 @@ class TierFolding:
         self._clock = clock
         self._lock = threading.Lock()  # one pass at a time
         self._replaced: list[_Replaced] = []
+        self._swept = False  # ``_sweep`` done
         self.folds = 0  # fold objects listed since start
         self.deleted = 0  # replaced objects deleted since start
 
@@ -106,12 +110,40 @@ class TierFolding:
         if self.fanin <= 0 or self._uploads.fenced or not self._lock.acquire(blocking=False):
             return 0
         try:
+            if not self._swept:
+                self._sweep()
             with reading_on(readers("tier-fold")):  # not queued ahead of clients' reads
                 listed = self._fold()
             self._delete()
         finally:
             self._lock.release()
         return listed
+
+    def _sweep(self) -> None:
+        """Once, at the first pass: the objects a crash left after their fold was listed
+        (in a listed fold's range, under another name) are due like any replaced.  Only
+        in segments a fold may have touched since the keep before the start began (the
+        open one, those whose data is younger than twice the keep): a listing each."""
+        horizon = self._clock.now_ms() - 2 * self.keep_ms - SWEEP_SLACK_MS
+        for key, q in self._uploads.queues():
+            if self._deleted(q.topic):
+                continue
+            left: list[str] = []
+            try:
+                for ff in (q.log, q.cq):
+                    for seg in ff.segments():
+                        if seg.folds and (not seg.sealed or seg.last_at_ms >= horizon):
+                            left += _left_in_folds(seg, ff.prefix, self._provider.list(
+                                f"{ff.prefix}/{seg.base:020d}/"))
+            except TierError as exc:  # an orphan stays: space, never correctness
+                log.warning("could not look for what folds left in %s/%d: %s", *key, exc)
+                continue
+            if left:
+                log.info("tier folds: %d objects a fold replaced before the start are due "
+                         "for deletion in %s/%d", len(left), *key)
+                self._replaced.append(_Replaced(int(self._clock.monotonic_ms()) + self.keep_ms,
+                                                key, (q.log.prefix, q.cq.prefix), left))
+        self._swept = True
 
     def _fold(self) -> int:
         budget, listed = PASS_BYTES, 0
@@ -210,3 +242,19 @@ class TierFolding:
             except TierError as exc:  # an orphan: costs space, never correctness
                 log.warning("could not delete folded %s: %s", path, exc)
 
+
+def _left_in_folds(seg: Segment, prefix: str, paths: list[str]) -> list[str]:
+    """The objects of ``paths`` (listed under ``seg``'s prefix) that begin inside one of
+    its listed folds but are not what it lists: replaced, never read again."""
+    named = {seg.path(prefix, k) for k in range(len(seg.objects))}
+    folds = [(start, seg.object_end(k)) for k, start in enumerate(seg.objects)
+             if start in seg.folds]
+    left = []
+    for path in paths:
+        try:
+            start = int(path.rsplit("/", 1)[-1].split("-", 1)[0])
+        except ValueError:
+            continue  # not an object of this stream
+        if path not in named and any(a <= start < b for a, b in folds):
+            left.append(path)
+    return left
