@@ -230,14 +230,15 @@ def _subscribe(c: ChronomqClient, topic: str, n: int, seconds: float) -> tuple[i
     return got, elapsed
 
 
-def _consumer(c: ChronomqClient, topic: str, n: int, seconds: float, res: Result
-              ) -> tuple[int, float]:
-    """Take and ack ``n`` messages one at a time through ``Consumer`` with its defaults;
-    the acks' futures resolved before the clock stops."""
+def _consumer(c: ChronomqClient, topic: str, n: int, seconds: float, res: Result,
+              prefetch: int | None = None) -> tuple[int, float]:
+    """Take and ack ``n`` messages one at a time through ``Consumer`` with its defaults
+    (or a fixed credit, ``prefetch``); the acks' futures resolved before the clock
+    stops."""
     t0 = time.monotonic()
     got = 0
     futures = []
-    with Consumer(c, topic, "bench-consumer") as consumer:
+    with Consumer(c, topic, "bench-consumer", prefetch=prefetch) as consumer:
         end = t0 + seconds
         while got < n and time.monotonic() < end:
             m = consumer.receive(timeout_s=max(0.0, end - time.monotonic()))
@@ -334,7 +335,8 @@ def run_mode(mode: str, data: Path, endpoint: str, args: argparse.Namespace,
                          f"{args.seconds} s")
             settled = _settle(c, args.settle)
             res.consumer_msgs, res.consumer_s = _consumer(c, "backlog", args.backlog,
-                                                          args.seconds, res)
+                                                          args.seconds, res,
+                                                          args.consumer_prefetch)
             print(f"[{mode}] Consumer (tier caught up {settled:.1f} s first): "
                   f"{res.consumer_msgs:,} taken+acked in {res.consumer_s:.2f} s: "
                   f"{res.consumer_rate:,.0f} msgs/s (credit {res.consumer_credit})",
@@ -418,6 +420,9 @@ def main() -> None:
     ap.add_argument("--durable-ack-ms", type=int, default=50)
     ap.add_argument("--producer-in-flight", type=int, default=None,
                     help="the Producer's batches in flight (default: the Producer's)")
+    ap.add_argument("--consumer-prefetch", type=int, default=None,
+                    help="the Consumer's credit, fixed (default: the Consumer's, which "
+                    "follows the stream)")
     ap.add_argument("--s3", choices=["moto", "seaweed"], default="moto")
     ap.add_argument("--profile", default="", help="py-spy the durable broker into this "
                     "file (collapsed stacks)")

@@ -45,6 +45,12 @@ class Provider(Protocol):
         """Remove the object; removing a missing object is not an error."""
         ...
 
+    def delete_many(self, paths: list[str]) -> None:
+        """Remove the objects, as few requests as the backend allows (S3: DeleteObjects,
+        1,000 keys a request); missing ones are not an error.  ``TierError`` when one
+        could not be removed (the others may have been)."""
+        ...
+
     def list(self, prefix: str = "") -> list[str]:
         """Paths starting with ``prefix``, sorted."""
         ...

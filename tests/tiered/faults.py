@@ -72,6 +72,9 @@ class FaultyProvider:
     def delete(self, path: str) -> None:
         self.inner.delete(path)
 
+    def delete_many(self, paths: list[str]) -> None:
+        self.inner.delete_many(paths)
+
     def list(self, prefix: str = "") -> list[str]:
         return self.inner.list(prefix)
 

@@ -31,7 +31,7 @@ from tiered.errors import (
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
 from tiered.providers.memory import MemoryProvider
-from tiered.providers.s3 import S3Provider, S3Settings
+from tiered.providers.s3 import DELETE_BATCH, S3Provider, S3Settings
 
 
 @pytest.fixture(params=["memory", "local", "s3", "seaweed"])
@@ -95,6 +95,16 @@ def test_missing_objects_and_idempotent_delete(provider: Provider) -> None:
     provider.delete("x")
     provider.delete("x")
     assert not provider.exists("x") and provider.list() == []
+
+
+def test_delete_many_removes_each_in_batches_and_ignores_missing(provider: Provider) -> None:
+    paths = [f"d/{i:05d}" for i in range(DELETE_BATCH + 5)]  # two requests on S3
+    for p in paths[::7]:  # some only: the others are missing
+        provider.write(p, b"x")
+    provider.write("keep", b"k")
+    provider.delete_many(paths)
+    provider.delete_many([])
+    assert provider.list("d/") == [] and provider.read("keep") == b"k"
 
 
 @pytest.mark.parametrize("bad", ["", "/abs", "a/../b", "a//b", "./a"])

@@ -159,6 +159,10 @@ class LocalProvider:
         with _wrapped(path), suppress(FileNotFoundError):
             os.unlink(self._full(path))
 
+    def delete_many(self, paths: list[str]) -> None:
+        for path in paths:
+            self.delete(path)
+
     def list(self, prefix: str = "") -> list[str]:
         out: list[str] = []
         # walk only the deepest directory the prefix names whole (``a/data/`` -> a/data;

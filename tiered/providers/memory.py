@@ -47,6 +47,10 @@ class MemoryProvider:
         with self._lock:
             self._objects.pop(check_path(path), None)
 
+    def delete_many(self, paths: list[str]) -> None:
+        for path in paths:
+            self.delete(path)
+
     def delete_if(self, path: str, version: str) -> bool:
         with self._lock:
             key = check_path(path)

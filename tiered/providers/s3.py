@@ -57,6 +57,7 @@ _CONFLICT = {"PreconditionFailed", "412", "NoSuchKey", "404"}
 _BUSY = {"ConditionalRequestConflict", "409"}
 _BUSY_ATTEMPTS = 4  # in all, for 409 ConditionalRequestConflict
 _BUSY_BACKOFF_S = 0.05  # x 2**attempt, jittered to 50-100 %
+DELETE_BATCH = 1000  # keys per DeleteObjects (S3's limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +288,20 @@ class S3Provider:
     def delete(self, path: str) -> None:
         with _wrapped(path):
             self._s3.delete_object(Bucket=self._bucket, Key=self._key(path))
+
+    def delete_many(self, paths: list[str]) -> None:
+        """DeleteObjects, ``DELETE_BATCH`` keys a request (quiet: only failures answer)."""
+        for at in range(0, len(paths), DELETE_BATCH):
+            batch = paths[at : at + DELETE_BATCH]
+            with _wrapped(batch[0]):
+                answer = self._s3.delete_objects(Bucket=self._bucket, Delete={
+                    "Objects": [{"Key": self._key(p)} for p in batch], "Quiet": True})
+            errors = answer.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise TierError(f"could not delete {len(errors)} of {len(batch)} objects, "
+                                f"{first.get('Key')!r} the first: {first.get('Code')} "
+                                f"{first.get('Message')}")
 
     def list_versions(self, prefix: str = "") -> dict[str, str]:
         """ListObjectsV2's ETags: the ETag a GetObject of the key answers (one request
