@@ -107,7 +107,7 @@ def run(root: Path, commits: int, pass_every: int, fanin: int,
     return rows
 
 
-def e2e(sends: int) -> None:
+def e2e(sends: int, fanins: list[int]) -> None:
     from chronomq.client import ChronomqClient
     from testkit.process import ServerProcess
     from testkit.s3 import start_seaweed
@@ -115,7 +115,7 @@ def e2e(sends: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = start_seaweed(Path(tmp) / "seaweed", "fold")
         try:
-            for fanin in (0, 32):
+            for fanin in fanins:
                 name = f"fold{fanin}"
                 srv = ServerProcess(
                     Path(tmp) / name, "tier.upload=true", "tier.durable_ack=true",
@@ -159,9 +159,11 @@ def main() -> None:
                     help="commits between fold passes (the retention pass's cadence)")
     ap.add_argument("--e2e", type=int, default=0,
                     help="lone Sends to a durable-ack broker on SeaweedFS instead")
+    ap.add_argument("--fanins", default="0,32",
+                    help="with --e2e: the tier.fold_objects to run, in turn")
     args = ap.parse_args()
     if args.e2e:
-        e2e(args.e2e)
+        e2e(args.e2e, [int(f) for f in args.fanins.split(",")])
         return
     checkpoints = sorted({c for c in (1_000, 5_000, 10_000, 20_000, 50_000, args.commits)
                           if c <= args.commits})
