@@ -8,12 +8,12 @@ stream instead:
 * **prefetch**: the broker pushes up to ``prefetch`` leased, unsettled messages ahead of
   the loop (the stream's credit), so ``next()`` rarely waits on the network.  By
   default the credit follows the stream by itself: it starts at ``AUTO_START`` and
-  doubles whenever the loop finds nothing waiting (the broker's answers take longer
-  than the loop: with ``tier.durable_ack`` every lease waits for a tier commit), up to
-  ``AUTO_MAX``, never past what the loop handles in half an invisible time (so a
-  prefetched message is not kept past its lease) and never past ``PREFETCH_BYTES`` of
-  the bodies seen so far (so large bodies do not fill the client's memory); the new
-  credit rides on the next request;
+  grows ``AUTO_GROWTH`` times whenever the loop finds nothing waiting (the broker's
+  answers take longer than the loop: with ``tier.durable_ack`` every lease waits for a
+  tier commit), up to ``AUTO_MAX`` (the broker's limit), never past what the loop
+  handles in half an invisible time (so a prefetched message is not kept past its
+  lease) and never past ``PREFETCH_BYTES`` of the bodies seen so far (so large bodies
+  do not fill the client's memory); the new credit rides on the next request;
 * **batched settlements**: ``ack`` / ``nack`` / ``dead_letter`` queue the settlement and
   return a ``Future`` at once; one request carries everything queued by the time the
   stream can take it and fewer than ``SETTLE_IN_FLIGHT`` requests are unanswered
@@ -60,7 +60,9 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
                        grpc.StatusCode.CANCELLED})
 
 _Settlement = tuple[str, pb.NackItem | None, Future[None]]  # handle, nack item or None (ack)
-AUTO_START, AUTO_MAX = 256, 8192  # the credit that follows the stream (``prefetch=None``)
+AUTO_START, AUTO_MAX = 256, 10_000  # the credit that follows the stream (``prefetch=None``;
+#                                     AUTO_MAX: the most a broker takes, its MAX_CREDIT)
+AUTO_GROWTH = 4  # times the credit at each look that found nothing waiting
 PREFETCH_BYTES = 64 << 20  # ... never more than this of bodies ahead (by their mean size)
 SETTLE_IN_FLIGHT = 4  # settlement requests sent and not yet answered, at most
 
@@ -333,7 +335,8 @@ class Consumer:
 
 def grown_credit(credit: int, rate_per_s: float, invisible_time_s: int,
                  message_bytes: int = 0) -> int:
-    """The credit after the loop found nothing waiting: doubled, up to ``AUTO_MAX``, to
+    """The credit after the loop found nothing waiting: ``AUTO_GROWTH`` times, up to
+    ``AUTO_MAX``, to
     what the loop handles (``rate_per_s``) in half an invisible time and to
     ``PREFETCH_BYTES`` of bodies of ``message_bytes`` (their mean so far; 0: unknown),
     never below ``AUTO_START``; never less than ``credit``."""
@@ -341,7 +344,7 @@ def grown_credit(credit: int, rate_per_s: float, invisible_time_s: int,
     if message_bytes > 0:
         cap = min(cap, PREFETCH_BYTES // message_bytes)
     cap = max(AUTO_START, cap)
-    return max(credit, min(cap, credit * 2))
+    return max(credit, min(cap, credit * AUTO_GROWTH))
 
 
 def _handle(m: pb.ReceivedMessage | str) -> str:
