@@ -407,10 +407,12 @@ class TieredDispatcher:
     # ------------------------------------------------------------------ retention
 
     def run_retention(self) -> int:
-        """Fold small objects (``tiered.fold``), then delete what is past each topic's
-        tier retention (``tiered.retention``); returns the objects retention deleted."""
+        """Delete what is past each topic's tier retention (``tiered.retention``), then
+        fold the small objects left (``tiered.fold``); returns the objects retention
+        deleted."""
+        expired = self.retention.run()
         self.folding.run()
-        return self.retention.run()
+        return expired
 
     @property
     def fenced(self) -> bool:

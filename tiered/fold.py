@@ -28,8 +28,8 @@ object as an orphan (space, never correctness); after it, the replaced ones, whi
 first pass after the start finds (``_sweep``: in a listed fold's range under another
 name, they are never read again) and deletes like any replaced.  Named
 crash points: ``tier_fold.after_object``, ``tier_fold.after_metadata``,
-``tier_fold.mid_delete``.  A pass runs with tier retention (``run_retention``), on its
-thread; a taken-over broker folds nothing.
+``tier_fold.mid_delete``.  A pass runs after tier retention's (``run_retention``: what
+expires is not folded first), on its thread; a taken-over broker folds nothing.
 """
 
 from __future__ import annotations
