@@ -139,6 +139,13 @@ def e2e(sends: int, fanins: list[int]) -> None:
                                       f"p99 {window[int(len(window) * 0.99)]:.1f} ms",
                                       flush=True)
                                 window = []
+                        st = c.stats()
+                        print(f"  fold_objects={fanin:>2}: gc collections young / middle / "
+                              f"full {st.get('gc.collections_young', 0):.0f} / "
+                              f"{st.get('gc.collections_middle', 0):.0f} / "
+                              f"{st.get('gc.collections_full', 0):.0f}, longest pause "
+                              f"{st.get('gc.longest_pause_s', 0) * 1000:.1f} ms; tier "
+                              f"commits {st.get('tier.commits', 0):.0f}", flush=True)
                 finally:
                     srv.terminate()
                 import boto3

@@ -492,6 +492,7 @@ class TieredDispatcher:
                     break  # the tier is failing
             self.commit(force=True)
         self.durable.stop()
+        self.folding.close()
         self._uploader.shutdown(wait=False, cancel_futures=True)
 
     def _poll_s(self) -> float:

@@ -38,13 +38,14 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from store.clock import Clock
 from store.crashpoint import crashpoint
 from tiered.carried import carried, read_meta
 from tiered.errors import TierError
-from tiered.flatfile import FlatFile, FlatFileMeta, Segment, fold_path, readers, reading_on
+from tiered.flatfile import FlatFile, FlatFileMeta, Segment, fold_path, reading_on
 from tiered.provider import Provider
 from tiered.retention import QueueKey, Uploads
 
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 
 FOLD_BYTES = 16 << 20  # the largest fold (read and written in one piece)
 PASS_BYTES = 256 << 20  # what one pass reads and writes at most
+FOLD_READERS = 2  # objects a pass reads at once
 SWEEP_SLACK_MS = 3_600_000  # store times vs. this clock, and a segment sealed late
 
 
@@ -100,6 +102,9 @@ class TierFolding:
         self._lock = threading.Lock()  # one pass at a time
         self._replaced: list[_Replaced] = []
         self._swept = False  # ``_sweep`` done
+        # a few readers of their own: a pass is background work, it must not take the
+        # CPU (and the GIL) from the commits of a busy broker
+        self._readers = ThreadPoolExecutor(FOLD_READERS, thread_name_prefix="tier-fold")
         self.folds = 0  # fold objects listed since start
         self.deleted = 0  # replaced objects deleted since start
 
@@ -112,12 +117,18 @@ class TierFolding:
         try:
             if not self._swept:
                 self._sweep()
-            with reading_on(readers("tier-fold")):  # not queued ahead of clients' reads
+            with reading_on(self._readers):  # not queued ahead of clients' reads
                 listed = self._fold()
             self._delete()
         finally:
             self._lock.release()
         return listed
+
+    def close(self) -> None:
+        """No more passes (the dispatcher stopped); a pass under way ends at its next
+        read."""
+        self.fanin = 0
+        self._readers.shutdown(wait=False, cancel_futures=True)
 
     def _sweep(self) -> None:
         """Once, at the first pass: the objects a crash left after their fold was listed
@@ -177,9 +188,9 @@ class TierFolding:
             if len(data) != end - starts[0]:
                 return []  # expired meanwhile
             self._provider.write(path, data)
-        except TierError as exc:  # damage or an outage: the objects stay as they are
-            log.warning("could not fold %d objects of %s at %d: %s", len(starts), ff.prefix,
-                        starts[0], exc)
+        except (TierError, RuntimeError) as exc:  # damage, an outage, or closed: the
+            log.warning("could not fold %d objects of %s at %d: %s",  # objects stay
+                        len(starts), ff.prefix, starts[0], exc)
             return []
         crashpoint("tier_fold.after_object")
         replaced = ff.fold(seg.base, starts, end, level)
