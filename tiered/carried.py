@@ -49,6 +49,11 @@ def meta_prefix(broker: str) -> str:
     return f"{broker}/meta/"
 
 
+def meta_path(broker: str, topic: str, qid: int) -> str:
+    """The copy of one queue's metadata (what a mount reads)."""
+    return f"{meta_prefix(broker)}{topic}/{qid}.json"
+
+
 def order(meta: bytes | str) -> tuple[int, int]:
     """``(generation, seq)`` of one queue's metadata: the higher is the newer.
     ``ValueError`` when it does not parse."""

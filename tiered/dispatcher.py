@@ -57,7 +57,7 @@ from store.crashpoint import crashpoint
 from store.message import FLAG_DELAYED, DispatchInfo
 from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM, is_system_stream
 from store.store import MessageStore
-from tiered.carried import CommitRecord
+from tiered.carried import CommitRecord, meta_path
 from tiered.config import TierConfig
 from tiered.durable import DurablePosition, Linger
 from tiered.fold import TierFolding
@@ -402,7 +402,7 @@ class TieredDispatcher:
 
     def _meta_copy(self, topic: str, qid: int) -> str:
         """Where the tier keeps the copy of a queue's metadata (what a mount reads)."""
-        return f"{self._broker}/meta/{topic}/{qid}.json"
+        return meta_path(self._broker, topic, qid)
 
     # ------------------------------------------------------------------ retention
 

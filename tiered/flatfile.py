@@ -90,6 +90,10 @@ class Segment:
             return fold_path(prefix, self.base, start, self.object_end(k))
         return f"{prefix}/{self.base:020d}/{start:020d}"
 
+    def paths(self, prefix: str) -> list[str]:
+        """The tier paths of its objects, in order."""
+        return [self.path(prefix, k) for k in range(len(self.objects))]
+
     def to_dict(self) -> dict[str, object]:
         out = asdict(self)
         if self.folds:  # (absent when none: a metadata without folds reads as before)
@@ -390,7 +394,7 @@ class FlatFile:
             while len(self.meta.segments) > 1 and self.meta.segments[0].end <= position:
                 seg = self.meta.segments.pop(0)
                 self.meta.start = self.meta.segments[0].base
-                doomed += [seg.path(self.prefix, k) for k in range(len(seg.objects))]
+                doomed += seg.paths(self.prefix)
         return doomed
 
     def segments_ending_by(self, position: int) -> int:

@@ -43,10 +43,11 @@ from dataclasses import dataclass
 
 from store.clock import Clock
 from store.crashpoint import crashpoint
-from tiered.carried import carried, read_meta
+from tiered.carried import carried, meta_path, read_meta
 from tiered.errors import TierError
 from tiered.flatfile import FlatFile, FlatFileMeta, Segment, fold_path, reading_on
 from tiered.provider import Provider
+from tiered.queue import TieredQueue
 from tiered.retention import QueueKey, Uploads
 
 log = logging.getLogger(__name__)
@@ -152,8 +153,7 @@ class TierFolding:
             if left:
                 log.info("tier folds: %d objects a fold replaced before the start are due "
                          "for deletion in %s/%d", len(left), *key)
-                self._replaced.append(_Replaced(int(self._clock.monotonic_ms()) + self.keep_ms,
-                                                key, (q.log.prefix, q.cq.prefix), left))
+                self._keep(key, q, left)
         self._swept = True
 
     def _fold(self) -> int:
@@ -173,11 +173,15 @@ class TierFolding:
             if replaced and self._uploads.save_if_current(key, q):  # else re-created
                 crashpoint("tier_fold.after_metadata")
                 listed += 1
-                self._replaced.append(_Replaced(int(self._clock.monotonic_ms()) + self.keep_ms,
-                                                key, (q.log.prefix, q.cq.prefix), replaced))
+                self._keep(key, q, replaced)
         if listed:
             log.info("tier folds: %d queues' small objects folded", listed)
         return listed
+
+    def _keep(self, key: QueueKey, q: TieredQueue, paths: list[str]) -> None:
+        """Note ``q``'s replaced ``paths``, deleted ``keep_s`` from now at the earliest."""
+        self._replaced.append(_Replaced(int(self._clock.monotonic_ms()) + self.keep_ms, key,
+                                        (q.log.prefix, q.cq.prefix), paths))
 
     def _fold_one(self, ff: FlatFile, seg: Segment, starts: list[int], end: int,
                   level: int) -> list[str]:
@@ -225,7 +229,7 @@ class TierFolding:
         """Whether the queue's metadata as a reader of the tier finds it names none of
         ``r``'s paths (a copy not in yet still names them: wait for it)."""
         topic, qid = r.key
-        path = f"{self._broker}/meta/{topic}/{qid}.json"
+        path = meta_path(self._broker, topic, qid)
         try:
             meta = read_meta(self._provider, path, lease)
         except TierError as exc:
@@ -238,7 +242,7 @@ class TierFolding:
             raw = json.loads(meta)
             for stream, prefix in zip(("log", "cq"), r.streams, strict=True):
                 for seg in FlatFileMeta.from_json(raw[stream]).segments:
-                    named.update(seg.path(prefix, k) for k in range(len(seg.objects)))
+                    named.update(seg.paths(prefix))
         except (TierError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("not deleting folded objects of %s now: its metadata in the tier "
                         "does not read (%s)", path, exc)
@@ -256,7 +260,7 @@ class TierFolding:
 def _left_in_folds(seg: Segment, prefix: str, paths: list[str]) -> list[str]:
     """The objects of ``paths`` (listed under ``seg``'s prefix) that begin inside one of
     its listed folds but are not what it lists: replaced, never read again."""
-    named = {seg.path(prefix, k) for k in range(len(seg.objects))}
+    named = set(seg.paths(prefix))
     folds = [(start, seg.object_end(k)) for k, start in enumerate(seg.objects)
              if start in seg.folds]
     left = []

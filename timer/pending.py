@@ -126,10 +126,12 @@ class PendingMessages:
                     for key, record in zip(keys, self._timers.records(keys), strict=True)
                     if record is not None]
 
-    def cancel(self, message_id: str, topic: str = "", keep: int = -1,
-               again: bool = True) -> TimerChange:
+    def cancel(self, message_id: str, topic: str = "", keep: int = -1) -> TimerChange:
         """Cancel every pending message with this id (only those of ``topic``, if given;
         not the one stored at CommitLog offset ``keep``: a debounce's new message)."""
+        return self._cancel(message_id, topic, keep, again=True)
+
+    def _cancel(self, message_id: str, topic: str, keep: int, again: bool) -> TimerChange:
         with self._lot.flat_lock, self._lock:
             found, delivering = self._find_pending(message_id, topic, keep)
             if found:
@@ -142,16 +144,19 @@ class PendingMessages:
                 ) if self.journal else None
         if not found:  # asked without the lock: the store's lookup waits for the dispatcher
             change = self._none_reached(message_id, topic, delivering, again)
-            return change or self.cancel(message_id, topic, keep, again=False)
+            return change or self._cancel(message_id, topic, keep, again=False)
         if self.journal is not None:  # with durable-ack in the tier; then fencing
             self.journal.settle(journaled if self.journal.durable_ack else None)
             self.journal.check()
         return TimerChange(TimerOutcome.CANCELLED, len(found))
 
-    def reschedule(self, message_id: str, deliver_at_ms: int, topic: str = "",
-                   again: bool = True) -> TimerChange:
+    def reschedule(self, message_id: str, deliver_at_ms: int, topic: str = "") -> TimerChange:
         """Move every pending message with this id (only those of ``topic``, if given) to
         ``deliver_at_ms``; the caller has checked the delay (``TimerService.check_delay``)."""
+        return self._reschedule(message_id, deliver_at_ms, topic, again=True)
+
+    def _reschedule(self, message_id: str, deliver_at_ms: int, topic: str,
+                    again: bool) -> TimerChange:
         with self._lot.flat_lock, self._lock:
             found, delivering = self._find_pending(message_id, topic)
             if found:
@@ -165,7 +170,7 @@ class PendingMessages:
                 ) if self.journal else None
         if not found:  # asked without the lock: the store's lookup waits for the dispatcher
             change = self._none_reached(message_id, topic, delivering, again)
-            return change or self.reschedule(message_id, deliver_at_ms, topic, again=False)
+            return change or self._reschedule(message_id, deliver_at_ms, topic, again=False)
         self._wake.set()
         if self.journal is not None:  # with durable-ack in the tier; then fencing
             self.journal.settle(journaled if self.journal.durable_ack else None)

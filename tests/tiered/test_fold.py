@@ -153,8 +153,7 @@ def test_replaced_objects_go_once_kept_long_enough_and_unnamed_in_the_tier(
         tier.run_retention()
         q = tier.queue("t", 0)
         assert q is not None
-        listed = {seg.path(q.log.prefix, k) for seg in q.log.segments()
-                  for k in range(len(seg.objects))}
+        listed = {p for seg in q.log.segments() for p in seg.paths(q.log.prefix)}
         replaced = set(before) - listed
         assert replaced and tier.folding.deleted > 0
         assert not replaced & set(_log_objects(tmp_path))  # gone from the tier
@@ -204,8 +203,7 @@ def test_what_a_fold_replaced_before_a_restart_goes_after_it(
         tier.run_retention()
         q = tier.queue("t", 0)
         assert q is not None
-        listed = {seg.path(q.log.prefix, k) for seg in q.log.segments()
-                  for k in range(len(seg.objects))}
+        listed = {p for seg in q.log.segments() for p in seg.paths(q.log.prefix)}
         assert set(_log_objects(tmp_path)) == listed and before - listed
         assert tier.folding.deleted >= len(before - listed)
         assert [decode_record(e.record).body for e in tier.read("t", 0, 0, 100)] \
