@@ -88,4 +88,5 @@ def start_failover(broker: Host, address: str, rocketmq_address: str) -> LeaseWa
             except Exception:  # logged; the takeover can be run again by hand
                 log.exception("automatic takeover of %s failed", departed)
         threading.Thread(target=run, name=f"takeover-{departed}", daemon=True).start()
-    return LeaseWatch(lease.provider, lease, take_over)  # its bounded requests
+    # its bounded requests; the first in line reads ahead of a claim (``cluster.warmup``)
+    return LeaseWatch(lease.provider, lease, take_over, broker.takeovers.warmups.begin)

@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -216,6 +217,22 @@ class InheritedIds:
                 list(pool.map(warm, origins))
         elif origins:
             warm(origins[0])
+
+    def warm_behind(self, departed: str, now_ms: int) -> None:
+        """``warm`` on a thread of its own (a takeover's background step), timed in the
+        log: only a send with a client-chosen id looks ids up, and one that comes sooner
+        waits for the index (``tiered.mountindex``'s lock); every other send is accepted
+        once the rest of the takeover is done (a chain's indexing grew to seconds)."""
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                self.warm(now_ms)
+            except Exception:  # the lookups index what they need themselves
+                log.exception("takeover of %s: indexing the recent ids failed", departed)
+                return
+            log.info("takeover of %s: the recent ids of the brokers it holds indexed in "
+                     "%.1f s", departed, time.monotonic() - started)
+        threading.Thread(target=run, name=f"takeover-ids-{departed}", daemon=True).start()
 
     @staticmethod
     def _first(origin: _Origin) -> int:

@@ -7,7 +7,9 @@ never earlier than the version's write).  A lease whose version has not changed 
 ``lease_s`` of the watcher's time is expired; the least loaded survivor claims it first
 (the n-th waits n x ``lease_s`` / 3 more), at that moment rather than at its next look
 (``due_in_s``, ``expire``: the claim is a conditional write on the version seen, refused
-if the lease was written since).  The lease itself, its fence and the argument:
+if the lease was written since).  The first in line sees a lease unchanged for half a
+lease before that and calls ``suspect`` once per version: its takeover's reads begin
+then (``cluster.warmup``).  The lease itself, its fence and the argument:
 ``cluster.lease``.
 """
 
@@ -32,10 +34,13 @@ class LeaseWatch:
     docstring).  ``take_over(broker)`` is called at most once per lease won."""
 
     def __init__(self, provider: Provider, me: BrokerLease,
-                 take_over: Callable[[str], None]) -> None:
+                 take_over: Callable[[str], None],
+                 suspect: Callable[[str], None] = lambda _: None) -> None:
         self._provider = provider
         self._me = me
         self._take_over = take_over
+        self._suspect = suspect  # (must return at once)
+        self._suspected: dict[str, str] = {}  # broker -> the version suspected
         self._seen: dict[str, tuple[str, float]] = {}  # broker -> (version, first seen)
         self._resumed: set[str] = set()  # leases claimed by this broker, handed on
         self._views: dict[str, tuple[LeaseView, str, bytes, float]] = {}  # the last look
@@ -86,7 +91,20 @@ class LeaseWatch:
             if seen is None or seen[0] != version:
                 self._seen[name] = (version, read_at)
         self._views = views
+        self._suspects(now)
         return self._expire(now)
+
+    def _suspects(self, now: float) -> None:
+        """``suspect`` each lease unchanged for half a lease, when this broker is first
+        in line to claim it (a live broker writes its lease every third of one)."""
+        late = self._watched(self._views, now, self._me.lease_s / 2)
+        if not late or self._rank(late) != 0 or not self._me.valid_for_s():
+            return
+        for name in late:
+            version = self._views[name][1]
+            if self._suspected.get(name) != version:
+                self._suspected[name] = version
+                self._suspect(name)
 
     def due_in_s(self) -> float | None:
         """Seconds until a lease the last look saw (unchanged since) may be claimed

@@ -69,11 +69,12 @@ def timer_pointer(tier: Provider, mounted: MountedBroker) -> Pointer | None:
     return pointer
 
 
-def replay(tier: Provider, mounted: MountedBroker) -> JournalState:
+def replay(tier: Provider, mounted: MountedBroker, label: str = "takeover") -> JournalState:
     """Replay a departed broker's journal (``mounted``: its tier, read after the claim):
     its state stream from the latest snapshot the tier holds (whole, when that snapshot
     cannot be read), its timer stream from its latest timer snapshot (whole without one;
-    ``cluster.timersnapshot``)."""
+    ``cluster.timersnapshot``).  ``label``: what the log lines say it is for (a
+    ``cluster.warmup`` reads it before the claim)."""
     start = time.monotonic()
     steps: list[tuple[str, float]] = []  # what each part took, for the log line
 
@@ -111,9 +112,9 @@ def replay(tier: Provider, mounted: MountedBroker) -> JournalState:
         log.error("takeover of %s: %d journal records could not be read", mounted.broker,
                   state.bad)
     state.seconds = time.monotonic() - start
-    log.info("takeover of %s: %d journal records replayed in %.1f s (%d of the state "
+    log.info("%s of %s: %d journal records replayed in %.1f s (%d of the state "
              "stream from record %d, %d of the timer stream from record %d; %s)",
-             mounted.broker, state.records, state.seconds, state_records, first,
+             label, mounted.broker, state.records, state.seconds, state_records, first,
              state.records - state_records, timer_from,
              ", ".join(f"{name} {took:.2f} s" for name, took in steps))
     return state

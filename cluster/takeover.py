@@ -11,9 +11,9 @@ becomes the owner of its topics.  The steps, each a named crash point and idempo
 
 1. **Intent, then claim.**  ``<me>/takeovers/<departed>.json`` with ``done: false`` is
    in the tier (``cluster.lineage``), then ``taken_by: <me>`` goes into the departed
-   broker's lease by a conditional put (``cluster.lease.claim``): one winner, and
-   nothing of the departed broker's is read before it.  A claim held by a broker this
-   one took over before it finished is moved here (``cluster.lease.inherit``).
+   broker's lease by a conditional put (``cluster.lease.claim``): one winner; what was
+   read before it is used only where the tier shows it unchanged (``cluster.warmup``).
+   A claim held by a broker this one took over before it finished is moved here.
 2. **Ends, positions, topics**: each taken queue continues at the departed broker's end
    in the tier (published with the intent); the journal is replayed and its groups'
    positions and leases adopted (``PopService.adopt``); the topics are created here and
@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import struct
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ from cluster.layout import catalogue_path, lease_path, takeover_record
 from cluster.lease import claim
 from cluster.lineage import Lineage, drop_topic, ends_of
 from cluster.replay import replay
+from cluster.warmup import WarmReads, Warmups
 from pop.checkpoint import parse_key
 from pop.model import origin_of
 from store.crashpoint import crashpoint
@@ -115,6 +115,9 @@ class Takeover:
         self._claims = Claims(broker, self._lineage)  # who takes whom over
         self.results: dict[str, TakeoverResult] = {}
         self.ids = InheritedIds()  # the dedupe windows of the brokers taken over
+        # reads begun before a claim (``cluster.warmup``): the lease watch begins them
+        self.warmups = Warmups(lambda: broker.tier,
+                               os.path.join(broker.config.store.data_dir, "mounts"))
 
     # ------------------------------------------------------------------ restart
 
@@ -153,6 +156,12 @@ class Takeover:
     # ------------------------------------------------------------------ takeover
 
     def run(self, departed: str, force: bool = False) -> TakeoverResult:
+        try:
+            return self._run(departed, force)
+        finally:
+            self.warmups.release(departed)  # what its warm-up kept, if any: dropped
+
+    def _run(self, departed: str, force: bool) -> TakeoverResult:
         b = self._b
         me = b.prefix
         if not is_name(departed):
@@ -202,7 +211,8 @@ class Takeover:
         crashpoint("takeover.after_claim")
         # read only now, after the claim: everything the departed broker confirmed
         # (``cluster.lease``: its commits' lease writes) is in the tier before the claim
-        mounted = self._mount(departed)
+        # (what a warm-up read before it is used where the tier shows it unchanged)
+        mounted = self._mount(departed, reads=self.warmups.take(departed))
         catalogue = departed_topics(b.tier, mounted)  # its deleted topics' queues dropped
         if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
             b.mounts.unmount(departed)
@@ -241,13 +251,7 @@ class Takeover:
             b.pop.tier = b.mount_reader
         origins = self._adopt(departed, mounted, state)  # the taken queues readable, then:
         phases.mark("backlog")
-        # what the first resends' lookups read is indexed meanwhile, on a thread of its
-        # own, not waited for: only a send with a client-chosen id looks ids up, and one
-        # that comes sooner waits for the index (``tiered.mountindex``'s lock); every
-        # other send is accepted once the rest is done (a chain's indexing grew to
-        # seconds, and held back every send)
-        threading.Thread(target=self._warm_ids, args=(departed, b.clock.now_ms()),
-                         name=f"takeover-ids-{departed}", daemon=True).start()
+        self.ids.warm_behind(departed, b.clock.now_ms())  # the resends' lookups: not waited
         groups, journal = self._positions(departed, mounted, taken, catalogue, ends, phases)
         result = TakeoverResult(departed, sorted(taken), 0, len(groups), 0.0, 0.0,
                                 journal_records=journal.records,
@@ -288,17 +292,6 @@ class Takeover:
                  ", ".join(f"{k} {v:.2f} s" for k, v in phases.seconds.items()))
         self._inherit(departed)
         return result
-
-    def _warm_ids(self, departed: str, now_ms: int) -> None:
-        """``InheritedIds.warm`` (a takeover's background step), timed in the log."""
-        started = time.monotonic()
-        try:
-            self.ids.warm(now_ms)
-        except Exception:  # the lookups index what they need themselves
-            log.exception("takeover of %s: indexing the recent ids failed", departed)
-            return
-        log.info("takeover of %s: the recent ids of the brokers it holds indexed in %.1f s",
-                 departed, time.monotonic() - started)
 
     def _taken_here(self, departed: str, mounted: MountedBroker) -> list[str]:
         """The departed broker's topics this broker has already (a takeover would mix
@@ -429,9 +422,10 @@ class Takeover:
         self.ids.add(mounted, frozenset(ends_of(state)), until)
         return [*mounts, mounted]
 
-    def _mount(self, departed: str, lazy: bool = False) -> MountedBroker:
+    def _mount(self, departed: str, lazy: bool = False, reads: WarmReads | None = None
+               ) -> MountedBroker:
         try:
-            return MountedBroker(self._b.tier, departed, os.path.join(
+            return MountedBroker(reads or self._b.tier, departed, os.path.join(
                 self._b.config.store.data_dir, "mounts", departed), empty=True, lazy=lazy)
         except TierNotFound as exc:
             raise FailedPrecondition(f"cannot take over {departed}: {exc}") from None

@@ -1,0 +1,232 @@
+"""Warm-up: a takeover's reads begun before its claim, on a lease that looks lost.
+
+After its claim a takeover replays the departed broker's journal and reads its pending
+delayed records (``cluster.replay``, ``cluster.adoption``): with durable-ack, hundreds of
+small tier objects (one per commit), the largest step between the claim and the first
+send accepted (bench/RESULTS.md).  The broker first in line to claim a lease
+(``cluster.leasewatch``: the least loaded survivor) sees it unchanged for half a lease (its
+holder writes it every third of one), half a lease before it may claim it: it reads then
+what the takeover will read (``Warmups.begin``: the journal replayed as ``replay`` does,
+the delayed stream past the timer snapshot), keeping every range it read of the departed
+broker's system streams (``WarmReads``, at most ``MAX_BYTES``).
+
+Nothing read before the claim is trusted for itself: the departed broker may be alive and
+writing until the claim fences it.  The warm-up lists each stream's objects with their
+versions before it reads any; after the claim (``WarmReads.serve``) they are listed again,
+and a range is served from the warm-up only when its object's version is the same in both
+listings (S3: the ETag, a digest of the content), so the bytes read between them are the
+object's bytes now.  An object written again or folded away is read from the tier, as is
+everything past what the warm-up read.  A takeover without a warm-up (by hand, or by a
+broker second in line), or whose warm-up failed or is still reading after
+``WAIT_S``, reads everything itself, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cluster.replay import replay, stream
+from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM
+from tiered.errors import TierError
+from tiered.flatfile import readers, reading_on
+from tiered.mount import MountedBroker
+from tiered.provider import Provider
+
+log = logging.getLogger(__name__)
+
+MAX_BYTES = 64 << 20  # what one warm-up keeps at most
+KEEP_S = 60.0  # a warm-up no takeover took within this long is dropped
+WAIT_S = 15.0  # a takeover waits this long for a warm-up still reading
+STREAMS = (STATE_STREAM, TIMER_STREAM, DELAYED_STREAM)
+
+
+class WarmReads:
+    """A Provider: ``base``, keeping the ranges read of ``broker``'s system streams while
+    warming up, serving them after ``serve`` (module docstring).  Thread-safe."""
+
+    def __init__(self, base: Provider, broker: str) -> None:
+        self.name = base.name
+        self.broker = broker
+        self._base = base
+        self._prefixes = [f"{broker}/data/{s}/" for s in STREAMS]
+        self._lock = threading.Lock()
+        self._listed: dict[str, str] = {}  # path -> version, listed before any read
+        self._kept: dict[str, list[tuple[int, bytes]]] = {}  # path -> (offset, bytes)
+        self._bytes = 0
+        self._serving = False
+        self.served = 0  # reads answered from what was kept
+        self.missed = 0  # reads of the streams that went to the tier while serving
+
+    def _list(self) -> dict[str, str]:
+        listed: dict[str, str] = {}
+        for prefix in self._prefixes:
+            listed.update(self._base.list_versions(prefix))
+        return listed
+
+    def record(self) -> None:
+        """Start warming up: the streams' objects listed with their versions."""
+        self._listed = self._list()
+
+    def serve(self) -> None:
+        """After the claim: keep only the objects whose version is listed unchanged, and
+        answer reads from them from now on."""
+        now = self._list()
+        with self._lock:
+            self._kept = {p: r for p, r in self._kept.items()
+                          if p in now and now[p] == self._listed.get(p)}
+            self._serving = True
+
+    def close(self) -> None:
+        """Drop what was kept: every read goes to the tier from now on."""
+        with self._lock:
+            self._kept, self._listed, self._bytes = {}, {}, 0
+
+    def kept_bytes(self) -> int:
+        return self._bytes
+
+    def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+        if self._serving:
+            with self._lock:
+                ranges = self._kept.get(path, ())
+                for at, data in ranges:
+                    if length >= 0 and at <= offset and offset + length <= at + len(data):
+                        self.served += 1
+                        return data[offset - at : offset - at + length]
+                if path in self._listed:
+                    self.missed += 1
+            return self._base.read(path, offset, length)
+        data = self._base.read(path, offset, length)
+        if path in self._listed and length >= 0:
+            with self._lock:
+                if not self._serving and self._bytes + len(data) <= MAX_BYTES:
+                    self._kept.setdefault(path, []).append((offset, data))
+                    self._bytes += len(data)
+        return data
+
+    # the rest as the tier answers it
+    def exists(self, path: str) -> bool:
+        return self._base.exists(path)
+
+    def size(self, path: str) -> int:
+        return self._base.size(path)
+
+    def write(self, path: str, data: bytes) -> None:
+        self._base.write(path, data)
+
+    def create(self, path: str, data: bytes) -> bool:
+        return self._base.create(path, data)
+
+    def delete(self, path: str) -> None:
+        self._base.delete(path)
+
+    def delete_many(self, paths: list[str]) -> None:
+        self._base.delete_many(paths)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self._base.list(prefix)
+
+    def list_versions(self, prefix: str = "") -> dict[str, str]:
+        return self._base.list_versions(prefix)
+
+    def read_versioned(self, path: str) -> tuple[bytes, str]:
+        return self._base.read_versioned(path)
+
+    def swap(self, path: str, data: bytes, version: str) -> str | None:
+        return self._base.swap(path, data, version)
+
+    def delete_if(self, path: str, version: str) -> bool:
+        return self._base.delete_if(path, version)
+
+
+def warm_up(reads: WarmReads, work_dir: str) -> None:
+    """Read what a takeover of ``reads.broker`` reads first (module docstring)."""
+    reads.record()
+    with reading_on(readers("warm-read")):  # not ahead of this broker's clients' reads
+        mounted = MountedBroker(reads, reads.broker, work_dir, empty=True)
+        journal = replay(reads, mounted, label="warm-up")
+        pointer = journal.timer_snapshot
+        for _ in stream(mounted, DELAYED_STREAM, pointer.delayed_from if pointer else 0):
+            pass
+
+
+@dataclass
+class _Run:
+    reads: WarmReads
+    begun: float  # monotonic
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+    lead_s: float = 0.0  # begun this long before the claim's takeover took it
+
+
+class Warmups:
+    """The warm-ups of one broker: begun by its lease watch, taken by its takeovers."""
+
+    def __init__(self, tier: Callable[[], Provider], work_dir: str) -> None:
+        self._tier = tier  # (the broker's, once open)
+        self._work_dir = work_dir  # <data dir>/mounts: one directory per warm-up in it
+        self._lock = threading.Lock()
+        self._runs: dict[str, _Run] = {}
+        self._taken: dict[str, _Run] = {}
+
+    def begin(self, departed: str) -> None:
+        """Warm up for a takeover of ``departed`` on a thread of its own (a lease watch's
+        call: returns at once), unless one is under way."""
+        now = time.monotonic()
+        with self._lock:
+            for name in [n for n, r in self._runs.items() if now - r.begun > KEEP_S]:
+                del self._runs[name]  # not taken: its broker was alive after all
+            if departed in self._runs or departed in self._taken:
+                return
+            run = self._runs[departed] = _Run(WarmReads(self._tier(), departed), now)
+        threading.Thread(target=self._run, args=(run,), daemon=True,
+                         name=f"warm-up-{departed}").start()
+
+    def _run(self, run: _Run) -> None:
+        work = os.path.join(self._work_dir, f"{run.reads.broker}.warm")
+        try:
+            warm_up(run.reads, work)
+            run.ok = True
+            log.info("warm-up for a takeover of %s: %.1f MiB read in %.1f s",
+                     run.reads.broker, run.reads.kept_bytes() / (1 << 20),
+                     time.monotonic() - run.begun)
+        except Exception as exc:  # the takeover reads what it needs itself
+            log.warning("warm-up for a takeover of %s failed: %s", run.reads.broker, exc)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            run.done.set()
+
+    def take(self, departed: str) -> WarmReads | None:
+        """After the claim of ``departed``: its warm-up's reads, checked against the
+        tier now (``WarmReads.serve``), or None (none, failed, or still reading after
+        ``WAIT_S``)."""
+        with self._lock:
+            run = self._runs.pop(departed, None)
+        if run is None:
+            return None
+        run.lead_s = time.monotonic() - run.begun
+        if not run.done.wait(WAIT_S) or not run.ok:
+            return None
+        try:
+            run.reads.serve()
+        except TierError as exc:
+            log.warning("takeover of %s: its warm-up not used: %s", departed, exc)
+            return None
+        with self._lock:
+            self._taken[departed] = run
+        return run.reads
+
+    def release(self, departed: str) -> None:
+        """The takeover of ``departed`` has ended: what its warm-up kept is dropped."""
+        with self._lock:
+            run = self._taken.pop(departed, None)
+        if run is not None:
+            log.info("takeover of %s: %d tier reads answered by its warm-up (begun %.1f s "
+                     "before), %d of its streams read after the claim", departed,
+                     run.reads.served, run.lead_s, run.reads.missed)
+            run.reads.close()
