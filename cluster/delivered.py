@@ -131,6 +131,15 @@ class DeliveredCopies:
         return start, copies
 
 
+def read_ahead(mounted: MountedBroker, pool: str) -> DeliveredCopies:
+    """``DeliveredCopies`` of ``mounted``, its topics read from ``PREFETCH_MS`` before its
+    latest store time on (on the readers ``pool``)."""
+    copies = DeliveredCopies(mounted, pool)
+    copies.read_since(dict.fromkeys(copies.topics(),
+                                    copies.delivered_until_ms - SLACK_MS - PREFETCH_MS))
+    return copies
+
+
 class Prefetch:
     """``DeliveredCopies`` of ``mounted``, its topics read from ``PREFETCH_MS`` before
     its latest store time on, on a thread of its own started now (module docstring)."""
@@ -144,10 +153,7 @@ class Prefetch:
 
     def _run(self, mounted: MountedBroker) -> None:
         try:
-            copies = DeliveredCopies(mounted, "delivered-read")
-            since = copies.delivered_until_ms - SLACK_MS - PREFETCH_MS
-            copies.read_since(dict.fromkeys(copies.topics(), since))
-            self._copies = copies
+            self._copies = read_ahead(mounted, "delivered-read")
         except Exception as exc:  # the timer step reads what it needs itself
             log.warning("the delivered copies of %s not read ahead: %s", self.broker, exc)
         finally:

@@ -288,25 +288,27 @@ def settle_replaced(pop: PopService, mounted: MountedBroker, taken: dict[str, in
     topic's history), a time moved back onto the departed broker's clock
     (``pop.leaseclock``: compared with its store times, never this broker's)."""
     shift_ms = handle_shift(pop, mounted.broker)
-    found: list[tuple[str, LeaseEntry]] = []
-    for topic in sorted(taken):
+
+    def replaced(topic: str) -> list[tuple[str, LeaseEntry]]:
         made = split_broker_made(topic)
         bounds = mounted.bounds(topic, 0) if made is not None else None
         if made is None or bounds is None:
-            continue
+            return []
         if made[0] == RETRY_PREFIX:
             at = pop.leased_to(made[1], topic, 0)
         else:  # a dead-letter topic
             since_ms = pop.oldest_open_ms(made[1], made[2])
             if since_ms is None:
-                continue
+                return []
             # (a minute more: the departed broker's clock may have stepped back)
             at = mounted.first_stored(topic, 0, *bounds,
                                       since_ms - shift_ms - CLOCK_SLACK_MS)
-        for e in stream(mounted, topic, at):
-            entry = lease_replaced_by(e.record)
-            if entry is not None:
-                found.append((topic, entry))
+        return [(topic, entry) for e in stream(mounted, topic, at)
+                if (entry := lease_replaced_by(e.record)) is not None]
+
+    made = sorted(t for t in taken if split_broker_made(t) is not None)
+    with ThreadPoolExecutor(max(1, min(len(made), 8)), "takeover-settle") as pool:
+        found = [f for got in pool.map(replaced, made) for f in got]  # topics at once
     if found:
         pop.settle_copies(found)
 

@@ -1,24 +1,27 @@
 """Warm-up: a takeover's reads begun before its claim, on a lease that looks lost.
 
-After its claim a takeover replays the departed broker's journal and reads its pending
-delayed records (``cluster.replay``, ``cluster.adoption``): with durable-ack, hundreds of
-small tier objects (one per commit), the largest step between the claim and the first
-send accepted (bench/RESULTS.md).  The broker first in line to claim a lease
-(``cluster.leasewatch``: the least loaded survivor) sees it unchanged for half a lease (its
-holder writes it every third of one), half a lease before it may claim it: it reads then
-what the takeover will read (``Warmups.begin``: the journal replayed as ``replay`` does,
-the delayed stream past the timer snapshot), keeping every range it read of the departed
-broker's system streams (``WarmReads``, at most ``MAX_BYTES``).
+After its claim a takeover replays the departed broker's journal, reads its pending
+delayed records and the copies it may have delivered (``cluster.replay``,
+``cluster.adoption``, ``cluster.delivered``): with durable-ack, hundreds of small tier
+objects (one per commit), most of the time between the claim and the first send accepted
+(bench/RESULTS.md).  The broker first in line to claim a lease (``cluster.leasewatch``:
+the least loaded survivor) sees it unchanged for half a lease (its holder writes it every
+third of one), half a lease before it may claim it: it reads then what the takeover will
+read (``Warmups.begin``, ``warm_up``), keeping every range it read of the departed
+broker's data objects (``WarmReads``, at most ``MAX_BYTES``).
 
 Nothing read before the claim is trusted for itself: the departed broker may be alive and
-writing until the claim fences it.  The warm-up lists each stream's objects with their
-versions before it reads any; after the claim (``WarmReads.serve``) they are listed again,
-and a range is served from the warm-up only when its object's version is the same in both
-listings (S3: the ETag, a digest of the content), so the bytes read between them are the
-object's bytes now.  An object written again or folded away is read from the tier, as is
-everything past what the warm-up read.  A takeover without a warm-up (by hand, or by a
-broker second in line), or whose warm-up failed or is still reading after
-``WAIT_S``, reads everything itself, as before.
+writing until the claim fences it.  Before its first read in a segment directory the
+warm-up lists that directory from the object read on, with the objects' versions; after
+the claim (``WarmReads.serve``) each such directory is listed again, and a range is
+served only when its object is listed at the same version both times (S3: the ETag, a
+digest of the content): the object held those bytes before the read and after the claim
+(only writes of other bytes and then the same bytes again between the listings could
+escape this; a broker rewrites an object only with the same stream positions' bytes, so
+none does).  An object written again or folded away is read from the tier, as is
+everything the warm-up did not read.  A takeover without a warm-up (by hand, or by a
+broker second in line), or whose warm-up failed or is still reading after ``WAIT_S``,
+reads everything itself, as before.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from cluster.delivered import read_ahead
 from cluster.replay import replay, stream
-from store.names import DELAYED_STREAM, STATE_STREAM, TIMER_STREAM
+from store.names import DELAYED_STREAM
 from tiered.errors import TierError
 from tiered.flatfile import readers, reading_on
 from tiered.mount import MountedBroker
@@ -43,66 +48,78 @@ log = logging.getLogger(__name__)
 MAX_BYTES = 64 << 20  # what one warm-up keeps at most
 KEEP_S = 60.0  # a warm-up no takeover took within this long is dropped
 WAIT_S = 15.0  # a takeover waits this long for a warm-up still reading
-STREAMS = (STATE_STREAM, TIMER_STREAM, DELAYED_STREAM)
 
 
 class WarmReads:
-    """A Provider: ``base``, keeping the ranges read of ``broker``'s system streams while
+    """A Provider: ``base``, keeping the ranges read of ``broker``'s data objects while
     warming up, serving them after ``serve`` (module docstring).  Thread-safe."""
 
     def __init__(self, base: Provider, broker: str) -> None:
         self.name = base.name
         self.broker = broker
         self._base = base
-        self._prefixes = [f"{broker}/data/{s}/" for s in STREAMS]
+        self._data = f"{broker}/data/"
         self._lock = threading.Lock()
-        self._listed: dict[str, str] = {}  # path -> version, listed before any read
+        self._listing = threading.Lock()  # one listing at a time (a fetch's threads)
+        # segment directory -> (listed after, path -> version): listed before a read
+        self._listed: dict[str, tuple[str, dict[str, str]]] = {}
         self._kept: dict[str, list[tuple[int, bytes]]] = {}  # path -> (offset, bytes)
         self._bytes = 0
         self._serving = False
         self.served = 0  # reads answered from what was kept
-        self.missed = 0  # reads of the streams that went to the tier while serving
+        self.missed = 0  # reads of its data objects that went to the tier while serving
 
-    def _list(self) -> dict[str, str]:
-        listed: dict[str, str] = {}
-        for prefix in self._prefixes:
-            listed.update(self._base.list_versions(prefix))
-        return listed
-
-    def record(self) -> None:
-        """Start warming up: the streams' objects listed with their versions."""
-        self._listed = self._list()
+    def _versions(self, path: str) -> dict[str, str]:
+        """The versions of ``path``'s segment directory from ``path`` on, listed once
+        before the first read of it (again from an earlier key, when one is read); an
+        object listed at two versions meanwhile gets none (it changed: not kept)."""
+        group = path[: path.rindex("/") + 1]
+        with self._listing:
+            after, versions = self._listed.get(group, (path, {}))
+            if path not in versions and path <= after:
+                after = path[:-1]  # (sorts just before it)
+                for p, v in self._base.list_versions(group, after).items():
+                    versions[p] = v if versions.get(p, v) == v else ""
+                self._listed[group] = (after, versions)
+            return versions
 
     def serve(self) -> None:
-        """After the claim: keep only the objects whose version is listed unchanged, and
-        answer reads from them from now on."""
-        now = self._list()
+        """After the claim: list each segment directory read again, keep only the
+        objects listed at the version listed before their read, and answer reads from
+        them from now on."""
+        with self._listing:
+            groups = dict(self._listed)
+        with ThreadPoolExecutor(max(1, min(len(groups), 8)), "warm-serve") as pool:
+            now = dict(zip(groups, pool.map(lambda g: self._base.list_versions(
+                g, groups[g][0]), groups), strict=True))
         with self._lock:
             self._kept = {p: r for p, r in self._kept.items()
-                          if p in now and now[p] == self._listed.get(p)}
+                          if (v := groups[p[: p.rindex("/") + 1]][1].get(p))
+                          and now[p[: p.rindex("/") + 1]].get(p) == v}
             self._serving = True
 
     def close(self) -> None:
         """Drop what was kept: every read goes to the tier from now on."""
         with self._lock:
-            self._kept, self._listed, self._bytes = {}, {}, 0
+            self._kept, self._bytes = {}, 0
 
     def kept_bytes(self) -> int:
         return self._bytes
 
     def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
-        if self._serving:
-            with self._lock:
-                ranges = self._kept.get(path, ())
-                for at, data in ranges:
-                    if length >= 0 and at <= offset and offset + length <= at + len(data):
-                        self.served += 1
-                        return data[offset - at : offset - at + length]
-                if path in self._listed:
+        mine = path.startswith(self._data)
+        if self._serving or not mine or length < 0:
+            if mine and self._serving:
+                with self._lock:
+                    for at, data in self._kept.get(path, ()):
+                        if length >= 0 and at <= offset and offset + length <= at + len(data):
+                            self.served += 1
+                            return data[offset - at : offset - at + length]
                     self.missed += 1
             return self._base.read(path, offset, length)
+        versions = self._versions(path)
         data = self._base.read(path, offset, length)
-        if path in self._listed and length >= 0:
+        if versions.get(path):
             with self._lock:
                 if not self._serving and self._bytes + len(data) <= MAX_BYTES:
                     self._kept.setdefault(path, []).append((offset, data))
@@ -131,8 +148,8 @@ class WarmReads:
     def list(self, prefix: str = "") -> list[str]:
         return self._base.list(prefix)
 
-    def list_versions(self, prefix: str = "") -> dict[str, str]:
-        return self._base.list_versions(prefix)
+    def list_versions(self, prefix: str = "", start_after: str = "") -> dict[str, str]:
+        return self._base.list_versions(prefix, start_after)
 
     def read_versioned(self, path: str) -> tuple[bytes, str]:
         return self._base.read_versioned(path)
@@ -145,14 +162,25 @@ class WarmReads:
 
 
 def warm_up(reads: WarmReads, work_dir: str) -> None:
-    """Read what a takeover of ``reads.broker`` reads first (module docstring)."""
-    reads.record()
+    """Read what a takeover of ``reads.broker`` reads first (module docstring): its
+    journal and delayed stream, and beside them the copies it may have delivered
+    (``cluster.delivered.read_ahead``)."""
+    mounted = MountedBroker(reads, reads.broker, work_dir, empty=True)
+    def delivered() -> None:
+        try:
+            read_ahead(mounted, "warm-delivered")
+        except Exception as exc:  # the takeover reads them itself
+            log.warning("warm-up of %s: its delivered copies not read: %s", reads.broker,
+                        exc)
+    copies = threading.Thread(target=delivered, name=f"warm-delivered-{reads.broker}",
+                              daemon=True)
+    copies.start()
     with reading_on(readers("warm-read")):  # not ahead of this broker's clients' reads
-        mounted = MountedBroker(reads, reads.broker, work_dir, empty=True)
         journal = replay(reads, mounted, label="warm-up")
         pointer = journal.timer_snapshot
         for _ in stream(mounted, DELAYED_STREAM, pointer.delayed_from if pointer else 0):
             pass
+    copies.join(WAIT_S)
 
 
 @dataclass

@@ -55,11 +55,12 @@ class Provider(Protocol):
         """Paths starting with ``prefix``, sorted."""
         ...
 
-    def list_versions(self, prefix: str = "") -> dict[str, str]:
-        """The paths starting with ``prefix``, each with its version as
-        ``read_versioned`` gives it, in one listing (S3: ListObjectsV2's ETags).  What
-        lets a watcher read again only the objects that changed (``cluster.leasewatch``).
-        A version is as of the listing: the object may have changed since."""
+    def list_versions(self, prefix: str = "", start_after: str = "") -> dict[str, str]:
+        """The paths starting with ``prefix`` (and sorting after ``start_after``, if
+        given), each with its version as ``read_versioned`` gives it, in one listing
+        (S3: ListObjectsV2's ETags, its ``StartAfter``).  What lets a watcher read again
+        only the objects that changed (``cluster.leasewatch``).  A version is as of the
+        listing: the object may have changed since."""
         ...
 
     def read_versioned(self, path: str) -> tuple[bytes, str]:

@@ -181,7 +181,7 @@ def test_a_takeover_without_a_finished_warm_up_reads_everything_itself(
     gate = threading.Event()
 
     class _Stuck(LocalProvider):
-        def list_versions(self, prefix: str = "") -> dict[str, str]:
+        def list_versions(self, prefix: str = "", start_after: str = "") -> dict[str, str]:
             gate.wait(30)
             raise OSError("stuck (injected)")
 

@@ -78,5 +78,5 @@ class FaultyProvider:
     def list(self, prefix: str = "") -> list[str]:
         return self.inner.list(prefix)
 
-    def list_versions(self, prefix: str = "") -> dict[str, str]:
-        return self.inner.list_versions(prefix)
+    def list_versions(self, prefix: str = "", start_after: str = "") -> dict[str, str]:
+        return self.inner.list_versions(prefix, start_after)

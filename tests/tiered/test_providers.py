@@ -165,6 +165,12 @@ def test_list_versions_names_the_version_a_read_gives(provider: Provider) -> Non
     assert listed["brokers/a.json"] == renewed != version
     assert listed["brokers/b.json"] == second
     assert provider.swap("brokers/b.json", b"b2", listed["brokers/b.json"]) is not None
+    # a listing from a key on names only the keys that sort after it (the tail of a
+    # stream of objects: ``cluster.warmup``)
+    assert list(provider.list_versions("brokers/", "brokers/a.json")) == ["brokers/b.json"]
+    assert list(provider.list_versions("brokers/", "brokers/a")) == ["brokers/a.json",
+                                                                     "brokers/b.json"]
+    assert provider.list_versions("brokers/", "brokers/b.json") == {}
 
 
 def test_of_racing_swaps_from_one_version_one_wins(provider: Provider,

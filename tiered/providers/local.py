@@ -104,11 +104,11 @@ class LocalProvider:
             fsync_dir(os.path.dirname(full))
         return True
 
-    def list_versions(self, prefix: str = "") -> dict[str, str]:
+    def list_versions(self, prefix: str = "", start_after: str = "") -> dict[str, str]:
         """The listing, each object hashed (a local file is cheap to read whole); an
         object removed between the listing and its read is left out."""
         versions = {}
-        for path in self.list(prefix):
+        for path in [p for p in self.list(prefix) if p > start_after]:
             with _wrapped(path):
                 version = _version(self._full(path))
             if version:

@@ -64,10 +64,11 @@ class MemoryProvider:
         with self._lock:
             return sorted(p for p in self._objects if p.startswith(prefix))
 
-    def list_versions(self, prefix: str = "") -> dict[str, str]:
+    def list_versions(self, prefix: str = "", start_after: str = "") -> dict[str, str]:
         with self._lock:
             return {p: hashlib.sha256(d).hexdigest()
-                    for p, d in sorted(self._objects.items()) if p.startswith(prefix)}
+                    for p, d in sorted(self._objects.items())
+                    if p.startswith(prefix) and p > start_after}
 
     def read_versioned(self, path: str) -> tuple[bytes, str]:
         with self._lock:

@@ -303,13 +303,16 @@ class S3Provider:
                                 f"{first.get('Key')!r} the first: {first.get('Code')} "
                                 f"{first.get('Message')}")
 
-    def list_versions(self, prefix: str = "") -> dict[str, str]:
+    def list_versions(self, prefix: str = "", start_after: str = "") -> dict[str, str]:
         """ListObjectsV2's ETags: the ETag a GetObject of the key answers (one request
         per 1,000 keys, however many changed)."""
         out: dict[str, str] = {}
         with _wrapped(prefix or "."):
-            pages = self._s3.get_paginator("list_objects_v2").paginate(
-                Bucket=self._bucket, Prefix=self._prefix + prefix)
+            paginator = self._s3.get_paginator("list_objects_v2")
+            pages = paginator.paginate(Bucket=self._bucket, Prefix=self._prefix + prefix,
+                                       StartAfter=self._prefix + start_after) \
+                if start_after else paginator.paginate(Bucket=self._bucket,
+                                                       Prefix=self._prefix + prefix)
             for page in pages:
                 out.update((obj["Key"][len(self._prefix):], str(obj["ETag"]))
                            for obj in page.get("Contents", []))
