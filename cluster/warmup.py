@@ -66,6 +66,8 @@ class WarmReads:
         self._kept: dict[str, list[tuple[int, bytes]]] = {}  # path -> (offset, bytes)
         self._bytes = 0
         self._serving = False
+        self._checking = False
+        self._checked = threading.Event()  # ``serve``'s listings done
         self.served = 0  # reads answered from what was kept
         self.missed = 0  # reads of its data objects that went to the tier while serving
 
@@ -86,17 +88,28 @@ class WarmReads:
     def serve(self) -> None:
         """After the claim: list each segment directory read again, keep only the
         objects listed at the version listed before their read, and answer reads from
-        them from now on."""
+        them from now on.  On a thread of its own: a read of the data before it is done
+        waits for it (the mount's reads of metadata go on meanwhile)."""
+        self._checking = True
+        threading.Thread(target=self._check, name=f"warm-serve-{self.broker}",
+                         daemon=True).start()
+
+    def _check(self) -> None:
         with self._listing:
             groups = dict(self._listed)
-        with ThreadPoolExecutor(max(1, min(len(groups), 8)), "warm-serve") as pool:
-            now = dict(zip(groups, pool.map(lambda g: self._base.list_versions(
-                g, groups[g][0]), groups), strict=True))
+        now: dict[str, dict[str, str]] = {}
+        try:
+            with ThreadPoolExecutor(max(1, min(len(groups), 16)), "warm-serve") as pool:
+                now = dict(zip(groups, pool.map(lambda g: self._base.list_versions(
+                    g, groups[g][0]), groups), strict=True))
+        except TierError as exc:  # nothing served: every read goes to the tier
+            log.warning("takeover of %s: its warm-up not used: %s", self.broker, exc)
         with self._lock:
             self._kept = {p: r for p, r in self._kept.items()
                           if (v := groups[p[: p.rindex("/") + 1]][1].get(p))
-                          and now[p[: p.rindex("/") + 1]].get(p) == v}
+                          and now.get(p[: p.rindex("/") + 1], {}).get(p) == v}
             self._serving = True
+        self._checked.set()
 
     def close(self) -> None:
         """Drop what was kept: every read goes to the tier from now on."""
@@ -108,6 +121,8 @@ class WarmReads:
 
     def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
         mine = path.startswith(self._data)
+        if mine and self._checking:
+            self._checked.wait()
         if self._serving or not mine or length < 0:
             if mine and self._serving:
                 with self._lock:
@@ -231,7 +246,7 @@ class Warmups:
 
     def take(self, departed: str) -> WarmReads | None:
         """After the claim of ``departed``: its warm-up's reads, checked against the
-        tier now (``WarmReads.serve``), or None (none, failed, or still reading after
+        tier from now on (``WarmReads.serve``), or None (none, failed, or still reading after
         ``WAIT_S``)."""
         with self._lock:
             run = self._runs.pop(departed, None)
@@ -240,11 +255,7 @@ class Warmups:
         run.lead_s = time.monotonic() - run.begun
         if not run.done.wait(WAIT_S) or not run.ok:
             return None
-        try:
-            run.reads.serve()
-        except TierError as exc:
-            log.warning("takeover of %s: its warm-up not used: %s", departed, exc)
-            return None
+        run.reads.serve()
         with self._lock:
             self._taken[departed] = run
         return run.reads
