@@ -34,8 +34,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
+from cluster.catalogue import departed_topics
 from cluster.delivered import read_ahead
+from cluster.handover import LAST_STORED_MS
 from cluster.replay import replay, stream
 from store.names import DELAYED_STREAM
 from tiered.errors import TierError
@@ -46,13 +49,15 @@ from tiered.provider import Provider
 log = logging.getLogger(__name__)
 
 MAX_BYTES = 64 << 20  # what one warm-up keeps at most
-KEEP_S = 60.0  # a warm-up no takeover took within this long is dropped
+KEEP_S = 60.0  # a warm-up no takeover took within this long is dropped (one taken:
+#                this long after its takeover)
 WAIT_S = 15.0  # a takeover waits this long for a warm-up still reading
 
 
 class WarmReads:
     """A Provider: ``base``, keeping the ranges read of ``broker``'s data objects while
-    warming up, serving them after ``serve`` (module docstring).  Thread-safe."""
+    warming up, serving them after ``serve`` (module docstring).  A write while warming
+    up is dropped: nothing is written for a takeover before its claim.  Thread-safe."""
 
     def __init__(self, base: Provider, broker: str) -> None:
         self.name = base.name
@@ -149,6 +154,9 @@ class WarmReads:
         return self._base.size(path)
 
     def write(self, path: str, data: bytes) -> None:
+        if not self._serving:  # (the mount's index keeping the recent ids it read)
+            log.debug("warm-up of %s: %s not written before the claim", self.broker, path)
+            return
         self._base.write(path, data)
 
     def create(self, path: str, data: bytes) -> bool:
@@ -179,23 +187,34 @@ class WarmReads:
 def warm_up(reads: WarmReads, work_dir: str) -> None:
     """Read what a takeover of ``reads.broker`` reads first (module docstring): its
     journal and delayed stream, and beside them the copies it may have delivered
-    (``cluster.delivered.read_ahead``)."""
+    (``cluster.delivered.read_ahead``) and the ids it stored in its last minute (what a
+    resend's lookup indexes, ``cluster.handover.InheritedIds``)."""
     mounted = MountedBroker(reads, reads.broker, work_dir, empty=True)
-    def delivered() -> None:
-        try:
-            read_ahead(mounted, "warm-delivered")
-        except Exception as exc:  # the takeover reads them itself
-            log.warning("warm-up of %s: its delivered copies not read: %s", reads.broker,
-                        exc)
-    copies = threading.Thread(target=delivered, name=f"warm-delivered-{reads.broker}",
-                              daemon=True)
-    copies.start()
+
+    def ids() -> None:
+        topics = [*departed_topics(reads, mounted), DELAYED_STREAM]  # (not its deleted)
+        mounted.warm(mounted.last_stored_ms(topics) - LAST_STORED_MS)
+
+    beside = [threading.Thread(target=_logged, args=(part, what, reads.broker),
+                               name=f"warm-{what}-{reads.broker}", daemon=True)
+              for part, what in ((partial(read_ahead, mounted, "warm-delivered"),
+                                  "delivered copies"), (ids, "recent ids"))]
+    for t in beside:
+        t.start()
     with reading_on(readers("warm-read")):  # not ahead of this broker's clients' reads
         journal = replay(reads, mounted, label="warm-up")
         pointer = journal.timer_snapshot
         for _ in stream(mounted, DELAYED_STREAM, pointer.delayed_from if pointer else 0):
             pass
-    copies.join(WAIT_S)
+    for t in beside:
+        t.join(WAIT_S)
+
+
+def _logged(part: Callable[[], object], what: str, broker: str) -> None:
+    try:
+        part()
+    except Exception as exc:  # the takeover reads them itself
+        log.warning("warm-up of %s: its %s not read: %s", broker, what, exc)
 
 
 @dataclass
@@ -261,11 +280,18 @@ class Warmups:
         return run.reads
 
     def release(self, departed: str) -> None:
-        """The takeover of ``departed`` has ended: what its warm-up kept is dropped."""
+        """The takeover of ``departed`` has ended: what its warm-up kept is dropped
+        ``KEEP_S`` later (its background reads, the recent ids, may still use it)."""
         with self._lock:
             run = self._taken.pop(departed, None)
         if run is not None:
-            log.info("takeover of %s: %d tier reads answered by its warm-up (begun %.1f s "
-                     "before), %d of its streams read after the claim", departed,
-                     run.reads.served, run.lead_s, run.reads.missed)
-            run.reads.close()
+            timer = threading.Timer(KEEP_S, self._close, args=(departed, run))
+            timer.daemon = True
+            timer.start()
+
+    @staticmethod
+    def _close(departed: str, run: _Run) -> None:
+        log.info("takeover of %s: %d tier reads answered by its warm-up (begun %.1f s "
+                 "before the claim), %d of its data read after the claim", departed,
+                 run.reads.served, run.lead_s, run.reads.missed)
+        run.reads.close()
