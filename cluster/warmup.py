@@ -41,7 +41,6 @@ from cluster.delivered import read_ahead
 from cluster.handover import LAST_STORED_MS
 from cluster.replay import replay, stream
 from store.names import DELAYED_STREAM
-from tiered.errors import TierError
 from tiered.flatfile import readers, reading_on
 from tiered.mount import MountedBroker
 from tiered.provider import Provider
@@ -107,12 +106,15 @@ class WarmReads:
             with ThreadPoolExecutor(max(1, min(len(groups), 16)), "warm-serve") as pool:
                 now = dict(zip(groups, pool.map(lambda g: self._base.list_versions(
                     g, groups[g][0]), groups), strict=True))
-        except TierError as exc:  # nothing served: every read goes to the tier
+        except Exception as exc:  # nothing served: every read goes to the tier
             log.warning("takeover of %s: its warm-up not used: %s", self.broker, exc)
+
+        def unchanged(path: str) -> bool:  # (a directory listed since: not checked)
+            group = path[: path.rindex("/") + 1]
+            before = groups[group][1].get(path) if group in groups else None
+            return bool(before) and now.get(group, {}).get(path) == before
         with self._lock:
-            self._kept = {p: r for p, r in self._kept.items()
-                          if (v := groups[p[: p.rindex("/") + 1]][1].get(p))
-                          and now.get(p[: p.rindex("/") + 1], {}).get(p) == v}
+            self._kept = {p: r for p, r in self._kept.items() if unchanged(p)}
             self._serving = True
         self._checked.set()
 
@@ -120,6 +122,8 @@ class WarmReads:
         """Drop what was kept: every read goes to the tier from now on."""
         with self._lock:
             self._kept, self._bytes = {}, 0
+        with self._listing:
+            self._listed = {}
 
     def kept_bytes(self) -> int:
         return self._bytes
@@ -184,11 +188,14 @@ class WarmReads:
         return self._base.delete_if(path, version)
 
 
-def warm_up(reads: WarmReads, work_dir: str) -> None:
+def warm_up(reads: WarmReads, work_dir: str,
+            journal_read: Callable[[], None] = lambda: None) -> None:
     """Read what a takeover of ``reads.broker`` reads first (module docstring): its
-    journal and delayed stream, and beside them the copies it may have delivered
+    journal and delayed stream (then ``journal_read`` is called: what the takeover waits
+    for), and beside them the copies it may have delivered
     (``cluster.delivered.read_ahead``) and the ids it stored in its last minute (what a
-    resend's lookup indexes, ``cluster.handover.InheritedIds``)."""
+    resend's lookup indexes, ``cluster.handover.InheritedIds``; only a send with a
+    client-chosen id waits for those)."""
     mounted = MountedBroker(reads, reads.broker, work_dir, empty=True)
 
     def ids() -> None:
@@ -206,6 +213,7 @@ def warm_up(reads: WarmReads, work_dir: str) -> None:
         pointer = journal.timer_snapshot
         for _ in stream(mounted, DELAYED_STREAM, pointer.delayed_from if pointer else 0):
             pass
+    journal_read()
     for t in beside:
         t.join(WAIT_S)
 
@@ -221,7 +229,8 @@ def _logged(part: Callable[[], object], what: str, broker: str) -> None:
 class _Run:
     reads: WarmReads
     begun: float  # monotonic
-    done: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)  # what a takeover waits for
+    ended: threading.Event = field(default_factory=threading.Event)  # every part
     ok: bool = False
     lead_s: float = 0.0  # begun this long before the claim's takeover took it
 
@@ -251,9 +260,11 @@ class Warmups:
 
     def _run(self, run: _Run) -> None:
         work = os.path.join(self._work_dir, f"{run.reads.broker}.warm")
-        try:
-            warm_up(run.reads, work)
+        def journal_read() -> None:
             run.ok = True
+            run.done.set()  # a takeover waits for no more (the rest goes on beside it)
+        try:
+            warm_up(run.reads, work, journal_read)
             log.info("warm-up for a takeover of %s: %.1f MiB read in %.1f s",
                      run.reads.broker, run.reads.kept_bytes() / (1 << 20),
                      time.monotonic() - run.begun)
@@ -262,6 +273,14 @@ class Warmups:
         finally:
             shutil.rmtree(work, ignore_errors=True)
             run.done.set()
+            run.ended.set()
+
+    def ended(self, departed: str, timeout_s: float) -> bool:
+        """Whether the warm-up for ``departed`` (begun, perhaps taken) has read all it
+        reads, waiting up to ``timeout_s``; False when there is none."""
+        with self._lock:
+            run = self._runs.get(departed) or self._taken.get(departed)
+        return run is not None and run.ended.wait(timeout_s)
 
     def take(self, departed: str) -> WarmReads | None:
         """After the claim of ``departed``: its warm-up's reads, checked against the

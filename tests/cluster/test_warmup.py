@@ -75,6 +75,7 @@ def test_a_takeover_after_a_warm_up_reads_only_what_came_after_it(
         # ... and a goes on a little before it is lost (what the warm-up cannot have read)
         _work(a, 30, 5)
         a.stop()
+        assert b.takeovers.warmups.ended("a", 30)
         reads_before_claim = counting.reads
         assert reads_before_claim > 30  # the journal's objects, one each at least
 
