@@ -284,14 +284,19 @@ class Warmups:
 
     def take(self, departed: str) -> WarmReads | None:
         """After the claim of ``departed``: its warm-up's reads, checked against the
-        tier from now on (``WarmReads.serve``), or None (none, failed, or still reading after
-        ``WAIT_S``)."""
+        tier from now on (``WarmReads.serve``), once its journal part is read (at most
+        ``WAIT_S``); a warm-up that failed or is still reading serves what it read so
+        far.  None when there is none, or it read nothing."""
         with self._lock:
             run = self._runs.pop(departed, None)
         if run is None:
             return None
         run.lead_s = time.monotonic() - run.begun
-        if not run.done.wait(WAIT_S) or not run.ok:
+        done = run.done.wait(WAIT_S)
+        log.info("takeover of %s: its warm-up begun %.1f s before the claim, %s, %.2f MiB "
+                 "kept", departed, run.lead_s, "its journal read" if run.ok else
+                 "failed" if done else "still reading", run.reads.kept_bytes() / (1 << 20))
+        if not run.reads.kept_bytes():
             return None
         run.reads.serve()
         with self._lock:

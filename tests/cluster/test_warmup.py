@@ -8,6 +8,7 @@ brokers in one process, a real local-directory tier, a manual clock."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from pathlib import Path
 
@@ -200,3 +201,36 @@ def test_a_takeover_without_a_finished_warm_up_reads_everything_itself(
         assert warmups.take("never-begun") is None
     finally:
         gate.set()
+
+
+def test_a_warm_up_cut_short_serves_what_it_read(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    # Given a warm-up that fails after six objects of the journal
+    a = _broker(tmp_path, "a", manual_clock)
+    try:
+        a.create_topic(Topic("t", 2))
+        _work(a, 0, 10)
+    finally:
+        a.stop()
+    tier = LocalProvider(str(tmp_path / "tier"))
+
+    reads, back = itertools.count(), threading.Event()
+
+    class _CutShort(LocalProvider):
+        def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+            if not back.is_set() and f"{STATE_STREAM}/" in path and "/log/" in path \
+                    and next(reads) >= 6:
+                raise RuntimeError(f"{path}: cut off (injected)")
+            return super().read(path, offset, length)
+
+    warmups = Warmups(lambda: _CutShort(str(tmp_path / "tier")), str(tmp_path / "warm"))
+    warmups.begin("a")
+    # When the takeover takes it (the tier back)
+    warm = warmups.take("a")
+    back.set()
+    # Then what it read of the journal answers the takeover's replay, the rest is read
+    assert warm is not None
+    mounted = MountedBroker(warm, "a", str(tmp_path / "m"), empty=True)
+    _same(replay(warm, mounted), replay(tier, MountedBroker(tier, "a", str(tmp_path / "p"),
+                                                             empty=True)))
+    assert warm.served >= 6 and warm.missed > 0
