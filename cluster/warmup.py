@@ -19,9 +19,9 @@ digest of the content): the object held those bytes before the read and after th
 (only writes of other bytes and then the same bytes again between the listings could
 escape this; a broker rewrites an object only with the same stream positions' bytes, so
 none does).  An object written again or folded away is read from the tier, as is
-everything the warm-up did not read.  A takeover without a warm-up (by hand, or by a
-broker second in line), or whose warm-up failed or is still reading after ``WAIT_S``,
-reads everything itself, as before.
+everything the warm-up did not read.  A takeover that comes while its warm-up is still
+reading ends it there (``WarmupOver``) and uses what it read, as of one that failed; one
+without a warm-up (by hand, or by a broker second in line) reads everything itself.
 """
 
 from __future__ import annotations
@@ -50,57 +50,87 @@ log = logging.getLogger(__name__)
 MAX_BYTES = 64 << 20  # what one warm-up keeps at most
 KEEP_S = 60.0  # a warm-up no takeover took within this long is dropped (one taken:
 #                this long after its takeover)
-WAIT_S = 15.0  # a takeover waits this long for a warm-up still reading
+WAIT_S = 15.0  # a warm-up waits this long for its parts beside the journal's
+
+
+class WarmupOver(Exception):
+    """A warm-up's read after its takeover began: the takeover reads the rest itself."""
+
+
+class _Kept:
+    """What a warm-up read and its two views share (``WarmReads.recorder``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.listing = threading.Lock()  # one listing at a time (a fetch's threads)
+        # segment directory -> (listed after, path -> version): listed before a read
+        self.listed: dict[str, tuple[str, dict[str, str]]] = {}
+        self.ranges: dict[str, list[tuple[int, bytes]]] = {}  # path -> (offset, bytes)
+        self.bytes = 0
+        self.serving = False  # (the recorder's reads end)
+        self.checking = False
+        self.checked = threading.Event()  # ``serve``'s listings done
+        self.served = 0  # reads answered from what was kept
+        self.missed = 0  # reads of its data objects that went to the tier while serving
 
 
 class WarmReads:
-    """A Provider: ``base``, keeping the ranges read of ``broker``'s data objects while
-    warming up, serving them after ``serve`` (module docstring).  A write while warming
-    up is dropped: nothing is written for a takeover before its claim.  Thread-safe."""
+    """A Provider: ``base``, answering reads of ``broker``'s data objects from what its
+    ``recorder`` (the warm-up's view) kept, after ``serve`` (module docstring).  The
+    recorder's reads end with ``WarmupOver`` once serving began, and its writes are
+    dropped: nothing is written for a takeover before its claim.  Thread-safe."""
 
-    def __init__(self, base: Provider, broker: str) -> None:
+    def __init__(self, base: Provider, broker: str, kept: _Kept | None = None,
+                 recording: bool = False) -> None:
         self.name = base.name
         self.broker = broker
         self._base = base
         self._data = f"{broker}/data/"
-        self._lock = threading.Lock()
-        self._listing = threading.Lock()  # one listing at a time (a fetch's threads)
-        # segment directory -> (listed after, path -> version): listed before a read
-        self._listed: dict[str, tuple[str, dict[str, str]]] = {}
-        self._kept: dict[str, list[tuple[int, bytes]]] = {}  # path -> (offset, bytes)
-        self._bytes = 0
-        self._serving = False
-        self._checking = False
-        self._checked = threading.Event()  # ``serve``'s listings done
-        self.served = 0  # reads answered from what was kept
-        self.missed = 0  # reads of its data objects that went to the tier while serving
+        self._k = kept or _Kept()
+        self._recording = recording
+
+    def recorder(self) -> WarmReads:
+        """The warm-up's view: its reads are kept."""
+        return WarmReads(self._base, self.broker, self._k, recording=True)
+
+    @property
+    def served(self) -> int:
+        return self._k.served
+
+    @property
+    def missed(self) -> int:
+        return self._k.missed
 
     def _versions(self, path: str) -> dict[str, str]:
         """The versions of ``path``'s segment directory from ``path`` on, listed once
         before the first read of it (again from an earlier key, when one is read); an
         object listed at two versions meanwhile gets none (it changed: not kept)."""
         group = path[: path.rindex("/") + 1]
-        with self._listing:
-            after, versions = self._listed.get(group, (path, {}))
+        k = self._k
+        with k.listing:
+            after, versions = k.listed.get(group, (path, {}))
             if path not in versions and path <= after:
                 after = path[:-1]  # (sorts just before it)
                 for p, v in self._base.list_versions(group, after).items():
                     versions[p] = v if versions.get(p, v) == v else ""
-                self._listed[group] = (after, versions)
+                k.listed[group] = (after, versions)
             return versions
 
     def serve(self) -> None:
-        """After the claim: list each segment directory read again, keep only the
-        objects listed at the version listed before their read, and answer reads from
-        them from now on.  On a thread of its own: a read of the data before it is done
-        waits for it (the mount's reads of metadata go on meanwhile)."""
-        self._checking = True
+        """After the claim: the recorder's reads end; each segment directory read is
+        listed again, only the objects listed at the version listed before their read
+        are kept, and reads are answered from them from now on.  On a thread of its
+        own: a read of the data before it is done waits for it (the mount's reads of
+        metadata go on meanwhile)."""
+        with self._k.lock:
+            self._k.checking = self._k.serving = True
         threading.Thread(target=self._check, name=f"warm-serve-{self.broker}",
                          daemon=True).start()
 
     def _check(self) -> None:
-        with self._listing:
-            groups = dict(self._listed)
+        k = self._k
+        with k.listing:
+            groups = dict(k.listed)
         now: dict[str, dict[str, str]] = {}
         try:
             with ThreadPoolExecutor(max(1, min(len(groups), 16)), "warm-serve") as pool:
@@ -113,42 +143,46 @@ class WarmReads:
             group = path[: path.rindex("/") + 1]
             before = groups[group][1].get(path) if group in groups else None
             return bool(before) and now.get(group, {}).get(path) == before
-        with self._lock:
-            self._kept = {p: r for p, r in self._kept.items() if unchanged(p)}
-            self._serving = True
-        self._checked.set()
+        with k.lock:
+            k.ranges = {p: r for p, r in k.ranges.items() if unchanged(p)}
+        k.checked.set()
 
     def close(self) -> None:
         """Drop what was kept: every read goes to the tier from now on."""
-        with self._lock:
-            self._kept, self._bytes = {}, 0
-        with self._listing:
-            self._listed = {}
+        k = self._k
+        with k.lock:
+            k.ranges, k.bytes = {}, 0
+        with k.listing:
+            k.listed = {}
 
     def kept_bytes(self) -> int:
-        return self._bytes
+        return self._k.bytes
 
     def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
-        mine = path.startswith(self._data)
-        if mine and self._checking:
-            self._checked.wait()
-        if self._serving or not mine or length < 0:
-            if mine and self._serving:
-                with self._lock:
-                    for at, data in self._kept.get(path, ()):
-                        if length >= 0 and at <= offset and offset + length <= at + len(data):
-                            self.served += 1
-                            return data[offset - at : offset - at + length]
-                    self.missed += 1
-            return self._base.read(path, offset, length)
-        versions = self._versions(path)
-        data = self._base.read(path, offset, length)
-        if versions.get(path):
-            with self._lock:
-                if not self._serving and self._bytes + len(data) <= MAX_BYTES:
-                    self._kept.setdefault(path, []).append((offset, data))
-                    self._bytes += len(data)
-        return data
+        mine, k = path.startswith(self._data), self._k
+        if self._recording:
+            if k.serving:
+                raise WarmupOver(f"warm-up of {self.broker}: its takeover began")
+            if not mine or length < 0:
+                return self._base.read(path, offset, length)
+            versions = self._versions(path)
+            data = self._base.read(path, offset, length)
+            if versions.get(path):
+                with k.lock:
+                    if not k.serving and k.bytes + len(data) <= MAX_BYTES:
+                        k.ranges.setdefault(path, []).append((offset, data))
+                        k.bytes += len(data)
+            return data
+        if mine and k.checking:
+            k.checked.wait()
+        if mine and k.serving:
+            with k.lock:
+                for at, data in k.ranges.get(path, ()):
+                    if length >= 0 and at <= offset and offset + length <= at + len(data):
+                        k.served += 1
+                        return data[offset - at : offset - at + length]
+                k.missed += 1
+        return self._base.read(path, offset, length)
 
     # the rest as the tier answers it
     def exists(self, path: str) -> bool:
@@ -158,7 +192,7 @@ class WarmReads:
         return self._base.size(path)
 
     def write(self, path: str, data: bytes) -> None:
-        if not self._serving:  # (the mount's index keeping the recent ids it read)
+        if self._recording:  # (the mount's index keeping the recent ids it read)
             log.debug("warm-up of %s: %s not written before the claim", self.broker, path)
             return
         self._base.write(path, data)
@@ -196,6 +230,7 @@ def warm_up(reads: WarmReads, work_dir: str,
     (``cluster.delivered.read_ahead``) and the ids it stored in its last minute (what a
     resend's lookup indexes, ``cluster.handover.InheritedIds``; only a send with a
     client-chosen id waits for those)."""
+    reads = reads.recorder()
     mounted = MountedBroker(reads, reads.broker, work_dir, empty=True)
 
     def ids() -> None:
@@ -221,6 +256,8 @@ def warm_up(reads: WarmReads, work_dir: str,
 def _logged(part: Callable[[], object], what: str, broker: str) -> None:
     try:
         part()
+    except WarmupOver:
+        log.info("warm-up of %s: its %s not all read before the claim", broker, what)
     except Exception as exc:  # the takeover reads them itself
         log.warning("warm-up of %s: its %s not read: %s", broker, what, exc)
 
@@ -268,6 +305,10 @@ class Warmups:
             log.info("warm-up for a takeover of %s: %.1f MiB read in %.1f s",
                      run.reads.broker, run.reads.kept_bytes() / (1 << 20),
                      time.monotonic() - run.begun)
+        except WarmupOver:
+            log.info("warm-up for a takeover of %s: %.1f MiB read in %.1f s, when the "
+                     "takeover began", run.reads.broker,
+                     run.reads.kept_bytes() / (1 << 20), time.monotonic() - run.begun)
         except Exception as exc:  # the takeover reads what it needs itself
             log.warning("warm-up for a takeover of %s failed: %s", run.reads.broker, exc)
         finally:
@@ -284,21 +325,21 @@ class Warmups:
 
     def take(self, departed: str) -> WarmReads | None:
         """After the claim of ``departed``: its warm-up's reads, checked against the
-        tier from now on (``WarmReads.serve``), once its journal part is read (at most
-        ``WAIT_S``); a warm-up that failed or is still reading serves what it read so
-        far.  None when there is none, or it read nothing."""
+        tier from now on (``WarmReads.serve``; a warm-up still reading stops, and what
+        it read so far serves, as that of one that failed).  None when there is none,
+        or it read nothing."""
         with self._lock:
             run = self._runs.pop(departed, None)
         if run is None:
             return None
         run.lead_s = time.monotonic() - run.begun
-        done = run.done.wait(WAIT_S)
         log.info("takeover of %s: its warm-up begun %.1f s before the claim, %s, %.2f MiB "
                  "kept", departed, run.lead_s, "its journal read" if run.ok else
-                 "failed" if done else "still reading", run.reads.kept_bytes() / (1 << 20))
+                 "failed" if run.done.is_set() else "still reading",
+                 run.reads.kept_bytes() / (1 << 20))
+        run.reads.serve()  # (ends the warm-up's reads)
         if not run.reads.kept_bytes():
             return None
-        run.reads.serve()
         with self._lock:
             self._taken[departed] = run
         return run.reads

@@ -225,6 +225,7 @@ def test_a_warm_up_cut_short_serves_what_it_read(
 
     warmups = Warmups(lambda: _CutShort(str(tmp_path / "tier")), str(tmp_path / "warm"))
     warmups.begin("a")
+    assert warmups.ended("a", 30)
     # When the takeover takes it (the tier back)
     warm = warmups.take("a")
     back.set()
@@ -233,4 +234,39 @@ def test_a_warm_up_cut_short_serves_what_it_read(
     mounted = MountedBroker(warm, "a", str(tmp_path / "m"), empty=True)
     _same(replay(warm, mounted), replay(tier, MountedBroker(tier, "a", str(tmp_path / "p"),
                                                              empty=True)))
-    assert warm.served >= 6 and warm.missed > 0
+    assert warm.served > 0 and warm.missed > 0
+
+
+def test_a_takeover_ends_a_warm_up_still_reading_and_uses_what_it_read(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    # Given a warm-up held up after six objects of the journal (a slow tier)
+    a = _broker(tmp_path, "a", manual_clock)
+    try:
+        a.create_topic(Topic("t", 2))
+        _work(a, 0, 10)
+    finally:
+        a.stop()
+    tier = LocalProvider(str(tmp_path / "tier"))
+    reads, held, gate = itertools.count(), threading.Event(), threading.Event()
+
+    class _Slow(LocalProvider):
+        def read(self, path: str, offset: int = 0, length: int = -1) -> bytes:
+            if f"{STATE_STREAM}/" in path and "/log/" in path and next(reads) >= 6:
+                held.set()
+                gate.wait(30)
+            return super().read(path, offset, length)
+
+    warmups = Warmups(lambda: _Slow(str(tmp_path / "tier")), str(tmp_path / "warm"))
+    warmups.begin("a")
+    assert held.wait(30)
+    # When the takeover comes meanwhile
+    warm = warmups.take("a")
+    # Then it did not wait for the warm-up, which ends at its next read
+    assert warm is not None and not warmups.ended("a", 0)
+    gate.set()
+    assert warmups.ended("a", 30)
+    # and what it had read answers the takeover's replay, the rest is read
+    mounted = MountedBroker(warm, "a", str(tmp_path / "m"), empty=True)
+    _same(replay(warm, mounted), replay(tier, MountedBroker(tier, "a", str(tmp_path / "p"),
+                                                             empty=True)))
+    assert warm.served > 0 and warm.missed > 0
