@@ -16,9 +16,8 @@ warm-up lists that directory from the object read on, with the objects' versions
 the claim (``WarmReads.serve``) each such directory is listed again, and a range is
 served only when its object is listed at the same version both times (S3: the ETag, a
 digest of the content): the object held those bytes before the read and after the claim
-(only writes of other bytes and then the same bytes again between the listings could
-escape this; a broker rewrites an object only with the same stream positions' bytes, so
-none does).  An object written again or folded away is read from the tier, as is
+(a change to other bytes and back between the two listings would escape this; no writer
+of the tier makes one).  An object written again or folded away is read from the tier, as is
 everything the warm-up did not read.  A takeover that comes while its warm-up is still
 reading ends it there (``WarmupOver``) and uses what it read, as of one that failed; one
 without a warm-up (by hand, or by a broker second in line) reads everything itself.
