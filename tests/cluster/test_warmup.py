@@ -56,6 +56,17 @@ def _work(b: Broker, first: int, n: int) -> None:
             b.pop.ack("g", m.receipt_handle)
 
 
+def _departed(root: Path, clock: ManualClock, sends: int) -> LocalProvider:
+    """Broker a, ``sends`` sent, popped and acked, then stopped: its tier."""
+    a = _broker(root, "a", clock)
+    try:
+        a.create_topic(Topic("t", 2))
+        _work(a, 0, sends)
+    finally:
+        a.stop()
+    return LocalProvider(str(root / "tier"))
+
+
 def _same(x: JournalState, y: JournalState) -> None:
     assert (x.records, x.pop, x.done, x.moved, x.bad) == (y.records, y.pop, y.done,
                                                            y.moved, y.bad)
@@ -111,13 +122,7 @@ def test_a_takeover_after_a_warm_up_reads_only_what_came_after_it(
 def test_an_object_changed_after_the_warm_up_is_read_from_the_tier(
         tmp_path: Path, manual_clock: ManualClock) -> None:
     # Given a warm-up of a broker's journal
-    a = _broker(tmp_path, "a", manual_clock)
-    try:
-        a.create_topic(Topic("t", 2))
-        _work(a, 0, 10)
-    finally:
-        a.stop()
-    tier = LocalProvider(str(tmp_path / "tier"))
+    tier = _departed(tmp_path, manual_clock, 10)
     warm = WarmReads(tier, "a")
     warm_up(warm, str(tmp_path / "w"))
     assert not tier.exists(path_of("a"))  # its recent ids read, and nothing written
@@ -178,12 +183,7 @@ def test_the_first_in_line_warms_up_at_half_a_lease_once_per_version(
 def test_a_takeover_without_a_finished_warm_up_reads_everything_itself(
         tmp_path: Path, manual_clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given a warm-up that cannot finish (its tier blocks), and one never begun
-    a = _broker(tmp_path, "a", manual_clock)
-    try:
-        a.create_topic(Topic("t", 2))
-        _work(a, 0, 5)
-    finally:
-        a.stop()
+    _departed(tmp_path, manual_clock, 5)
     gate = threading.Event()
 
     class _Stuck(LocalProvider):
@@ -206,13 +206,7 @@ def test_a_takeover_without_a_finished_warm_up_reads_everything_itself(
 def test_a_warm_up_cut_short_serves_what_it_read(
         tmp_path: Path, manual_clock: ManualClock) -> None:
     # Given a warm-up that fails after six objects of the journal
-    a = _broker(tmp_path, "a", manual_clock)
-    try:
-        a.create_topic(Topic("t", 2))
-        _work(a, 0, 10)
-    finally:
-        a.stop()
-    tier = LocalProvider(str(tmp_path / "tier"))
+    tier = _departed(tmp_path, manual_clock, 10)
 
     reads, back = itertools.count(), threading.Event()
 
@@ -240,13 +234,7 @@ def test_a_warm_up_cut_short_serves_what_it_read(
 def test_a_takeover_ends_a_warm_up_still_reading_and_uses_what_it_read(
         tmp_path: Path, manual_clock: ManualClock) -> None:
     # Given a warm-up held up after six objects of the journal (a slow tier)
-    a = _broker(tmp_path, "a", manual_clock)
-    try:
-        a.create_topic(Topic("t", 2))
-        _work(a, 0, 10)
-    finally:
-        a.stop()
-    tier = LocalProvider(str(tmp_path / "tier"))
+    tier = _departed(tmp_path, manual_clock, 10)
     reads, held, gate = itertools.count(), threading.Event(), threading.Event()
 
     class _Slow(LocalProvider):
