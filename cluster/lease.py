@@ -351,7 +351,11 @@ class BrokerLease:
             return self._fence(f"another process running as {self.broker}"), None
         if raw == content:  # ours went in: the answer was lost
             return "ok", version
-        return "failed", None  # ours did not go in (the version is still our last one)
+        # ours did not go in, but the lease is this process's: at our last version, or
+        # at one of an earlier write of ours whose answer and read-back were both lost;
+        # the next write goes on from it (else every one is refused, for good)
+        self._version = version
+        return "failed", None
 
     def _fence(self, by: str) -> str:
         first = not self.taken_by

@@ -373,3 +373,35 @@ def test_a_claim_from_an_old_look_is_refused_when_the_lease_was_written_since(
     assert watch.expire() == []
     a.check()
     assert not json.loads(tier.read(lease_path("a"))).get("taken_by")
+
+
+def test_a_lease_write_lost_with_its_read_back_is_renewed_at_the_next_attempt(
+        tmp_path: Path) -> None:
+    """Seen in the failover chaos on a saturated machine: a renewal's answer was lost
+    (a read time-out), so was its read-back; the write had gone in, and every renewal
+    after it, made on the version before, was refused and read back a content that was
+    not its own: the broker answered no OK for minutes, its lease never renewed."""
+    # Given a renewal that went in unseen, its read-back failing too
+    tier = _LostAnswers(LocalProvider(str(tmp_path)))
+    clock = Clock()
+    a = BrokerLease(tier, "a", "a:1", "", LEASE_S, clock)  # type: ignore[arg-type]
+    a.acquire()
+    reads = tier.inner.read_versioned
+    tier.read_versioned = _failing  # type: ignore[method-assign]
+    tier.lose = "raise"
+    clock.t += 1
+    assert not a.renew()
+    tier.read_versioned = reads  # type: ignore[method-assign]
+    # When it renews again, and again
+    clock.t += LEASE_S / 3
+    first = a.renew()
+    clock.t += LEASE_S / 3
+    # Then the lease is its own again by the second attempt at the latest, and a commit
+    # passes the fence
+    assert first or a.renew()
+    a.commit()
+    assert not a.taken_by
+
+
+def _failing(path: str) -> tuple[bytes, str]:
+    raise TierUnavailable(f"{path}: read time-out (injected)")
