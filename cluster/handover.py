@@ -43,7 +43,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -239,8 +239,7 @@ class InheritedIds:
         """When the origin's last minute in the tier began, by its own clock (its
         latest record of the taken topics and its delayed stream)."""
         if origin.first_ms is None:
-            last = origin.mounted.last_stored_ms([*origin.topics, DELAYED_STREAM])
-            origin.first_ms = last - LAST_STORED_MS
+            origin.first_ms = last_minute_from(origin.mounted, origin.topics)
         return origin.first_ms
 
     def stored_earlier(self, messages: list[tuple[str, str]], since_ms: int, now_ms: int
@@ -272,6 +271,13 @@ class InheritedIds:
                 if at is not None:
                     out[m] = at
         return out
+
+
+def last_minute_from(mounted: MountedBroker, topics: Iterable[str]) -> int:
+    """When ``mounted``'s last minute in the tier began, by its own clock: its latest
+    record of ``topics`` and its delayed stream, less ``LAST_STORED_MS`` (what a resend's
+    lookup indexes: ``InheritedIds``, and a warm-up's, ``cluster.warmup``)."""
+    return mounted.last_stored_ms([*topics, DELAYED_STREAM]) - LAST_STORED_MS
 
 
 def settle_replaced(pop: PopService, mounted: MountedBroker, taken: dict[str, int]) -> None:

@@ -37,7 +37,7 @@ from functools import partial
 
 from cluster.catalogue import departed_topics
 from cluster.delivered import read_ahead
-from cluster.handover import LAST_STORED_MS
+from cluster.handover import last_minute_from
 from cluster.replay import replay, stream
 from store.names import DELAYED_STREAM
 from tiered.flatfile import readers, reading_on
@@ -73,6 +73,11 @@ class _Kept:
         self.missed = 0  # reads of its data objects that went to the tier while serving
 
 
+def _directory(path: str) -> str:
+    """The segment directory of an object (what one listing covers)."""
+    return path[: path.rindex("/") + 1]
+
+
 class WarmReads:
     """A Provider: ``base``, answering reads of ``broker``'s data objects from what its
     ``recorder`` (the warm-up's view) kept, after ``serve`` (module docstring).  The
@@ -104,7 +109,7 @@ class WarmReads:
         """The versions of ``path``'s segment directory from ``path`` on, listed once
         before the first read of it (again from an earlier key, when one is read); an
         object listed at two versions meanwhile gets none (it changed: not kept)."""
-        group = path[: path.rindex("/") + 1]
+        group = _directory(path)
         k = self._k
         with k.listing:
             after, versions = k.listed.get(group, (path, {}))
@@ -139,7 +144,7 @@ class WarmReads:
             log.warning("takeover of %s: its warm-up not used: %s", self.broker, exc)
 
         def unchanged(path: str) -> bool:  # (a directory listed since: not checked)
-            group = path[: path.rindex("/") + 1]
+            group = _directory(path)
             before = groups[group][1].get(path) if group in groups else None
             return bool(before) and now.get(group, {}).get(path) == before
         with k.lock:
@@ -233,8 +238,7 @@ def warm_up(reads: WarmReads, work_dir: str,
     mounted = MountedBroker(reads, reads.broker, work_dir, empty=True)
 
     def ids() -> None:
-        topics = [*departed_topics(reads, mounted), DELAYED_STREAM]  # (not its deleted)
-        mounted.warm(mounted.last_stored_ms(topics) - LAST_STORED_MS)
+        mounted.warm(last_minute_from(mounted, departed_topics(reads, mounted)))
 
     beside = [threading.Thread(target=_logged, args=(part, what, reads.broker),
                                name=f"warm-{what}-{reads.broker}", daemon=True)

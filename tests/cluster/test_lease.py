@@ -53,13 +53,19 @@ def _lease(tier: LocalProvider, name: str, clock: Clock, load: int = 0) -> Broke
     return lease
 
 
+def _three(root: Path) -> tuple[LocalProvider, Clock, list[BrokerLease]]:
+    """a, b (least loaded) and c holding leases on a local tier."""
+    tier = LocalProvider(str(root))
+    clock = Clock()
+    leases = [_lease(tier, n, clock, load) for n, load in (("a", 5), ("b", 1), ("c", 2))]
+    for lease in leases:
+        lease.acquire()
+    return tier, clock, leases
+
+
 def test_an_expired_lease_has_one_winner_and_the_holder_is_fenced_first(
         tmp_path: Path) -> None:
-    tier = LocalProvider(str(tmp_path))
-    clock = Clock()
-    a, b, c = (_lease(tier, n, clock, load) for n, load in (("a", 5), ("b", 1), ("c", 2)))
-    for lease in (a, b, c):
-        lease.acquire()
+    tier, clock, (a, b, c) = _three(tmp_path)
     won: list[tuple[str, str]] = []
     watches = {x.broker: LeaseWatch(tier, x, lambda d, me=x.broker: won.append((me, d)))
                for x in (b, c)}

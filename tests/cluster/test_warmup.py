@@ -12,9 +12,6 @@ import itertools
 import threading
 from pathlib import Path
 
-import pytest
-
-import cluster.warmup as warmup
 from chronomq.broker import Broker
 from cluster.leasewatch import LeaseWatch
 from cluster.replay import replay
@@ -24,7 +21,7 @@ from store.journal import JournalState
 from store.names import STATE_STREAM
 from store.topics import Topic
 from tests.chronomq.test_bucket_fence import _broker, _send
-from tests.cluster.test_lease import LEASE_S, Clock, _lease
+from tests.cluster.test_lease import LEASE_S, _three
 from tiered.mount import MountedBroker
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
@@ -148,11 +145,7 @@ def test_an_object_changed_after_the_warm_up_is_read_from_the_tier(
 def test_the_first_in_line_warms_up_at_half_a_lease_once_per_version(
         tmp_path: Path) -> None:
     # Given a, b (least loaded) and c holding leases, b and c watching
-    tier = LocalProvider(str(tmp_path))
-    clock = Clock()
-    a, b, c = (_lease(tier, n, clock, load) for n, load in (("a", 5), ("b", 1), ("c", 2)))
-    for lease in (a, b, c):
-        lease.acquire()
+    tier, clock, (a, b, c) = _three(tmp_path)
     suspected: dict[str, list[str]] = {"b": [], "c": []}
     watches = [LeaseWatch(tier, x, lambda _: None, suspected[x.broker].append)
                for x in (b, c)]
@@ -181,7 +174,7 @@ def test_the_first_in_line_warms_up_at_half_a_lease_once_per_version(
 
 
 def test_a_takeover_without_a_finished_warm_up_reads_everything_itself(
-        tmp_path: Path, manual_clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, manual_clock: ManualClock) -> None:
     # Given a warm-up that cannot finish (its tier blocks), and one never begun
     _departed(tmp_path, manual_clock, 5)
     gate = threading.Event()
@@ -194,7 +187,6 @@ def test_a_takeover_without_a_finished_warm_up_reads_everything_itself(
     warmups = Warmups(lambda: _Stuck(str(tmp_path / "tier")), str(tmp_path / "warm"))
     warmups.begin("a")
     # When the takeover takes them
-    monkeypatch.setattr(warmup, "WAIT_S", 0.2)
     try:
         # Then it gets none: it reads the tier itself
         assert warmups.take("a") is None
