@@ -49,7 +49,7 @@ from concurrent.futures import Future
 import grpc
 
 from chronomq.client.client import ChronomqClient, RpcError, status_by_number
-from chronomq.client.errors import HELD_RETRY_S, being_taken_over
+from chronomq.client.errors import FOLLOW_BACKOFF_S, HELD_RETRY_S, being_taken_over
 from chronomq.v1 import broker_pb2 as pb
 
 FOLLOW = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
@@ -286,7 +286,7 @@ class Consumer:
                 time.sleep(HELD_RETRY_S)  # the owner, adopting the topic: soon
                 continue
             time.sleep(backoff)
-            backoff = min(2.0, backoff * 2)
+            backoff = min(FOLLOW_BACKOFF_S, backoff * 2)
 
     def _where(self) -> ChronomqClient:
         return self._locate() if self._locate is not None else self._client

@@ -17,6 +17,10 @@ import grpc
 # broker, without the growing back-off of a broker that is away
 BEING_TAKEN_OVER = re.compile(r"\bis being taken over from broker ")
 HELD_RETRY_S = 0.1
+# the longest pause between looks for a topic's owner that does not answer (down,
+# restarting, or taken over and its successor not yet serving): a successor is found
+# within this of its claim, at a few cheap lookups a second while the owner is away
+FOLLOW_BACKOFF_S = 0.25
 
 
 def being_taken_over(details: str) -> bool:

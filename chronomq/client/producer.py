@@ -52,7 +52,12 @@ from chronomq.client.client import (
     replace_outcome,
     status_by_number,
 )
-from chronomq.client.errors import HELD_RETRY_S, ClientError, being_taken_over
+from chronomq.client.errors import (
+    FOLLOW_BACKOFF_S,
+    HELD_RETRY_S,
+    ClientError,
+    being_taken_over,
+)
 from chronomq.v1 import broker_pb2 as pb
 
 MAX_BATCH_MESSAGES = 1000  # the broker's limit per SendRequest
@@ -285,7 +290,7 @@ class Producer:
                                        HELD_RETRY_S if held else backoff):
                     return  # close() fails what is left
             if not held:  # held: the owner, adopting the topic, answers in a moment
-                backoff = min(2.0, backoff * 2)
+                backoff = min(FOLLOW_BACKOFF_S, backoff * 2)
 
     def _answer(self, response: pb.SendResponse) -> None:
         with self._cond:

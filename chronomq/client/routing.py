@@ -28,6 +28,7 @@ outcomes given back in the order of the messages.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -44,12 +45,14 @@ from chronomq.client.client import (
     status_by_number,
 )
 from chronomq.client.consumer import Consumer
-from chronomq.client.errors import HELD_RETRY_S, being_taken_over
+from chronomq.client.errors import FOLLOW_BACKOFF_S, HELD_RETRY_S, being_taken_over
 from chronomq.client.producer import Producer
 from chronomq.v1 import broker_pb2 as pb
 
 if TYPE_CHECKING:  # a bucket is looked up only when one is given: imported then
     from tiered.provider import Provider
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # per-message error codes in SendResult
@@ -156,7 +159,7 @@ class BrokerDirectory:
         pause = 0.1
         while (left := end - time.monotonic()) > 0:
             time.sleep(min(pause, left))
-            pause = min(0.5, pause * 2)
+            pause = min(FOLLOW_BACKOFF_S, pause * 2)
             try:  # (a claim writes the lease too: one read sees either)
                 if read_lease(self._tier, broker)[1] != version:
                     return  # written again: alive, or claimed (the next look follows)
@@ -220,15 +223,16 @@ class RoutedClient:
     ``follow_s``: how long a call keeps looking for a topic's owner when the broker it
     tried is down (UNAVAILABLE), does not answer in time (DEADLINE_EXCEEDED: paused or
     cut off), no longer has the topic (NOT_FOUND) or was taken over
-    (FAILED_PRECONDITION), with back-off from 0.1 s to 1 s, while a failover moves the
-    topic (``tier.failover``); 0: look once more, as before.  A topic its new owner
-    holds while it adopts the topic's state (UNAVAILABLE "being taken over") is asked
-    again there every ``HELD_RETRY_S``: it answers once the takeover is done.  After
-    DEADLINE_EXCEEDED it calls that broker again only once the bucket shows it alive, or
-    when no successor came within two lease lengths (``BrokerDirectory.await_move``).  A
-    FAILED_PRECONDITION is followed when it says the broker was taken over, else only
-    when the owner found again is another broker.  A topic no broker has, every broker answering, is
-    NOT_FOUND at once (``NoOwner``)."""
+    (FAILED_PRECONDITION), with back-off from 0.1 s to ``FOLLOW_BACKOFF_S`` (0.25 s),
+    while a failover moves the topic (``tier.failover``); 0: look once more, as before.
+    A topic its new owner holds while it adopts the topic's state (UNAVAILABLE "being
+    taken over") is asked again there every ``HELD_RETRY_S``: it answers once the
+    takeover is done.  After DEADLINE_EXCEEDED it calls that broker again only once the
+    bucket shows it alive, or when no successor came within two lease lengths
+    (``BrokerDirectory.await_move``).  A FAILED_PRECONDITION is followed when it says the
+    broker was taken over, else only when the owner found again is another broker.  A
+    topic no broker has, every broker answering, is NOT_FOUND at once (``NoOwner``).
+    Each refusal followed is logged at DEBUG (``chronomq.client.routing``)."""
 
     def __init__(self, directory: BrokerDirectory, follow_s: float = 30.0) -> None:
         self.directory = directory
@@ -252,6 +256,8 @@ class RoutedClient:
             except RpcError as exc:
                 if exc.code not in FOLLOW or (isinstance(exc, NoOwner) and exc.certain):
                     raise
+                log.debug("topic %s at %s: %s %s (attempt %d)", topic, address or "-",
+                          exc.code.name, exc.details[:120], attempt)
                 if (exc.code == grpc.StatusCode.UNAVAILABLE and being_taken_over(exc.details)
                         and time.monotonic() < deadline):  # the owner, adopting: soon
                     time.sleep(min(HELD_RETRY_S, max(0.0, deadline - time.monotonic())))
@@ -273,7 +279,7 @@ class RoutedClient:
                     continue
                 if attempt > 1 or not moved:
                     time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-                    backoff = min(1.0, backoff * 2)
+                    backoff = min(FOLLOW_BACKOFF_S, backoff * 2)
 
     def _owner_now(self, topic: str) -> str:
         try:
