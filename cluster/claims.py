@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import TYPE_CHECKING
 
 from cluster.layout import LEASES, lease_path, takeover_record
@@ -40,30 +41,57 @@ class Claims:
     def __init__(self, broker: Host, lineage: Lineage) -> None:
         self._b = broker
         self._lineage = lineage
+        self._records: dict[str, threading.Thread] = {}  # departed -> its record's write
+        self._lock = threading.Lock()
 
-    def claim(self, departed: str, mounted: MountedBroker, force: bool) -> None:
+    def claim(self, departed: str, mounted: MountedBroker, force: bool,
+              holder: str = "") -> None:
         """Become the one broker taking ``departed`` over, or raise
-        ``FailedPrecondition`` naming the broker that is."""
+        ``FailedPrecondition`` naming the broker that is.  ``holder``: the broker its
+        lease named a moment ago (this one: claimed already, by the lease watch)."""
         b, me = self._b, self._b.prefix
-        last = max((last_store_ms(mounted, s) for s in (STATE_STREAM, TIMER_STREAM,
-                                                         DELAYED_STREAM)),
-                   default=0)
-        age = b.clock.now_ms() - last
-        if not force and age < RECENT_MS:
-            raise FailedPrecondition(
-                f"broker {departed} wrote to the tier {age / 1000:.0f} s ago: it may still be "
-                "running; take it over only once it is gone (--force to insist)")
+        if holder == me:
+            self._record(departed)
+            return
+        if not force:  # (its streams' last records: read only then, the claim waits)
+            last = max(last_store_ms(mounted, s)
+                       for s in (STATE_STREAM, TIMER_STREAM, DELAYED_STREAM))
+            age = b.clock.now_ms() - last
+            if age < RECENT_MS:
+                raise FailedPrecondition(
+                    f"broker {departed} wrote to the tier {age / 1000:.0f} s ago: it may "
+                    "still be running; take it over only once it is gone (--force to "
+                    "insist)")
         holder = claim(b.tier, departed, me, b.clock.now_ms())
         if holder != me and not self.inherits(departed, holder):
             raise FailedPrecondition(
                 f"broker {departed} is taken over by {holder} already (its lease "
                 f"{lease_path(departed)} says so); if {holder} is gone before it finished, "
                 f"take {holder} over: that finishes the takeover of {departed} too")
-        try:  # a record for people; the decision is the lease's ``taken_by``
-            b.tier.write(takeover_record(departed), json.dumps(
-                {"by": me, "at_ms": b.clock.now_ms()}).encode())
-        except TierError as exc:
-            log.warning("could not record the takeover of %s: %s", departed, exc)
+        self._record(departed)
+
+    def _record(self, departed: str) -> None:
+        b, me = self._b, self._b.prefix
+        record = json.dumps({"by": me, "at_ms": b.clock.now_ms()}).encode()
+
+        def write() -> None:  # a record for people; the decision is the lease's
+            try:
+                b.tier.write(takeover_record(departed), record)
+            except TierError as exc:
+                log.warning("could not record the takeover of %s: %s", departed, exc)
+        # beside the takeover's first reads (``recorded`` waits for it: its done record
+        # must come after it)
+        writer = threading.Thread(target=write, name=f"record-{departed}", daemon=True)
+        with self._lock:
+            self._records[departed] = writer
+        writer.start()
+
+    def recorded(self, departed: str) -> None:
+        """Wait for the record of the claim of ``departed`` to be written (or to fail)."""
+        with self._lock:
+            writer = self._records.pop(departed, None)
+        if writer is not None:
+            writer.join()
 
     def holder(self, departed: str) -> str:
         """The broker ``departed``'s lease names as taking it over ("": none)."""

@@ -177,18 +177,21 @@ class Takeover:
         if state.get("done"):  # run again (by hand, or a watch that saw it late)
             self._inherit(departed)
             return self.results.get(departed) or TakeoverResult(departed, done=True)
-        if not state and not has_queues(b.tier, departed) and \
-                not b.tier.exists(catalogue_path(departed)):  # (topics, never a message)
-            return self._nothing(departed)
-        if not state:
-            holder = self._claims.holder(departed)
+        if not state:  # three looks at once: the claim waits for them
+            with ThreadPoolExecutor(2, "takeover-look") as pool:
+                anything = pool.submit(lambda: has_queues(b.tier, departed) or b.tier.exists(
+                    catalogue_path(departed)))  # (topics, never a message)
+                held_by = pool.submit(self._claims.holder, departed)
+                mounted = self._mount(departed)
+                if not anything.result():
+                    return self._nothing(departed)
+                holder = held_by.result()
             if holder not in ("", me) and not self._claims.inheritable(departed, holder):
                 raise FailedPrecondition(
                     f"broker {departed} is taken over by {holder} already (its lease "
                     f"{lease_path(departed)} says so); if {holder} is gone before it "
                     f"finished, take {holder} over: that finishes the takeover of {departed} "
                     "too")
-            mounted = self._mount(departed)
             taken_here = self._taken_here(departed, mounted)
             if taken_here:
                 raise FailedPrecondition(
@@ -202,7 +205,7 @@ class Takeover:
             self._lineage.publish(departed, state)
             crashpoint("takeover.after_intent")
             try:
-                self._claims.claim(departed, mounted, force)
+                self._claims.claim(departed, mounted, force, holder)
             except FailedPrecondition:
                 self._lineage.withdraw(departed)
                 raise
@@ -280,6 +283,7 @@ class Takeover:
             b.schedules.wake()  # they tick here from now on (owed ticks by their misfire)
         state.update(accepting_after_s=accepting)
         self._lineage.save(departed, state)
+        self._claims.recorded(departed)  # (the claim's record, if this run wrote it: first)
         try:
             b.tier.write(takeover_record(departed), json.dumps(
                 {"by": me, "done": True, "topics": len(taken), "pending": result.pending,

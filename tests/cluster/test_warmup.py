@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 from chronomq.broker import Broker
+from cluster.layout import lease_path
 from cluster.leasewatch import LeaseWatch
 from cluster.replay import replay
 from cluster.warmup import WarmReads, Warmups, warm_up
@@ -250,3 +251,37 @@ def test_a_takeover_ends_a_warm_up_still_reading_and_uses_what_it_read(
     _same(replay(warm, mounted), replay(tier, MountedBroker(tier, "a", str(tmp_path / "p"),
                                                              empty=True)))
     assert warm.served > 0 and warm.missed > 0
+
+
+class _ClaimWatch(_Counting):
+    """``_Counting``, noting how many of the data reads came before the claim (the
+    first conditional write of ``broker``'s lease by another)."""
+
+    def __init__(self, inner: Provider, broker: str) -> None:
+        super().__init__(inner, broker)
+        self._lease = lease_path(broker)
+        self.before_claim: int | None = None
+
+    def swap(self, path: str, data: bytes, version: str | None) -> str | None:
+        if path == self._lease and self.before_claim is None:
+            self.before_claim = self.reads
+        return self.inner.swap(path, data, version)
+
+
+def test_a_forced_claim_reads_none_of_the_departed_brokers_streams_before_it(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    # Given a departed broker with a journal in the tier (one read of its streams' last
+    # records would tell how long ago it wrote: what an unforced claim checks)
+    tier = _departed(tmp_path, manual_clock, 5)
+    b = _broker(tmp_path, "b", manual_clock)
+    try:
+        watch = _ClaimWatch(tier, "a")
+        b.tier = watch  # type: ignore[assignment]  # (what the takeover reads through)
+        # When b takes it over with force (the lease watch's way)
+        result = b.takeover("a", force=True)
+        # Then nothing of its streams was read before the claim (the claim comes sooner)
+        assert result.done
+        assert watch.before_claim == 0, watch.before_claim
+        assert watch.reads > 0  # (after it: its journal)
+    finally:
+        b.stop()
