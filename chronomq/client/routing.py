@@ -153,8 +153,8 @@ class BrokerDirectory:
             view, version = read_lease(self._tier, broker)
         except TierError:
             return
-        if view is None or view.lease_s <= 0 or view.address != address:
-            return
+        if view is None or view.lease_s <= 0 or view.address != address or view.taken_by:
+            return  # (claimed between the look for a successor and this read: follow it)
         end = min(until, time.monotonic() + 2 * view.lease_s)
         pause = 0.1
         while (left := end - time.monotonic()) > 0:

@@ -16,9 +16,11 @@ client's pauses are recorded, not slept: no wall-clock timing is asserted.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,8 +30,11 @@ import chronomq.client.routing as routing
 from chronomq.client import message
 from chronomq.client.errors import FOLLOW_BACKOFF_S
 from chronomq.client.routing import BrokerDirectory, RoutedClient
+from cluster.layout import lease_path
+from cluster.ownership import Owner, TopicOwners
 from tests.chronomq.test_client_held_topic import REFUSALS, Pauses, TimeWithPauses
 from tests.conftest import RunningServer
+from tiered.providers.local import LocalProvider
 
 
 def _nobody() -> str:
@@ -126,3 +131,41 @@ def test_a_consumer_looks_again_at_most_every_follow_backoff(
     assert got is not None and got.body == b"waiting"
     assert len(asked) == REFUSALS
     assert max(asked) == 0.25
+
+
+class _FakeTime:
+    """``time`` as the routing module sees it: ``sleep`` moves ``monotonic`` on."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+
+
+def test_a_wait_for_a_paused_owner_ends_at_once_when_its_lease_is_claimed_already(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call to a paused owner timed out; the client waits, reading the bucket, until
+    the owner's lease is written again (alive, or claimed).  Seen in the failover chaos
+    (fourteenth session): the claim landed between the client's look for a successor
+    (none yet) and its read of the lease, which showed the claim already; the client then
+    waited for a further change that never comes (nobody writes a claimed lease) for two
+    lease lengths, 10 s, before calling again.  Here the claimed lease names a successor
+    whose own lease cannot be read yet: the look for a successor finds none, as then."""
+    # Given topic t owned by broker a, whose lease b has claimed
+    tier = LocalProvider(str(tmp_path))
+    assert TopicOwners(tier, Owner("a", "127.0.0.1:7001")).claim("t")
+    tier.write(lease_path("a"), json.dumps({
+        "broker": "a", "address": "127.0.0.1:7001", "lease_s": 5.0,
+        "taken_by": "b"}).encode())
+    clock = _FakeTime()
+    monkeypatch.setattr(routing, "time", clock)
+    # When a client whose call to a timed out waits for the topic to move
+    BrokerDirectory(tier=tier).await_move("t", "127.0.0.1:7001", clock.now + 60)
+    # Then it does not wait: the claim is the move (the next look follows it)
+    assert clock.slept == 0
