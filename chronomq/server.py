@@ -1,7 +1,8 @@
 """The server process: wires the broker, the gRPC services, metrics and scheduled jobs.
 
 ``serve(config)`` runs until SIGINT/SIGTERM, then stops taking RPCs, lets running ones
-finish (``server.shutdown_grace_s``), and flushes everything to disk.
+finish (``server.shutdown_grace_s``), and flushes everything to disk.  SIGUSR1 prints
+every thread's stack on stderr (``faulthandler``).
 
 Every listener's address is checked before the data directory is opened
 (``chronomq.listeners``): a taken port is refused at once, holding nothing.  A start that
@@ -11,6 +12,7 @@ and no thread is left.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -374,6 +376,9 @@ def serve(config: BrokerConfig) -> None:
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
+    # ``kill -USR1``: every thread's stack on stderr (a broker that does not stop, or
+    # hangs, names where), and it goes on
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     print(f"chronomq listening on {config.server.host}:{server.port}", flush=True)
     if server.console_port:
         print(f"console on http://{config.server.host}:{server.console_port}/", flush=True)

@@ -92,9 +92,21 @@ class ServerProcess:
         self.proc.wait(30)
         self._close()
 
-    def terminate(self) -> int:
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM, and its exit code; a server still running ``timeout_s`` later is
+        made to print its threads' stacks (SIGUSR1), killed, and named in the error with
+        the end of its output."""
         self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(60)
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            self.proc.kill()
+            self.proc.wait(30)
+            self._close()
+            raise RuntimeError(f"the server did not stop {timeout_s:g} s after SIGTERM; "
+                               "its output's end:\n" + "".join(self.output[-300:])) from None
         self._close()
         return code
 
