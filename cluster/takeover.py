@@ -177,27 +177,33 @@ class Takeover:
         if state.get("done"):  # run again (by hand, or a watch that saw it late)
             self._inherit(departed)
             return self.results.get(departed) or TakeoverResult(departed, done=True)
-        if not state:  # three looks at once: the claim waits for them
-            with ThreadPoolExecutor(2, "takeover-look") as pool:
+        mounted: MountedBroker | None = None  # (read after the claim: see below)
+        catalogue: dict[str, Topic] | None = None
+        if not state:  # the looks before the claim at once: the claim waits for them
+            with ThreadPoolExecutor(1, "takeover-look") as pool:
                 anything = pool.submit(lambda: has_queues(b.tier, departed) or b.tier.exists(
                     catalogue_path(departed)))  # (topics, never a message)
-                held_by = pool.submit(self._claims.holder, departed)
-                mounted = self._mount(departed)
+                holder = self._claims.holder(departed)
+                # claimed already (by the lease watch): this mount is the one after it
+                look = self._mount(departed, reads=self.warmups.take(departed)
+                                   if holder == me else None)
                 if not anything.result():
                     return self._nothing(departed)
-                holder = held_by.result()
             if holder not in ("", me) and not self._claims.inheritable(departed, holder):
                 raise FailedPrecondition(
                     f"broker {departed} is taken over by {holder} already (its lease "
                     f"{lease_path(departed)} says so); if {holder} is gone before it "
                     f"finished, take {holder} over: that finishes the takeover of {departed} "
                     "too")
-            taken_here = self._taken_here(departed, mounted)
+            looked = departed_topics(b.tier, look)  # its deleted topics' queues dropped
+            taken_here = self._taken_here(departed, looked)
             if taken_here:
                 raise FailedPrecondition(
                     f"cannot take over {departed}: topic(s) {', '.join(taken_here[:10])} "
                     "exist on this broker already (their offsets would mix); take it over "
                     "elsewhere")
+            if holder == me:
+                mounted, catalogue = look, looked
             state = {"by": me, "ends": {}, "timers_through": 0, "at_ms": b.clock.now_ms()}
             # the intent, in the tier before the claim: a broker that takes this one over
             # while this takeover runs finds it unfinished and finishes it
@@ -205,7 +211,7 @@ class Takeover:
             self._lineage.publish(departed, state)
             crashpoint("takeover.after_intent")
             try:
-                self._claims.claim(departed, mounted, force, holder)
+                self._claims.claim(departed, look, force, holder)
             except FailedPrecondition:
                 self._lineage.withdraw(departed)
                 raise
@@ -215,8 +221,9 @@ class Takeover:
         # read only now, after the claim: everything the departed broker confirmed
         # (``cluster.lease``: its commits' lease writes) is in the tier before the claim
         # (what a warm-up read before it is used where the tier shows it unchanged)
-        mounted = self._mount(departed, reads=self.warmups.take(departed))
-        catalogue = departed_topics(b.tier, mounted)  # its deleted topics' queues dropped
+        if mounted is None or catalogue is None:
+            mounted = self._mount(departed, reads=self.warmups.take(departed))
+            catalogue = departed_topics(b.tier, mounted)  # its deleted topics' queues dropped
         if departed in b.mount_reader.mounts():  # served read-only so far: now read-write
             b.mounts.unmount(departed)
         phases.mark("mount")
@@ -297,11 +304,12 @@ class Takeover:
         self._inherit(departed)
         return result
 
-    def _taken_here(self, departed: str, mounted: MountedBroker) -> list[str]:
-        """The departed broker's topics this broker has already (a takeover would mix
-        their offsets), except those it holds for a takeover of the same broker."""
+    def _taken_here(self, departed: str, topics: dict[str, Topic]) -> list[str]:
+        """Of the departed broker's ``topics`` (not its deleted ones: ``departed_topics``),
+        those this broker has already (a takeover would mix their offsets), except those
+        it holds for a takeover of the same broker."""
         held = self._b.store.holds.held()
-        return sorted(t for t in departed_topics(self._b.tier, mounted)  # not its deleted
+        return sorted(t for t in topics
                       if self._b.store.topics.get(t) is not None and held.get(t) != departed)
 
     def _inherit(self, departed: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from chronomq.broker import Broker
 from cluster.layout import lease_path
+from cluster.lease import claim
 from cluster.leasewatch import LeaseWatch
 from cluster.replay import replay
 from cluster.warmup import WarmReads, Warmups, warm_up
@@ -23,6 +24,7 @@ from store.names import STATE_STREAM
 from store.topics import Topic
 from tests.chronomq.test_bucket_fence import _broker, _send
 from tests.cluster.test_lease import LEASE_S, _three
+from tiered.carried import meta_prefix
 from tiered.mount import MountedBroker
 from tiered.provider import Provider
 from tiered.providers.local import LocalProvider
@@ -283,5 +285,40 @@ def test_a_forced_claim_reads_none_of_the_departed_brokers_streams_before_it(
         assert result.done
         assert watch.before_claim == 0, watch.before_claim
         assert watch.reads > 0  # (after it: its journal)
+    finally:
+        b.stop()
+
+
+class _Listings(_Counting):
+    """``_Counting``, counting the listings of ``broker``'s queue metadata (one per
+    mount of it) too."""
+
+    def __init__(self, inner: Provider, broker: str) -> None:
+        super().__init__(inner, broker)
+        self._meta = meta_prefix(broker)
+        self.meta_listings = 0
+
+    def list(self, prefix: str = "") -> list[str]:
+        if prefix == self._meta:
+            self.meta_listings += 1
+        return self.inner.list(prefix)
+
+
+def test_a_takeover_of_a_lease_the_watch_claimed_mounts_the_departed_broker_once(
+        tmp_path: Path, manual_clock: ManualClock) -> None:
+    # Given a departed broker whose lease the lease watch of b has claimed (the claim
+    # comes first on that path: every look of the takeover is after it)
+    tier = _departed(tmp_path, manual_clock, 5)
+    b = _broker(tmp_path, "b", manual_clock)
+    try:
+        assert claim(tier, "a", "b", manual_clock.now_ms()) == "b"
+        listings = _Listings(tier, "a")
+        b.tier = listings  # type: ignore[assignment]  # (what the takeover reads through)
+        # When b takes it over
+        result = b.takeover("a", force=True)
+        # Then it mounted a once, after the claim (before: once to look, once again);
+        # the other listing is the look for any queue at all
+        assert result.done and result.topics == ["t"]
+        assert listings.meta_listings == 2, listings.meta_listings
     finally:
         b.stop()
