@@ -68,7 +68,7 @@ class TierConfig:
     journal_snapshot_records: int = 100_000  # a snapshot of the groups' state in the
     #                                          journal after this many records (0: only
     #                                          at start): what a takeover replays
-    journal_snapshot_s: float = 15.0  # ... or after this long, once as many records came
-    #                                   as the last snapshot had (0: by records only),
-    #                                   the timer's too (cluster.timersnapshot): a
-    #                                   takeover reads a minute of small objects at most
+    journal_snapshot_s: float = 5.0  # ... or after this long, once as many records came
+    #                                  as the last snapshot had (0: by records only), the
+    #                                  timer's too (cluster.timersnapshot): a takeover
+    #                                  reads about this long of small objects
