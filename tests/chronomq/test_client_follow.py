@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -32,7 +30,12 @@ from chronomq.client.errors import FOLLOW_BACKOFF_S
 from chronomq.client.routing import BrokerDirectory, RoutedClient
 from cluster.layout import lease_path
 from cluster.ownership import Owner, TopicOwners
-from tests.chronomq.test_client_held_topic import REFUSALS, Pauses, TimeWithPauses
+from tests.chronomq.test_client_held_topic import (
+    REFUSALS,
+    Pauses,
+    TimeWithPauses,
+    record_stream_pauses,
+)
 from tests.conftest import RunningServer
 from tiered.providers.local import LocalProvider
 
@@ -81,15 +84,7 @@ def test_a_producer_looks_again_at_most_every_follow_backoff(server: RunningServ
         producer = rc.producer("t", delivery_timeout_s=60)
         _delete_t(server)
         pauses = Pauses(_creates_t(server))
-        cond = producer._cond
-        wait_for = cond.wait_for
-
-        def recorded(predicate: Callable[[], Any], timeout: float | None = None) -> Any:
-            if timeout is not None and threading.current_thread() is not threading.main_thread():
-                pauses(timeout)  # the stream's back-off (its only timed wait)
-                return predicate()
-            return wait_for(predicate, timeout)
-        cond.wait_for = recorded  # type: ignore[method-assign]
+        record_stream_pauses(producer, pauses)
 
         # When it sends while no broker answers for t, until the sixth pause
         try:

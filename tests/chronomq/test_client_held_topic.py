@@ -26,6 +26,7 @@ import chronomq.client.consumer as consumer_module
 import chronomq.client.routing as routing
 from chronomq.client import message
 from chronomq.client.errors import HELD_RETRY_S, being_taken_over
+from chronomq.client.producer import Producer
 from chronomq.client.routing import BrokerDirectory, RoutedClient
 from tests.conftest import RunningServer
 
@@ -51,6 +52,20 @@ class TimeWithPauses:
     def __init__(self, pauses: Pauses) -> None:
         self.sleep = pauses
         self.monotonic = time.monotonic
+
+
+def record_stream_pauses(producer: Producer, pauses: Pauses) -> None:
+    """The Producer's stream back-off (its only timed wait off the main thread) goes to
+    ``pauses``, not slept."""
+    cond = producer._cond
+    wait_for = cond.wait_for
+
+    def recorded(predicate: Callable[[], Any], timeout: float | None = None) -> Any:
+        if timeout is not None and threading.current_thread() is not threading.main_thread():
+            pauses(timeout)
+            return predicate()
+        return wait_for(predicate, timeout)
+    cond.wait_for = recorded  # type: ignore[method-assign]
 
 
 def _held(server: RunningServer) -> Callable[[], None]:
@@ -103,15 +118,7 @@ def test_a_producer_at_a_held_topic_tries_again_soon(server: RunningServer) -> N
     with RoutedClient(BrokerDirectory([server.target]), follow_s=60) as rc:
         producer = rc.producer("t", delivery_timeout_s=60)
         pauses = Pauses(release)
-        cond = producer._cond
-        wait_for = cond.wait_for
-
-        def recorded(predicate: Callable[[], Any], timeout: float | None = None) -> Any:
-            if timeout is not None and threading.current_thread() is not threading.main_thread():
-                pauses(timeout)  # the stream's back-off (its only timed wait)
-                return predicate()
-            return wait_for(predicate, timeout)
-        cond.wait_for = recorded  # type: ignore[method-assign]
+        record_stream_pauses(producer, pauses)
 
         # When it sends while the hold lasts until the sixth refusal
         try:

@@ -13,6 +13,7 @@ snapshot is not trusted: the whole journal is replayed.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,22 +114,34 @@ def test_a_takeover_replays_the_journal_from_the_latest_snapshot(
         b.stop()
 
 
-def test_a_snapshot_comes_by_time_too_once_enough_records_came(
-        tmp_path: Path, manual_clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Given a broker snapshotting by records only after 1,000,000, and by time every 60 s
-    monkeypatch.setattr(pop.leasejournal, "BY_TIME_RECORDS", 20)
-    tier = TierConfig(provider="local", local_dir=str(tmp_path / "tier"), broker_name="a",
-                      upload=True, durable_ack=True, durable_ack_ms=1,
-                      journal_snapshot_records=1_000_000, journal_snapshot_s=60)
-    a = Broker(BrokerConfig(store=StoreConfig(str(tmp_path / "a")), tier=tier), manual_clock)
+def _snapshotting(root: Path, clock: ManualClock, **settings: Any
+                  ) -> tuple[Broker, pop.leasejournal.Snapshots]:
+    """Broker a (durable-ack, ``settings`` of its tier) with topic t of 40 messages; its
+    journal's snapshots are stepped by hand."""
+    tier = TierConfig(provider="local", local_dir=str(root / "tier"), broker_name="a",
+                      upload=True, durable_ack=True, durable_ack_ms=1, **settings)
+    a = Broker(BrokerConfig(store=StoreConfig(str(root / "a")), tier=tier), clock)
     a.open()
     a.start(timer_thread=False)
     assert a.tiered is not None and a.snapshots is not None
     a.tiered.start()
     try:
         a.create_topic(Topic("t", 1))
-        a.sender.send([draft_of(Message("", "t", f"m{i}".encode())) for i in range(40)]).result(10)
-        snapshots = a.snapshots
+        a.sender.send([draft_of(Message("", "t", f"m{i}".encode()))
+                       for i in range(40)]).result(10)
+    except BaseException:
+        a.stop()
+        raise
+    return a, a.snapshots
+
+
+def test_a_snapshot_comes_by_time_too_once_enough_records_came(
+        tmp_path: Path, manual_clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a broker snapshotting by records only after 1,000,000, and by time every 60 s
+    monkeypatch.setattr(pop.leasejournal, "BY_TIME_RECORDS", 20)
+    a, snapshots = _snapshotting(tmp_path, manual_clock, journal_snapshot_records=1_000_000,
+                                 journal_snapshot_s=60)
+    try:
 
         def pointed() -> bool:
             snapshots.step()
@@ -170,17 +183,8 @@ def test_with_the_defaults_a_takeover_replays_about_five_seconds_of_the_journal(
     default (``tier.journal_snapshot_s``) a snapshot comes 5 s after the last, once
     enough records came (here ``BY_TIME_RECORDS`` is 20, to be quick)."""
     monkeypatch.setattr(pop.leasejournal, "BY_TIME_RECORDS", 20)
-    tier = TierConfig(provider="local", local_dir=str(tmp_path / "tier"), broker_name="a",
-                      upload=True, durable_ack=True, durable_ack_ms=1)
-    a = Broker(BrokerConfig(store=StoreConfig(str(tmp_path / "a")), tier=tier), manual_clock)
-    a.open()
-    a.start(timer_thread=False)
-    assert a.tiered is not None and a.snapshots is not None
-    a.tiered.start()
+    a, snapshots = _snapshotting(tmp_path, manual_clock)  # the defaults
     try:
-        a.create_topic(Topic("t", 1))
-        a.sender.send([draft_of(Message("", "t", f"m{i}".encode())) for i in range(40)]).result(10)
-        snapshots = a.snapshots
         first = snapshots.pointed
         # Given 30 Pops and Acks (60 records) since the last snapshot
         for _ in range(30):
