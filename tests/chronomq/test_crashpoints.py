@@ -169,8 +169,11 @@ def restart_and_drain(data: Path, ledgers: Path, horizon_ms: int, settings: tupl
     try:
         drain(srv.target, ledgers, TOPIC, GROUP, max(horizon_ms, now_ms()) +
               REVIVE_SLACK_MS, grace_s=8)
-    finally:
+    except RpcError as exc:  # (once in CI: refused, the restarted broker gone): its output
         code = srv.terminate()
+        raise AssertionError(f"the drain failed ({exc}); the restarted broker exited with "
+                             f"{code}:\n" + "\n".join(_tail(srv.output, 60))) from exc
+    code = srv.terminate()
     return check_ledgers(ledgers, GROUP), code, srv.output
 
 
